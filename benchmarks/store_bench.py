@@ -1,0 +1,170 @@
+"""Event-store throughput: single and batched appends (synchronous=FULL), fold speed, claim cycles.
+
+Usage: python benchmarks/store_bench.py [--out benchmarks/results/store_bench.json]
+Writes the JSON and a Markdown table beside it (same stem, .md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shlex
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # runnable from a checkout without installing
+    sys.path.insert(0, str(ROOT))
+
+from store import EventStore, NewEvent, Projection, StoredEvent  # noqa: E402
+from store._sqlite import sqlite3  # noqa: E402
+
+SINGLE_N = 3_000
+BATCH_SIZE = 1_000
+FOLD_N = 100_000  # also the batched-append volume: 100 batches of 1,000
+
+
+class CountingProjection(Projection):
+    def __init__(self) -> None:
+        super().__init__()
+        self.n = 0
+
+    def apply(self, event: StoredEvent) -> None:
+        self.n += 1
+
+
+def event(run_id: str, i: int) -> NewEvent:
+    # A payload shaped like a small domain event (ids, a few numbers, a blob hash).
+    payload = {"candidate": f"c{i % 97:04x}", "rung": i % 4, "median_ms": 0.125 * i, "blob": "ab" * 32}
+    return NewEvent(run_id, "RungBenchmarked", 1, f"{run_id}:{i}", payload, "bench", f"c{i % 97}", i % 4)
+
+
+def bench_single(store: EventStore) -> dict[str, Any]:
+    t0 = time.perf_counter()
+    for i in range(SINGLE_N):
+        store.append_one(event("single", i))
+    dt = time.perf_counter() - t0
+    return {"events": SINGLE_N, "seconds": dt, "appends_per_s": SINGLE_N / dt}
+
+
+def bench_batched(store: EventStore) -> dict[str, Any]:
+    batches = [
+        [event("batched", b * BATCH_SIZE + i) for i in range(BATCH_SIZE)] for b in range(FOLD_N // BATCH_SIZE)
+    ]
+    t0 = time.perf_counter()
+    for batch in batches:
+        store.append(batch)
+    dt = time.perf_counter() - t0
+    return {"events": FOLD_N, "batch": BATCH_SIZE, "seconds": dt, "events_per_s": FOLD_N / dt}
+
+
+def bench_fold(store: EventStore) -> dict[str, Any]:
+    times = []
+    for _ in range(3):
+        t0 = time.perf_counter()
+        p = store.fold(CountingProjection(), run_id="batched")
+        times.append(time.perf_counter() - t0)
+        assert p.n == FOLD_N, p.n
+    return {"events": FOLD_N, "seconds_runs": times, "seconds_median": statistics.median(times),
+            "events_per_s": FOLD_N / statistics.median(times)}
+
+
+def bench_claims(store: EventStore, n: int = 1_000) -> dict[str, Any]:
+    """claim + fenced complete, each its own transaction: the per-task overhead a worker pays."""
+    t0 = time.perf_counter()
+    for i in range(n):
+        lease = store.claim(f"task{i}", "bench", 60.0)
+        assert lease is not None
+        store.append([event("claims", i)], fence=lease, complete=True)
+    dt = time.perf_counter() - t0
+    return {"tasks": n, "seconds": dt, "cycles_per_s": n / dt}
+
+
+# ---- DOMAIN ENGINEER: this function is yours to fill in ----------------------------------------
+def bench_scheduler(store: EventStore, run_id: str) -> dict | None:
+    """Scheduler decision latency on `run_id`; None when kernelbrain (or a real run) is absent.
+
+    kernelbrain.scheduler.decision_latency_bench takes a folded RunState, so this folds the run first.
+    The store bench's own runs are synthetic (no RunStarted), so for a figure, point it at a real run.
+    """
+    try:
+        from kernelbrain.scheduler import decision_latency_bench
+        from kernelbrain.state import RunState
+    except ImportError:
+        return None
+    if store.count(run_id, "RunStarted") == 0:
+        return None  # nothing for the scheduler to decide on
+    return decision_latency_bench(store.fold(RunState(run_id), run_id=run_id))
+# -----------------------------------------------------------------------------------------------
+
+
+def machine() -> dict[str, Any]:
+    return {
+        "cpu_count": os.cpu_count(),
+        "platform": platform.platform(),
+        "processor": platform.processor() or platform.machine(),
+        "python": sys.version.split()[0],
+        "sqlite_driver": sqlite3.__name__,
+        "sqlite_version": sqlite3.sqlite_version,
+    }
+
+
+def markdown(result: dict[str, Any]) -> str:
+    m, r = result["machine"], result["results"]
+    rows = [
+        ("single appends (1 event/transaction)", f"{r['single']['appends_per_s']:,.0f} appends/s"),
+        (f"batched appends ({BATCH_SIZE}/transaction)", f"{r['batched']['events_per_s']:,.0f} events/s"),
+        (f"fold {FOLD_N:,} events (median of 3)", f"{r['fold']['seconds_median']:.3f} s"),
+        ("claim + fenced complete", f"{r['claims']['cycles_per_s']:,.0f} cycles/s"),
+        ("scheduler decision latency", "n/a" if r["scheduler"] is None else json.dumps(r["scheduler"])),
+    ]
+    lines = [
+        "# Event store benchmark",
+        "",
+        f"Command: `{result['command']}`",
+        "",
+        f"Machine: {m['cpu_count']} CPUs, {m['platform']}, Python {m['python']}, "
+        f"SQLite {m['sqlite_version']} ({m['sqlite_driver']}); WAL, synchronous=FULL, file in a temp dir.",
+        "",
+        "| measure | result |",
+        "| --- | --- |",
+        *(f"| {k} | {v} |" for k, v in rows),
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "store_bench.json")
+    args = ap.parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="kb-store-bench-") as tmp, EventStore(Path(tmp) / "b.db") as s:
+        results = {
+            "single": bench_single(s),
+            "batched": bench_batched(s),
+            "fold": bench_fold(s),
+            "claims": bench_claims(s),
+            "scheduler": bench_scheduler(s, "batched"),
+        }
+    argv_shown = sys.argv[1:] if argv is None else argv
+    result = {
+        "command": shlex.join(["python", "benchmarks/store_bench.py", *argv_shown]),
+        "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "machine": machine(),
+        "results": results,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    args.out.with_suffix(".md").write_text(markdown(result))
+    print(markdown(result))
+    return result
+
+
+if __name__ == "__main__":
+    main()

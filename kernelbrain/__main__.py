@@ -1,0 +1,3 @@
+from kernelbrain.cli import main
+
+main(prog_name="kb")

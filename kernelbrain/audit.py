@@ -1,0 +1,102 @@
+"""`kb audit`: why the winner won, in readable text, from the log alone."""
+
+from __future__ import annotations
+
+from kernelbrain.describe import fmt_s
+from kernelbrain.events import GatePassed
+from kernelbrain.runner import RunError
+from kernelbrain.state import Candidate, RunState
+
+
+def _knobs(c: Candidate) -> str:
+    return ", ".join(f"{k}={v}" for k, v in c.proposal.knobs.items())
+
+
+def _lineage(state: RunState, c: Candidate) -> list[Candidate]:
+    chain = [c]
+    while chain[-1].proposal.parent and chain[-1].proposal.parent in state.candidates:
+        chain.append(state.candidates[chain[-1].proposal.parent])
+    return chain[::-1]
+
+
+def audit(state: RunState, candidate: str | None = None) -> str:
+    if state.started is None:
+        raise RunError(f"run {state.run_id} has no RunStarted event")
+    cid = candidate or (state.finished.winner if state.finished else None)
+    if cid is None:
+        leader = state.leader()
+        cid = leader.id if leader else None
+    if cid is None:
+        raise RunError(f"run {state.run_id} has no measured candidate to audit yet")
+    if cid not in state.candidates:
+        raise RunError(f"run {state.run_id} has no candidate {cid!r}; `kb status {state.run_id}` lists them")
+    c = state.candidates[cid]
+    cfg = state.config
+    lines = [f"Run {state.run_id}: problem {state.started.problem_name} on {cfg.device}, generator "
+             f"{cfg.generator}, seed {cfg.seed}, eta {cfg.eta}, {len(cfg.rungs)} rungs, policy v{cfg.policy_version}"]
+    if state.finished:
+        lines.append(f"Finished: {state.finished.reason}")
+    role = "Winner" if state.finished and state.finished.winner == cid else "Candidate"
+    lines.append(f"{role}: {cid} ({c.proposal.family}/{c.proposal.strategy}: {_knobs(c)})")
+
+    lines.append("\nLineage (root first):")
+    for depth, a in enumerate(_lineage(state, c)):
+        why = a.proposal.hint
+        diag = f" [parent's diagnosis: {', '.join(a.proposal.diagnosis)}]" if a.proposal.diagnosis else ""
+        lines.append(f"{'  ' * depth}- {a.id} round {a.proposal.round} by {a.proposal.generator}: {why}{diag}")
+
+    lines.append("\nGate:")
+    if isinstance(c.gate, GatePassed):
+        lines.append(f"  passed on {c.gate.seeds} seeds; max abs err {c.gate.max_abs_err:.3g}, max rel err "
+                     f"{c.gate.max_rel_err:.3g} (tolerance {c.gate.tolerance:g})")
+    elif c.gate is not None:
+        lines.append(f"  FAILED [{c.gate.category}]: {c.gate.detail}")
+    else:
+        lines.append("  not gated yet")
+
+    lines.append("\nLadder:")
+    for rung in sorted(c.results):
+        r = c.results[rung]
+        spec = cfg.rungs[rung]
+        lines.append(f"  rung {rung} ({spec.shapes} shapes, {spec.repeats} repeats, {r.timer}): score {r.score:.4g}")
+        for s in r.shapes:
+            lines.append(f"    {s.shape}: {fmt_s(s.cand_median_s)} (IQR {fmt_s(s.cand_iqr_s)}) vs reference "
+                         f"{fmt_s(s.ref_median_s)} (IQR {fmt_s(s.ref_iqr_s)}) over {s.repeats} repeats: "
+                         f"{s.speedup:.3g}x")
+        if rung in c.promotions:
+            p = c.promotions[rung]
+            peers = ", ".join(f"{k} {v:.4g}" for k, v in p.peers.items())
+            lines.append(f"    promoted to rung {p.rung_to}: rank {p.rank} of {len(p.peers)}, top {p.keep} kept "
+                         f"(threshold {p.threshold:.4g}); peers: {peers}")
+    if c.bench_failed:
+        lines.append(f"  rung {c.bench_failed.rung} FAILED [{c.bench_failed.category}]: {c.bench_failed.detail}")
+    if c.pruned:
+        lines.append(f"  pruned: {c.pruned.reason}")
+
+    if c.profile:
+        metrics = ", ".join(f"{k}={v:.3g}" for k, v in sorted(c.profile.metrics.items()))
+        lines.append(f"\nProfile ({c.profile.source}): {', '.join(c.profile.labels)}\n  {metrics}")
+        children = [k for k in state.candidates.values() if k.proposal.parent == cid]
+        for k in children:
+            lines.append(f"  mutation {k.id}: {k.proposal.hint} -> {k.terminal or 'in progress'}")
+
+    lines.append("\nRunners-up:")
+    others = [o for o in state.candidates.values() if o.id != cid]
+    if not others:
+        lines.append("  none")
+    for o in sorted(others, key=lambda o: (-max(o.results, default=-1), -(o.top_result.score if o.top_result else 0))):
+        lines.append(f"  {o.id} ({o.proposal.strategy}: {_knobs(o)}): {_beaten_by(c, o)}")
+    return "\n".join(lines)
+
+
+def _beaten_by(c: Candidate, o: Candidate) -> str:
+    if o.gate is not None and o.gate.TYPE == "GateFailed":
+        return f"gate failed [{o.gate.category}]: {o.gate.detail}"
+    if not o.results:
+        return o.terminal or "not measured yet"
+    rung = max(o.results)
+    mine = c.results.get(rung)
+    theirs = o.results[rung].score
+    vs = f"score {theirs:.4g} at rung {rung} vs {mine.score:.4g}" if mine else f"score {theirs:.4g} at rung {rung}"
+    tail = f"; {o.pruned.reason}" if o.pruned else (f"; {o.terminal}" if o.terminal else "")
+    return vs + tail

@@ -1,0 +1,288 @@
+"""The `kb` command: thin click commands over the library. User errors are one line and a non-zero exit."""
+
+from __future__ import annotations
+
+import functools
+import logging
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import click
+import orjson
+
+from kernelbrain.events import EventError, RunConfig
+from kernelbrain.problem import ProblemError
+from kernelbrain.runner import DEFAULT_RUNGS, RunError, detect_device, load_state, prepare_resume, start_run, supervise
+from kernelbrain.state import RunState
+from kernelbrain.workers import ROLES, Worker
+from store import EventStore, StoreError
+
+DEFAULT_DB = "kernelbrain.db"
+USER_ERRORS = (StoreError, ProblemError, RunError, EventError, LookupError)
+
+
+def db_option(f: Callable) -> Callable:
+    return click.option("--db", envvar="KB_DB", default=DEFAULT_DB, show_default=True,
+                        help="SQLite file holding the runs (env KB_DB).")(f)
+
+
+def user_errors(f: Callable) -> Callable:
+    """Known failures become one clear line (click prints 'Error: ...') and exit 1."""
+
+    @functools.wraps(f)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return f(*args, **kwargs)
+        except USER_ERRORS as e:
+            raise click.ClickException(str(e).splitlines()[0]) from e
+
+    return wrapper
+
+
+def open_store(db: str, *, create: bool = False) -> EventStore:
+    return EventStore(db, create=create)
+
+
+def _echo_json(obj: Any) -> None:
+    click.echo(orjson.dumps(obj, option=orjson.OPT_INDENT_2).decode())
+
+
+@click.group()
+@click.version_option(package_name="kernelbrain")
+def main() -> None:
+    """KernelBrain: search for fast, correct Triton kernels that replace a PyTorch reference."""
+    logging.basicConfig(level=logging.WARNING, format="kb %(name)s: %(message)s")
+
+
+def _progress(reader: EventStore) -> Callable[[RunState, int], None]:
+    """Print one line per newly folded event (claims and charges left out)."""
+    from kernelbrain.describe import QUIET_TYPES, summary
+    from kernelbrain.events import decode
+
+    def show(state: RunState, seen: int) -> None:
+        for raw in reader.read(after=seen, run_id=state.run_id, until=state.position):
+            if raw.type not in QUIET_TYPES:
+                click.echo(f"  #{raw.seq} {summary(decode(raw))}")
+
+    return show
+
+
+def _drive(db: str, run_id: str, gpu: int | None, inprocess: bool, quiet: bool) -> None:
+    reader = EventStore(db, create=False)
+    try:
+        finished = supervise(db, run_id, gpu=gpu, inprocess=inprocess,
+                             progress=None if quiet else _progress(reader))
+        if finished is None:
+            click.echo(f"kb: run {run_id} interrupted; everything recorded is kept. Continue with: kb resume {run_id}",
+                       err=True)
+            sys.exit(130)
+        state = load_state(reader, run_id)
+        click.echo(f"run {run_id} finished: {finished.reason}")
+        if finished.winner:
+            top = state.candidates[finished.winner].top_result
+            speed = ", ".join(f"{s.shape} {s.speedup:.3g}x" for s in top.shapes) if top else ""
+            click.echo(f"winner {finished.winner} at rung {finished.winner_rung}, score "
+                       f"{finished.winner_score:.4g} ({speed}); `kb audit {run_id}` says why, "
+                       f"`kb export {run_id} -o kernel.py` writes it")
+        else:
+            click.echo("no candidate passed the gate and the ladder")
+    finally:
+        reader.close()
+
+
+@main.command()
+@click.argument("problem", type=click.Path(dir_okay=False))
+@db_option
+@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True)
+@click.option("--generator", default="expert", show_default=True)
+@click.option("--max-candidates", type=click.IntRange(min=1), default=8, show_default=True)
+@click.option("--budget-gpu-s", type=float, default=None, help="Stop after this many device seconds.")
+@click.option("--budget-wall-s", type=float, default=None, help="Stop after this much wall time.")
+@click.option("--budget-tokens", type=int, default=None, help="Stop after this many LLM tokens.")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--eta", type=click.IntRange(min=2), default=3, show_default=True,
+              help="Successive halving keeps the top 1/eta of each rung.")
+@click.option("--gpu", type=int, default=None, help="GPU index for the workers.")
+@click.option("--inprocess", is_flag=True, help="Step the workers in this process (tests, debugging).")
+@click.option("--quiet", is_flag=True, help="Print only the run id and the result.")
+@user_errors
+def run(problem: str, db: str, device: str, generator: str, max_candidates: int, budget_gpu_s: float | None,
+        budget_wall_s: float | None, budget_tokens: int | None, seed: int, eta: int, gpu: int | None,
+        inprocess: bool, quiet: bool) -> None:
+    """Search for a faster kernel for PROBLEM (a KernelBench .py file)."""
+    from kernelbrain import generators
+    from kernelbrain.problem import read_problem
+
+    read_problem(problem)  # a bad problem file is reported before the database is opened
+    generators.get(generator)
+    dev = detect_device() if device == "auto" else device
+    config = RunConfig(generator=generator, device=dev, seed=seed, max_candidates=max_candidates,
+                       budget_gpu_s=budget_gpu_s, budget_wall_s=budget_wall_s, budget_tokens=budget_tokens,
+                       eta=eta, rungs=DEFAULT_RUNGS[dev])
+    with open_store(db, create=True) as store:
+        run_id = start_run(store, problem, config)
+    click.echo(f"run {run_id}")
+    sys.stdout.flush()
+    _drive(db, run_id, gpu, inprocess, quiet)
+
+
+@main.command()
+@click.argument("run_id")
+@db_option
+@click.option("--gpu", type=int, default=None)
+@click.option("--inprocess", is_flag=True)
+@click.option("--quiet", is_flag=True)
+@user_errors
+def resume(run_id: str, db: str, gpu: int | None, inprocess: bool, quiet: bool) -> None:
+    """Continue an interrupted run from its log."""
+    with open_store(db) as store:
+        state = prepare_resume(store, run_id)
+    click.echo(f"run {run_id} resumed at event #{state.position}: {len(state.candidates)} candidates, "
+               f"{len(state.live())} unfinished")
+    sys.stdout.flush()
+    _drive(db, run_id, gpu, inprocess, quiet)
+
+
+@main.command()
+@click.argument("role", type=click.Choice(ROLES))
+@db_option
+@click.option("--run", "run_id", default=None, help="Serve only this run (default: every unfinished run).")
+@click.option("--gpu", type=int, default=None)
+@click.option("--idle-exit-s", type=float, default=None, help="Exit after this long with nothing to do.")
+@user_errors
+def worker(role: str, db: str, run_id: str | None, gpu: int | None, idle_exit_s: float | None) -> None:
+    """Run one worker process (kb run starts all five for you)."""
+    w = Worker(db, role, run_id, gpu=gpu)
+    w.install_signal_handlers()
+    w.run(idle_exit_s=idle_exit_s)
+
+
+@main.command("ls")
+@db_option
+@click.option("--json", "as_json", is_flag=True)
+@user_errors
+def ls(db: str, as_json: bool) -> None:
+    """List the runs in the database."""
+    from kernelbrain.describe import status_dict
+
+    with open_store(db) as store:
+        rows = [status_dict(load_state(store, rid)) for rid in store.run_ids()]
+    if as_json:
+        _echo_json(rows)
+        return
+    if not rows:
+        click.echo(f"no runs in {db}")
+    for r in rows:
+        best = f"{r['leader_score']:.4g}" if r["leader_score"] is not None else "-"
+        click.echo(f"{r['run_id']}  {r['problem']:<20} {r['state']:<24} candidates {r['candidates']['proposed']:<3} "
+                   f"best score {best}  winner {r['winner'] or '-'}")
+
+
+@main.command()
+@click.argument("run_id")
+@db_option
+@click.option("--json", "as_json", is_flag=True)
+@user_errors
+def status(run_id: str, db: str, as_json: bool) -> None:
+    """Where a run stands: candidates per state, the leader, budget spent."""
+    from kernelbrain.describe import status_dict
+
+    with open_store(db) as store:
+        d = status_dict(load_state(store, run_id))
+    if as_json:
+        _echo_json(d)
+        return
+    click.echo(f"run {d['run_id']} ({d['problem']}, {d['device']}, {d['generator']}): {d['state']}")
+    if d["finish_reason"]:
+        click.echo(f"  stopped: {d['finish_reason']}")
+    c = d["candidates"]
+    click.echo(f"  candidates: {c['proposed']} proposed, {c['gate_passed']} gated, {c['gate_failed']} rejected, "
+               f"{c['pruned']} pruned, {c['finalists']} finalists; measured per rung {d['measured_at_rung']}")
+    if d["leader"]:
+        speeds = ", ".join(f"{k} {v:.3g}x" for k, v in d["leader_speedups"].items())
+        click.echo(f"  best: {d['leader']} score {d['leader_score']:.4g} ({speeds})")
+    b = d["budget"]
+    click.echo(f"  spent: {b['gpu_s']:.1f} device s (budget {b['budget_gpu_s'] or '-'}), {b['tokens']} tokens, "
+               f"{b['wall_s']:.1f} wall s; {d['events']} events, {d['resumes']} resumes")
+
+
+@main.command()
+@click.argument("run_id")
+@db_option
+@click.option("--follow", is_flag=True, help="Keep printing new events until the run finishes.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per event.")
+@click.option("--all", "show_all", is_flag=True, help="Include lease claims and budget charges.")
+@user_errors
+def events(run_id: str, db: str, follow: bool, as_json: bool, show_all: bool) -> None:
+    """Print a run's events."""
+    from kernelbrain.describe import QUIET_TYPES, event_line
+
+    with open_store(db) as store:
+        state = load_state(store, run_id)
+        after = 0
+        while True:
+            for raw in store.read(after=after, run_id=run_id):
+                after = raw.seq
+                if as_json:
+                    click.echo(orjson.dumps({"seq": raw.seq, "type": raw.type, "version": raw.version, "key": raw.key,
+                                             "candidate": raw.subject, "rung": raw.stage, "actor": raw.actor,
+                                             "ts": raw.ts, "payload": raw.payload}).decode())
+                elif show_all or raw.type not in QUIET_TYPES:
+                    click.echo(event_line(raw))
+            store.fold(state, run_id=run_id)
+            if not follow or state.finished is not None:
+                return
+            time.sleep(0.5)
+
+
+@main.command()
+@click.argument("run_id")
+@db_option
+@click.option("--json", "as_json", is_flag=True)
+@user_errors
+def replay(run_id: str, db: str, as_json: bool) -> None:
+    """Recompute every scheduler decision from the log; exit 1 on any divergence."""
+    from kernelbrain.replay import replay as do_replay
+
+    with open_store(db) as store:
+        load_state(store, run_id)
+        report = do_replay(store, run_id)
+    if as_json:
+        _echo_json(report.model_dump())
+    else:
+        for line in report.divergences:
+            click.echo(f"DIVERGENCE {line}")
+        click.echo(f"replayed {report.events} events, {report.candidates} candidates: {report.decisions} decisions "
+                   f"{'agree with' if report.agrees else 'DIVERGE from'} policy v{report.policy_version}")
+    if not report.agrees:
+        sys.exit(1)
+
+
+@main.command()
+@click.argument("run_id")
+@db_option
+@click.option("--candidate", default=None, help="Audit this candidate instead of the winner.")
+@user_errors
+def audit(run_id: str, db: str, candidate: str | None) -> None:
+    """Explain why the winner won: lineage, gate, ladder numbers, promotions, runners-up."""
+    from kernelbrain.audit import audit as do_audit
+
+    with open_store(db) as store:
+        click.echo(do_audit(load_state(store, run_id), candidate))
+
+
+@main.command()
+@click.argument("run_id")
+@db_option
+@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False))
+@click.option("--candidate", default=None)
+@user_errors
+def export(run_id: str, db: str, output: str, candidate: str | None) -> None:
+    """Write the winner as a standalone module defining ModelNew."""
+    from kernelbrain.export import export as do_export
+
+    with open_store(db) as store:
+        path = do_export(store, load_state(store, run_id), output, candidate)
+    click.echo(f"wrote {path}")

@@ -1,0 +1,106 @@
+"""Plain-text renderings of events and runs for the CLI."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from kernelbrain.events import Event, decode
+from kernelbrain.state import RunState
+from store import StoredEvent
+
+QUIET_TYPES = {"TaskClaimed", "BudgetCharged"}
+
+
+def fmt_s(seconds: float) -> str:
+    if seconds >= 1:
+        return f"{seconds:.3g} s"
+    if seconds >= 1e-3:
+        return f"{seconds * 1e3:.3g} ms"
+    return f"{seconds * 1e6:.3g} us"
+
+
+def summary(e: Event) -> str:
+    """One line saying what an event records."""
+    d: Any = e
+    match e.TYPE:
+        case "RunStarted":
+            c = d.config
+            return f"run started: {d.problem_name} on {c.device}, generator {c.generator}, seed {c.seed}"
+        case "RunResumed":
+            return f"run resumed (attempt {d.attempt})"
+        case "ProblemAnalysed":
+            if d.error:
+                return f"problem could not be analysed: {d.error}"
+            ops = ", ".join(sorted({o["op"] for o in d.ops}))
+            return f"problem analysed: ops {ops}; families {', '.join(d.families) or 'none'}"
+        case "CandidateProposed":
+            knobs = ", ".join(f"{k}={v}" for k, v in d.knobs.items())
+            return f"proposed {d.candidate} ({d.family}: {knobs}) round {d.round}: {d.hint}"
+        case "GenerationDone":
+            return f"generation {d.task}: {len(d.proposed)} proposed, {d.duplicates} duplicates{'; ' + d.note if d.note else ''}"
+        case "GatePassed":
+            return f"gate passed {d.candidate}: {d.seeds} seeds, max abs err {d.max_abs_err:.2g}"
+        case "GateFailed":
+            return f"gate failed {d.candidate} [{d.category}]: {d.detail}"
+        case "RungBenchmarked":
+            shapes = "; ".join(f"{s.shape} {fmt_s(s.cand_median_s)} vs ref {fmt_s(s.ref_median_s)} ({s.speedup:.3g}x)"
+                               for s in d.shapes)
+            return f"rung {d.rung} {d.candidate}: score {d.score:.4g}; {shapes}"
+        case "BenchmarkFailed":
+            return f"rung {d.rung} {d.candidate} failed [{d.category}]: {d.detail}"
+        case "ProfileCaptured":
+            return f"profiled {d.candidate} ({d.source}): {', '.join(d.labels)}"
+        case "Promoted":
+            return (f"promoted {d.candidate} rung {d.rung_from}->{d.rung_to}: rank {d.rank} of {len(d.peers)} "
+                    f"(keep {d.keep}, threshold {d.threshold:.4g})")
+        case "Pruned":
+            return f"pruned {d.candidate}: {d.reason}"
+        case "RunFinished":
+            return f"run finished: {d.reason}; winner {d.winner or 'none'}"
+        case "TaskClaimed":
+            return f"{d.worker} claimed {d.task} (token {d.token})"
+        case "LeaseExpired":
+            return f"lease on {d.task} (token {d.token}, {d.worker}) expired; taken by {d.taken_by}"
+        case "BudgetCharged":
+            return f"charged {d.action}: {d.gpu_s:.3g} device s, {d.tokens} tokens, {d.wall_s:.3g} wall s"
+    return e.TYPE
+
+
+def event_line(raw: StoredEvent) -> str:
+    stamp = time.strftime("%H:%M:%S", time.localtime(raw.ts))
+    return f"#{raw.seq:<6} {stamp} {raw.type:<16} {summary(decode(raw))}"
+
+
+def status_dict(state: RunState) -> dict:
+    cfg = state.config
+    counts = {"proposed": len(state.candidates), "gate_passed": 0, "gate_failed": 0, "pruned": 0, "finalists": 0}
+    at_rung = [0] * (state.top_rung + 1)
+    for c in state.candidates.values():
+        if c.gate is not None:
+            counts["gate_passed" if c.gate.TYPE == "GatePassed" else "gate_failed"] += 1
+        counts["pruned"] += c.pruned is not None
+        counts["finalists"] += c.profile is not None
+        for r in c.results:
+            at_rung[r] += 1
+    leader = state.leader()
+    return {
+        "run_id": state.run_id,
+        "problem": state.started.problem_name if state.started else None,
+        "device": cfg.device,
+        "generator": cfg.generator,
+        "state": "finished" if state.finished else "running or interrupted",
+        "finish_reason": state.finished.reason if state.finished else None,
+        "winner": state.finished.winner if state.finished else None,
+        "leader": leader.id if leader else None,
+        "leader_score": leader.top_result.score if leader and leader.top_result else None,
+        "leader_speedups": {s.shape: s.speedup for s in leader.top_result.shapes}
+        if leader and leader.top_result else {},
+        "candidates": counts,
+        "measured_at_rung": at_rung,
+        "budget": {"gpu_s": round(state.gpu_s, 3), "budget_gpu_s": cfg.budget_gpu_s, "tokens": state.tokens,
+                   "budget_tokens": cfg.budget_tokens, "wall_s": round(state.wall_s, 3),
+                   "budget_wall_s": cfg.budget_wall_s, "max_candidates": cfg.max_candidates},
+        "events": state.event_count,
+        "resumes": len(state.resumes),
+    }

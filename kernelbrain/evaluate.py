@@ -1,0 +1,444 @@
+"""What runs inside a sandboxed child: load a problem and a candidate, gate, time, analyse, profile.
+
+Imported only by `kernelbrain.child`, never by a worker: everything here executes user code.
+Each public function takes and returns plain JSON-able values (the sandbox protocol).
+"""
+
+from __future__ import annotations
+
+import copy
+import gc
+import hashlib
+import importlib.util
+import inspect
+import math
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import torch
+
+from kernelbrain.problem import DEFAULT_TOLERANCE, shape_label
+
+_MODULES: dict[str, ModuleType] = {}
+
+
+class CandidateFault(Exception):
+    """A candidate failed a check; `category` is one of GateFailed's categories."""
+
+    def __init__(self, category: str, detail: str, **figures: float | None) -> None:
+        super().__init__(detail)
+        self.category = category
+        self.detail = detail
+        self.figures = figures
+
+
+def load_module(source: str, prefix: str) -> ModuleType:
+    """Import source from a real file: Triton's @jit reads a kernel's source through inspect."""
+    digest = hashlib.sha256(source.encode()).hexdigest()[:16]
+    name = f"kb_{prefix}_{digest}"
+    if name in _MODULES:
+        return _MODULES[name]
+    path = Path(tempfile.gettempdir()) / f"{name}.py"
+    path.write_text(source, encoding="utf-8")
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[name]
+        raise
+    _MODULES[name] = module
+    return module
+
+
+class Problem:
+    """A loaded KernelBench problem with kb's optional extras resolved."""
+
+    def __init__(self, source: str) -> None:
+        self.module = load_module(source, "problem")
+        m = self.module
+        self.base_globals = {k: getattr(m, k) for k in dir(m) if not k.startswith("__")}
+        shapes = getattr(m, "KB_SHAPES", None) or [{}]
+        self.shapes: list[dict] = [dict(s) for s in shapes]
+        smoke = getattr(m, "KB_SMOKE_SHAPE", None)
+        self.smoke: dict | None = dict(smoke) if smoke else None
+        self.tolerance = {**DEFAULT_TOLERANCE, **(getattr(m, "KB_TOLERANCE", None) or {})}
+
+    def use(self, shape: dict) -> None:
+        for k, v in self.base_globals.items():
+            setattr(self.module, k, v)
+        for k, v in shape.items():
+            setattr(self.module, k, v)
+
+    def inputs(self, shape: dict, seed: int) -> list:
+        self.use(shape)
+        torch.manual_seed(seed)
+        return list(self.module.get_inputs())
+
+    def init_inputs(self, shape: dict) -> list:
+        self.use(shape)
+        return list(self.module.get_init_inputs())
+
+    def ladder_shapes(self, device: str, which: str) -> list[dict]:
+        """The shapes a rung measures: the smoke shape on CPU, else smallest/primary/all."""
+        if device == "cpu":
+            return [self.smoke if self.smoke is not None else self.smallest()]
+        if which == "primary":
+            return [self.shapes[0]]
+        if which == "smallest":
+            return [self.smallest()]
+        return self.shapes
+
+    def smallest(self) -> dict:
+        return min(self.shapes, key=lambda s: sum(_numel(x) for x in self.inputs(s, 0)))
+
+
+def _numel(x: Any) -> int:
+    return x.numel() if isinstance(x, torch.Tensor) else 0
+
+
+def _to(x: Any, device: str, dtype: torch.dtype | None = None) -> Any:
+    if isinstance(x, torch.Tensor):
+        x = x.to(device)
+        return x.to(dtype) if dtype is not None and x.is_floating_point() else x
+    return x
+
+
+def _signature(fn: Callable) -> list[tuple[str, Any]]:
+    return [(p.name, p.kind) for p in list(inspect.signature(fn).parameters.values())[1:]]
+
+
+def _build(problem: Problem, cand: ModuleType | None, shape: dict, device: str):
+    init = problem.init_inputs(shape)
+    torch.manual_seed(1234)
+    ref = problem.module.Model(*init).to(device).eval()
+    if cand is None:
+        return ref, None
+    torch.manual_seed(1234)
+    new = cand.ModelNew(*init).to(device).eval()
+    ref_state, new_state = ref.state_dict(), new.state_dict()
+    if ref_state.keys() == new_state.keys() and all(
+        ref_state[k].shape == new_state[k].shape for k in ref_state
+    ):
+        new.load_state_dict(ref_state)
+    return ref, new
+
+
+def _variant(inputs: list, seed: int) -> list:
+    """Seed 0: the problem's own draw. Later seeds: signed, larger-magnitude values of the same shapes."""
+    if seed == 0:
+        return inputs
+    g = torch.Generator().manual_seed(seed)
+    scale = 1.0 if seed % 2 else 8.0
+    return [
+        (torch.randn(x.shape, generator=g, dtype=torch.float64) * scale).to(x.dtype)
+        if isinstance(x, torch.Tensor) and x.is_floating_point()
+        else x
+        for x in inputs
+    ]
+
+
+def _outputs(out: Any) -> list[torch.Tensor]:
+    if isinstance(out, torch.Tensor):
+        return [out]
+    if isinstance(out, list | tuple):
+        return [o for o in out if isinstance(o, torch.Tensor)]
+    raise CandidateFault("mismatch", f"forward returned {type(out).__name__}, not a tensor")
+
+
+def _load_candidate(cand_source: str) -> ModuleType:
+    try:
+        compile(cand_source, "<candidate>", "exec")
+    except SyntaxError as e:
+        raise CandidateFault("compile", f"line {e.lineno}: {e.msg}") from e
+    if "triton.jit" not in cand_source and "@jit" not in cand_source:
+        raise CandidateFault("policy", "no @triton.jit kernel: a candidate's work must be done by Triton kernels")
+    try:
+        return load_module(cand_source, "cand")
+    except Exception as e:
+        raise CandidateFault("compile", f"importing the candidate failed: {type(e).__name__}: {e}") from e
+
+
+def _check_signature(problem: Problem, cand: ModuleType) -> None:
+    new_cls = getattr(cand, "ModelNew", None)
+    if not inspect.isclass(new_cls) or not issubclass(new_cls, torch.nn.Module):
+        raise CandidateFault("signature", "the candidate defines no class ModelNew(nn.Module)")
+    ref_cls = problem.module.Model
+    for method in ("__init__", "forward"):
+        want, got = _signature(getattr(ref_cls, method)), _signature(getattr(new_cls, method))
+        if [n for n, _ in want] != [n for n, _ in got]:
+            raise CandidateFault(
+                "signature",
+                f"ModelNew.{method}({', '.join(n for n, _ in got)}) differs from "
+                f"Model.{method}({', '.join(n for n, _ in want)})",
+            )
+
+
+def gate(problem_source: str, cand_source: str, device: str, seeds: int) -> dict:
+    """V(p): compiles, signature matches, outputs match the float64 reference on several draws."""
+    try:
+        return {"passed": True, **_gate(Problem(problem_source), cand_source, device, seeds)}
+    except CandidateFault as f:
+        return {"passed": False, "category": f.category, "detail": f.detail, **f.figures}
+
+
+def _gate(problem: Problem, cand_source: str, device: str, seeds: int) -> dict:
+    cand = _load_candidate(cand_source)
+    _check_signature(problem, cand)
+    shape = problem.ladder_shapes(device, "smallest")[0]
+    try:
+        ref, new = _build(problem, cand, shape, device)
+    except Exception as e:
+        raise CandidateFault("runtime", f"ModelNew(*get_init_inputs()) raised {type(e).__name__}: {e}") from e
+    ref64 = copy.deepcopy(ref).to(torch.float64)
+    worst_abs = worst_rel = 0.0
+    tol = 0.0
+    for seed in range(seeds):
+        inputs = [_to(x, device) for x in _variant(problem.inputs(shape, seed), seed)]
+        before = [x.clone() if isinstance(x, torch.Tensor) else x for x in inputs]
+        with torch.no_grad():
+            expected = _outputs(ref64(*[_to(x, device, torch.float64) for x in inputs]))
+            try:
+                got = _outputs(new(*inputs))
+            except CandidateFault:
+                raise
+            except Exception as e:
+                raise CandidateFault("runtime", f"seed {seed}: forward raised {type(e).__name__}: {e}") from e
+        if device == "cuda":
+            torch.cuda.synchronize()
+        for x, b in zip(inputs, before, strict=True):
+            if isinstance(x, torch.Tensor) and not torch.equal(x, b):
+                raise CandidateFault("policy", f"seed {seed}: the candidate mutated its inputs")
+        if len(got) != len(expected):
+            raise CandidateFault("mismatch", f"{len(got)} outputs, the reference returns {len(expected)}")
+        for i, (g, e) in enumerate(zip(got, expected, strict=True)):
+            if g.shape != e.shape:
+                raise CandidateFault("mismatch", f"output {i} has shape {tuple(g.shape)}, expected {tuple(e.shape)}")
+            tol = problem.tolerance.get(str(g.dtype).removeprefix("torch."), 1e-4)
+            g64 = g.detach().to(torch.float64)
+            bad_g, bad_e = ~torch.isfinite(g64), ~torch.isfinite(e)
+            if (bad_g & ~bad_e).any():
+                raise CandidateFault(
+                    "nan", f"seed {seed}: output {i} has {int((bad_g & ~bad_e).sum())} NaN/Inf where the reference has none"
+                )
+            ok = bad_e | torch.isclose(g64, e, rtol=tol, atol=tol)
+            diff = (g64 - e).abs().masked_fill(bad_e, 0)
+            abs_err = float(diff.max()) if diff.numel() else 0.0
+            rel_err = float((diff / e.abs().clamp_min(1e-12)).masked_fill(bad_e, 0).max()) if diff.numel() else 0.0
+            worst_abs, worst_rel = max(worst_abs, abs_err), max(worst_rel, rel_err)
+            if not bool(ok.all()):
+                raise CandidateFault(
+                    "mismatch",
+                    f"seed {seed}: output {i} differs from the reference at {int((~ok).sum())} of {ok.numel()} "
+                    f"elements (max abs err {abs_err:.3g}, tolerance {tol:g})",
+                    max_abs_err=abs_err,
+                    max_rel_err=rel_err,
+                )
+    return {"seeds": seeds, "max_abs_err": worst_abs, "max_rel_err": worst_rel, "tolerance": tol}
+
+
+# --- timing --------------------------------------------------------------------------------------
+
+
+def _quartiles(xs: list[float]) -> tuple[float, float]:
+    if len(xs) < 2:
+        return xs[0], 0.0
+    q = statistics.quantiles(xs, n=4, method="inclusive")
+    return statistics.median(xs), q[2] - q[0]
+
+
+class _Timer:
+    """CUDA events with an L2 flush before each call on GPU; wall clock under the interpreter."""
+
+    def __init__(self, device: str) -> None:
+        self.device = device
+        self.name = "cuda-events" if device == "cuda" else "interpreter-wallclock"
+        # 256 MiB: several times the H200's 50 MiB L2, so a timed call never starts warm
+        self.flush = torch.empty(64 * 1024 * 1024, dtype=torch.int32, device="cuda") if device == "cuda" else None
+
+    def __call__(self, fn: Callable[[], Any]) -> float:
+        # the interpreter leaves garbage behind: a collection must not land inside a timed call
+        gc.collect()
+        gc.disable()
+        try:
+            return self._time(fn)
+        finally:
+            gc.enable()
+
+    def _time(self, fn: Callable[[], Any]) -> float:
+        if self.flush is None:
+            t = time.perf_counter()
+            fn()
+            return time.perf_counter() - t
+        self.flush.zero_()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) / 1e3
+
+
+def bench(problem_source: str, cand_source: str, device: str, which: str, repeats: int, warmup: int) -> dict:
+    """Candidate and reference timed in this process, interleaved, on rotating fresh inputs."""
+    problem = Problem(problem_source)
+    cand = load_module(cand_source, "cand")
+    timer = _Timer(device)
+    shapes = []
+    with torch.no_grad():
+        for shape in problem.ladder_shapes(device, which):
+            ref, new = _build(problem, cand, shape, device)
+            sets = [[_to(x, device) for x in problem.inputs(shape, 100 + i)] for i in range(3)]
+            t0 = time.perf_counter()
+            new(*sets[0])  # first call: Triton compiles (and autotunes) here, outside the timing
+            if device == "cuda":
+                torch.cuda.synchronize()
+            compile_s = time.perf_counter() - t0
+            for i in range(warmup):
+                ref(*sets[i % 3])
+                new(*sets[i % 3])
+            ref_t, new_t = [], []
+            for i in range(repeats):
+                args = sets[i % 3]
+                ref_t.append(timer(lambda a=args: ref(*a)))
+                new_t.append(timer(lambda a=args: new(*a)))
+            (cm, ci), (rm, ri) = _quartiles(new_t), _quartiles(ref_t)
+            shapes.append(
+                {
+                    "shape": shape_label(shape),
+                    "cand_median_s": cm,
+                    "cand_iqr_s": ci,
+                    "ref_median_s": rm,
+                    "ref_iqr_s": ri,
+                    "repeats": repeats,
+                    "speedup": rm / cm if cm > 0 else 0.0,
+                    "compile_s": compile_s,
+                }
+            )
+    return {"shapes": shapes, "timer": timer.name}
+
+
+# --- analysis and the analytical roofline -----------------------------------------------------
+
+
+def _record_calls(model: torch.nn.Module, inputs: list) -> list[dict]:
+    from torch.overrides import TorchFunctionMode
+
+    calls: list[dict] = []
+
+    class Recorder(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            name = getattr(func, "__name__", str(func))
+            if name not in {"__get__", "__set__", "dim", "size", "shape", "__len__"}:
+                detail: dict[str, Any] = {"op": name}
+                tensor = next((a for a in args if isinstance(a, torch.Tensor)), None)
+                if tensor is not None:
+                    detail["ndim"] = tensor.dim()
+                    detail["dtype"] = str(tensor.dtype).removeprefix("torch.")
+                for k in ("dim", "keepdim", "p", "eps"):
+                    if k in kwargs and isinstance(kwargs[k], int | float | bool | tuple | list):
+                        detail[k] = kwargs[k]
+                if "dim" not in detail and len(args) > 1 and isinstance(args[1], int):
+                    detail["dim"] = args[1]
+                if detail not in calls:
+                    calls.append(detail)
+            return func(*args, **(kwargs or {}))
+
+    with torch.no_grad(), Recorder():
+        model(*inputs)
+    return calls
+
+
+def _flops_and_bytes(problem: Problem, shape: dict, device: str) -> tuple[float, float]:
+    from torch.utils.flop_counter import FlopCounterMode
+
+    ref, _ = _build(problem, None, shape, device)
+    inputs = [_to(x, device) for x in problem.inputs(shape, 0)]
+    counter = FlopCounterMode(display=False)
+    with torch.no_grad(), counter:
+        out = _outputs(ref(*inputs))
+    flops = float(counter.get_total_flops())
+    if flops == 0:  # elementwise and reductions: FlopCounterMode counts only matmul-like ops
+        flops = float(sum(o.numel() for o in out) + sum(_numel(x) for x in inputs))
+    nbytes = sum(x.numel() * x.element_size() for x in inputs if isinstance(x, torch.Tensor))
+    nbytes += sum(o.numel() * o.element_size() for o in out)
+    nbytes += sum(p.numel() * p.element_size() for p in ref.parameters())
+    return flops, float(nbytes)
+
+
+def analyse(problem_source: str, device: str) -> dict:
+    problem = Problem(problem_source)
+    shape = problem.ladder_shapes(device, "primary")[0]
+    ref, _ = _build(problem, None, shape, device)
+    ops = _record_calls(ref, [_to(x, device) for x in problem.inputs(shape, 0)])
+    flops, nbytes = _flops_and_bytes(problem, shape, device)
+    labels = [shape_label(s) for s in problem.shapes]
+    model_cls = problem.module.Model
+    signature = {m: [n for n, _ in _signature(getattr(model_cls, m))] for m in ("__init__", "forward")}
+    return {
+        "ops": ops,
+        "flops": flops,
+        "bytes": nbytes,
+        "shapes": labels,
+        "signature": {"init": signature["__init__"], "forward": signature["forward"]},
+    }
+
+
+_CEILINGS: dict[str, dict[str, float]] = {}
+
+
+def ceilings(device: str) -> dict[str, float]:
+    """Measured copy bandwidth (bytes/s) and fp32 matmul rate (FLOP/s) of this device, once per child."""
+    if device in _CEILINGS:
+        return _CEILINGS[device]
+    timer = _Timer(device)
+    n = (256 if device == "cuda" else 8) * 1024 * 1024
+    src = torch.rand(n, device=device)
+    dst = torch.empty_like(src)
+    copy_t = min(timer(lambda: dst.copy_(src)) for _ in range(5))
+    m = 4096 if device == "cuda" else 512
+    a, b = torch.rand(m, m, device=device), torch.rand(m, m, device=device)
+    mm_t = min(timer(lambda: a @ b) for _ in range(5))
+    _CEILINGS[device] = {"bandwidth_Bps": 2 * n * 4 / copy_t, "matmul_flops": 2 * m**3 / mm_t}
+    return _CEILINGS[device]
+
+
+def roofline(problem_source: str, cand_source: str, device: str, repeats: int = 5) -> dict:
+    """Achieved fractions of the measured memory and compute ceilings at the primary shape."""
+    problem = Problem(problem_source)
+    cand = load_module(cand_source, "cand")
+    shape = problem.ladder_shapes(device, "primary")[0]
+    flops, nbytes = _flops_and_bytes(problem, shape, device)
+    _, new = _build(problem, cand, shape, device)
+    inputs = [_to(x, device) for x in problem.inputs(shape, 7)]
+    timer = _Timer(device)
+    with torch.no_grad():
+        new(*inputs)
+        median = statistics.median(timer(lambda: new(*inputs)) for _ in range(repeats))
+    ceil = ceilings(device)
+    floor_s = max(nbytes / ceil["bandwidth_Bps"], flops / ceil["matmul_flops"])
+    return {
+        "time_s": median,
+        "bytes": nbytes,
+        "flops": flops,
+        "arith_intensity": flops / nbytes if nbytes else math.inf,
+        "ridge_intensity": ceil["matmul_flops"] / ceil["bandwidth_Bps"],
+        "dram_frac": nbytes / median / ceil["bandwidth_Bps"],
+        "compute_frac": flops / median / ceil["matmul_flops"],
+        "floor_frac": floor_s / median,
+        "bandwidth_Bps": ceil["bandwidth_Bps"],
+        "matmul_flops": ceil["matmul_flops"],
+    }
+
+
+OPS: dict[str, Callable[..., dict]] = {"gate": gate, "bench": bench, "analyse": analyse, "roofline": roofline}
+

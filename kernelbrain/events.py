@@ -1,0 +1,298 @@
+"""The event catalogue: one pydantic model per event type, each carrying its schema version.
+
+Events are the only source of truth. A model's `TYPE` is the string stored in the log and its
+`VERSION` the payload schema; a change to a payload's meaning bumps `VERSION`, and a reader meeting a
+type or version it does not know stops with a clear error instead of guessing (Optuna's journal idea:
+stable codes, one apply per type).
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from store import NewEvent, StoredEvent
+
+
+class EventError(Exception):
+    """An event in the log this kb cannot read."""
+
+
+class Event(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    TYPE: ClassVar[str]
+    VERSION: ClassVar[int] = 1
+
+    def to_new(
+        self, run_id: str, key: str, actor: str, *, subject: str | None = None, stage: int | None = None
+    ) -> NewEvent:
+        return NewEvent(
+            run_id=run_id,
+            type=self.TYPE,
+            version=self.VERSION,
+            key=key,
+            payload=self.model_dump(mode="json"),
+            actor=actor,
+            subject=subject,
+            stage=stage,
+        )
+
+
+# --- run lifecycle -------------------------------------------------------------------------------
+
+
+class RungSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    shapes: Literal["smallest", "primary", "all"]
+    repeats: int = Field(ge=1)
+    warmup: int = Field(default=1, ge=0)
+
+
+class RunConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    generator: str = "expert"
+    device: Literal["cpu", "cuda"] = "cpu"
+    seed: int = 0
+    max_candidates: int = Field(default=8, ge=1)
+    budget_gpu_s: float | None = None
+    budget_wall_s: float | None = None
+    budget_tokens: int | None = None
+    eta: int = Field(default=3, ge=2)
+    rungs: tuple[RungSpec, ...]
+    policy_version: int = 1
+    gate_seeds: int = Field(default=3, ge=1)
+    gate_timeout_s: float = 300.0
+    bench_timeout_s: float = 600.0
+
+
+class RunStarted(Event):
+    TYPE = "RunStarted"
+    problem_path: str
+    problem_name: str
+    problem_hash: str  # blob hash of the problem source
+    config: RunConfig
+    hardware: dict[str, Any]
+    versions: dict[str, str]
+
+
+class RunResumed(Event):
+    TYPE = "RunResumed"
+    attempt: int
+    hardware: dict[str, Any]
+
+
+class RunFinished(Event):
+    TYPE = "RunFinished"
+    basis: int  # seq of the last event the scheduler had seen: replay recomputes from that prefix
+    reason: str
+    winner: str | None
+    winner_rung: int | None
+    winner_score: float | None
+
+
+# --- generation ----------------------------------------------------------------------------------
+
+
+class ProblemAnalysed(Event):
+    TYPE = "ProblemAnalysed"
+    ops: list[dict[str, Any]]  # torch calls seen running the reference: {"op": name, ...details}
+    families: list[str]  # template families that match
+    flops: float  # of the reference at the primary shape
+    bytes: float  # minimum bytes moved (inputs + outputs) at the primary shape
+    shapes: list[str]  # labels of the problem's shapes, primary first
+    signature: dict[str, list[str]] = {}  # parameter names of Model.__init__ and Model.forward
+    error: str | None = None  # set when the problem could not be loaded or traced
+
+
+class CandidateProposed(Event):
+    TYPE = "CandidateProposed"
+    candidate: str  # hash of the source
+    source: str  # blob hash
+    parent: str | None
+    generator: str
+    family: str
+    strategy: str
+    knobs: dict[str, Any]
+    round: int
+    hint: str  # the strategy axis or diagnosis this candidate answers
+    diagnosis: list[str] = []  # profiler labels of the parent that motivated it
+    prompt: str | None = None  # blob hash (llm generator)
+    reply: str | None = None  # blob hash (llm generator)
+
+
+class GenerationDone(Event):
+    """A generation task finished: what it proposed and what it skipped as already known."""
+
+    TYPE = "GenerationDone"
+    task: str
+    proposed: list[str]
+    duplicates: int
+    note: str = ""
+
+
+# --- evaluation ----------------------------------------------------------------------------------
+
+GateCategory = Literal["compile", "signature", "runtime", "mismatch", "nan", "timeout", "crash", "policy"]
+
+
+class GatePassed(Event):
+    TYPE = "GatePassed"
+    candidate: str
+    seeds: int
+    max_abs_err: float
+    max_rel_err: float
+    tolerance: float
+
+
+class GateFailed(Event):
+    TYPE = "GateFailed"
+    candidate: str
+    category: GateCategory
+    detail: str
+    max_abs_err: float | None = None
+    max_rel_err: float | None = None
+
+
+class ShapeTiming(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    shape: str
+    cand_median_s: float
+    cand_iqr_s: float
+    ref_median_s: float
+    ref_iqr_s: float
+    repeats: int
+    speedup: float
+    compile_s: float = 0.0
+
+
+class RungBenchmarked(Event):
+    TYPE = "RungBenchmarked"
+    candidate: str
+    rung: int
+    shapes: list[ShapeTiming]
+    score: float
+    timer: str  # "cuda-events" or "interpreter-wallclock"
+
+
+class BenchmarkFailed(Event):
+    """A gate-passing candidate that faulted on the ladder (a larger shape, a timeout)."""
+
+    TYPE = "BenchmarkFailed"
+    candidate: str
+    rung: int
+    category: GateCategory
+    detail: str
+
+
+class ProfileCaptured(Event):
+    TYPE = "ProfileCaptured"
+    candidate: str
+    source: Literal["ncu", "roofline"]
+    metrics: dict[str, float]
+    labels: list[str]
+    report: str | None = None  # blob hash of the raw profiler output
+
+
+# --- leases and budget ---------------------------------------------------------------------------
+
+
+class TaskClaimed(Event):
+    TYPE = "TaskClaimed"
+    task: str
+    worker: str
+    token: int
+    deadline: float
+
+
+class LeaseExpired(Event):
+    TYPE = "LeaseExpired"
+    task: str
+    worker: str  # the previous holder
+    token: int  # its (now stale) fencing token
+    deadline: float
+    taken_by: str
+
+
+class BudgetCharged(Event):
+    TYPE = "BudgetCharged"
+    action: str  # the task it paid for
+    role: str
+    gpu_s: float = 0.0
+    tokens: int = 0
+    wall_s: float = 0.0
+
+
+# --- scheduler decisions -------------------------------------------------------------------------
+
+
+class Promoted(Event):
+    TYPE = "Promoted"
+    basis: int
+    candidate: str
+    rung_from: int
+    rung_to: int
+    rank: int  # 1 = best among peers
+    peers: dict[str, float]  # candidate -> score at rung_from, all that had finished it
+    keep: int  # how many of the peers ASHA promotes (top 1/eta, at least 1)
+    threshold: float  # score of the last promoted place
+    score: float
+
+
+class Pruned(Event):
+    TYPE = "Pruned"
+    basis: int
+    candidate: str
+    rung: int
+    reason: str
+    rank: int | None = None
+    peers: dict[str, float] = {}
+    threshold: float | None = None
+    score: float | None = None
+
+
+EVENT_TYPES: dict[str, type[Event]] = {
+    cls.TYPE: cls
+    for cls in (
+        RunStarted,
+        RunResumed,
+        RunFinished,
+        ProblemAnalysed,
+        CandidateProposed,
+        GenerationDone,
+        GatePassed,
+        GateFailed,
+        RungBenchmarked,
+        BenchmarkFailed,
+        ProfileCaptured,
+        TaskClaimed,
+        LeaseExpired,
+        BudgetCharged,
+        Promoted,
+        Pruned,
+    )
+}
+
+DECISION_TYPES = ("Promoted", "Pruned", "RunFinished")
+
+
+def decode(event: StoredEvent) -> Event:
+    """The typed event of a stored one; a type or version this kb does not know is an error naming it."""
+    cls = EVENT_TYPES.get(event.type)
+    if cls is None:
+        raise EventError(
+            f"event #{event.seq} has type {event.type!r}, unknown to this kb; upgrade kernelbrain to read it"
+        )
+    if event.version > cls.VERSION:
+        raise EventError(
+            f"event #{event.seq} ({event.type}) has schema version {event.version}, newer than this kb's "
+            f"{cls.VERSION}; upgrade kernelbrain to read it"
+        )
+    try:
+        return cls.model_validate(event.payload)
+    except ValidationError as e:
+        first = e.errors()[0]
+        raise EventError(
+            f"event #{event.seq} ({event.type}) has a malformed payload at "
+            f"{'.'.join(map(str, first['loc']))}: {first['msg']}"
+        ) from e

@@ -1,0 +1,40 @@
+"""The generator contract: propose a first spread, then mutate a profiled candidate."""
+
+from __future__ import annotations
+
+import abc
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+from kernelbrain.events import ProblemAnalysed
+
+
+class GenerationError(Exception):
+    """The generator cannot serve this problem; the message says what to do instead."""
+
+
+class Proposal(BaseModel):
+    model_config = ConfigDict(frozen=True)
+    source: str
+    family: str
+    strategy: str
+    knobs: dict[str, Any]
+    hint: str
+    diagnosis: list[str] = []
+    prompt: str | None = None
+    reply: str | None = None
+    tokens: int = 0
+
+
+class Generator(abc.ABC):
+    name: str
+
+    @abc.abstractmethod
+    def first_round(self, analysis: ProblemAnalysed) -> list[Proposal]:
+        """Round 0: candidates spread over the family's strategy axes."""
+
+    @abc.abstractmethod
+    def mutate(self, analysis: ProblemAnalysed, parent_knobs: dict[str, Any], family: str,
+               labels: list[str]) -> list[Proposal]:
+        """Later rounds: move the knobs the parent's bottleneck labels point at."""

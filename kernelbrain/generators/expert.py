@@ -1,0 +1,57 @@
+"""The offline `expert` generator: parametrised templates chosen by the reference's traced ops."""
+
+from __future__ import annotations
+
+from types import ModuleType
+from typing import Any
+
+from kernelbrain.events import ProblemAnalysed
+from kernelbrain.generators.base import GenerationError, Generator, Proposal
+from kernelbrain.templates import FAMILIES
+
+
+def _describe(ops: list[dict]) -> str:
+    return ", ".join(sorted({o["op"] for o in ops})) or "no torch ops"
+
+
+class ExpertGenerator(Generator):
+    name = "expert"
+
+    def _family(self, analysis: ProblemAnalysed, name: str | None = None) -> tuple[ModuleType, dict]:
+        for family in FAMILIES:
+            if name is not None and family.FAMILY != name:
+                continue
+            spec = family.matches(analysis.ops)
+            if spec is not None:
+                return family, spec
+        raise GenerationError(f"no offline template matches {_describe(analysis.ops)}; use --generator llm")
+
+    def _proposal(self, family: ModuleType, spec: dict, knobs: dict, analysis: ProblemAnalysed,
+                  hint: str, diagnosis: list[str] | None = None) -> Proposal:
+        return Proposal(
+            source=family.render(spec, knobs, analysis.signature),
+            family=family.FAMILY,
+            strategy=knobs["strategy"],
+            knobs=knobs,
+            hint=hint,
+            diagnosis=diagnosis or [],
+        )
+
+    def first_round(self, analysis: ProblemAnalysed) -> list[Proposal]:
+        family, spec = self._family(analysis)
+        return [
+            self._proposal(family, spec, knobs, analysis, f"round 0: strategy axis {knobs['strategy']}")
+            for knobs in family.ROUND0
+        ]
+
+    def mutate(self, analysis: ProblemAnalysed, parent_knobs: dict[str, Any], family_name: str,
+               labels: list[str]) -> list[Proposal]:
+        family, spec = self._family(analysis, family_name)
+        out = []
+        for label in labels:
+            for move, why in family.MUTATIONS.get(label, []):
+                knobs = family.mutate(parent_knobs, move)
+                if knobs is not None:
+                    out.append(self._proposal(family, spec, knobs, analysis,
+                                              f"{label} -> {move}: {why}", [label]))
+        return out

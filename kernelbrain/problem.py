@@ -1,0 +1,65 @@
+"""Problems: KernelBench files, loaded unchanged, plus the optional extras kb understands.
+
+A problem file defines `class Model(nn.Module)`, `get_inputs()` and `get_init_inputs()`. It may also
+declare, at module level (all optional):
+
+    KB_SHAPES = [{"batch_size": 4096, "dim": 393216}, {"batch_size": 16, "dim": 16384}]
+        Module globals to override before calling get_inputs()/get_init_inputs(); the first is the
+        primary shape. Absent: the file's own globals are the one shape.
+    KB_SMOKE_SHAPE = {"batch_size": 4, "dim": 256}
+        A small shape for CPU runs through the Triton interpreter. Absent: the smallest shape.
+    KB_TOLERANCE = {"float32": 1e-4, "float16": 1e-2, "bfloat16": 1e-2}
+        atol = rtol per output dtype. Absent: these defaults (KernelBench's).
+
+This module does the static checks that need no torch (the CLI runs them before anything is
+written); `kernelbrain.evaluate` executes the file, in a sandboxed child only.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+from pathlib import Path
+
+DEFAULT_TOLERANCE = {"float32": 1e-4, "float64": 1e-6, "float16": 1e-2, "bfloat16": 1e-2}
+REQUIRED = {"Model": ast.ClassDef, "get_inputs": ast.FunctionDef, "get_init_inputs": ast.FunctionDef}
+
+
+class ProblemError(Exception):
+    """A problem file kb cannot use; the message names the file and what to fix."""
+
+
+def read_problem(path: str | Path) -> str:
+    """The source of a problem file after the static checks: exists, parses, defines the three names."""
+    p = Path(path)
+    if not p.is_file():
+        raise ProblemError(f"problem file {p} does not exist; pass the path of a KernelBench problem .py file")
+    try:
+        source = p.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise ProblemError(f"problem file {p} cannot be read: {e}") from e
+    check_problem_source(source, str(p))
+    return source
+
+
+def check_problem_source(source: str, name: str = "<problem>") -> None:
+    try:
+        tree = ast.parse(source, filename=name)
+    except SyntaxError as e:
+        raise ProblemError(f"problem file {name}:{e.lineno}: syntax error: {e.msg}") from e
+    defined = {node.name: type(node) for node in tree.body if isinstance(node, ast.ClassDef | ast.FunctionDef)}
+    missing = [n for n, kind in REQUIRED.items() if defined.get(n) is not kind]
+    if missing:
+        what = ", ".join("class Model" if n == "Model" else f"{n}()" for n in missing)
+        raise ProblemError(
+            f"problem file {name} does not define {what}; a KernelBench problem defines "
+            "class Model(nn.Module), get_inputs() and get_init_inputs()"
+        )
+
+
+def source_hash(source: str) -> str:
+    return hashlib.sha256(source.encode()).hexdigest()
+
+
+def shape_label(overrides: dict) -> str:
+    return ",".join(f"{k}={v}" for k, v in overrides.items()) or "default"

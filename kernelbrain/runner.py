@@ -1,0 +1,185 @@
+"""Starting, supervising and resuming runs.
+
+`start_run` records RunStarted; `supervise` starts the five workers as separate processes (or steps
+them in this process, for tests), restarts one that dies, prints progress from the log, and returns
+when the scheduler records RunFinished. SIGINT/SIGTERM stop the workers cleanly and leave the run
+resumable.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.metadata
+import os
+import platform
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from kernelbrain.events import RunConfig, RunFinished, RunResumed, RunStarted, RungSpec
+from kernelbrain.problem import read_problem, source_hash
+from kernelbrain.state import RunState
+from kernelbrain.workers import ROLES, Worker
+from store import EventStore
+
+MAX_RESTARTS = 5
+
+DEFAULT_RUNGS = {
+    # the interpreter is slow: few repeats, and every rung measures the smoke shape
+    "cpu": (RungSpec(shapes="smallest", repeats=3, warmup=2), RungSpec(shapes="primary", repeats=5, warmup=2),
+            RungSpec(shapes="all", repeats=7, warmup=2)),
+    "cuda": (RungSpec(shapes="smallest", repeats=10, warmup=3), RungSpec(shapes="primary", repeats=30, warmup=5),
+             RungSpec(shapes="all", repeats=100, warmup=10)),
+}
+
+
+class RunError(Exception):
+    """A run cannot be started or resumed; the message says why and what to do."""
+
+
+def detect_device() -> str:
+    """cuda when this machine has an NVIDIA GPU, else cpu (no torch import: it costs seconds)."""
+    return "cuda" if Path("/dev/nvidia0").exists() or Path("/dev/nvidiactl").exists() else "cpu"
+
+
+def hardware() -> dict:
+    info: dict = {"host": platform.node(), "machine": platform.machine(), "cpus": os.cpu_count(),
+                  "python": platform.python_version()}
+    if shutil.which("nvidia-smi"):
+        with contextlib.suppress(Exception):
+            info["gpus"] = subprocess.run(
+                ["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
+                capture_output=True, text=True, timeout=20).stdout.strip().splitlines()
+    return info
+
+
+def versions() -> dict[str, str]:
+    out = {}
+    for pkg in ("kernelbrain", "torch", "triton", "pydantic", "sqlite-utils", "pysqlite3"):
+        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+            out[pkg] = importlib.metadata.version(pkg)
+    from store._sqlite import sqlite3
+
+    out["sqlite"] = sqlite3.sqlite_version
+    return out
+
+
+def new_run_id() -> str:
+    return time.strftime("r%Y%m%d-%H%M%S-") + secrets.token_hex(3)
+
+
+def start_run(store: EventStore, problem_path: str, config: RunConfig) -> str:
+    source = read_problem(problem_path)
+    run_id = new_run_id()
+    blob = store.put_blob(source)
+    assert blob == source_hash(source)
+    started = RunStarted(problem_path=str(Path(problem_path).resolve()), problem_name=Path(problem_path).stem,
+                         problem_hash=blob, config=config, hardware=hardware(), versions=versions())
+    store.append([started.to_new(run_id, f"{run_id}/started", "cli")])
+    return run_id
+
+
+def load_state(store: EventStore, run_id: str) -> RunState:
+    if store.count(run_id=run_id) == 0:
+        raise RunError(f"no run {run_id!r} in {store.path}; `kb ls` lists the runs there")
+    return store.fold(RunState(run_id), run_id=run_id)
+
+
+def prepare_resume(store: EventStore, run_id: str) -> RunState:
+    state = load_state(store, run_id)
+    if state.finished is not None:
+        raise RunError(f"run {run_id} already finished ({state.finished.reason}); winner: "
+                       f"{state.finished.winner or 'none'}. Nothing to resume")
+    attempt = len(state.resumes) + 1
+    store.append([RunResumed(attempt=attempt, hardware=hardware()).to_new(run_id, f"{run_id}/resumed/{attempt}",
+                                                                           "cli")])
+    return store.fold(state, run_id=run_id)
+
+
+def _spawn(db: str, role: str, run_id: str, gpu: int | None) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "kernelbrain", "worker", role, "--db", db, "--run", run_id]
+    if gpu is not None:
+        cmd += ["--gpu", str(gpu)]
+    return subprocess.Popen(cmd, stdin=subprocess.DEVNULL)
+
+
+def supervise(db: str, run_id: str, *, gpu: int | None = None, inprocess: bool = False,
+              progress: Callable[[RunState, int], None] | None = None) -> RunFinished | None:
+    """Drive the run until RunFinished (returned) or a stop signal (returns None; the run is resumable)."""
+    if inprocess:
+        return _supervise_inprocess(db, run_id, gpu, progress)
+    store = EventStore(db, create=False)
+    state = RunState(run_id)
+    stop: list[int] = []
+
+    def on_signal(signum: int, frame: object) -> None:
+        stop.append(signum)
+
+    old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    procs = {role: _spawn(db, role, run_id, gpu) for role in ROLES}
+    restarts = dict.fromkeys(ROLES, 0)
+    try:
+        while not stop:
+            seen = state.position
+            store.fold(state, run_id=run_id)
+            if progress and state.position != seen:
+                progress(state, seen)
+            if state.finished is not None:
+                return state.finished
+            for role, proc in procs.items():
+                code = proc.poll()
+                if code is None:
+                    continue
+                if restarts[role] >= MAX_RESTARTS:
+                    raise RunError(f"the {role} worker died {MAX_RESTARTS + 1} times (last exit {code}); "
+                                   f"see its output above, fix, then `kb resume {run_id}`")
+                restarts[role] += 1
+                print(f"kb: {role} worker exited with {code}; restarting it", file=sys.stderr)
+                procs[role] = _spawn(db, role, run_id, gpu)
+            time.sleep(0.2)
+        return None
+    finally:
+        _stop_workers(procs)
+        for s, handler in old.items():
+            signal.signal(s, handler)
+        store.close()
+
+
+def _stop_workers(procs: dict[str, subprocess.Popen], grace_s: float = 60.0) -> None:
+    """SIGTERM: each worker finishes (or releases) its task in flight and exits; SIGKILL stragglers."""
+    for proc in procs.values():
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                proc.terminate()
+    deadline = time.monotonic() + grace_s
+    for proc in procs.values():
+        try:
+            proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def _supervise_inprocess(db: str, run_id: str, gpu: int | None,
+                         progress: Callable[[RunState, int], None] | None) -> RunFinished | None:
+    workers = [Worker(db, role, run_id, gpu=gpu) for role in ROLES]
+    try:
+        while True:
+            did = False
+            for w in workers:
+                did |= w.step()
+            state = workers[-1].states.get(run_id)
+            if progress and state is not None:
+                progress(state, 0)
+            if state is not None and state.finished is not None:
+                return state.finished
+            if not did:
+                time.sleep(0.05)
+    finally:
+        for w in workers:
+            w.close()

@@ -1,0 +1,183 @@
+"""The worker's side of a sandboxed child: start it, send it work, survive whatever it does.
+
+Candidate code is untrusted. It runs in its own process and session with a scrubbed environment, its
+own temporary directory, no core dumps and capped file sizes, and it dies with its worker
+(PR_SET_PDEATHSIG). A hang, a segfault, an illegal memory access or an `os._exit` becomes a
+`SandboxFault` with its category; the next call starts a fresh child. A warm child is reused until
+one faults, because importing torch and Triton costs seconds.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import resource
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import orjson
+
+from kernelbrain.child import HEADER
+
+# What a child may see of the worker's environment: the toolchain, never keys or tokens.
+ENV_ALLOWED = (
+    "PATH",
+    "LANG",
+    "LC_ALL",
+    "PYTHONPATH",
+    "LD_LIBRARY_PATH",
+    "CUDA_HOME",
+    "CUDA_PATH",
+    "CUDA_VISIBLE_DEVICES",
+    "TRITON_CACHE_DIR",
+    "TRITON_PTXAS_PATH",
+    "OPENBLAS_CORETYPE",
+    "OPENBLAS_L2_SIZE",
+    "OMP_NUM_THREADS",
+    "KB_EXEC_LOG",
+)
+
+
+class SandboxFault(Exception):
+    def __init__(self, category: str, detail: str) -> None:
+        super().__init__(f"{category}: {detail}")
+        self.category = category
+        self.detail = detail
+
+
+class SandboxError(Exception):
+    """kb's own code failed inside the child (not the candidate's fault)."""
+
+
+def _child_setup() -> None:
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    resource.setrlimit(resource.RLIMIT_FSIZE, (4 << 30, 4 << 30))
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+def _signal_name(code: int) -> str:
+    try:
+        return signal.Signals(-code).name
+    except ValueError:
+        return f"signal {-code}"
+
+
+class Sandbox:
+    def __init__(self, device: str, *, gpu: int | None = None) -> None:
+        self.device = device
+        self.gpu = gpu
+        self.proc: subprocess.Popen | None = None
+        self.tmp: Path | None = None
+        self.executions = 0
+
+    def _env(self) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if k in ENV_ALLOWED}
+        assert self.tmp is not None
+        env.update(HOME=str(self.tmp), TMPDIR=str(self.tmp), PYTHONUNBUFFERED="1", PYTHONHASHSEED="0")
+        env.setdefault("TRITON_CACHE_DIR", str(Path.home() / ".cache" / "kernelbrain" / "triton"))
+        if self.device == "cpu":
+            env["TRITON_INTERPRET"] = "1"
+        if self.gpu is not None:
+            env["CUDA_VISIBLE_DEVICES"] = str(self.gpu)
+        # the child imports kernelbrain from wherever this worker did
+        root = str(Path(__file__).resolve().parent.parent)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+        return env
+
+    def start(self) -> None:
+        self.tmp = Path(tempfile.mkdtemp(prefix="kb-sandbox-"))
+        self.stderr = open(self.tmp / "stderr.log", "wb")  # noqa: SIM115 - lives as long as the child
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "kernelbrain.child"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self.stderr,
+            cwd=self.tmp,
+            env=self._env(),
+            start_new_session=True,
+            preexec_fn=_child_setup,
+        )
+
+    def call(self, op: str, args: dict, *, timeout_s: float, task: str = "-") -> tuple[dict, float]:
+        """Run one request; returns (result, busy seconds). Raises SandboxFault when the child dies."""
+        if self.proc is None:
+            self.start()
+        assert self.proc and self.proc.stdin and self.proc.stdout
+        frame = orjson.dumps({"op": op, "args": args, "task": task})
+        try:
+            self.proc.stdin.write(HEADER.pack(len(frame)) + frame)
+            self.proc.stdin.flush()
+        except BrokenPipeError:
+            raise self._fault("crash", self._died()) from None
+        self.executions += 1
+        reply = self._read(time.monotonic() + timeout_s, timeout_s)
+        if not reply["ok"]:
+            raise SandboxError(f"{op} failed inside the sandbox: {reply['error']}\n{reply.get('trace', '')}")
+        return reply["result"], reply["busy_s"]
+
+    def _read(self, deadline: float, timeout_s: float) -> dict:
+        assert self.proc and self.proc.stdout
+        fd = self.proc.stdout.fileno()
+        buf = b""
+        need = HEADER.size
+        header_done = False
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise self._fault("timeout", f"no answer within {timeout_s:g} s; the child was killed")
+            ready, _, _ = select.select([fd], [], [], min(left, 1.0))
+            if not ready:
+                continue
+            chunk = os.read(fd, max(need - len(buf), 1 << 16))
+            if not chunk:
+                raise self._fault("crash", self._died())
+            buf += chunk
+            if not header_done and len(buf) >= HEADER.size:
+                need = HEADER.size + HEADER.unpack(buf[: HEADER.size])[0]
+                header_done = True
+            if header_done and len(buf) >= need:
+                return orjson.loads(buf[HEADER.size : need])
+
+    def _died(self) -> str:
+        assert self.proc
+        try:
+            code = self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            return "the child closed its pipe but did not exit"
+        how = f"killed by {_signal_name(code)}" if code < 0 else f"exited with status {code}"
+        return f"the child {how}{self._stderr_tail()}"
+
+    def _stderr_tail(self) -> str:
+        assert self.tmp
+        try:
+            lines = (self.tmp / "stderr.log").read_text(errors="replace").strip().splitlines()
+        except OSError:
+            return ""
+        return f": {lines[-1][:300]}" if lines else ""
+
+    def _fault(self, category: str, detail: str) -> SandboxFault:
+        self.close()
+        return SandboxFault(category, detail)
+
+    def close(self) -> None:
+        if self.proc is not None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            with contextlib.suppress(Exception):
+                self.proc.wait(timeout=5)
+            for f in (self.proc.stdin, self.proc.stdout):
+                with contextlib.suppress(Exception):
+                    f.close()
+            self.stderr.close()
+            self.proc = None
+        if self.tmp is not None:
+            shutil.rmtree(self.tmp, ignore_errors=True)
+            self.tmp = None

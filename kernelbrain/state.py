@@ -1,0 +1,206 @@
+"""RunState: one run's log folded into what every worker, the CLI and replay need to know.
+
+One `_apply_<Type>` per event type. Workers derive their tasks from this state and the scheduler its
+decisions, so a worker that writes reads its own writes back through the same fold as everyone else.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from kernelbrain.events import (
+    BenchmarkFailed,
+    BudgetCharged,
+    CandidateProposed,
+    Event,
+    GateFailed,
+    GatePassed,
+    GenerationDone,
+    ProblemAnalysed,
+    ProfileCaptured,
+    Promoted,
+    Pruned,
+    RunFinished,
+    RunResumed,
+    RunStarted,
+    RungBenchmarked,
+    decode,
+)
+from store import Projection, StoredEvent
+
+
+@dataclass
+class Candidate:
+    proposal: CandidateProposed
+    seq: int
+    ordinal: int  # 0-based order of proposal within the run
+    gate: GatePassed | GateFailed | None = None
+    results: dict[int, RungBenchmarked] = field(default_factory=dict)
+    bench_failed: BenchmarkFailed | None = None
+    promotions: dict[int, Promoted] = field(default_factory=dict)  # by rung_from
+    pruned: Pruned | None = None
+    profile: ProfileCaptured | None = None
+    late: bool = False  # proposed after the run finished: never evaluated
+
+    @property
+    def id(self) -> str:
+        return self.proposal.candidate
+
+    @property
+    def admitted(self) -> list[int]:
+        """Rungs it may be benchmarked at: 0 once gated, r + 1 once promoted from r."""
+        if not isinstance(self.gate, GatePassed):
+            return []
+        return [0, *sorted(p.rung_to for p in self.promotions.values())]
+
+    @property
+    def top_result(self) -> RungBenchmarked | None:
+        return self.results[max(self.results)] if self.results else None
+
+    @property
+    def terminal(self) -> str | None:
+        """Why it needs no more work, or None while it does."""
+        if self.late:
+            return "proposed after the run finished"
+        if isinstance(self.gate, GateFailed):
+            return f"gate failed ({self.gate.category})"
+        if self.pruned is not None:
+            return f"pruned at rung {self.pruned.rung}"
+        if self.profile is not None:
+            return "finalist (profiled at the top rung)"
+        return None
+
+
+class RunState(Projection):
+    def __init__(self, run_id: str) -> None:
+        super().__init__()
+        self.run_id = run_id
+        self.started: RunStarted | None = None
+        self.resumes: list[RunResumed] = []
+        self.analysis: ProblemAnalysed | None = None
+        self.candidates: dict[str, Candidate] = {}
+        self.generation: dict[str, GenerationDone] = {}
+        self.finished: RunFinished | None = None
+        self.decisions: list[tuple[int, Event]] = []
+        self.gpu_s = 0.0
+        self.tokens = 0
+        self.event_count = 0
+        self.wall_closed_s = 0.0  # wall time of earlier sessions (start/resume to their last event)
+        self._session_start: float | None = None
+        self.last_ts = 0.0
+
+    # --- folding -------------------------------------------------------------------------------
+
+    def apply(self, event: StoredEvent) -> None:
+        typed = decode(event)
+        self.event_count += 1
+        handler = getattr(self, f"_apply_{event.type}", None)
+        if handler is not None:
+            handler(typed, event)
+        self.last_ts = event.ts
+        self.position = event.seq
+
+    def _apply_RunStarted(self, e: RunStarted, raw: StoredEvent) -> None:
+        self.started = e
+        self._session_start = raw.ts
+
+    def _apply_RunResumed(self, e: RunResumed, raw: StoredEvent) -> None:
+        self.resumes.append(e)
+        if self._session_start is not None:
+            self.wall_closed_s += self.last_ts - self._session_start
+        self._session_start = raw.ts
+
+    def _apply_ProblemAnalysed(self, e: ProblemAnalysed, raw: StoredEvent) -> None:
+        self.analysis = e
+
+    def _apply_CandidateProposed(self, e: CandidateProposed, raw: StoredEvent) -> None:
+        self.candidates[e.candidate] = Candidate(
+            e, raw.seq, len(self.candidates), late=self.finished is not None
+        )
+
+    def _apply_GenerationDone(self, e: GenerationDone, raw: StoredEvent) -> None:
+        self.generation[e.task] = e
+
+    def _apply_GatePassed(self, e: GatePassed, raw: StoredEvent) -> None:
+        self.candidates[e.candidate].gate = e
+
+    def _apply_GateFailed(self, e: GateFailed, raw: StoredEvent) -> None:
+        self.candidates[e.candidate].gate = e
+
+    def _apply_RungBenchmarked(self, e: RungBenchmarked, raw: StoredEvent) -> None:
+        self.candidates[e.candidate].results[e.rung] = e
+
+    def _apply_BenchmarkFailed(self, e: BenchmarkFailed, raw: StoredEvent) -> None:
+        self.candidates[e.candidate].bench_failed = e
+
+    def _apply_ProfileCaptured(self, e: ProfileCaptured, raw: StoredEvent) -> None:
+        self.candidates[e.candidate].profile = e
+
+    def _apply_BudgetCharged(self, e: BudgetCharged, raw: StoredEvent) -> None:
+        self.gpu_s += e.gpu_s
+        self.tokens += e.tokens
+
+    def _apply_Promoted(self, e: Promoted, raw: StoredEvent) -> None:
+        self.candidates[e.candidate].promotions[e.rung_from] = e
+        self.decisions.append((raw.seq, e))
+
+    def _apply_Pruned(self, e: Pruned, raw: StoredEvent) -> None:
+        self.candidates[e.candidate].pruned = e
+        self.decisions.append((raw.seq, e))
+
+    def _apply_RunFinished(self, e: RunFinished, raw: StoredEvent) -> None:
+        self.finished = e
+        self.decisions.append((raw.seq, e))
+
+    # --- derived views -------------------------------------------------------------------------
+
+    @property
+    def config(self):
+        if self.started is None:
+            raise LookupError(f"run {self.run_id} has no RunStarted event")
+        return self.started.config
+
+    @property
+    def top_rung(self) -> int:
+        return len(self.config.rungs) - 1
+
+    @property
+    def wall_s(self) -> float:
+        """Wall time the run has been live, summed over its sessions (a pure function of the log)."""
+        current = self.last_ts - self._session_start if self._session_start is not None else 0.0
+        return self.wall_closed_s + current
+
+    def live(self) -> list[Candidate]:
+        return [c for c in self.candidates.values() if c.terminal is None]
+
+    def gate_tasks(self) -> list[Candidate]:
+        return [c for c in self.live() if c.gate is None]
+
+    def bench_tasks(self) -> list[tuple[Candidate, int]]:
+        return [
+            (c, r)
+            for c in self.live()
+            if c.bench_failed is None
+            for r in c.admitted
+            if r not in c.results
+        ]
+
+    def profile_tasks(self) -> list[Candidate]:
+        return [c for c in self.live() if self.top_rung in c.results and c.profile is None]
+
+    def generation_tasks(self) -> list[str]:
+        """Generation tasks not yet done: round 0, then one mutation round per profiled finalist."""
+        if self.analysis is not None and self.analysis.error:
+            return []
+        if len(self.candidates) >= self.config.max_candidates and "round0" in self.generation:
+            return []
+        tasks = ["round0"]
+        tasks += [f"mutate/{c.id}" for c in self.candidates.values() if c.profile is not None]
+        return [t for t in tasks if t not in self.generation]
+
+    def leader(self) -> Candidate | None:
+        """Best candidate so far: highest rung reached, then best score there, then first proposed."""
+        scored = [c for c in self.candidates.values() if c.results and c.bench_failed is None]
+        if not scored:
+            return None
+        return min(scored, key=lambda c: (-max(c.results), -c.results[max(c.results)].score, c.seq))

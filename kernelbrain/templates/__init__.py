@@ -1,0 +1,11 @@
+"""Parametrised Triton templates, one module per op family.
+
+Each module exposes `FAMILY`, `matches(ops) -> dict | None` (the spec it extracts from the traced
+reference, or None), `ROUND0` (knob sets spreading over the family's strategy axes), `MUTATIONS`
+(bottleneck label -> knob moves) and `render(spec, knobs, signature) -> str` (a standalone module
+defining ModelNew).
+"""
+
+from kernelbrain.templates import row_softmax
+
+FAMILIES = (row_softmax,)

@@ -1,0 +1,179 @@
+"""Row softmax / log-softmax over one dimension.
+
+    y_i = exp(x_i - m) / sum_j exp(x_j - m),   m = max_j x_j     (log: x_i - m - log sum_j exp(x_j - m))
+
+Strategy axes: the whole row in registers (one read of x), an online single-sweep max/sum over tiles
+(any row length, two reads), several short rows per program (fewer, fatter programs), and num_warps.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+FAMILY = "row_softmax"
+
+ROUND0: list[dict[str, Any]] = [
+    {"strategy": "single_pass", "num_warps": 4},
+    {"strategy": "online", "block_n": 1024, "num_warps": 4},
+    {"strategy": "online", "block_n": 4096, "num_warps": 8},
+    {"strategy": "multi_row", "rows": 4, "num_warps": 4},
+]
+
+# bottleneck label -> (move, why); a move maps the parent's knobs to the child's
+MUTATIONS: dict[str, list[tuple[str, str]]] = {
+    "memory-bound near peak": [
+        ("single_pass", "at the bandwidth roof only fewer bytes help: read each row once"),
+    ],
+    "latency or occupancy-limited": [
+        ("more_warps", "more warps per row hide more load latency"),
+        ("more_rows", "more rows per program keep more loads in flight"),
+    ],
+    "launch-bound": [("more_rows", "fewer, fatter programs amortise launch and scheduling cost")],
+    "register spills": [("smaller_tiles", "smaller tiles lower register pressure")],
+    "compute-bound": [("fewer_warps", "exp is cheap; fewer warps cut reduction overhead")],
+    "memory-bound with poor coalescing": [("larger_tiles", "wider tiles make longer contiguous loads")],
+}
+
+
+def matches(ops: list[dict]) -> dict | None:
+    names = [o["op"] for o in ops]
+    kinds = [n for n in names if n in {"softmax", "log_softmax"}]
+    if len(kinds) != 1 or any(n not in {"softmax", "log_softmax", "contiguous"} for n in names):
+        return None
+    op = next(o for o in ops if o["op"] == kinds[0])
+    if op.get("dtype") not in {"float32", "float16", "bfloat16"}:
+        return None
+    return {"log": kinds[0] == "log_softmax", "dim": int(op.get("dim", -1)), "ndim": int(op.get("ndim", 2))}
+
+
+def mutate(knobs: dict[str, Any], move: str) -> dict[str, Any] | None:
+    k = dict(knobs)
+    if move == "single_pass":
+        return None if k["strategy"] == "single_pass" else {"strategy": "single_pass", "num_warps": k["num_warps"]}
+    if move == "more_warps":
+        return {**k, "num_warps": min(16, k["num_warps"] * 2)} if k["num_warps"] < 16 else None
+    if move == "fewer_warps":
+        return {**k, "num_warps": k["num_warps"] // 2} if k["num_warps"] > 1 else None
+    if move == "more_rows":
+        rows = k.get("rows", 1) * 2
+        return {"strategy": "multi_row", "rows": rows, "num_warps": k["num_warps"]} if rows <= 32 else None
+    if move in {"smaller_tiles", "larger_tiles"}:
+        if k["strategy"] != "online":
+            return {"strategy": "online", "block_n": 2048, "num_warps": k["num_warps"]}
+        bn = k["block_n"] // 2 if move == "smaller_tiles" else k["block_n"] * 2
+        return {**k, "block_n": bn} if 128 <= bn <= 16384 else None
+    raise ValueError(f"unknown move {move!r}")
+
+
+_KERNELS = {
+    "single_pass": '''
+@triton.jit
+def _softmax_kernel(x_ptr, y_ptr, n_cols, stride_x, stride_y, BLOCK: tl.constexpr, LOG: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < n_cols
+    x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=-float("inf")).to(tl.float32)
+    z = x - tl.max(x, axis=0)
+    e = tl.exp(z)
+    s = tl.sum(e, axis=0)
+    y = z - tl.log(s) if LOG else e / s
+    tl.store(y_ptr + row * stride_y + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+def _launch(x2, y2):
+    n_rows, n_cols = x2.shape
+    block = triton.next_power_of_2(n_cols)
+    _softmax_kernel[(n_rows,)](x2, y2, n_cols, x2.stride(0), y2.stride(0), BLOCK=block, LOG=LOG,
+                               num_warps=NUM_WARPS)
+''',
+    "online": '''
+@triton.jit
+def _softmax_kernel(x_ptr, y_ptr, n_cols, stride_x, stride_y, BLOCK_N: tl.constexpr, LOG: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    x_row = x_ptr + row * stride_x
+    cols = tl.arange(0, BLOCK_N)
+    # one sweep keeps a running max m and a running sum s of exp(x - m), rescaled when m grows
+    m = tl.full([BLOCK_N], -float("inf"), tl.float32)
+    s = tl.zeros([BLOCK_N], tl.float32)
+    for start in range(0, n_cols, BLOCK_N):
+        mask = start + cols < n_cols
+        x = tl.load(x_row + start + cols, mask=mask, other=-float("inf")).to(tl.float32)
+        m_new = tl.maximum(m, x)
+        scale = tl.where(m_new == -float("inf"), 0.0, tl.exp(m - m_new))
+        s = s * scale + tl.where(mask, tl.exp(x - m_new), 0.0)
+        m = m_new
+    m_row = tl.max(m, axis=0)
+    s_row = tl.sum(s * tl.where(m == -float("inf"), 0.0, tl.exp(m - m_row)), axis=0)
+    for start in range(0, n_cols, BLOCK_N):
+        mask = start + cols < n_cols
+        x = tl.load(x_row + start + cols, mask=mask, other=0.0).to(tl.float32)
+        z = x - m_row
+        y = z - tl.log(s_row) if LOG else tl.exp(z) / s_row
+        tl.store(y_ptr + row * stride_y + start + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+def _launch(x2, y2):
+    n_rows, n_cols = x2.shape
+    block = min(BLOCK_N, triton.next_power_of_2(n_cols))
+    _softmax_kernel[(n_rows,)](x2, y2, n_cols, x2.stride(0), y2.stride(0), BLOCK_N=block, LOG=LOG,
+                               num_warps=NUM_WARPS)
+''',
+    "multi_row": '''
+@triton.jit
+def _softmax_kernel(x_ptr, y_ptr, n_rows, n_cols, stride_x, stride_y, ROWS: tl.constexpr, BLOCK: tl.constexpr,
+                    LOG: tl.constexpr):
+    rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
+    cols = tl.arange(0, BLOCK)
+    mask = (rows[:, None] < n_rows) & (cols[None, :] < n_cols)
+    x = tl.load(x_ptr + rows[:, None] * stride_x + cols[None, :], mask=mask, other=-float("inf"))
+    x = x.to(tl.float32)
+    z = x - tl.max(x, axis=1)[:, None]
+    e = tl.exp(z)
+    s = tl.sum(e, axis=1)[:, None]
+    y = z - tl.log(s) if LOG else e / s
+    tl.store(y_ptr + rows[:, None] * stride_y + cols[None, :], y.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+def _launch(x2, y2):
+    n_rows, n_cols = x2.shape
+    block = triton.next_power_of_2(n_cols)
+    _softmax_kernel[(triton.cdiv(n_rows, ROWS),)](x2, y2, n_rows, n_cols, x2.stride(0), y2.stride(0),
+                                                  ROWS=ROWS, BLOCK=block, LOG=LOG, num_warps=NUM_WARPS)
+''',
+}
+
+
+def render(spec: dict, knobs: dict[str, Any], signature: dict[str, list[str]]) -> str:
+    init_args = "".join(f", {a}" for a in signature["init"])
+    x = signature["forward"][0]
+    rest = "".join(f", {a}" for a in signature["forward"][1:])
+    consts = [f"LOG = {spec['log']}", f"NUM_WARPS = {knobs['num_warps']}"]
+    if "block_n" in knobs:
+        consts.append(f"BLOCK_N = {knobs['block_n']}")
+    if "rows" in knobs:
+        consts.append(f"ROWS = {knobs['rows']}")
+    knob_text = ", ".join(f"{k}={v}" for k, v in knobs.items())
+    return f'''"""Row {"log-" if spec["log"] else ""}softmax over dim {spec["dim"]}: kernelbrain row_softmax template ({knob_text})."""
+
+import torch
+import torch.nn as nn
+import triton
+import triton.language as tl
+
+{chr(10).join(consts)}
+DIM = {spec["dim"]}
+{_KERNELS[knobs["strategy"]]}
+
+class ModelNew(nn.Module):
+    def __init__(self{init_args}):
+        super().__init__()
+
+    def forward(self, {x}{rest}):
+        dim = DIM % {x}.dim()
+        # reduce over the last axis of a contiguous view: move the softmax dim last when it is not
+        xt = {x}.movedim(dim, -1).contiguous()
+        x2 = xt.reshape(-1, xt.shape[-1])
+        y2 = torch.empty_like(x2)
+        _launch(x2, y2)
+        return y2.reshape(xt.shape).movedim(-1, dim)
+'''

@@ -1,0 +1,551 @@
+"""EventStore: the append-only event log on one SQLite file (WAL), with blobs, leases and cursors."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import os
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from pathlib import Path
+from typing import Any, ParamSpec, TypeVar
+
+import orjson
+
+from store import migrate
+from store._sqlite import retry_busy, sqlite3
+from store.errors import CorruptDatabase, ForeignDatabase, SchemaTooNew, StaleLease, StoreError
+from store.projection import Projection
+from store.records import Lease, NewEvent, StoredEvent
+
+MEMORY = ":memory:"
+
+P = TypeVar("P", bound=Projection)
+T = TypeVar("T")
+A = ParamSpec("A")
+
+# Column order == StoredEvent field order, so a row maps onto the record positionally.
+_COLS = "seq, run_id, type, version, key, payload, actor, subject, stage, ts"
+
+_LIST_OBJECTS = "SELECT name FROM sqlite_master WHERE name NOT LIKE 'sqlite_%'"
+_INSERT = (
+    "INSERT INTO events (run_id, type, version, subject, stage, key, payload, actor, ts)"
+    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
+)
+_MAX_SEQ = "SELECT coalesce(max(seq), 0) FROM events"
+# AUTOINCREMENT's counter: the largest seq ever handed out (the next insert gets counter + 1).
+_SEQ_COUNTER = "SELECT coalesce((SELECT seq FROM sqlite_sequence WHERE name = 'events'), 0)"
+_MAX_SEQ_RUN = "SELECT coalesce(max(seq), 0) FROM events WHERE run_id = ?"
+_BY_KEY = f"SELECT {_COLS} FROM events WHERE key = ?"
+_BY_KEYS = f"SELECT {_COLS} FROM events WHERE key IN (SELECT value FROM json_each(?))"
+_RUN_IDS = "SELECT run_id FROM events GROUP BY run_id ORDER BY min(seq)"
+_BLOB_EXISTS = "SELECT 1 FROM blobs WHERE hash = ?"
+_BLOB_PUT = "INSERT INTO blobs (hash, data, size) VALUES (?, ?, ?)"
+_BLOB_GET = "SELECT data FROM blobs WHERE hash = ?"
+_LEASE_GET = "SELECT owner, token, deadline, done FROM leases WHERE task = ?"
+_LEASE_NEW = "INSERT INTO leases (task, owner, token, deadline) VALUES (?, ?, 1, ?)"
+_LEASE_TAKE = "UPDATE leases SET owner = ?, token = ?, deadline = ? WHERE task = ?"
+_LEASE_RENEW = "UPDATE leases SET deadline = ? WHERE task = ? AND token = ? AND done = 0"
+_LEASE_RELEASE = "UPDATE leases SET deadline = 0 WHERE task = ? AND token = ? AND done = 0"
+_LEASE_DONE = "UPDATE leases SET done = 1 WHERE task = ? AND token = ?"
+_CURSOR_GET = "SELECT position FROM cursors WHERE name = ?"
+_CURSOR_SET = (
+    "INSERT INTO cursors (name, position) VALUES (?, ?)"
+    " ON CONFLICT (name) DO UPDATE SET position = excluded.position"
+)
+
+
+def _read_sql(until: bool, run: bool, types: bool) -> str:
+    where = ["seq > ?"]
+    if until:
+        where.append("seq <= ?")
+    if run:
+        where.append("run_id = ?")
+    if types:  # one bound JSON array keeps the statement text (and its prepared plan) fixed
+        where.append("type IN (SELECT value FROM json_each(?))")
+    return f"SELECT {_COLS} FROM events WHERE {' AND '.join(where)} ORDER BY seq LIMIT ?"
+
+
+def _count_sql(run: bool, type_: bool) -> str:
+    where = [c for c, on in (("run_id = ?", run), ("type = ?", type_)) if on]
+    return "SELECT count(*) FROM events" + (f" WHERE {' AND '.join(where)}" if where else "")
+
+
+# Every variant is a fixed string, so sqlite3's statement cache prepares each one once.
+_READ = {(u, r, t): _read_sql(u, r, t) for u in (False, True) for r in (False, True) for t in (False, True)}
+_COUNT = {(r, t): _count_sql(r, t) for r in (False, True) for t in (False, True)}
+
+_loads = orjson.loads
+
+
+def _rows(events: Iterable[NewEvent], ts: float) -> list[tuple[Any, ...]]:
+    """Parameter rows for _INSERT; encoding here, before BEGIN, keeps bad payloads off the lock."""
+    dumps = orjson.dumps
+    return [(e.run_id, e.type, e.version, e.subject, e.stage, e.key, dumps(e.payload), e.actor, ts)
+            for e in events]
+
+
+def _event(row: tuple[Any, ...]) -> StoredEvent:
+    seq, run_id, type_, version, key, payload, actor, subject, stage, ts = row
+    return StoredEvent(seq, run_id, type_, version, key, _loads(payload), actor, subject, stage, ts)
+
+
+def _translate(e: sqlite3.Error, path: str, busy_timeout_s: float) -> StoreError:
+    """Map a sqlite3 error onto the store's exceptions, with a message that says what to do."""
+    name = getattr(e, "sqlite_errorname", "") or ""
+    text = str(e)
+    low = text.lower()
+    if name.startswith(("SQLITE_NOTADB", "SQLITE_CORRUPT")) or "not a database" in low or "malformed" in low:
+        return CorruptDatabase(
+            f"{path} is not a readable kb database ({text}); move it aside or pass another --db"
+        )
+    if name.startswith(("SQLITE_BUSY", "SQLITE_LOCKED")) or "locked" in low:
+        return StoreError(
+            f"{path} stayed locked by another writer past the {busy_timeout_s:g} s busy timeout ({text});"
+            " stop the process holding it or raise the timeout"
+        )
+    if name.startswith("SQLITE_READONLY") or "readonly" in low:
+        return StoreError(f"{path} cannot be written ({text}); check file permissions or open it read-only")
+    if name.startswith("SQLITE_CANTOPEN") or "unable to open" in low:
+        return StoreError(f"cannot open {path} ({text}); check that it is a file in a writable directory")
+    if isinstance(e, sqlite3.IntegrityError):
+        return StoreError(f"{path} refused the write ({text}); fix the record being written")
+    if isinstance(e, sqlite3.ProgrammingError) and "closed" in low:
+        return StoreError(f"{path} is closed; open a new EventStore")
+    return StoreError(f"{path}: SQLite error ({text})")
+
+
+def _boundary(fn: Callable[A, T]) -> Callable[A, T]:
+    """No sqlite3 exception leaves a public method: it becomes a StoreError, chained with `from`."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: A.args, **kwargs: A.kwargs) -> T:
+        try:
+            return fn(*args, **kwargs)
+        except sqlite3.Error as e:
+            store: EventStore = args[0]  # type: ignore[assignment]
+            raise _translate(e, store.path, store._busy_timeout_s) from e
+
+    return wrapper
+
+
+class EventStore:
+    """The generic event store: an append-only log of events in one SQLite file.
+
+    Contract:
+    - Events get a global, gap-free `seq` (1, 2, ...) in commit order; readers always see a prefix.
+      UPDATE/DELETE on events (and blobs) are refused by database triggers.
+    - `append` is one BEGIN IMMEDIATE transaction: all events or none. An event whose `key` already
+      exists is not inserted; the ORIGINAL stored event is returned in its place (idempotence). The
+      result lists stored events in input order.
+    - Fencing: `append(..., fence=lease)` writes only while `lease.token` is the task's current token
+      and the task is not done, else StaleLease and nothing is written. `complete=True` marks the
+      task done in the same transaction; a done task can never be claimed again.
+    - `tracking=(name, position)` stores a follower's cursor in the same transaction as its outputs.
+    - `claim` is one transaction: free, expired, dead-owner (`is_alive`) or own leases are taken
+      with token + 1; `on_claim(new, previous)` returns events appended atomically with the claim.
+      Callbacks run under the write lock and may run again if the transaction is retried: keep
+      them quick and pure. Store writes made from them join the claim's transaction.
+    - Blobs are content-addressed by sha256 and immutable.
+    - Opening never writes to bad input: a missing file (create=False), a non-SQLite file, a schema
+      newer than this code, or another program's database is refused with the file untouched.
+      Otherwise pending migrations are applied (never with readonly=True, which never writes).
+    - Every sqlite3 error leaving a public method is a StoreError (CorruptDatabase for unreadable
+      files). "database is locked" does not escape under normal contention: busy_timeout and
+      BEGIN IMMEDIATE, plus a retry of the whole transaction.
+    - One connection per EventStore; use an instance from one thread. ":memory:" works (no WAL).
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        create: bool = True,
+        readonly: bool = False,
+        busy_timeout_s: float = 60.0,
+        migrations_dir: str | os.PathLike[str] | None = None,
+    ) -> None:
+        self._path = os.fspath(path)
+        self._readonly = readonly
+        self._busy_timeout_s = busy_timeout_s
+        self._migrations = migrate.discover(None if migrations_dir is None else Path(migrations_dir))
+        memory = self._path == MEMORY
+        if not memory and not os.path.exists(self._path) and (not create or readonly):
+            # Checked before connecting: sqlite3.connect would create the file.
+            raise StoreError(f"no database at {self._path}")
+        try:
+            self._conn = sqlite3.connect(
+                self._path if memory else self._uri(),
+                uri=not memory,
+                isolation_level=None,  # we issue BEGIN IMMEDIATE / COMMIT ourselves
+                check_same_thread=False,
+                timeout=busy_timeout_s,
+            )
+        except sqlite3.Error as e:
+            raise _translate(e, self._path, busy_timeout_s) from e
+        try:
+            self._open()
+        except BaseException:
+            self._conn.close()
+            raise
+
+    def _uri(self) -> str:
+        # mode=rw never creates the file (closing the exists/connect race); ro never writes.
+        mode = "ro" if self._readonly else ("rw" if os.path.exists(self._path) else "rwc")
+        return f"{Path(self._path).absolute().as_uri()}?mode={mode}"
+
+    def _open(self) -> None:
+        """Checks in an order that guarantees a refused file is left byte-identical."""
+        c = self._conn
+        c.execute(f"PRAGMA busy_timeout = {int(self._busy_timeout_s * 1000)}")  # connection-only
+        try:
+            c.execute("BEGIN")  # deferred: one read snapshot for all the checks, no lock taken yet
+            try:
+                objects = {row[0] for row in c.execute(_LIST_OBJECTS)}
+                ours = migrate.is_ours(c)
+                done = migrate.applied(c) if ours else {}
+            finally:
+                if c.in_transaction:  # (SQLite may already have ended it after an error)
+                    c.execute("ROLLBACK")  # nothing was written; this just ends the read
+        except sqlite3.Error as e:
+            raise _translate(e, self._path, self._busy_timeout_s) from e
+        if ours is False or (ours is None and objects):
+            raise ForeignDatabase(
+                f"{self._path} is a SQLite database but not a kb database; pass another --db"
+            )
+        known = self._migrations[-1].version if self._migrations else 0
+        if done and max(done) > known:
+            raise SchemaTooNew(
+                f"{self._path} was written by a newer kb (schema {max(done)}, this kb knows {known});"
+                " upgrade kernelbrain to open it"
+            )
+        todo = [m for m in self._migrations if m.version not in done]
+        if self._readonly:
+            if todo:
+                names = ", ".join(m.name for m in todo)
+                raise StoreError(
+                    f"{self._path} needs migrations {names} and is opened read-only;"
+                    " open it once without read-only to upgrade it"
+                )
+            c.execute("PRAGMA query_only = ON")  # belt and braces on top of mode=ro
+            return
+        try:
+            # journal_mode=WAL writes the file header, hence only after the checks above.
+            retry_busy(lambda: c.execute("PRAGMA journal_mode = WAL").fetchone())
+            c.execute("PRAGMA synchronous = FULL")
+            for m in todo:
+                try:
+                    retry_busy(functools.partial(migrate.apply, c, m))
+                except sqlite3.Error as e:
+                    raise StoreError(
+                        f"{self._path}: migration {m.name} failed and was rolled back ({e});"
+                        " fix the migration or the database"
+                    ) from e
+        except sqlite3.Error as e:
+            raise _translate(e, self._path, self._busy_timeout_s) from e
+
+    # -- lifecycle -------------------------------------------------------------------------------
+
+    @property
+    def path(self) -> str:
+        return self._path
+
+    def close(self) -> None:
+        self._conn.close()
+
+    def __enter__(self) -> EventStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @_boundary
+    def schema_version(self) -> int:
+        done = migrate.applied(self._conn)
+        return max(done) if done else 0
+
+    @_boundary
+    def pending_migrations(self) -> list[str]:
+        return [m.name for m in migrate.pending(self._conn, self._migrations)]
+
+    # -- transactions ----------------------------------------------------------------------------
+
+    def _write(self, body: Callable[[], T]) -> T:
+        """Run body in one BEGIN IMMEDIATE transaction, retried as a whole if SQLite stays busy."""
+        if self._readonly:
+            raise StoreError(f"{self._path} is open read-only; open it without read-only to write")
+        c = self._conn
+        if c.in_transaction:
+            # Called from inside our own transaction (e.g. on_claim stores a blob): join it, so the
+            # nested write commits or rolls back with the outer one.
+            return body()
+
+        def transaction() -> T:
+            c.execute("BEGIN IMMEDIATE")
+            try:
+                result = body()
+                c.execute("COMMIT")
+            except BaseException:
+                if c.in_transaction:
+                    with contextlib.suppress(sqlite3.Error):  # the original error is the news
+                        c.execute("ROLLBACK")
+                raise
+            return result
+
+        return retry_busy(transaction)
+
+    def _insert(self, events: Sequence[NewEvent], rows: list[tuple[Any, ...]]) -> list[StoredEvent]:
+        """Insert rows (inside a write transaction); return the stored event for every input."""
+        if not rows:
+            return []
+        c = self._conn
+        # Look existing keys up first rather than INSERT ... ON CONFLICT DO NOTHING: a colliding insert
+        # is refused by the no-replace trigger, and with AUTOINCREMENT it would burn a seq anyway.
+        if len(events) == 1:
+            found = c.execute(_BY_KEY, (events[0].key,)).fetchall()
+        else:
+            found = c.execute(_BY_KEYS, (orjson.dumps([e.key for e in events]).decode(),)).fetchall()
+        stored = {ev.key: ev for ev in map(_event, found)}
+        fresh = [i for i, e in enumerate(events) if e.key not in stored]
+        if len(fresh) == len(events) and len({e.key for e in events}) == len(events):
+            todo = rows  # common case: all new and distinct
+        else:
+            first: dict[str, int] = {}
+            for i in fresh:
+                first.setdefault(events[i].key, i)
+            fresh = list(first.values())
+            todo = [rows[i] for i in fresh]
+        if todo:
+            # We hold the write lock and nothing is refused, so AUTOINCREMENT hands out counter+1, +2, ..
+            # in input order (its counter is >= every seq ever used; events are never deleted).
+            before = c.execute(_SEQ_COUNTER).fetchone()[0]
+            c.executemany(_INSERT, todo)
+            for seq, i in enumerate(fresh, start=before + 1):
+                e, r = events[i], rows[i]
+                stored[e.key] = StoredEvent(
+                    seq, e.run_id, e.type, e.version, e.key, _loads(r[6]), e.actor, e.subject, e.stage, r[8]
+                )
+        return [stored[e.key] for e in events]
+
+    def _check_fence(self, fence: Lease) -> None:
+        row = self._conn.execute(_LEASE_GET, (fence.task,)).fetchone()
+        if row is not None and row[1] == fence.token and not row[3]:
+            return
+        if row is None:
+            why = "the task was never claimed"
+        elif row[3]:
+            why = "the task is already done"
+        else:
+            why = f"it was reclaimed by {row[0]} with token {row[1]}"
+        raise StaleLease(
+            f"lease on task {fence.task!r} with token {fence.token} is stale: {why}; drop this result"
+        )
+
+    # -- events ----------------------------------------------------------------------------------
+
+    @_boundary
+    def append(
+        self,
+        events: Sequence[NewEvent],
+        *,
+        fence: Lease | None = None,
+        complete: bool = False,
+        tracking: tuple[str, int] | None = None,
+    ) -> list[StoredEvent]:
+        if complete and fence is None:
+            raise ValueError("complete=True needs the fence (lease) of the task it completes")
+        if not events and fence is None and tracking is None:
+            return []
+        rows = _rows(events, time.time())
+
+        def body() -> list[StoredEvent]:
+            if fence is not None:
+                self._check_fence(fence)
+            stored = self._insert(events, rows)
+            if complete:
+                self._conn.execute(_LEASE_DONE, (fence.task, fence.token))  # type: ignore[union-attr]
+            if tracking is not None:
+                self._conn.execute(_CURSOR_SET, tracking)
+            return stored
+
+        return self._write(body)
+
+    def append_one(self, event: NewEvent, **kw: Any) -> StoredEvent:
+        return self.append([event], **kw)[0]
+
+    @_boundary
+    def read(
+        self,
+        after: int = 0,
+        *,
+        run_id: str | None = None,
+        types: Iterable[str] | None = None,
+        limit: int | None = None,
+        until: int | None = None,
+    ) -> list[StoredEvent]:
+        params: list[Any] = [after]
+        if until is not None:
+            params.append(until)
+        if run_id is not None:
+            params.append(run_id)
+        if types is not None:
+            wanted = [types] if isinstance(types, str) else list(types)  # a lone str means one type
+            params.append(orjson.dumps(wanted).decode())
+        params.append(-1 if limit is None else limit)
+        sql = _READ[until is not None, run_id is not None, types is not None]
+        return list(map(_event, self._conn.execute(sql, params)))
+
+    def iter_events(
+        self,
+        after: int = 0,
+        *,
+        run_id: str | None = None,
+        until: int | None = None,
+        batch: int = 10_000,
+    ) -> Iterator[StoredEvent]:
+        """Like read(), in batches, so a long log never sits in memory at once."""
+        while True:
+            chunk = self.read(after, run_id=run_id, until=until, limit=batch)
+            yield from chunk
+            if len(chunk) < batch:
+                return
+            after = chunk[-1].seq
+
+    @_boundary
+    def get_by_key(self, key: str) -> StoredEvent | None:
+        row = self._conn.execute(_BY_KEY, (key,)).fetchone()
+        return None if row is None else _event(row)
+
+    @_boundary
+    def last_seq(self, run_id: str | None = None) -> int:
+        if run_id is None:
+            return self._conn.execute(_MAX_SEQ).fetchone()[0]
+        return self._conn.execute(_MAX_SEQ_RUN, (run_id,)).fetchone()[0]
+
+    @_boundary
+    def count(self, run_id: str | None = None, type: str | None = None) -> int:
+        params = [p for p in (run_id, type) if p is not None]
+        return self._conn.execute(_COUNT[run_id is not None, type is not None], params).fetchone()[0]
+
+    @_boundary
+    def run_ids(self) -> list[str]:
+        return [row[0] for row in self._conn.execute(_RUN_IDS)]
+
+    @_boundary
+    def fold(self, projection: P, *, run_id: str | None = None, until: int | None = None) -> P:
+        params: list[Any] = [projection.position]
+        if until is not None:
+            params.append(until)
+        if run_id is not None:
+            params.append(run_id)
+        params.append(-1)
+        cursor = self._conn.execute(_READ[until is not None, run_id is not None, False], params)
+        apply = projection.apply
+        position = projection.position
+        try:
+            # One statement = one read snapshot; the loop body is the whole per-event cost.
+            for seq, run, type_, version, key, payload, actor, subject, stage, ts in cursor:
+                apply(StoredEvent(seq, run, type_, version, key, _loads(payload), actor, subject, stage, ts))
+                position = seq
+        finally:
+            projection.position = position  # what was applied stays applied, even if apply raised
+        return projection
+
+    # -- blobs -----------------------------------------------------------------------------------
+
+    @_boundary
+    def put_blob(self, data: bytes | str) -> str:
+        raw = data.encode("utf-8") if isinstance(data, str) else bytes(data)
+        h = hashlib.sha256(raw).hexdigest()
+        c = self._conn
+
+        def body() -> None:
+            if c.execute(_BLOB_EXISTS, (h,)).fetchone() is None:  # re-checked under the write lock
+                c.execute(_BLOB_PUT, (h, raw, len(raw)))
+
+        if c.execute(_BLOB_EXISTS, (h,)).fetchone() is None:  # a known blob needs no write lock
+            self._write(body)
+        return h
+
+    @_boundary
+    def get_blob(self, h: str) -> bytes:
+        row = self._conn.execute(_BLOB_GET, (h,)).fetchone()
+        if row is None:
+            raise KeyError(f"no blob {h}")
+        return bytes(row[0])
+
+    # -- leases ----------------------------------------------------------------------------------
+
+    @_boundary
+    def claim(
+        self,
+        task: str,
+        owner: str,
+        ttl_s: float,
+        *,
+        on_claim: Callable[[Lease, Lease | None], Sequence[NewEvent]] | None = None,
+        is_alive: Callable[[str], bool] | None = None,
+    ) -> Lease | None:
+        def refused(row: tuple[Any, ...] | None, now: float) -> bool:
+            if row is None:
+                return False
+            held_by, _, deadline, done = row
+            if done:
+                return True
+            return held_by != owner and deadline > now and (is_alive is None or is_alive(held_by))
+
+        # Read-only pre-check: a done or live-held task is refused without taking the write lock.
+        if refused(self._conn.execute(_LEASE_GET, (task,)).fetchone(), time.time()):
+            return None
+
+        def body() -> Lease | None:
+            c = self._conn
+            now = time.time()
+            row = c.execute(_LEASE_GET, (task,)).fetchone()
+            if refused(row, now):
+                return None
+            if row is None:
+                previous = None
+                c.execute(_LEASE_NEW, (task, owner, now + ttl_s))
+                new = Lease(task, owner, 1, now + ttl_s)
+            else:
+                previous = Lease(task, row[0], row[1], row[2])
+                new = Lease(task, owner, row[1] + 1, now + ttl_s)
+                c.execute(_LEASE_TAKE, (owner, new.token, new.deadline, task))
+            if on_claim is not None:
+                events = list(on_claim(new, previous))
+                self._insert(events, _rows(events, now))
+            return new
+
+        return self._write(body)
+
+    @_boundary
+    def renew(self, lease: Lease, ttl_s: float) -> Lease:
+        def body() -> Lease:
+            deadline = time.time() + ttl_s
+            if self._conn.execute(_LEASE_RENEW, (deadline, lease.task, lease.token)).rowcount != 1:
+                self._check_fence(lease)  # raises StaleLease with the reason
+            return Lease(lease.task, lease.owner, lease.token, deadline)
+
+        return self._write(body)
+
+    @_boundary
+    def release(self, lease: Lease) -> None:
+        self._write(lambda: self._conn.execute(_LEASE_RELEASE, (lease.task, lease.token)))
+
+    @_boundary
+    def lease(self, task: str) -> Lease | None:
+        """The task's current (or, once done, final) lease; None if it was never claimed."""
+        row = self._conn.execute(_LEASE_GET, (task,)).fetchone()
+        return None if row is None else Lease(task, row[0], row[1], row[2])
+
+    @_boundary
+    def is_done(self, task: str) -> bool:
+        row = self._conn.execute(_LEASE_GET, (task,)).fetchone()
+        return row is not None and bool(row[3])
+
+    @_boundary
+    def load_cursor(self, name: str) -> int:
+        row = self._conn.execute(_CURSOR_GET, (name,)).fetchone()
+        return 0 if row is None else row[0]
