@@ -265,15 +265,6 @@ class _Timer:
         self.flush = torch.empty(64 * 1024 * 1024, dtype=torch.int32, device="cuda") if device == "cuda" else None
 
     def __call__(self, fn: Callable[[], Any]) -> float:
-        # the interpreter leaves garbage behind: a collection must not land inside a timed call
-        gc.collect()
-        gc.disable()
-        try:
-            return self._time(fn)
-        finally:
-            gc.enable()
-
-    def _time(self, fn: Callable[[], Any]) -> float:
         if self.flush is None:
             t = time.perf_counter()
             fn()
@@ -306,10 +297,16 @@ def bench(problem_source: str, cand_source: str, device: str, which: str, repeat
                 ref(*sets[i % 3])
                 new(*sets[i % 3])
             ref_t, new_t = [], []
-            for i in range(repeats):
-                args = sets[i % 3]
-                ref_t.append(timer(lambda a=args: ref(*a)))
-                new_t.append(timer(lambda a=args: new(*a)))
+            # the interpreter leaves garbage behind: no collection may land inside a timed call
+            gc.collect()
+            gc.disable()
+            try:
+                for i in range(repeats):
+                    args = sets[i % 3]
+                    ref_t.append(timer(lambda a=args: ref(*a)))
+                    new_t.append(timer(lambda a=args: new(*a)))
+            finally:
+                gc.enable()
             (cm, ci), (rm, ri) = _quartiles(new_t), _quartiles(ref_t)
             shapes.append(
                 {
@@ -423,7 +420,12 @@ def roofline(problem_source: str, cand_source: str, device: str, repeats: int = 
     timer = _Timer(device)
     with torch.no_grad():
         new(*inputs)
-        median = statistics.median(timer(lambda: new(*inputs)) for _ in range(repeats))
+        gc.collect()
+        gc.disable()
+        try:
+            median = statistics.median(timer(lambda: new(*inputs)) for _ in range(repeats))
+        finally:
+            gc.enable()
     ceil = ceilings(device)
     floor_s = max(nbytes / ceil["bandwidth_Bps"], flops / ceil["matmul_flops"])
     return {

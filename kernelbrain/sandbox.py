@@ -93,6 +93,8 @@ class Sandbox:
         return env
 
     def start(self) -> None:
+        if self.proc is not None:
+            return
         self.tmp = Path(tempfile.mkdtemp(prefix="kb-sandbox-"))
         self.stderr = open(self.tmp / "stderr.log", "wb")  # noqa: SIM115 - lives as long as the child
         self.proc = subprocess.Popen(

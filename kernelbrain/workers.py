@@ -347,6 +347,13 @@ class Worker:
         self.ttl_s = ttl_s
         self.states: dict[str, RunState] = {}
         self.stopping = False
+        self.warmed = False
+
+    def warm(self, state: RunState) -> None:
+        """Start the sandbox child now: its torch import overlaps the other workers' first tasks."""
+        if self.role.uses_sandbox and not self.warmed:
+            self.role.sandbox(state.config.device).start()
+        self.warmed = True
 
     def refresh(self) -> list[RunState]:
         ids = [self.run_id] if self.run_id else self.store.run_ids()
@@ -361,6 +368,7 @@ class Worker:
         for state in self.refresh():
             if state.started is None or self.stopping:
                 continue
+            self.warm(state)
             if isinstance(self.role, SchedulerRole):
                 did |= self.role.decide(state)
                 continue

@@ -1,0 +1,134 @@
+"""The ASHA policy: promotions, budgets, stopping, determinism; each decision carries its numbers."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from kernelbrain.events import Promoted, Pruned, RunFinished, ShapeTiming
+from kernelbrain.scheduler import score
+from store import EventStore
+from tests.runs import SyntheticRun
+
+
+@pytest.fixture
+def store():
+    with EventStore(":memory:") as s:
+        yield s
+
+
+def finished_rung0(run: SyntheticRun, speedups: dict[str, float]) -> None:
+    for cid, sp in speedups.items():
+        run.propose(cid)
+        run.gate(cid)
+        run.bench(cid, 0, sp)
+
+
+def test_promotes_top_third_with_its_numbers(store):
+    run = SyntheticRun(store, eta=3, max_candidates=6)
+    finished_rung0(run, {"a": 1.0, "b": 3.0, "c": 2.0, "d": 0.5, "e": 2.5, "f": 0.1})
+    run.gen_done()
+    decisions = run.decide()
+    assert [type(d) for d in decisions] == [Promoted, Promoted]
+    b, e = decisions
+    assert (b.candidate, b.rank, e.candidate, e.rank) == ("b", 1, "e", 2)
+    assert b.keep == 2 and b.rung_from == 0 and b.rung_to == 1
+    assert b.threshold == e.score == pytest.approx(2.5)
+    assert list(b.peers) == ["b", "e", "c", "a", "d", "f"]  # all finishers, best first
+
+
+def test_fewer_than_eta_promotes_the_best_one(store):
+    run = SyntheticRun(store, eta=3)
+    finished_rung0(run, {"a": 1.0, "b": 2.0})
+    (p,) = run.decide()
+    assert isinstance(p, Promoted) and p.candidate == "b" and p.keep == 1
+
+
+def test_promotion_is_never_repeated_and_waits_for_more_peers(store):
+    run = SyntheticRun(store, eta=3)
+    finished_rung0(run, {"a": 2.0})
+    assert [d.candidate for d in run.schedule()] == ["a"]
+    finished_rung0(run, {"b": 1.0, "c": 0.5})
+    assert run.decide() == []  # 3 finished, keep 1, and a already holds that place
+    finished_rung0(run, {"d": 9.0})
+    assert [d.candidate for d in run.decide()] == ["d"]
+
+
+def test_ties_are_broken_by_candidate_id_not_arrival(store):
+    run = SyntheticRun(store, eta=2)
+    finished_rung0(run, {"z": 1.0, "y": 1.0})
+    (p,) = run.decide()
+    assert p.candidate == "y"
+
+
+def test_failed_gate_and_overbudget_candidates(store):
+    run = SyntheticRun(store, eta=3, max_candidates=2)
+    run.propose("a")
+    run.gate("a", ok=False)
+    run.propose("b")
+    run.propose("c")  # third proposal with a budget of two
+    decisions = run.decide()
+    assert [(type(d), d.candidate) for d in decisions] == [(Pruned, "c")]
+    assert "candidate budget of 2" in decisions[0].reason
+    assert run.state().candidates["a"].terminal.startswith("gate failed")
+
+
+def test_gpu_budget_stops_and_prunes_the_waiting_with_their_rank(store):
+    run = SyntheticRun(store, eta=3, budget_gpu_s=10.0)
+    finished_rung0(run, {"a": 1.0, "b": 2.0, "c": 3.0})
+    run.schedule()  # c promoted
+    run.charge(10.5)
+    decisions = run.decide()
+    finish = decisions[-1]
+    assert isinstance(finish, RunFinished) and finish.reason.startswith("GPU budget spent")
+    assert finish.winner == "c" and finish.winner_rung == 0
+    pruned = {d.candidate: d for d in decisions if isinstance(d, Pruned)}
+    assert set(pruned) == {"a", "b", "c"}
+    assert pruned["a"].rank == 3 and pruned["a"].peers == pytest.approx({"c": 3.0, "b": 2.0, "a": 1.0})
+
+
+def test_run_finishes_when_work_runs_out_and_winner_is_highest_rung(store):
+    run = SyntheticRun(store, eta=2, max_candidates=2)
+    finished_rung0(run, {"a": 5.0, "b": 1.0})
+    run.gen_done(proposed=("a", "b"))
+    assert [d.candidate for d in run.schedule()] == ["a"]
+    run.bench("a", 1, 0.9)
+    assert [d.candidate for d in run.schedule()] == ["a"]  # the only finisher of rung 1
+    assert run.decide() == []  # a waits for rung 2
+    run.bench("a", 2, 0.8)
+    assert run.decide() == []  # a waits for its profile
+    run.profile("a")
+    decisions = run.decide()
+    assert [type(d) for d in decisions] == [Pruned, RunFinished]
+    assert decisions[0].candidate == "b" and decisions[0].rank == 2
+    assert decisions[1].winner == "a" and decisions[1].winner_rung == 2
+    assert "every candidate evaluated" in decisions[1].reason
+
+
+def test_nothing_decided_while_work_is_pending(store):
+    run = SyntheticRun(store)
+    run.propose("a")  # not gated yet; round 0 not recorded as done
+    assert run.decide() == []
+
+
+def test_decide_is_a_pure_function_of_the_prefix(store):
+    run = SyntheticRun(store, eta=3)
+    finished_rung0(run, {"a": 1.0, "b": 3.0, "c": 2.0, "d": 4.0})
+    first = run.decide()
+    again = run.decide()
+    assert first == again and first  # same log, same decisions, same numbers
+    state = run.state()
+    state2 = store.fold(type(state)(state.run_id), run_id=state.run_id, until=state.position)
+    from kernelbrain.scheduler import policy_for
+
+    assert policy_for(1).decide(state2) == first
+
+
+def test_score_is_geomean_discounted_by_spread():
+    steady = [ShapeTiming(shape=s, cand_median_s=1.0, cand_iqr_s=0.0, ref_median_s=r, ref_iqr_s=0, repeats=5,
+                          speedup=r) for s, r in (("a", 2.0), ("b", 8.0))]
+    assert score(steady) == pytest.approx(4.0)
+    noisy = [t.model_copy(update={"cand_iqr_s": 0.5}) for t in steady]
+    assert score(noisy) == pytest.approx(4.0 / 1.5)
+    assert math.isclose(score([]), 0.0)
