@@ -1,0 +1,123 @@
+"""The whole pipeline on CPU through the real CLI: kb run (separate worker processes) and the
+commands that read a run back: ls, status, events, replay, audit, export."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tests.invariants import check_run
+from tests.kbcli import SOFTMAX, kb, kb_env
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("pipeline")
+    db, log = tmp / "kb.db", tmp / "exec.log"
+    r = kb("run", str(SOFTMAX), "--db", str(db), "--max-candidates", "6", "--device", "cpu",
+           env=kb_env(KB_EXEC_LOG=str(log)))
+    assert r.returncode == 0, r.stderr
+    run_id = r.stdout.split()[1]
+    return db, run_id, r.stdout, log
+
+
+def test_run_prints_id_progress_and_winner(finished_run):
+    db, run_id, out, _ = finished_run
+    assert out.startswith(f"run {run_id}\n")
+    assert "gate passed" in out and "promoted" in out and "profiled" in out
+    assert f"run {run_id} finished: " in out and "winner " in out
+
+
+def test_run_log_holds_its_invariants(finished_run):
+    db, run_id, _, log = finished_run
+    state = check_run(db, run_id, log)
+    assert len(state.candidates) == 6
+    assert state.finished.winner in state.candidates
+    strategies = {c.proposal.strategy for c in state.candidates.values()}
+    assert len(strategies) >= 2
+    mutated = [c for c in state.candidates.values() if c.proposal.parent]
+    assert mutated and all(c.proposal.diagnosis for c in mutated)
+
+
+def test_workers_ran_as_separate_processes(finished_run):
+    db, run_id, _, _ = finished_run
+    r = kb("events", run_id, "--db", str(db), "--json")
+    actors = {json.loads(line)["actor"] for line in r.stdout.splitlines()}
+    pids = {a.split(":")[1] for a in actors if "@" in a}
+    roles = {a.split("@")[0] for a in actors if "@" in a}
+    assert roles == {"generator", "gatekeeper", "benchmarker", "profiler", "scheduler"}
+    assert len(pids) == 5
+
+
+def test_status_ls_and_events(finished_run):
+    db, run_id, _, _ = finished_run
+    status = json.loads(kb("status", run_id, "--db", str(db), "--json").stdout)
+    assert status["state"] == "finished" and status["winner"] and status["candidates"]["proposed"] == 6
+    assert status["budget"]["gpu_s"] > 0
+    text = kb("status", run_id, "--db", str(db)).stdout
+    assert "finalists" in text and status["winner"] in kb("ls", "--db", str(db)).stdout
+    listed = json.loads(kb("ls", "--db", str(db), "--json").stdout)
+    assert [r["run_id"] for r in listed] == [run_id]
+    lines = kb("events", run_id, "--db", str(db)).stdout.splitlines()
+    assert "RunStarted" in lines[0] and "RunFinished" in lines[-1]
+    every = kb("events", run_id, "--db", str(db), "--all").stdout
+    assert "TaskClaimed" in every and "BudgetCharged" in every
+
+
+def test_replay_agrees(finished_run):
+    db, run_id, _, _ = finished_run
+    r = kb("replay", run_id, "--db", str(db))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "agree with policy v1" in r.stdout
+
+
+def test_audit_explains_the_winner(finished_run):
+    db, run_id, _, _ = finished_run
+    status = json.loads(kb("status", run_id, "--db", str(db), "--json").stdout)
+    text = kb("audit", run_id, "--db", str(db)).stdout
+    assert f"Winner: {status['winner']}" in text
+    for section in ("Lineage (root first):", "Gate:", "Ladder:", "Runners-up:", "rung 0", "promoted to rung 1",
+                    "peers:", "threshold"):
+        assert section in text, section
+
+
+def test_audit_of_a_mutation_names_its_diagnosis(finished_run):
+    db, run_id, _, _ = finished_run
+    from kernelbrain.state import RunState
+    from store import EventStore
+
+    with EventStore(db, create=False) as store:
+        state = store.fold(RunState(run_id), run_id=run_id)
+    child = next(c for c in state.candidates.values() if c.proposal.parent)
+    text = kb("audit", run_id, "--db", str(db), "--candidate", child.id).stdout
+    assert child.proposal.parent in text and "parent's diagnosis" in text
+
+
+def test_export_is_a_standalone_module(finished_run, tmp_path):
+    db, run_id, _, _ = finished_run
+    out = tmp_path / "kernel.py"
+    assert kb("export", run_id, "--db", str(db), "-o", str(out)).returncode == 0
+    # import it in a clean interpreter without kernelbrain on the path, and check it against the reference
+    check = f"""
+import sys, importlib.util, torch
+sys.path = [p for p in sys.path if 'kernelbrain' not in p and p not in ('', '.')]
+spec = importlib.util.spec_from_file_location('k', {str(out)!r}); k = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(k)
+assert 'kernelbrain' not in sys.modules
+x = torch.randn(5, 300)
+torch.testing.assert_close(k.ModelNew()(x), torch.softmax(x, dim=1), atol=1e-5, rtol=1e-5)
+print('ok')
+"""
+    env = {k: v for k, v in kb_env(TRITON_INTERPRET="1").items() if k != "PYTHONPATH"}
+    r = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert r.stdout.strip() == "ok", r.stderr
+
+
+def test_inprocess_mode_reaches_the_same_kind_of_result(tmp_path):
+    db = tmp_path / "kb.db"
+    r = kb("run", str(SOFTMAX), "--db", str(db), "--max-candidates", "2", "--inprocess", "--quiet")
+    assert r.returncode == 0, r.stderr
+    check_run(db, r.stdout.split()[1])
