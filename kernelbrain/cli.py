@@ -14,7 +14,16 @@ import orjson
 
 from kernelbrain.events import EventError, RunConfig
 from kernelbrain.problem import ProblemError
-from kernelbrain.runner import DEFAULT_RUNGS, RunError, detect_device, load_state, prepare_resume, start_run, supervise
+from kernelbrain.runner import (
+    DEFAULT_RUNGS,
+    RunError,
+    detect_device,
+    load_state,
+    prepare_resume,
+    require_run,
+    start_run,
+    supervise,
+)
 from kernelbrain.state import RunState
 from kernelbrain.workers import ROLES, Worker
 from store import EventStore, StoreError
@@ -247,7 +256,7 @@ def replay(run_id: str, db: str, as_json: bool) -> None:
     from kernelbrain.replay import replay as do_replay
 
     with open_store(db) as store:
-        load_state(store, run_id)
+        require_run(store, run_id)  # not load_state: a damaged log is what replay reports, not an error
         report = do_replay(store, run_id)
     if as_json:
         _echo_json(report.model_dump())

@@ -13,7 +13,7 @@ from collections import defaultdict
 
 from pydantic import BaseModel
 
-from kernelbrain.events import DECISION_TYPES, Event, decode
+from kernelbrain.events import DECISION_TYPES, Event, EventError, decode
 from kernelbrain.scheduler import policy_for
 from kernelbrain.state import RunState
 from kernelbrain.workers import decision_key
@@ -46,7 +46,11 @@ def replay(store: EventStore, run_id: str) -> ReplayReport:
     policy = None
     for basis in sorted(by_basis):
         while i < len(events) and events[i].seq <= basis:
-            state.apply(events[i])
+            try:
+                state.apply(events[i])
+            except EventError as e:
+                divergences.append(str(e))
+                state.position = events[i].seq
             i += 1
         policy = policy or policy_for(state.config.policy_version)
         expected = {decision_key(run_id, d): d for d in policy.decide(state)}
@@ -62,7 +66,10 @@ def replay(store: EventStore, run_id: str) -> ReplayReport:
                                    f"{', '.join(f'{f}={want[f]!r}' for f in fields)} but the log has "
                                    f"{', '.join(f'{f}={got[f]!r}' for f in fields)}")
     for raw in events[i:]:
-        state.apply(raw)
+        try:
+            state.apply(raw)
+        except EventError as e:
+            divergences.append(str(e))
     if state.finished is not None:
         probe = copy.copy(state)  # decide() only reads: a shallow copy with RunFinished set aside
         probe.finished = None

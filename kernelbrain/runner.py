@@ -84,9 +84,13 @@ def start_run(store: EventStore, problem_path: str, config: RunConfig) -> str:
     return run_id
 
 
-def load_state(store: EventStore, run_id: str) -> RunState:
+def require_run(store: EventStore, run_id: str) -> None:
     if store.count(run_id=run_id) == 0:
         raise RunError(f"no run {run_id!r} in {store.path}; `kb ls` lists the runs there")
+
+
+def load_state(store: EventStore, run_id: str) -> RunState:
+    require_run(store, run_id)
     return store.fold(RunState(run_id), run_id=run_id)
 
 

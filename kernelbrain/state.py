@@ -24,6 +24,7 @@ from kernelbrain.events import (
     RunResumed,
     RunStarted,
     RungBenchmarked,
+    EventError,
     decode,
 )
 from store import Projection, StoredEvent
@@ -100,6 +101,13 @@ class RunState(Projection):
         self.last_ts = event.ts
         self.position = event.seq
 
+    def _candidate(self, e: Event, raw: StoredEvent) -> Candidate:
+        cid = e.candidate  # type: ignore[attr-defined]
+        if cid not in self.candidates:
+            raise EventError(f"event #{raw.seq} ({raw.type}) names candidate {cid}, never proposed in run "
+                             f"{self.run_id}: the log is damaged")
+        return self.candidates[cid]
+
     def _apply_RunStarted(self, e: RunStarted, raw: StoredEvent) -> None:
         self.started = e
         self._session_start = raw.ts
@@ -122,30 +130,30 @@ class RunState(Projection):
         self.generation[e.task] = e
 
     def _apply_GatePassed(self, e: GatePassed, raw: StoredEvent) -> None:
-        self.candidates[e.candidate].gate = e
+        self._candidate(e, raw).gate = e
 
     def _apply_GateFailed(self, e: GateFailed, raw: StoredEvent) -> None:
-        self.candidates[e.candidate].gate = e
+        self._candidate(e, raw).gate = e
 
     def _apply_RungBenchmarked(self, e: RungBenchmarked, raw: StoredEvent) -> None:
-        self.candidates[e.candidate].results[e.rung] = e
+        self._candidate(e, raw).results[e.rung] = e
 
     def _apply_BenchmarkFailed(self, e: BenchmarkFailed, raw: StoredEvent) -> None:
-        self.candidates[e.candidate].bench_failed = e
+        self._candidate(e, raw).bench_failed = e
 
     def _apply_ProfileCaptured(self, e: ProfileCaptured, raw: StoredEvent) -> None:
-        self.candidates[e.candidate].profile = e
+        self._candidate(e, raw).profile = e
 
     def _apply_BudgetCharged(self, e: BudgetCharged, raw: StoredEvent) -> None:
         self.gpu_s += e.gpu_s
         self.tokens += e.tokens
 
     def _apply_Promoted(self, e: Promoted, raw: StoredEvent) -> None:
-        self.candidates[e.candidate].promotions[e.rung_from] = e
+        self._candidate(e, raw).promotions[e.rung_from] = e
         self.decisions.append((raw.seq, e))
 
     def _apply_Pruned(self, e: Pruned, raw: StoredEvent) -> None:
-        self.candidates[e.candidate].pruned = e
+        self._candidate(e, raw).pruned = e
         self.decisions.append((raw.seq, e))
 
     def _apply_RunFinished(self, e: RunFinished, raw: StoredEvent) -> None:

@@ -1,4 +1,4 @@
-"""Correct, but leaves a thread behind that kills the child 0.5 s after its first forward."""
+"""Correct, but leaves a thread behind that kills the child 1.5 s after its first forward."""
 
 import os
 import threading
@@ -26,7 +26,7 @@ class ModelNew(nn.Module):
         super().__init__()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        threading.Thread(target=lambda: (time.sleep(0.5), os._exit(7)), daemon=True).start()
+        threading.Thread(target=lambda: (time.sleep(1.5), os._exit(7)), daemon=True).start()
         x = x.contiguous()
         y = torch.empty_like(x)
         _softmax_kernel[(x.shape[0],)](x, y, x.shape[1], BLOCK=triton.next_power_of_2(x.shape[1]))

@@ -2,6 +2,7 @@
 
 import json
 import os
+import tempfile
 from pathlib import Path
 
 import torch
@@ -26,7 +27,13 @@ class ModelNew(nn.Module):
         super().__init__()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        Path("kb_env_probe.json").write_text(json.dumps({"env": sorted(os.environ), "cwd": os.getcwd()}))
+        seen = {
+            "env": sorted(os.environ),
+            "home": os.environ.get("HOME"),
+            "tmp": tempfile.gettempdir(),
+            "cwd": os.getcwd(),
+        }
+        Path("kb_env_probe.json").write_text(json.dumps(seen))
         if "OPENAI_API_KEY" in os.environ or "AWS_SECRET_ACCESS_KEY" in os.environ:
             raise RuntimeError("the candidate can see the worker's secrets")
         x = x.contiguous()

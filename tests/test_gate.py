@@ -1,0 +1,221 @@
+"""The gate V(p) through a real sandboxed child, and the gatekeeper worker carrying on after a fault.
+
+One deliberately bad candidate per category the gate implements (tests/candidates/), each rejected
+with its category; a correct Triton candidate passes.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import orjson
+import pytest
+
+from kernelbrain.events import CandidateProposed, GateFailed, GatePassed, RunConfig, decode
+from kernelbrain.runner import DEFAULT_RUNGS, start_run
+from kernelbrain.sandbox import Sandbox, SandboxFault
+from kernelbrain.workers import Worker
+from store import EventStore
+
+HERE = Path(__file__).resolve().parent
+PROBLEM_PATH = HERE / "problems" / "softmax_small.py"
+PROBLEM = PROBLEM_PATH.read_text()
+GOOD = (HERE / "candidates" / "good_softmax.py").read_text()
+# kept inline: a .py file with a syntax error would trip ruff
+FORWARD = "def forward(self, x: torch.Tensor) -> torch.Tensor:"
+SYNTAX_ERROR = GOOD.replace(FORWARD, "def forward(self, x:")
+SYNTAX_LINE = next(i for i, line in enumerate(GOOD.splitlines(), 1) if FORWARD in line)
+
+
+def candidate(name: str) -> str:
+    return (HERE / "candidates" / f"{name}.py").read_text()
+
+
+@pytest.fixture(scope="module")
+def box():
+    sb = Sandbox("cpu")
+    try:
+        yield sb
+    finally:
+        sb.close()
+
+
+def gate(box: Sandbox, source: str, timeout_s: float = 120.0) -> dict:
+    args = {"problem_source": PROBLEM, "cand_source": source, "device": "cpu", "seeds": 3}
+    return box.call("gate", args, timeout_s=timeout_s)[0]
+
+
+def test_a_correct_triton_candidate_passes(box: Sandbox) -> None:
+    r = gate(box, GOOD)
+    assert r["passed"] is True, r
+    assert r["seeds"] == 3
+    assert 0.0 <= r["max_abs_err"] < 1e-5
+    assert 0.0 <= r["max_rel_err"] < 1e-4
+    assert r["tolerance"] == pytest.approx(1e-4)
+
+
+@pytest.mark.parametrize(
+    ("name", "category", "detail"),
+    [
+        ("syntax_error", "compile", f"line {SYNTAX_LINE}:"),
+        ("import_error", "compile", "kb_no_such_module_anywhere"),
+        ("no_modelnew", "signature", "no class ModelNew"),
+        ("wrong_param", "signature", "ModelNew.forward(inp) differs from Model.forward(x)"),
+        ("runtime_error", "runtime", "RuntimeError: boom from the candidate"),
+        ("exp_only", "mismatch", "differs from the reference"),
+        ("wrong_shape", "mismatch", "shape (1, 8, 200), expected (8, 200)"),
+        ("returns_none", "mismatch", "NoneType"),
+        ("nan_output", "nan", "NaN/Inf"),
+        ("torch_only", "policy", "no @triton.jit kernel"),
+        ("mutates_input", "policy", "mutated its inputs"),
+    ],
+)
+def test_a_bad_candidate_is_rejected_with_its_category(
+    box: Sandbox, name: str, category: str, detail: str
+) -> None:
+    source = SYNTAX_ERROR if name == "syntax_error" else candidate(name)
+    pid = box.proc.pid if box.proc else None
+    r = gate(box, source)
+    assert r["passed"] is False, r
+    assert r["category"] == category, r
+    assert detail in r["detail"], r
+    GateFailed(
+        candidate="c",
+        category=r["category"],
+        detail=r["detail"],
+        max_abs_err=r.get("max_abs_err"),
+        max_rel_err=r.get("max_rel_err"),
+    )  # what the worker records
+    if pid is not None:
+        assert box.proc is not None and box.proc.pid == pid, (
+            "a rejection is not a fault: the child stays warm"
+        )
+
+
+def test_a_mismatch_reports_its_error_figures(box: Sandbox) -> None:
+    r = gate(box, candidate("exp_only"))
+    assert r["category"] == "mismatch"
+    assert r["max_abs_err"] > 1.0  # exp(x) of values in [0, 1) vs a softmax over 200 columns
+    assert r["max_rel_err"] > r["max_abs_err"]
+
+
+@pytest.mark.xfail(
+    reason="BUG: the policy check is a substring test for 'triton.jit'; a candidate that defines a kernel "
+    "but lets torch.softmax do the work passes the gate",
+    strict=True,
+    raises=AssertionError,
+)
+def test_an_unused_triton_kernel_does_not_hide_torch_doing_the_work(box: Sandbox) -> None:
+    r = gate(box, candidate("decoy_kernel"))
+    assert r["passed"] is False and r["category"] == "policy", r
+
+
+def test_a_hang_is_rejected_as_timeout(box: Sandbox) -> None:
+    gate(box, GOOD)  # warm: torch is imported before the clock starts
+    with pytest.raises(SandboxFault) as fault:
+        gate(box, candidate("hang"), timeout_s=3.0)
+    assert fault.value.category == "timeout"
+    assert gate(box, GOOD)["passed"] is True
+
+
+def test_a_segfault_is_rejected_as_crash(box: Sandbox) -> None:
+    with pytest.raises(SandboxFault) as fault:
+        gate(box, candidate("segfault"))
+    assert fault.value.category == "crash"
+    assert "SIGSEGV" in fault.value.detail
+    assert gate(box, GOOD)["passed"] is True
+
+
+# --- the gatekeeper worker -------------------------------------------------------------------------
+
+
+def new_run(db: Path) -> str:
+    config = RunConfig(
+        generator="expert", device="cpu", max_candidates=8, rungs=DEFAULT_RUNGS["cpu"], gate_timeout_s=20.0
+    )
+    with EventStore(db, create=True) as store:
+        return start_run(store, str(PROBLEM_PATH), config)
+
+
+def propose(db: Path, run_id: str, name: str) -> str:
+    """Append a CandidateProposed for a candidate file, as the generator would; returns its id."""
+    with EventStore(db, create=False) as store:
+        source_hash = store.put_blob(candidate(name))
+        cid = source_hash[:16]
+        event = CandidateProposed(
+            candidate=cid,
+            source=source_hash,
+            parent=None,
+            generator="test",
+            family="row_softmax",
+            strategy=name,
+            knobs={},
+            round=0,
+            hint=f"test: {name}",
+        )
+        store.append([event.to_new(run_id, f"{run_id}/propose/{cid}", "test", subject=cid)])
+    return cid
+
+
+def verdicts(db: Path, run_id: str) -> dict[str, GatePassed | GateFailed]:
+    with EventStore(db, create=False) as store:
+        events = [decode(e) for e in store.read(run_id=run_id, types=["GatePassed", "GateFailed"])]
+    return {e.candidate: e for e in events}  # type: ignore[attr-defined]
+
+
+def step_until(worker: Worker, db: Path, run_id: str, want: set[str], max_steps: int = 10) -> None:
+    for _ in range(max_steps):
+        if want <= set(verdicts(db, run_id)):
+            return
+        worker.step()
+    assert want <= set(verdicts(db, run_id)), f"no verdict for {want - set(verdicts(db, run_id))}"
+
+
+def test_the_gatekeeper_carries_on_after_a_crashing_candidate(tmp_path: Path) -> None:
+    db = tmp_path / "kb.db"
+    run_id = new_run(db)
+    bad = propose(db, run_id, "segfault")
+    good = propose(db, run_id, "good_softmax")
+    worker = Worker(str(db), "gatekeeper", run_id)
+    try:
+        step_until(worker, db, run_id, {bad, good})
+        got = verdicts(db, run_id)
+        assert isinstance(got[bad], GateFailed) and got[bad].category == "crash"
+        assert "SIGSEGV" in got[bad].detail
+        assert isinstance(got[good], GatePassed) and got[good].max_abs_err < 1e-5
+
+        # the same worker object serves a later candidate
+        later = propose(db, run_id, "exp_only")
+        step_until(worker, db, run_id, {later})
+        assert isinstance(verdicts(db, run_id)[later], GateFailed)
+        assert verdicts(db, run_id)[later].category == "mismatch"
+        assert worker.step() is False, "nothing left to gate"
+    finally:
+        worker.close()
+    with EventStore(db, create=False) as store:
+        assert store.count(run_id=run_id, type="GatePassed") == 1
+        assert store.count(run_id=run_id, type="GateFailed") == 2
+        assert store.count(run_id=run_id, type="TaskClaimed") == 3
+        assert store.count(run_id=run_id, type="BudgetCharged") == 3
+        assert all(store.is_done(f"{run_id}/gate/{c}") for c in (bad, good, later))
+
+
+@pytest.mark.xfail(
+    reason="BUG: a malformed reply frame raises orjson.JSONDecodeError out of Sandbox.call; the gatekeeper "
+    "does not catch it, so one candidate kills the worker (and, re-gated after each restart, the run)",
+    strict=True,
+    raises=orjson.JSONDecodeError,
+)
+def test_the_gatekeeper_survives_a_candidate_that_garbles_the_protocol(tmp_path: Path) -> None:
+    db = tmp_path / "kb.db"
+    run_id = new_run(db)
+    bad = propose(db, run_id, "protocol_garbage")
+    good = propose(db, run_id, "good_softmax")
+    worker = Worker(str(db), "gatekeeper", run_id)
+    try:
+        step_until(worker, db, run_id, {bad, good})
+        got = verdicts(db, run_id)
+        assert isinstance(got[bad], GateFailed)
+        assert isinstance(got[good], GatePassed)
+    finally:
+        worker.close()

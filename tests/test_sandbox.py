@@ -1,0 +1,226 @@
+"""kernelbrain.sandbox.Sandbox through real child processes: work, hangs, crashes, a scrubbed environment.
+
+One module-scoped Sandbox is shared, as a worker shares its own: a fault must leave it able to serve
+the next request on a fresh child. The worker's environment holds fake secrets for the whole module,
+so every child started here is started by a parent that has them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import orjson
+import pytest
+
+from kernelbrain.sandbox import Sandbox, SandboxError, SandboxFault
+
+HERE = Path(__file__).resolve().parent
+PROBLEM = (HERE / "problems" / "softmax_small.py").read_text()
+SECRETS = {"OPENAI_API_KEY": "sk-kb-test-secret", "AWS_SECRET_ACCESS_KEY": "kb-test-aws-secret"}
+
+
+def candidate(name: str) -> str:
+    return (HERE / "candidates" / f"{name}.py").read_text()
+
+
+def gate(box: Sandbox, name: str, timeout_s: float = 120.0) -> dict:
+    args = {"problem_source": PROBLEM, "cand_source": candidate(name), "device": "cpu", "seeds": 3}
+    result, busy = box.call("gate", args, timeout_s=timeout_s, task=f"test/{name}")
+    assert busy >= 0.0
+    return result
+
+
+def assert_passes(box: Sandbox, name: str = "good_softmax") -> dict:
+    result = gate(box, name)
+    assert result["passed"] is True, result
+    assert result["max_abs_err"] < 1e-5
+    return result
+
+
+def alive(pid: int) -> bool:
+    """True while pid is a live (not zombie) process."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
+
+
+@pytest.fixture(scope="module")
+def box():
+    with pytest.MonkeyPatch.context() as mp:
+        for k, v in SECRETS.items():
+            mp.setenv(k, v)
+        sb = Sandbox("cpu")
+        try:
+            yield sb
+        finally:
+            sb.close()
+
+
+@pytest.fixture
+def warm(box: Sandbox) -> int:
+    """The shared sandbox with a live child that has imported torch; returns the child's pid."""
+    if box.proc is None:
+        assert_passes(box)
+    assert box.proc is not None and box.proc.poll() is None
+    return box.proc.pid
+
+
+def test_a_request_runs_in_a_warm_child_of_its_own(box: Sandbox) -> None:
+    result = assert_passes(box)
+    assert result["seeds"] == 3 and result["tolerance"] == pytest.approx(1e-4)
+    assert box.proc is not None
+    pid = box.proc.pid
+    assert pid != os.getpid() and alive(pid)
+    assert os.getsid(pid) == pid, "the child leads its own session"
+    assert box.tmp is not None and box.tmp.is_dir()
+    assert Path(os.readlink(f"/proc/{pid}/cwd")) == box.tmp.resolve(), "the child runs in its own temp dir"
+    executions = box.executions
+    assert_passes(box)
+    assert box.proc.pid == pid, "a warm child is reused"
+    assert box.executions == executions + 1
+
+
+def test_a_hang_is_a_timeout_and_the_next_request_gets_a_fresh_child(box: Sandbox, warm: int) -> None:
+    timeout_s = 5.0
+    t0 = time.monotonic()
+    with pytest.raises(SandboxFault) as fault:
+        gate(box, "hang", timeout_s=timeout_s)
+    elapsed = time.monotonic() - t0
+    assert fault.value.category == "timeout"
+    assert f"{timeout_s:g} s" in fault.value.detail
+    assert timeout_s - 0.1 <= elapsed < timeout_s + 4.0
+    assert not alive(warm), "the hung child was killed"
+    assert box.proc is None
+    assert_passes(box)
+    assert box.proc is not None and box.proc.pid != warm
+
+
+def test_a_segfault_is_a_crash_naming_sigsegv(box: Sandbox, warm: int) -> None:
+    with pytest.raises(SandboxFault) as fault:
+        gate(box, "segfault")
+    assert fault.value.category == "crash"
+    assert "SIGSEGV" in fault.value.detail
+    assert not alive(warm)
+    assert_passes(box)
+    assert box.proc is not None and box.proc.pid != warm
+
+
+def test_os_exit_is_a_crash_naming_the_status(box: Sandbox, warm: int) -> None:
+    with pytest.raises(SandboxFault) as fault:
+        gate(box, "exit3")
+    assert fault.value.category == "crash"
+    assert "status 3" in fault.value.detail
+    assert not alive(warm)
+    assert_passes(box)
+    assert box.proc is not None and box.proc.pid != warm
+
+
+def test_the_child_environment_is_scrubbed(box: Sandbox, warm: int) -> None:
+    for k, v in SECRETS.items():
+        assert os.environ[k] == v  # the worker has them...
+    result = gate(box, "env_probe")  # ...the candidate raises if it sees one of them
+    assert result["passed"] is True, result
+    assert box.tmp is not None
+    seen = json.loads((box.tmp / "kb_env_probe.json").read_text())
+    assert not set(SECRETS) & set(seen["env"])
+    assert {"PATH", "TRITON_INTERPRET"} <= set(seen["env"])  # the probe did list the env
+    tmp = str(box.tmp.resolve())
+    assert str(Path(seen["cwd"]).resolve()) == tmp
+    assert str(Path(seen["home"]).resolve()) == tmp
+    assert str(Path(seen["tmp"]).resolve()) == tmp
+
+
+def test_a_candidate_printing_to_stdout_does_not_corrupt_the_protocol(box: Sandbox, warm: int) -> None:
+    assert_passes(box, "noisy_stdout")
+    assert_passes(box)
+    assert box.proc is not None and box.proc.pid == warm, "no fault, no restart"
+    assert box.tmp is not None
+    log = (box.tmp / "stderr.log").read_text(errors="replace")
+    assert "import: hello from the candidate" in log and "forward: hello from the candidate" in log
+
+
+def test_sigint_to_the_child_group_does_not_kill_a_request(box: Sandbox, warm: int) -> None:
+    sig_ign = int(
+        next(
+            line
+            for line in Path(f"/proc/{warm}/status").read_text().splitlines()
+            if line.startswith("SigIgn:")
+        ).split()[1],
+        16,
+    )
+    assert sig_ign & (1 << (signal.SIGINT - 1)), "the child ignores SIGINT"
+    sent: list[float] = []
+
+    def interrupt() -> None:
+        os.killpg(warm, signal.SIGINT)  # what a Ctrl-C in a terminal would do to the child's group
+        sent.append(time.monotonic())
+
+    timers = [threading.Timer(delay, interrupt) for delay in (0.3, 0.8)]
+    t0 = time.monotonic()
+    for t in timers:
+        t.start()
+    try:
+        result = gate(box, "slow")  # 3 seeds x 0.4 s of sleep in forward
+    finally:
+        for t in timers:
+            t.cancel()
+            t.join()
+    done = time.monotonic()
+    assert result["passed"] is True, result
+    assert len(sent) == 2 and all(t0 < s < done for s in sent), "both signals landed mid-request"
+    assert box.proc is not None and box.proc.pid == warm and alive(warm)
+    assert_passes(box)
+
+
+def test_kbs_own_failure_is_a_sandbox_error_and_keeps_the_child(box: Sandbox, warm: int) -> None:
+    with pytest.raises(SandboxError, match="no_such_op"):
+        box.call("no_such_op", {}, timeout_s=60)
+    assert box.proc is not None and box.proc.pid == warm
+    assert_passes(box)
+
+
+@pytest.mark.xfail(
+    reason="BUG: a warm child that died between requests (a thread the previous candidate left behind) "
+    "makes the next, innocent request fail as 'crash'; call() should restart a dead child before sending",
+    strict=True,
+    raises=SandboxFault,
+)
+def test_a_child_that_died_between_requests_is_not_blamed_on_the_next_candidate(
+    box: Sandbox, warm: int
+) -> None:
+    try:
+        assert_passes(box, "delayed_exit")  # passes, and leaves a thread that calls os._exit(7) 1.5 s later
+        deadline = time.monotonic() + 10
+        while alive(warm) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not alive(warm)
+        assert_passes(box)  # an innocent candidate
+    finally:
+        box.close()
+
+
+@pytest.mark.xfail(
+    reason="BUG: a malformed reply frame (a candidate writing to the protocol pipe) escapes Sandbox.call "
+    "as orjson.JSONDecodeError instead of a SandboxFault, and the child is kept with the protocol "
+    "out of step",
+    strict=True,
+    raises=orjson.JSONDecodeError,
+)
+def test_a_malformed_reply_is_a_fault_and_the_next_request_gets_a_fresh_child(
+    box: Sandbox, warm: int
+) -> None:
+    try:
+        with pytest.raises(SandboxFault) as fault:
+            gate(box, "protocol_garbage")
+        assert fault.value.category == "crash"
+        assert not alive(warm)
+        assert_passes(box)
+    finally:
+        box.close()
