@@ -66,8 +66,9 @@ def audit(state: RunState, candidate: str | None = None) -> str:
         if rung in c.promotions:
             p = c.promotions[rung]
             peers = ", ".join(f"{k} {v:.4g}" for k, v in p.peers.items())
-            lines.append(f"    promoted to rung {p.rung_to}: rank {p.rank} of {len(p.peers)}, top {p.keep} kept "
-                         f"(threshold {p.threshold:.4g}); peers: {peers}")
+            more = f" and {p.n_peers - len(p.peers)} more" if p.n_peers > len(p.peers) else ""
+            lines.append(f"    promoted to rung {p.rung_to}: rank {p.rank} of {p.n_peers}, top {p.keep} kept "
+                         f"(threshold {p.threshold:.4g}); peers: {peers}{more}")
     if c.bench_failed:
         lines.append(f"  rung {c.bench_failed.rung} FAILED [{c.bench_failed.category}]: {c.bench_failed.detail}")
     if c.pruned:

@@ -12,7 +12,9 @@ from typing import Any
 import click
 import orjson
 
+from kernelbrain import __version__
 from kernelbrain.events import EventError, RunConfig
+from kernelbrain.generators import GenerationError
 from kernelbrain.problem import ProblemError
 from kernelbrain.runner import (
     DEFAULT_RUNGS,
@@ -29,7 +31,7 @@ from kernelbrain.workers import ROLES, Worker
 from store import EventStore, StoreError
 
 DEFAULT_DB = "kernelbrain.db"
-USER_ERRORS = (StoreError, ProblemError, RunError, EventError, LookupError)
+USER_ERRORS = (StoreError, ProblemError, RunError, EventError, GenerationError, LookupError)
 
 
 def db_option(f: Callable) -> Callable:
@@ -59,7 +61,7 @@ def _echo_json(obj: Any) -> None:
 
 
 @click.group()
-@click.version_option(package_name="kernelbrain")
+@click.version_option(version=__version__, prog_name="kb")
 def main() -> None:
     """KernelBrain: search for fast, correct Triton kernels that replace a PyTorch reference."""
     logging.basicConfig(level=logging.WARNING, format="kb %(name)s: %(message)s")

@@ -52,7 +52,7 @@ def summary(e: Event) -> str:
         case "ProfileCaptured":
             return f"profiled {d.candidate} ({d.source}): {', '.join(d.labels)}"
         case "Promoted":
-            return (f"promoted {d.candidate} rung {d.rung_from}->{d.rung_to}: rank {d.rank} of {len(d.peers)} "
+            return (f"promoted {d.candidate} rung {d.rung_from}->{d.rung_to}: rank {d.rank} of {d.n_peers} "
                     f"(keep {d.keep}, threshold {d.threshold:.4g})")
         case "Pruned":
             return f"pruned {d.candidate}: {d.reason}"

@@ -6,6 +6,7 @@ Each public function takes and returns plain JSON-able values (the sandbox proto
 
 from __future__ import annotations
 
+import ast
 import copy
 import gc
 import hashlib
@@ -154,13 +155,46 @@ def _outputs(out: Any) -> list[torch.Tensor]:
     raise CandidateFault("mismatch", f"forward returned {type(out).__name__}, not a tensor")
 
 
+_LAUNCHES = [0]
+
+
+def _count_launches() -> None:
+    """Count Triton launches (compiled or interpreted), so a kernel that is defined but never run
+    cannot stand in front of torch doing the work."""
+    from triton.runtime import interpreter, jit
+
+    for cls in (jit.JITFunction, interpreter.InterpretedFunction):
+        if getattr(cls.run, "_kb_counted", False):
+            continue
+        original = cls.run
+
+        def run(self, *args, _original=original, **kwargs):
+            _LAUNCHES[0] += 1
+            return _original(self, *args, **kwargs)
+
+        run._kb_counted = True  # type: ignore[attr-defined]
+        cls.run = run
+
+
+def _has_jit_kernel(tree: ast.Module) -> bool:
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef):
+            for d in node.decorator_list:
+                target = d.func if isinstance(d, ast.Call) else d
+                name = target.attr if isinstance(target, ast.Attribute) else getattr(target, "id", "")
+                if name == "jit":
+                    return True
+    return False
+
+
 def _load_candidate(cand_source: str) -> ModuleType:
     try:
-        compile(cand_source, "<candidate>", "exec")
+        tree = ast.parse(cand_source, "<candidate>")
     except SyntaxError as e:
         raise CandidateFault("compile", f"line {e.lineno}: {e.msg}") from e
-    if "triton.jit" not in cand_source and "@jit" not in cand_source:
+    if not _has_jit_kernel(tree):
         raise CandidateFault("policy", "no @triton.jit kernel: a candidate's work must be done by Triton kernels")
+    _count_launches()
     try:
         return load_module(cand_source, "cand")
     except Exception as e:
@@ -206,12 +240,16 @@ def _gate(problem: Problem, cand_source: str, device: str, seeds: int) -> dict:
         before = [x.clone() if isinstance(x, torch.Tensor) else x for x in inputs]
         with torch.no_grad():
             expected = _outputs(ref64(*[_to(x, device, torch.float64) for x in inputs]))
+            launches = _LAUNCHES[0]
             try:
                 got = _outputs(new(*inputs))
             except CandidateFault:
                 raise
             except Exception as e:
                 raise CandidateFault("runtime", f"seed {seed}: forward raised {type(e).__name__}: {e}") from e
+            if _LAUNCHES[0] == launches:
+                raise CandidateFault("policy", f"seed {seed}: forward launched no Triton kernel; the work must be "
+                                               "done by the candidate's kernels")
         if device == "cuda":
             torch.cuda.synchronize()
         for x, b in zip(inputs, before, strict=True):

@@ -233,7 +233,8 @@ class Promoted(Event):
     rung_from: int
     rung_to: int
     rank: int  # 1 = best among peers
-    peers: dict[str, float]  # candidate -> score at rung_from, all that had finished it
+    peers: dict[str, float]  # candidate -> score at rung_from: the best of those that had finished it
+    n_peers: int  # how many had finished it
     keep: int  # how many of the peers ASHA promotes (top 1/eta, at least 1)
     threshold: float  # score of the last promoted place
     score: float
@@ -247,6 +248,7 @@ class Pruned(Event):
     reason: str
     rank: int | None = None
     peers: dict[str, float] = {}
+    n_peers: int | None = None
     threshold: float | None = None
     score: float | None = None
 

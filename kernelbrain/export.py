@@ -30,5 +30,8 @@ def export_source(store: EventStore, state: RunState, candidate: str | None = No
 
 def export(store: EventStore, state: RunState, out: str | Path, candidate: str | None = None) -> Path:
     path = Path(out)
-    path.write_text(export_source(store, state, candidate), encoding="utf-8")
+    try:
+        path.write_text(export_source(store, state, candidate), encoding="utf-8")
+    except OSError as e:
+        raise RunError(f"cannot write {path}: {e.strerror}; pass -o a path in an existing, writable folder") from e
     return path

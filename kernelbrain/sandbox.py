@@ -45,6 +45,9 @@ ENV_ALLOWED = (
 )
 
 
+MAX_REPLY = 64 << 20  # replies are small JSON documents; more means something else wrote to the pipe
+
+
 class SandboxFault(Exception):
     def __init__(self, category: str, detail: str) -> None:
         super().__init__(f"{category}: {detail}")
@@ -77,6 +80,7 @@ class Sandbox:
         self.proc: subprocess.Popen | None = None
         self.tmp: Path | None = None
         self.executions = 0
+        self.stderr_mark = 0
 
     def _env(self) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if k in ENV_ALLOWED}
@@ -110,9 +114,12 @@ class Sandbox:
 
     def call(self, op: str, args: dict, *, timeout_s: float, task: str = "-") -> tuple[dict, float]:
         """Run one request; returns (result, busy seconds). Raises SandboxFault when the child dies."""
+        if self.proc is not None and self.proc.poll() is not None:
+            self.close()  # died after its last answer (a stray thread of an earlier candidate): not this one's fault
         if self.proc is None:
             self.start()
         assert self.proc and self.proc.stdin and self.proc.stdout
+        self.stderr_mark = self.stderr.tell()
         frame = orjson.dumps({"op": op, "args": args, "task": task})
         try:
             self.proc.stdin.write(HEADER.pack(len(frame)) + frame)
@@ -121,6 +128,8 @@ class Sandbox:
             raise self._fault("crash", self._died()) from None
         self.executions += 1
         reply = self._read(time.monotonic() + timeout_s, timeout_s)
+        if not isinstance(reply, dict) or "ok" not in reply or ("result" if reply["ok"] else "error") not in reply:
+            raise self._fault("crash", "the child sent a malformed reply (candidate code wrote to the protocol pipe)")
         if not reply["ok"]:
             raise SandboxError(f"{op} failed inside the sandbox: {reply['error']}\n{reply.get('trace', '')}")
         return reply["result"], reply["busy_s"]
@@ -143,10 +152,16 @@ class Sandbox:
                 raise self._fault("crash", self._died())
             buf += chunk
             if not header_done and len(buf) >= HEADER.size:
-                need = HEADER.size + HEADER.unpack(buf[: HEADER.size])[0]
+                size = HEADER.unpack(buf[: HEADER.size])[0]
+                if size > MAX_REPLY:
+                    raise self._fault("crash", f"the child announced a {size}-byte reply: the protocol was corrupted")
+                need = HEADER.size + size
                 header_done = True
             if header_done and len(buf) >= need:
-                return orjson.loads(buf[HEADER.size : need])
+                try:
+                    return orjson.loads(buf[HEADER.size : need])
+                except orjson.JSONDecodeError as e:
+                    raise self._fault("crash", f"the child sent a malformed reply: {e}") from None
 
     def _died(self) -> str:
         assert self.proc
@@ -154,13 +169,15 @@ class Sandbox:
             code = self.proc.wait(timeout=5)
         except subprocess.TimeoutExpired:
             return "the child closed its pipe but did not exit"
-        how = f"killed by {_signal_name(code)}" if code < 0 else f"exited with status {code}"
+        how = f"was killed by {_signal_name(code)}" if code < 0 else f"exited with status {code}"
         return f"the child {how}{self._stderr_tail()}"
 
     def _stderr_tail(self) -> str:
         assert self.tmp
         try:
-            lines = (self.tmp / "stderr.log").read_text(errors="replace").strip().splitlines()
+            with open(self.tmp / "stderr.log", "rb") as f:
+                f.seek(self.stderr_mark)  # only what this request wrote
+                lines = f.read().decode(errors="replace").strip().splitlines()
         except OSError:
             return ""
         return f": {lines[-1][:300]}" if lines else ""

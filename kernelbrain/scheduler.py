@@ -8,6 +8,7 @@ would replay to different decisions.
 
 from __future__ import annotations
 
+import bisect
 import math
 import statistics
 import time
@@ -16,6 +17,7 @@ from kernelbrain.events import Event, Promoted, Pruned, RunFinished, ShapeTiming
 from kernelbrain.state import Candidate, RunState
 
 POLICY_VERSION = 1
+PEERS_SHOWN = 16  # a decision records the best peers (and the count): all of them would make a run O(n^2)
 
 
 def score(shapes: list[ShapeTiming]) -> float:
@@ -59,21 +61,23 @@ class AshaPolicy:
         return self._finish(state, basis, reason) if reason else []
 
     @staticmethod
-    def peers(state: RunState, rung: int) -> list[tuple[str, float]]:
-        """Everyone that finished `rung`, best first (ties broken by id, so order never matters)."""
-        done = [(c.id, c.results[rung].score) for c in state.candidates.values() if rung in c.results]
-        return sorted(done, key=lambda p: (-p[1], p[0]))
+    def _ranked(state: RunState, rung: int) -> tuple[list[tuple[float, str]], int, dict[str, float]]:
+        """Everyone that finished `rung` as (-score, id), best first (ties by id, so arrival order never
+        matters); how many ASHA keeps; and the best few as the peers a decision records."""
+        ranking = state.ranking.get(rung, [])
+        keep = max(1, len(ranking) // state.config.eta)
+        return ranking, keep, {cid: -neg for neg, cid in ranking[:PEERS_SHOWN]}
 
     def _promotions(self, state: RunState, rung: int, basis: int, dropped: set[str]) -> list[Event]:
-        ranked = self.peers(state, rung)
-        keep = max(1, len(ranked) // state.config.eta)
+        ranking, keep, shown = self._ranked(state, rung)
         out: list[Event] = []
-        for rank, (cid, s) in enumerate(ranked[:keep], start=1):
+        for rank, (neg, cid) in enumerate(ranking[:keep], start=1):
             c = state.candidates[cid]
             if rung in c.promotions or c.terminal is not None or cid in dropped or c.bench_failed is not None:
                 continue
             out.append(Promoted(basis=basis, candidate=cid, rung_from=rung, rung_to=rung + 1, rank=rank,
-                                peers=dict(ranked), keep=keep, threshold=ranked[keep - 1][1], score=s))
+                                peers=shown, n_peers=len(ranking), keep=keep, threshold=-ranking[keep - 1][0],
+                                score=-neg))
         return out
 
     @staticmethod
@@ -113,11 +117,10 @@ class AshaPolicy:
         if not c.results:
             return Pruned(basis=basis, candidate=c.id, rung=-1, reason=f"run stopped before it was measured: {reason}")
         rung = max(c.results)
-        ranked = self.peers(state, rung)
-        rank = next(i for i, (cid, _) in enumerate(ranked, start=1) if cid == c.id)
-        keep = max(1, len(ranked) // state.config.eta)
-        return Pruned(basis=basis, candidate=c.id, rung=rung, rank=rank, peers=dict(ranked),
-                      threshold=ranked[keep - 1][1], score=c.results[rung].score,
+        ranking, keep, shown = self._ranked(state, rung)
+        rank = bisect.bisect_left(ranking, (-c.results[rung].score, c.id)) + 1
+        return Pruned(basis=basis, candidate=c.id, rung=rung, rank=rank, peers=shown, n_peers=len(ranking),
+                      threshold=-ranking[keep - 1][0], score=c.results[rung].score,
                       reason=f"run stopped with it at rung {rung}: {reason}")
 
 

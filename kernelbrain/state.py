@@ -6,6 +6,7 @@ decisions, so a worker that writes reads its own writes back through the same fo
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass, field
 
 from kernelbrain.events import (
@@ -80,7 +81,11 @@ class RunState(Projection):
         self.resumes: list[RunResumed] = []
         self.analysis: ProblemAnalysed | None = None
         self.candidates: dict[str, Candidate] = {}
+        self._live: dict[str, Candidate] = {}  # kept in step with Candidate.terminal, so polls stay cheap
+        # per rung, (-score, id) of every candidate that finished it, kept sorted as results arrive
+        self.ranking: dict[int, list[tuple[float, str]]] = {}
         self.generation: dict[str, GenerationDone] = {}
+        self.profiled: list[str] = []  # finalists in the order their profiles arrived
         self.finished: RunFinished | None = None
         self.decisions: list[tuple[int, Event]] = []
         self.gpu_s = 0.0
@@ -98,6 +103,9 @@ class RunState(Projection):
         handler = getattr(self, f"_apply_{event.type}", None)
         if handler is not None:
             handler(typed, event)
+            cid = getattr(typed, "candidate", None)
+            if cid in self._live and self._live[cid].terminal is not None:
+                del self._live[cid]
         self.last_ts = event.ts
         self.position = event.seq
 
@@ -122,9 +130,9 @@ class RunState(Projection):
         self.analysis = e
 
     def _apply_CandidateProposed(self, e: CandidateProposed, raw: StoredEvent) -> None:
-        self.candidates[e.candidate] = Candidate(
-            e, raw.seq, len(self.candidates), late=self.finished is not None
-        )
+        c = Candidate(e, raw.seq, len(self.candidates), late=self.finished is not None)
+        self.candidates[e.candidate] = c
+        self._live[c.id] = c
 
     def _apply_GenerationDone(self, e: GenerationDone, raw: StoredEvent) -> None:
         self.generation[e.task] = e
@@ -136,13 +144,19 @@ class RunState(Projection):
         self._candidate(e, raw).gate = e
 
     def _apply_RungBenchmarked(self, e: RungBenchmarked, raw: StoredEvent) -> None:
-        self._candidate(e, raw).results[e.rung] = e
+        c = self._candidate(e, raw)
+        if e.rung not in c.results:
+            bisect.insort(self.ranking.setdefault(e.rung, []), (-e.score, c.id))
+        c.results[e.rung] = e
 
     def _apply_BenchmarkFailed(self, e: BenchmarkFailed, raw: StoredEvent) -> None:
         self._candidate(e, raw).bench_failed = e
 
     def _apply_ProfileCaptured(self, e: ProfileCaptured, raw: StoredEvent) -> None:
-        self._candidate(e, raw).profile = e
+        c = self._candidate(e, raw)
+        if c.profile is None:
+            self.profiled.append(c.id)
+        c.profile = e
 
     def _apply_BudgetCharged(self, e: BudgetCharged, raw: StoredEvent) -> None:
         self.gpu_s += e.gpu_s
@@ -179,7 +193,7 @@ class RunState(Projection):
         return self.wall_closed_s + current
 
     def live(self) -> list[Candidate]:
-        return [c for c in self.candidates.values() if c.terminal is None]
+        return list(self._live.values())
 
     def gate_tasks(self) -> list[Candidate]:
         return [c for c in self.live() if c.gate is None]
@@ -203,7 +217,7 @@ class RunState(Projection):
         if len(self.candidates) >= self.config.max_candidates and "round0" in self.generation:
             return []
         tasks = ["round0"]
-        tasks += [f"mutate/{c.id}" for c in self.candidates.values() if c.profile is not None]
+        tasks += [f"mutate/{cid}" for cid in self.profiled]
         return [t for t in tasks if t not in self.generation]
 
     def leader(self) -> Candidate | None:

@@ -212,11 +212,6 @@ def test_resuming_a_finished_run_is_refused(kb_db: tuple[Path, str], tmp_path: P
     snap.assert_unchanged()
 
 
-@pytest.mark.xfail(
-    reason="BUG: GenerationError (unknown --generator) is not one of the CLI's USER_ERRORS: Python traceback",
-    strict=True,
-    raises=AssertionError,
-)
 def test_an_unknown_generator_is_named(tmp_path: Path) -> None:
     assert_user_error(
         kb("run", PROBLEM, "--generator", "no-such-gen", "--db", "kb.db", cwd=tmp_path), "no-such-gen"
@@ -224,11 +219,6 @@ def test_an_unknown_generator_is_named(tmp_path: Path) -> None:
     assert not (tmp_path / "kb.db").exists()
 
 
-@pytest.mark.xfail(
-    reason="BUG: `kb export -o` into a directory that does not exist ends in a FileNotFoundError traceback",
-    strict=True,
-    raises=AssertionError,
-)
 def test_export_to_a_missing_directory_is_named(kb_db: tuple[Path, str], tmp_path: Path) -> None:
     db, run_id = kb_db
     out = tmp_path / "no" / "such" / "dir" / "kernel.py"

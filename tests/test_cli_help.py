@@ -113,13 +113,6 @@ def _installed() -> bool:
     return True
 
 
-@pytest.mark.xfail(
-    not _installed(),
-    reason="BUG: version_option(package_name='kernelbrain') needs installed metadata; from a source checkout "
-    "`kb --version` is a RuntimeError traceback",
-    strict=True,
-    raises=AssertionError,
-)
 def test_version() -> None:
     res = kb("--version")
     assert res.returncode == 0, res.stderr

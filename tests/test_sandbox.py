@@ -186,12 +186,6 @@ def test_kbs_own_failure_is_a_sandbox_error_and_keeps_the_child(box: Sandbox, wa
     assert_passes(box)
 
 
-@pytest.mark.xfail(
-    reason="BUG: a warm child that died between requests (a thread the previous candidate left behind) "
-    "makes the next, innocent request fail as 'crash'; call() should restart a dead child before sending",
-    strict=True,
-    raises=SandboxFault,
-)
 def test_a_child_that_died_between_requests_is_not_blamed_on_the_next_candidate(
     box: Sandbox, warm: int
 ) -> None:
@@ -206,13 +200,6 @@ def test_a_child_that_died_between_requests_is_not_blamed_on_the_next_candidate(
         box.close()
 
 
-@pytest.mark.xfail(
-    reason="BUG: a malformed reply frame (a candidate writing to the protocol pipe) escapes Sandbox.call "
-    "as orjson.JSONDecodeError instead of a SandboxFault, and the child is kept with the protocol "
-    "out of step",
-    strict=True,
-    raises=orjson.JSONDecodeError,
-)
 def test_a_malformed_reply_is_a_fault_and_the_next_request_gets_a_fresh_child(
     box: Sandbox, warm: int
 ) -> None:
