@@ -71,8 +71,12 @@ def bench_fold(store: EventStore) -> dict[str, Any]:
         p = store.fold(CountingProjection(), run_id="batched")
         times.append(time.perf_counter() - t0)
         assert p.n == FOLD_N, p.n
-    return {"events": FOLD_N, "seconds_runs": times, "seconds_median": statistics.median(times),
-            "events_per_s": FOLD_N / statistics.median(times)}
+    return {
+        "events": FOLD_N,
+        "seconds_runs": times,
+        "seconds_median": statistics.median(times),
+        "events_per_s": FOLD_N / statistics.median(times),
+    }
 
 
 def bench_claims(store: EventStore, n: int = 1_000) -> dict[str, Any]:
@@ -88,29 +92,67 @@ def bench_claims(store: EventStore, n: int = 1_000) -> dict[str, Any]:
 
 def domain_run(store: EventStore, run_id: str, n_events: int = FOLD_N) -> None:
     """A kb run of realistic shape: candidates proposed, claimed, gated, charged, measured, promoted."""
-    from kernelbrain.events import (BudgetCharged, CandidateProposed, GatePassed, ProblemAnalysed, RunConfig,
-                                    RungBenchmarked, RunStarted, ShapeTiming, TaskClaimed)
+    from kernelbrain.events import (
+        BudgetCharged,
+        CandidateProposed,
+        GatePassed,
+        ProblemAnalysed,
+        RunConfig,
+        RungBenchmarked,
+        RunStarted,
+        ShapeTiming,
+        TaskClaimed,
+    )
     from kernelbrain.runner import DEFAULT_RUNGS
 
     cfg = RunConfig(rungs=DEFAULT_RUNGS["cuda"], max_candidates=10**6)
-    batch = [RunStarted(problem_path="p.py", problem_name="p", problem_hash="0" * 64, config=cfg, hardware={},
-                        versions={}).to_new(run_id, f"{run_id}/started", "bench"),
-             ProblemAnalysed(ops=[{"op": "softmax"}], families=["row_softmax"], flops=1.0, bytes=1.0,
-                             shapes=["a", "b"]).to_new(run_id, f"{run_id}/analysis", "bench")]
+    batch = [
+        RunStarted(
+            problem_path="p.py", problem_name="p", problem_hash="0" * 64, config=cfg, hardware={}, versions={}
+        ).to_new(run_id, f"{run_id}/started", "bench"),
+        ProblemAnalysed(
+            ops=[{"op": "softmax"}], families=["row_softmax"], flops=1.0, bytes=1.0, shapes=["a", "b"]
+        ).to_new(run_id, f"{run_id}/analysis", "bench"),
+    ]
     i = 0
     while len(batch) < n_events:
         cid = f"{i:016x}"
-        t = ShapeTiming(shape="a", cand_median_s=1e-3 * (1 + i % 97), cand_iqr_s=1e-5, ref_median_s=2e-3,
-                        ref_iqr_s=1e-5, repeats=10, speedup=2 / (1 + i % 97))
+        t = ShapeTiming(
+            shape="a",
+            cand_median_s=1e-3 * (1 + i % 97),
+            cand_iqr_s=1e-5,
+            ref_median_s=2e-3,
+            ref_iqr_s=1e-5,
+            repeats=10,
+            speedup=2 / (1 + i % 97),
+        )
         for e, key in (
-            (CandidateProposed(candidate=cid, source="0" * 64, parent=None, generator="expert", family="f",
-                               strategy="s", knobs={"i": i}, round=0, hint="h"), "propose"),
+            (
+                CandidateProposed(
+                    candidate=cid,
+                    source="0" * 64,
+                    parent=None,
+                    generator="expert",
+                    family="f",
+                    strategy="s",
+                    knobs={"i": i},
+                    round=0,
+                    hint="h",
+                ),
+                "propose",
+            ),
             (TaskClaimed(task=f"gate/{cid}", worker="w", token=1, deadline=0.0), "claim-gate"),
             (GatePassed(candidate=cid, seeds=3, max_abs_err=0.0, max_rel_err=0.0, tolerance=1e-4), "gate"),
             (BudgetCharged(action=f"gate/{cid}", role="gatekeeper", gpu_s=0.01, wall_s=0.01), "charge-gate"),
             (TaskClaimed(task=f"bench/{cid}/0", worker="w", token=1, deadline=0.0), "claim-bench"),
-            (RungBenchmarked(candidate=cid, rung=0, shapes=[t], score=t.speedup, timer="cuda-events"), "bench"),
-            (BudgetCharged(action=f"bench/{cid}/0", role="benchmarker", gpu_s=0.1, wall_s=0.1), "charge-bench"),
+            (
+                RungBenchmarked(candidate=cid, rung=0, shapes=[t], score=t.speedup, timer="cuda-events"),
+                "bench",
+            ),
+            (
+                BudgetCharged(action=f"bench/{cid}/0", role="benchmarker", gpu_s=0.1, wall_s=0.1),
+                "charge-bench",
+            ),
         ):
             batch.append(e.to_new(run_id, f"{run_id}/{key}/{cid}", "bench", subject=cid))
         i += 1
@@ -139,8 +181,13 @@ def bench_scheduler(store: EventStore, run_id: str = "domain") -> dict | None:
     burst_s = time.perf_counter() - t0
     store.append([d.to_new(run_id, decision_key(run_id, d), "bench") for d in burst])
     store.fold(state, run_id=run_id)
-    return {"fold_events": state.event_count, "fold_seconds_median": statistics.median(folds),
-            "burst_decisions": len(burst), "burst_seconds": burst_s, **decision_latency_bench(state, repeats=50)}
+    return {
+        "fold_events": state.event_count,
+        "fold_seconds_median": statistics.median(folds),
+        "burst_decisions": len(burst),
+        "burst_seconds": burst_s,
+        **decision_latency_bench(state, repeats=50),
+    }
 
 
 def machine() -> dict[str, Any]:
@@ -161,14 +208,24 @@ def markdown(result: dict[str, Any]) -> str:
         (f"batched appends ({BATCH_SIZE}/transaction)", f"{r['batched']['events_per_s']:,.0f} events/s"),
         (f"fold {FOLD_N:,} events (median of 3)", f"{r['fold']['seconds_median']:.3f} s"),
         ("claim + fenced complete", f"{r['claims']['cycles_per_s']:,.0f} cycles/s"),
-        *(() if r["scheduler"] is None else (
-            (f"fold a {r['scheduler']['fold_events']:,}-event kb run into RunState (median of 3)",
-             f"{r['scheduler']['fold_seconds_median']:.3f} s"),
-            (f"first decision on it: {r['scheduler']['burst_decisions']:,} promotions at once",
-             f"{r['scheduler']['burst_seconds']:.3f} s"),
-            (f"each later decision ({r['scheduler']['candidates']:,} candidates), median / max",
-             f"{r['scheduler']['decide_median_ms']:.2f} / {r['scheduler']['decide_max_ms']:.2f} ms"),
-        )),
+        *(
+            ()
+            if r["scheduler"] is None
+            else (
+                (
+                    f"fold a {r['scheduler']['fold_events']:,}-event kb run into RunState (median of 3)",
+                    f"{r['scheduler']['fold_seconds_median']:.3f} s",
+                ),
+                (
+                    f"first decision on it: {r['scheduler']['burst_decisions']:,} promotions at once",
+                    f"{r['scheduler']['burst_seconds']:.3f} s",
+                ),
+                (
+                    f"each later decision ({r['scheduler']['candidates']:,} candidates), median / max",
+                    f"{r['scheduler']['decide_median_ms']:.2f} / {r['scheduler']['decide_max_ms']:.2f} ms",
+                ),
+            )
+        ),
     ]
     lines = [
         "# Event store benchmark",

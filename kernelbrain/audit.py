@@ -32,8 +32,11 @@ def audit(state: RunState, candidate: str | None = None) -> str:
         raise RunError(f"run {state.run_id} has no candidate {cid!r}; `kb status {state.run_id}` lists them")
     c = state.candidates[cid]
     cfg = state.config
-    lines = [f"Run {state.run_id}: problem {state.started.problem_name} on {cfg.device}, generator "
-             f"{cfg.generator}, seed {cfg.seed}, eta {cfg.eta}, {len(cfg.rungs)} rungs, policy v{cfg.policy_version}"]
+    lines = [
+        f"Run {state.run_id}: problem {state.started.problem_name} on {cfg.device}, generator "
+        f"{cfg.generator}, seed {cfg.seed}, eta {cfg.eta}, {len(cfg.rungs)} rungs, "
+        f"policy v{cfg.policy_version}"
+    ]
     if state.finished:
         lines.append(f"Finished: {state.finished.reason}")
     role = "Winner" if state.finished and state.finished.winner == cid else "Candidate"
@@ -43,12 +46,16 @@ def audit(state: RunState, candidate: str | None = None) -> str:
     for depth, a in enumerate(_lineage(state, c)):
         why = a.proposal.hint
         diag = f" [parent's diagnosis: {', '.join(a.proposal.diagnosis)}]" if a.proposal.diagnosis else ""
-        lines.append(f"{'  ' * depth}- {a.id} round {a.proposal.round} by {a.proposal.generator}: {why}{diag}")
+        lines.append(
+            f"{'  ' * depth}- {a.id} round {a.proposal.round} by {a.proposal.generator}: {why}{diag}"
+        )
 
     lines.append("\nGate:")
     if isinstance(c.gate, GatePassed):
-        lines.append(f"  passed on {c.gate.seeds} seeds; max abs err {c.gate.max_abs_err:.3g}, max rel err "
-                     f"{c.gate.max_rel_err:.3g} (tolerance {c.gate.tolerance:g})")
+        lines.append(
+            f"  passed on {c.gate.seeds} seeds; max abs err {c.gate.max_abs_err:.3g}, max rel err "
+            f"{c.gate.max_rel_err:.3g} (tolerance {c.gate.tolerance:g})"
+        )
     elif c.gate is not None:
         lines.append(f"  FAILED [{c.gate.category}]: {c.gate.detail}")
     else:
@@ -58,19 +65,27 @@ def audit(state: RunState, candidate: str | None = None) -> str:
     for rung in sorted(c.results):
         r = c.results[rung]
         spec = cfg.rungs[rung]
-        lines.append(f"  rung {rung} ({spec.shapes} shapes, {spec.repeats} repeats, {r.timer}): score {r.score:.4g}")
+        lines.append(
+            f"  rung {rung} ({spec.shapes} shapes, {spec.repeats} repeats, {r.timer}): score {r.score:.4g}"
+        )
         for s in r.shapes:
-            lines.append(f"    {s.shape}: {fmt_s(s.cand_median_s)} (IQR {fmt_s(s.cand_iqr_s)}) vs reference "
-                         f"{fmt_s(s.ref_median_s)} (IQR {fmt_s(s.ref_iqr_s)}) over {s.repeats} repeats: "
-                         f"{s.speedup:.3g}x")
+            lines.append(
+                f"    {s.shape}: {fmt_s(s.cand_median_s)} (IQR {fmt_s(s.cand_iqr_s)}) vs reference "
+                f"{fmt_s(s.ref_median_s)} (IQR {fmt_s(s.ref_iqr_s)}) over {s.repeats} repeats: "
+                f"{s.speedup:.3g}x"
+            )
         if rung in c.promotions:
             p = c.promotions[rung]
             peers = ", ".join(f"{k} {v:.4g}" for k, v in p.peers.items())
             more = f" and {p.n_peers - len(p.peers)} more" if p.n_peers > len(p.peers) else ""
-            lines.append(f"    promoted to rung {p.rung_to}: rank {p.rank} of {p.n_peers}, top {p.keep} kept "
-                         f"(threshold {p.threshold:.4g}); peers: {peers}{more}")
+            lines.append(
+                f"    promoted to rung {p.rung_to}: rank {p.rank} of {p.n_peers}, top {p.keep} kept "
+                f"(threshold {p.threshold:.4g}); peers: {peers}{more}"
+            )
     if c.bench_failed:
-        lines.append(f"  rung {c.bench_failed.rung} FAILED [{c.bench_failed.category}]: {c.bench_failed.detail}")
+        lines.append(
+            f"  rung {c.bench_failed.rung} FAILED [{c.bench_failed.category}]: {c.bench_failed.detail}"
+        )
     if c.pruned:
         lines.append(f"  pruned: {c.pruned.reason}")
 
@@ -85,7 +100,9 @@ def audit(state: RunState, candidate: str | None = None) -> str:
     others = [o for o in state.candidates.values() if o.id != cid]
     if not others:
         lines.append("  none")
-    for o in sorted(others, key=lambda o: (-max(o.results, default=-1), -(o.top_result.score if o.top_result else 0))):
+    for o in sorted(
+        others, key=lambda o: (-max(o.results, default=-1), -(o.top_result.score if o.top_result else 0))
+    ):
         lines.append(f"  {o.id} ({o.proposal.strategy}: {_knobs(o)}): {_beaten_by(c, o)}")
     return "\n".join(lines)
 
@@ -98,6 +115,10 @@ def _beaten_by(c: Candidate, o: Candidate) -> str:
     rung = max(o.results)
     mine = c.results.get(rung)
     theirs = o.results[rung].score
-    vs = f"score {theirs:.4g} at rung {rung} vs {mine.score:.4g}" if mine else f"score {theirs:.4g} at rung {rung}"
+    vs = (
+        f"score {theirs:.4g} at rung {rung} vs {mine.score:.4g}"
+        if mine
+        else f"score {theirs:.4g} at rung {rung}"
+    )
     tail = f"; {o.pruned.reason}" if o.pruned else (f"; {o.terminal}" if o.terminal else "")
     return vs + tail

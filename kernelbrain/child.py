@@ -59,7 +59,11 @@ def main() -> None:
         try:
             reply = {"ok": True, "result": OPS[request["op"]](**request["args"])}
         except Exception as e:
-            reply = {"ok": False, "error": f"{type(e).__name__}: {e}", "trace": traceback.format_exc()[-4000:]}
+            reply = {
+                "ok": False,
+                "error": f"{type(e).__name__}: {e}",
+                "trace": traceback.format_exc()[-4000:],
+            }
         reply["busy_s"] = time.perf_counter() - started
         frame = orjson.dumps(reply, option=orjson.OPT_SERIALIZE_NUMPY)
         out.write(HEADER.pack(len(frame)) + frame)

@@ -35,8 +35,13 @@ USER_ERRORS = (StoreError, ProblemError, RunError, EventError, GenerationError, 
 
 
 def db_option(f: Callable) -> Callable:
-    return click.option("--db", envvar="KB_DB", default=DEFAULT_DB, show_default=True,
-                        help="SQLite file holding the runs (env KB_DB).")(f)
+    return click.option(
+        "--db",
+        envvar="KB_DB",
+        default=DEFAULT_DB,
+        show_default=True,
+        help="SQLite file holding the runs (env KB_DB).",
+    )(f)
 
 
 def user_errors(f: Callable) -> Callable:
@@ -83,20 +88,26 @@ def _progress(reader: EventStore) -> Callable[[RunState, int], None]:
 def _drive(db: str, run_id: str, gpu: int | None, inprocess: bool, quiet: bool) -> None:
     reader = EventStore(db, create=False)
     try:
-        finished = supervise(db, run_id, gpu=gpu, inprocess=inprocess,
-                             progress=None if quiet else _progress(reader))
+        finished = supervise(
+            db, run_id, gpu=gpu, inprocess=inprocess, progress=None if quiet else _progress(reader)
+        )
         if finished is None:
-            click.echo(f"kb: run {run_id} interrupted; everything recorded is kept. Continue with: kb resume {run_id}",
-                       err=True)
+            click.echo(
+                f"kb: run {run_id} interrupted; everything recorded is kept. "
+                f"Continue with: kb resume {run_id}",
+                err=True,
+            )
             sys.exit(130)
         state = load_state(reader, run_id)
         click.echo(f"run {run_id} finished: {finished.reason}")
         if finished.winner:
             top = state.candidates[finished.winner].top_result
             speed = ", ".join(f"{s.shape} {s.speedup:.3g}x" for s in top.shapes) if top else ""
-            click.echo(f"winner {finished.winner} at rung {finished.winner_rung}, score "
-                       f"{finished.winner_score:.4g} ({speed}); `kb audit {run_id}` says why, "
-                       f"`kb export {run_id} -o kernel.py` writes it")
+            click.echo(
+                f"winner {finished.winner} at rung {finished.winner_rung}, score "
+                f"{finished.winner_score:.4g} ({speed}); `kb audit {run_id}` says why, "
+                f"`kb export {run_id} -o kernel.py` writes it"
+            )
         else:
             click.echo("no candidate passed the gate and the ladder")
     finally:
@@ -113,15 +124,32 @@ def _drive(db: str, run_id: str, gpu: int | None, inprocess: bool, quiet: bool) 
 @click.option("--budget-wall-s", type=float, default=None, help="Stop after this much wall time.")
 @click.option("--budget-tokens", type=int, default=None, help="Stop after this many LLM tokens.")
 @click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--eta", type=click.IntRange(min=2), default=3, show_default=True,
-              help="Successive halving keeps the top 1/eta of each rung.")
+@click.option(
+    "--eta",
+    type=click.IntRange(min=2),
+    default=3,
+    show_default=True,
+    help="Successive halving keeps the top 1/eta of each rung.",
+)
 @click.option("--gpu", type=int, default=None, help="GPU index for the workers.")
 @click.option("--inprocess", is_flag=True, help="Step the workers in this process (tests, debugging).")
 @click.option("--quiet", is_flag=True, help="Print only the run id and the result.")
 @user_errors
-def run(problem: str, db: str, device: str, generator: str, max_candidates: int, budget_gpu_s: float | None,
-        budget_wall_s: float | None, budget_tokens: int | None, seed: int, eta: int, gpu: int | None,
-        inprocess: bool, quiet: bool) -> None:
+def run(
+    problem: str,
+    db: str,
+    device: str,
+    generator: str,
+    max_candidates: int,
+    budget_gpu_s: float | None,
+    budget_wall_s: float | None,
+    budget_tokens: int | None,
+    seed: int,
+    eta: int,
+    gpu: int | None,
+    inprocess: bool,
+    quiet: bool,
+) -> None:
     """Search for a faster kernel for PROBLEM (a KernelBench .py file)."""
     from kernelbrain import generators
     from kernelbrain.problem import read_problem
@@ -129,9 +157,17 @@ def run(problem: str, db: str, device: str, generator: str, max_candidates: int,
     read_problem(problem)  # a bad problem file is reported before the database is opened
     generators.get(generator)
     dev = detect_device() if device == "auto" else device
-    config = RunConfig(generator=generator, device=dev, seed=seed, max_candidates=max_candidates,
-                       budget_gpu_s=budget_gpu_s, budget_wall_s=budget_wall_s, budget_tokens=budget_tokens,
-                       eta=eta, rungs=DEFAULT_RUNGS[dev])
+    config = RunConfig(
+        generator=generator,
+        device=dev,
+        seed=seed,
+        max_candidates=max_candidates,
+        budget_gpu_s=budget_gpu_s,
+        budget_wall_s=budget_wall_s,
+        budget_tokens=budget_tokens,
+        eta=eta,
+        rungs=DEFAULT_RUNGS[dev],
+    )
     with open_store(db, create=True) as store:
         run_id = start_run(store, problem, config)
     click.echo(f"run {run_id}")
@@ -150,8 +186,10 @@ def resume(run_id: str, db: str, gpu: int | None, inprocess: bool, quiet: bool) 
     """Continue an interrupted run from its log."""
     with open_store(db) as store:
         state = prepare_resume(store, run_id)
-    click.echo(f"run {run_id} resumed at event #{state.position}: {len(state.candidates)} candidates, "
-               f"{len(state.live())} unfinished")
+    click.echo(
+        f"run {run_id} resumed at event #{state.position}: {len(state.candidates)} candidates, "
+        f"{len(state.live())} unfinished"
+    )
     sys.stdout.flush()
     _drive(db, run_id, gpu, inprocess, quiet)
 
@@ -187,8 +225,10 @@ def ls(db: str, as_json: bool) -> None:
         click.echo(f"no runs in {db}")
     for r in rows:
         best = f"{r['leader_score']:.4g}" if r["leader_score"] is not None else "-"
-        click.echo(f"{r['run_id']}  {r['problem']:<20} {r['state']:<24} candidates {r['candidates']['proposed']:<3} "
-                   f"best score {best}  winner {r['winner'] or '-'}")
+        click.echo(
+            f"{r['run_id']}  {r['problem']:<20} {r['state']:<24} candidates {r['candidates']['proposed']:<3} "
+            f"best score {best}  winner {r['winner'] or '-'}"
+        )
 
 
 @main.command()
@@ -209,14 +249,18 @@ def status(run_id: str, db: str, as_json: bool) -> None:
     if d["finish_reason"]:
         click.echo(f"  stopped: {d['finish_reason']}")
     c = d["candidates"]
-    click.echo(f"  candidates: {c['proposed']} proposed, {c['gate_passed']} gated, {c['gate_failed']} rejected, "
-               f"{c['pruned']} pruned, {c['finalists']} finalists; measured per rung {d['measured_at_rung']}")
+    click.echo(
+        f"  candidates: {c['proposed']} proposed, {c['gate_passed']} gated, {c['gate_failed']} rejected, "
+        f"{c['pruned']} pruned, {c['finalists']} finalists; measured per rung {d['measured_at_rung']}"
+    )
     if d["leader"]:
         speeds = ", ".join(f"{k} {v:.3g}x" for k, v in d["leader_speedups"].items())
         click.echo(f"  best: {d['leader']} score {d['leader_score']:.4g} ({speeds})")
     b = d["budget"]
-    click.echo(f"  spent: {b['gpu_s']:.1f} device s (budget {b['budget_gpu_s'] or '-'}), {b['tokens']} tokens, "
-               f"{b['wall_s']:.1f} wall s; {d['events']} events, {d['resumes']} resumes")
+    click.echo(
+        f"  spent: {b['gpu_s']:.1f} device s (budget {b['budget_gpu_s'] or '-'}), {b['tokens']} tokens, "
+        f"{b['wall_s']:.1f} wall s; {d['events']} events, {d['resumes']} resumes"
+    )
 
 
 @main.command()
@@ -237,9 +281,21 @@ def events(run_id: str, db: str, follow: bool, as_json: bool, show_all: bool) ->
             for raw in store.read(after=after, run_id=run_id):
                 after = raw.seq
                 if as_json:
-                    click.echo(orjson.dumps({"seq": raw.seq, "type": raw.type, "version": raw.version, "key": raw.key,
-                                             "candidate": raw.subject, "rung": raw.stage, "actor": raw.actor,
-                                             "ts": raw.ts, "payload": raw.payload}).decode())
+                    click.echo(
+                        orjson.dumps(
+                            {
+                                "seq": raw.seq,
+                                "type": raw.type,
+                                "version": raw.version,
+                                "key": raw.key,
+                                "candidate": raw.subject,
+                                "rung": raw.stage,
+                                "actor": raw.actor,
+                                "ts": raw.ts,
+                                "payload": raw.payload,
+                            }
+                        ).decode()
+                    )
                 elif show_all or raw.type not in QUIET_TYPES:
                     click.echo(event_line(raw))
             store.fold(state, run_id=run_id)
@@ -265,8 +321,10 @@ def replay(run_id: str, db: str, as_json: bool) -> None:
     else:
         for line in report.divergences:
             click.echo(f"DIVERGENCE {line}")
-        click.echo(f"replayed {report.events} events, {report.candidates} candidates: {report.decisions} decisions "
-                   f"{'agree with' if report.agrees else 'DIVERGE from'} policy v{report.policy_version}")
+        click.echo(
+            f"replayed {report.events} events, {report.candidates} candidates: {report.decisions} decisions "
+            f"{'agree with' if report.agrees else 'DIVERGE from'} policy v{report.policy_version}"
+        )
     if not report.agrees:
         sys.exit(1)
 

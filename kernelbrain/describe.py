@@ -38,22 +38,27 @@ def summary(e: Event) -> str:
             knobs = ", ".join(f"{k}={v}" for k, v in d.knobs.items())
             return f"proposed {d.candidate} ({d.family}: {knobs}) round {d.round}: {d.hint}"
         case "GenerationDone":
-            return f"generation {d.task}: {len(d.proposed)} proposed, {d.duplicates} duplicates{'; ' + d.note if d.note else ''}"
+            note = f"; {d.note}" if d.note else ""
+            return f"generation {d.task}: {len(d.proposed)} proposed, {d.duplicates} duplicates{note}"
         case "GatePassed":
             return f"gate passed {d.candidate}: {d.seeds} seeds, max abs err {d.max_abs_err:.2g}"
         case "GateFailed":
             return f"gate failed {d.candidate} [{d.category}]: {d.detail}"
         case "RungBenchmarked":
-            shapes = "; ".join(f"{s.shape} {fmt_s(s.cand_median_s)} vs ref {fmt_s(s.ref_median_s)} ({s.speedup:.3g}x)"
-                               for s in d.shapes)
+            shapes = "; ".join(
+                f"{s.shape} {fmt_s(s.cand_median_s)} vs ref {fmt_s(s.ref_median_s)} ({s.speedup:.3g}x)"
+                for s in d.shapes
+            )
             return f"rung {d.rung} {d.candidate}: score {d.score:.4g}; {shapes}"
         case "BenchmarkFailed":
             return f"rung {d.rung} {d.candidate} failed [{d.category}]: {d.detail}"
         case "ProfileCaptured":
             return f"profiled {d.candidate} ({d.source}): {', '.join(d.labels)}"
         case "Promoted":
-            return (f"promoted {d.candidate} rung {d.rung_from}->{d.rung_to}: rank {d.rank} of {d.n_peers} "
-                    f"(keep {d.keep}, threshold {d.threshold:.4g})")
+            return (
+                f"promoted {d.candidate} rung {d.rung_from}->{d.rung_to}: rank {d.rank} of {d.n_peers} "
+                f"(keep {d.keep}, threshold {d.threshold:.4g})"
+            )
         case "Pruned":
             return f"pruned {d.candidate}: {d.reason}"
         case "RunFinished":
@@ -74,7 +79,13 @@ def event_line(raw: StoredEvent) -> str:
 
 def status_dict(state: RunState) -> dict:
     cfg = state.config
-    counts = {"proposed": len(state.candidates), "gate_passed": 0, "gate_failed": 0, "pruned": 0, "finalists": 0}
+    counts = {
+        "proposed": len(state.candidates),
+        "gate_passed": 0,
+        "gate_failed": 0,
+        "pruned": 0,
+        "finalists": 0,
+    }
     at_rung = [0] * (state.top_rung + 1)
     for c in state.candidates.values():
         if c.gate is not None:
@@ -95,12 +106,19 @@ def status_dict(state: RunState) -> dict:
         "leader": leader.id if leader else None,
         "leader_score": leader.top_result.score if leader and leader.top_result else None,
         "leader_speedups": {s.shape: s.speedup for s in leader.top_result.shapes}
-        if leader and leader.top_result else {},
+        if leader and leader.top_result
+        else {},
         "candidates": counts,
         "measured_at_rung": at_rung,
-        "budget": {"gpu_s": round(state.gpu_s, 3), "budget_gpu_s": cfg.budget_gpu_s, "tokens": state.tokens,
-                   "budget_tokens": cfg.budget_tokens, "wall_s": round(state.wall_s, 3),
-                   "budget_wall_s": cfg.budget_wall_s, "max_candidates": cfg.max_candidates},
+        "budget": {
+            "gpu_s": round(state.gpu_s, 3),
+            "budget_gpu_s": cfg.budget_gpu_s,
+            "tokens": state.tokens,
+            "budget_tokens": cfg.budget_tokens,
+            "wall_s": round(state.wall_s, 3),
+            "budget_wall_s": cfg.budget_wall_s,
+            "max_candidates": cfg.max_candidates,
+        },
         "events": state.event_count,
         "resumes": len(state.resumes),
     }

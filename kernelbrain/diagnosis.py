@@ -23,5 +23,7 @@ def roofline_labels(m: dict[str, float]) -> list[str]:
     if m["arith_intensity"] >= m["ridge_intensity"]:
         labels.append("compute-bound" if m["compute_frac"] >= NEAR_PEAK else "latency or occupancy-limited")
     else:
-        labels.append("memory-bound near peak" if m["dram_frac"] >= NEAR_PEAK else "latency or occupancy-limited")
+        labels.append(
+            "memory-bound near peak" if m["dram_frac"] >= NEAR_PEAK else "latency or occupancy-limited"
+        )
     return labels

@@ -193,7 +193,9 @@ def _load_candidate(cand_source: str) -> ModuleType:
     except SyntaxError as e:
         raise CandidateFault("compile", f"line {e.lineno}: {e.msg}") from e
     if not _has_jit_kernel(tree):
-        raise CandidateFault("policy", "no @triton.jit kernel: a candidate's work must be done by Triton kernels")
+        raise CandidateFault(
+            "policy", "no @triton.jit kernel: a candidate's work must be done by Triton kernels"
+        )
     _count_launches()
     try:
         return load_module(cand_source, "cand")
@@ -248,8 +250,11 @@ def _gate(problem: Problem, cand_source: str, device: str, seeds: int) -> dict:
             except Exception as e:
                 raise CandidateFault("runtime", f"seed {seed}: forward raised {type(e).__name__}: {e}") from e
             if _LAUNCHES[0] == launches:
-                raise CandidateFault("policy", f"seed {seed}: forward launched no Triton kernel; the work must be "
-                                               "done by the candidate's kernels")
+                raise CandidateFault(
+                    "policy",
+                    f"seed {seed}: forward launched no Triton kernel; the work must be "
+                    "done by the candidate's kernels",
+                )
         if device == "cuda":
             torch.cuda.synchronize()
         for x, b in zip(inputs, before, strict=True):
@@ -259,23 +264,30 @@ def _gate(problem: Problem, cand_source: str, device: str, seeds: int) -> dict:
             raise CandidateFault("mismatch", f"{len(got)} outputs, the reference returns {len(expected)}")
         for i, (g, e) in enumerate(zip(got, expected, strict=True)):
             if g.shape != e.shape:
-                raise CandidateFault("mismatch", f"output {i} has shape {tuple(g.shape)}, expected {tuple(e.shape)}")
+                raise CandidateFault(
+                    "mismatch", f"output {i} has shape {tuple(g.shape)}, expected {tuple(e.shape)}"
+                )
             tol = problem.tolerance.get(str(g.dtype).removeprefix("torch."), 1e-4)
             g64 = g.detach().to(torch.float64)
             bad_g, bad_e = ~torch.isfinite(g64), ~torch.isfinite(e)
             if (bad_g & ~bad_e).any():
                 raise CandidateFault(
-                    "nan", f"seed {seed}: output {i} has {int((bad_g & ~bad_e).sum())} NaN/Inf where the reference has none"
+                    "nan",
+                    f"seed {seed}: output {i} has {int((bad_g & ~bad_e).sum())} NaN/Inf "
+                    "where the reference has none",
                 )
             ok = bad_e | torch.isclose(g64, e, rtol=tol, atol=tol)
             diff = (g64 - e).abs().masked_fill(bad_e, 0)
             abs_err = float(diff.max()) if diff.numel() else 0.0
-            rel_err = float((diff / e.abs().clamp_min(1e-12)).masked_fill(bad_e, 0).max()) if diff.numel() else 0.0
+            rel_err = (
+                float((diff / e.abs().clamp_min(1e-12)).masked_fill(bad_e, 0).max()) if diff.numel() else 0.0
+            )
             worst_abs, worst_rel = max(worst_abs, abs_err), max(worst_rel, rel_err)
             if not bool(ok.all()):
                 raise CandidateFault(
                     "mismatch",
-                    f"seed {seed}: output {i} differs from the reference at {int((~ok).sum())} of {ok.numel()} "
+                    f"seed {seed}: output {i} differs from the reference at {int((~ok).sum())} "
+                    f"of {ok.numel()} "
                     f"elements (max abs err {abs_err:.3g}, tolerance {tol:g})",
                     max_abs_err=abs_err,
                     max_rel_err=rel_err,
@@ -300,7 +312,9 @@ class _Timer:
         self.device = device
         self.name = "cuda-events" if device == "cuda" else "interpreter-wallclock"
         # 256 MiB: several times the H200's 50 MiB L2, so a timed call never starts warm
-        self.flush = torch.empty(64 * 1024 * 1024, dtype=torch.int32, device="cuda") if device == "cuda" else None
+        self.flush = (
+            torch.empty(64 * 1024 * 1024, dtype=torch.int32, device="cuda") if device == "cuda" else None
+        )
 
     def __call__(self, fn: Callable[[], Any]) -> float:
         if self.flush is None:
@@ -341,8 +355,8 @@ def bench(problem_source: str, cand_source: str, device: str, which: str, repeat
             try:
                 for i in range(repeats):
                     args = sets[i % 3]
-                    ref_t.append(timer(lambda a=args: ref(*a)))
-                    new_t.append(timer(lambda a=args: new(*a)))
+                    ref_t.append(timer(lambda a=args, f=ref: f(*a)))
+                    new_t.append(timer(lambda a=args, f=new: f(*a)))
             finally:
                 gc.enable()
             (cm, ci), (rm, ri) = _quartiles(new_t), _quartiles(ref_t)
@@ -481,4 +495,3 @@ def roofline(problem_source: str, cand_source: str, device: str, repeats: int = 
 
 
 OPS: dict[str, Callable[..., dict]] = {"gate": gate, "bench": bench, "analyse": analyse, "roofline": roofline}
-

@@ -33,7 +33,9 @@ def read_problem(path: str | Path) -> str:
     """The source of a problem file after the static checks: exists, parses, defines the three names."""
     p = Path(path)
     if not p.is_file():
-        raise ProblemError(f"problem file {p} does not exist; pass the path of a KernelBench problem .py file")
+        raise ProblemError(
+            f"problem file {p} does not exist; pass the path of a KernelBench problem .py file"
+        )
     try:
         source = p.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:
@@ -47,7 +49,9 @@ def check_problem_source(source: str, name: str = "<problem>") -> None:
         tree = ast.parse(source, filename=name)
     except SyntaxError as e:
         raise ProblemError(f"problem file {name}:{e.lineno}: syntax error: {e.msg}") from e
-    defined = {node.name: type(node) for node in tree.body if isinstance(node, ast.ClassDef | ast.FunctionDef)}
+    defined = {
+        node.name: type(node) for node in tree.body if isinstance(node, ast.ClassDef | ast.FunctionDef)
+    }
     missing = [n for n, kind in REQUIRED.items() if defined.get(n) is not kind]
     if missing:
         what = ", ".join("class Model" if n == "Model" else f"{n}()" for n in missing)

@@ -57,14 +57,18 @@ def replay(store: EventStore, run_id: str) -> ReplayReport:
         for seq, recorded in by_basis[basis]:
             key = decision_key(run_id, recorded)
             if key not in expected:
-                divergences.append(f"#{seq} {recorded.TYPE} {getattr(recorded, 'candidate', '')}: the policy "
-                                   f"does not make this decision at basis #{basis}")
+                divergences.append(
+                    f"#{seq} {recorded.TYPE} {getattr(recorded, 'candidate', '')}: the policy "
+                    f"does not make this decision at basis #{basis}"
+                )
             elif expected[key] != recorded:
                 want, got = expected[key].model_dump(), recorded.model_dump()
                 fields = [k for k in want if want[k] != got.get(k)]
-                divergences.append(f"#{seq} {recorded.TYPE} {getattr(recorded, 'candidate', '')}: recomputed "
-                                   f"{', '.join(f'{f}={want[f]!r}' for f in fields)} but the log has "
-                                   f"{', '.join(f'{f}={got[f]!r}' for f in fields)}")
+                divergences.append(
+                    f"#{seq} {recorded.TYPE} {getattr(recorded, 'candidate', '')}: recomputed "
+                    f"{', '.join(f'{f}={want[f]!r}' for f in fields)} but the log has "
+                    f"{', '.join(f'{f}={got[f]!r}' for f in fields)}"
+                )
     for raw in events[i:]:
         try:
             state.apply(raw)
@@ -76,10 +80,15 @@ def replay(store: EventStore, run_id: str) -> ReplayReport:
         missing = policy_for(state.config.policy_version).decide(probe)
         missing = [d for d in missing if d.TYPE != "RunFinished"]
         if missing:
-            divergences.append(f"the run finished but the policy still decides {len(missing)} more: "
-                               + ", ".join(decision_key(run_id, d) for d in missing[:5]))
-    return ReplayReport(run_id=run_id, events=len(events), candidates=len(state.candidates),
-                        decisions=sum(len(v) for v in by_basis.values()),
-                        policy_version=state.config.policy_version if state.started else 0,
-                        divergences=divergences)
-
+            divergences.append(
+                f"the run finished but the policy still decides {len(missing)} more: "
+                + ", ".join(decision_key(run_id, d) for d in missing[:5])
+            )
+    return ReplayReport(
+        run_id=run_id,
+        events=len(events),
+        candidates=len(state.candidates),
+        decisions=sum(len(v) for v in by_basis.values()),
+        policy_version=state.config.policy_version if state.started else 0,
+        divergences=divergences,
+    )

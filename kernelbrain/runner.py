@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from kernelbrain.events import RunConfig, RunFinished, RunResumed, RunStarted, RungSpec
+from kernelbrain.events import RunConfig, RunFinished, RungSpec, RunResumed, RunStarted
 from kernelbrain.problem import read_problem, source_hash
 from kernelbrain.state import RunState
 from kernelbrain.workers import ROLES, Worker
@@ -31,10 +31,16 @@ MAX_RESTARTS = 5
 
 DEFAULT_RUNGS = {
     # the interpreter is slow: few repeats, and every rung measures the smoke shape
-    "cpu": (RungSpec(shapes="smallest", repeats=3, warmup=2), RungSpec(shapes="primary", repeats=5, warmup=2),
-            RungSpec(shapes="all", repeats=7, warmup=2)),
-    "cuda": (RungSpec(shapes="smallest", repeats=10, warmup=3), RungSpec(shapes="primary", repeats=30, warmup=5),
-             RungSpec(shapes="all", repeats=100, warmup=10)),
+    "cpu": (
+        RungSpec(shapes="smallest", repeats=3, warmup=2),
+        RungSpec(shapes="primary", repeats=5, warmup=2),
+        RungSpec(shapes="all", repeats=7, warmup=2),
+    ),
+    "cuda": (
+        RungSpec(shapes="smallest", repeats=10, warmup=3),
+        RungSpec(shapes="primary", repeats=30, warmup=5),
+        RungSpec(shapes="all", repeats=100, warmup=10),
+    ),
 }
 
 
@@ -48,13 +54,24 @@ def detect_device() -> str:
 
 
 def hardware() -> dict:
-    info: dict = {"host": platform.node(), "machine": platform.machine(), "cpus": os.cpu_count(),
-                  "python": platform.python_version()}
+    info: dict = {
+        "host": platform.node(),
+        "machine": platform.machine(),
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+    }
     if shutil.which("nvidia-smi"):
         with contextlib.suppress(Exception):
-            info["gpus"] = subprocess.run(
-                ["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
-                capture_output=True, text=True, timeout=20).stdout.strip().splitlines()
+            info["gpus"] = (
+                subprocess.run(
+                    ["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
+                    capture_output=True,
+                    text=True,
+                    timeout=20,
+                )
+                .stdout.strip()
+                .splitlines()
+            )
     return info
 
 
@@ -78,8 +95,14 @@ def start_run(store: EventStore, problem_path: str, config: RunConfig) -> str:
     run_id = new_run_id()
     blob = store.put_blob(source)
     assert blob == source_hash(source)
-    started = RunStarted(problem_path=str(Path(problem_path).resolve()), problem_name=Path(problem_path).stem,
-                         problem_hash=blob, config=config, hardware=hardware(), versions=versions())
+    started = RunStarted(
+        problem_path=str(Path(problem_path).resolve()),
+        problem_name=Path(problem_path).stem,
+        problem_hash=blob,
+        config=config,
+        hardware=hardware(),
+        versions=versions(),
+    )
     store.append([started.to_new(run_id, f"{run_id}/started", "cli")])
     return run_id
 
@@ -97,11 +120,18 @@ def load_state(store: EventStore, run_id: str) -> RunState:
 def prepare_resume(store: EventStore, run_id: str) -> RunState:
     state = load_state(store, run_id)
     if state.finished is not None:
-        raise RunError(f"run {run_id} already finished ({state.finished.reason}); winner: "
-                       f"{state.finished.winner or 'none'}. Nothing to resume")
+        raise RunError(
+            f"run {run_id} already finished ({state.finished.reason}); winner: "
+            f"{state.finished.winner or 'none'}. Nothing to resume"
+        )
     attempt = len(state.resumes) + 1
-    store.append([RunResumed(attempt=attempt, hardware=hardware()).to_new(run_id, f"{run_id}/resumed/{attempt}",
-                                                                           "cli")])
+    store.append(
+        [
+            RunResumed(attempt=attempt, hardware=hardware()).to_new(
+                run_id, f"{run_id}/resumed/{attempt}", "cli"
+            )
+        ]
+    )
     return store.fold(state, run_id=run_id)
 
 
@@ -112,8 +142,14 @@ def _spawn(db: str, role: str, run_id: str, gpu: int | None) -> subprocess.Popen
     return subprocess.Popen(cmd, stdin=subprocess.DEVNULL)
 
 
-def supervise(db: str, run_id: str, *, gpu: int | None = None, inprocess: bool = False,
-              progress: Callable[[RunState, int], None] | None = None) -> RunFinished | None:
+def supervise(
+    db: str,
+    run_id: str,
+    *,
+    gpu: int | None = None,
+    inprocess: bool = False,
+    progress: Callable[[RunState, int], None] | None = None,
+) -> RunFinished | None:
     """Drive the run until RunFinished (returned) or a stop signal (returns None; the run is resumable)."""
     if inprocess:
         return _supervise_inprocess(db, run_id, gpu, progress)
@@ -140,8 +176,10 @@ def supervise(db: str, run_id: str, *, gpu: int | None = None, inprocess: bool =
                 if code is None:
                     continue
                 if restarts[role] >= MAX_RESTARTS:
-                    raise RunError(f"the {role} worker died {MAX_RESTARTS + 1} times (last exit {code}); "
-                                   f"see its output above, fix, then `kb resume {run_id}`")
+                    raise RunError(
+                        f"the {role} worker died {MAX_RESTARTS + 1} times (last exit {code}); "
+                        f"see its output above, fix, then `kb resume {run_id}`"
+                    )
                 restarts[role] += 1
                 print(f"kb: {role} worker exited with {code}; restarting it", file=sys.stderr)
                 procs[role] = _spawn(db, role, run_id, gpu)
@@ -169,8 +207,9 @@ def _stop_workers(procs: dict[str, subprocess.Popen], grace_s: float = 60.0) -> 
             proc.wait()
 
 
-def _supervise_inprocess(db: str, run_id: str, gpu: int | None,
-                         progress: Callable[[RunState, int], None] | None) -> RunFinished | None:
+def _supervise_inprocess(
+    db: str, run_id: str, gpu: int | None, progress: Callable[[RunState, int], None] | None
+) -> RunFinished | None:
     workers = [Worker(db, role, run_id, gpu=gpu) for role in ROLES]
     try:
         while True:

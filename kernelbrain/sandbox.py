@@ -115,7 +115,8 @@ class Sandbox:
     def call(self, op: str, args: dict, *, timeout_s: float, task: str = "-") -> tuple[dict, float]:
         """Run one request; returns (result, busy seconds). Raises SandboxFault when the child dies."""
         if self.proc is not None and self.proc.poll() is not None:
-            self.close()  # died after its last answer (a stray thread of an earlier candidate): not this one's fault
+            # it died after its last answer (a stray thread of an earlier candidate): not this one's fault
+            self.close()
         if self.proc is None:
             self.start()
         assert self.proc and self.proc.stdin and self.proc.stdout
@@ -128,8 +129,14 @@ class Sandbox:
             raise self._fault("crash", self._died()) from None
         self.executions += 1
         reply = self._read(time.monotonic() + timeout_s, timeout_s)
-        if not isinstance(reply, dict) or "ok" not in reply or ("result" if reply["ok"] else "error") not in reply:
-            raise self._fault("crash", "the child sent a malformed reply (candidate code wrote to the protocol pipe)")
+        if (
+            not isinstance(reply, dict)
+            or "ok" not in reply
+            or ("result" if reply["ok"] else "error") not in reply
+        ):
+            raise self._fault(
+                "crash", "the child sent a malformed reply (candidate code wrote to the protocol pipe)"
+            )
         if not reply["ok"]:
             raise SandboxError(f"{op} failed inside the sandbox: {reply['error']}\n{reply.get('trace', '')}")
         return reply["result"], reply["busy_s"]
@@ -154,7 +161,9 @@ class Sandbox:
             if not header_done and len(buf) >= HEADER.size:
                 size = HEADER.unpack(buf[: HEADER.size])[0]
                 if size > MAX_REPLY:
-                    raise self._fault("crash", f"the child announced a {size}-byte reply: the protocol was corrupted")
+                    raise self._fault(
+                        "crash", f"the child announced a {size}-byte reply: the protocol was corrupted"
+                    )
                 need = HEADER.size + size
                 header_done = True
             if header_done and len(buf) >= need:

@@ -46,12 +46,24 @@ class AshaPolicy:
         out: list[Event] = []
         for c in state.live():
             if c.ordinal >= cfg.max_candidates:
-                out.append(Pruned(basis=basis, candidate=c.id, rung=-1,
-                                  reason=f"candidate budget of {cfg.max_candidates} already proposed"))
+                out.append(
+                    Pruned(
+                        basis=basis,
+                        candidate=c.id,
+                        rung=-1,
+                        reason=f"candidate budget of {cfg.max_candidates} already proposed",
+                    )
+                )
             elif c.bench_failed is not None:
                 f = c.bench_failed
-                out.append(Pruned(basis=basis, candidate=c.id, rung=f.rung,
-                                  reason=f"benchmark failed at rung {f.rung} ({f.category}): {f.detail}"))
+                out.append(
+                    Pruned(
+                        basis=basis,
+                        candidate=c.id,
+                        rung=f.rung,
+                        reason=f"benchmark failed at rung {f.rung} ({f.category}): {f.detail}",
+                    )
+                )
         dropped = {p.candidate for p in out}
         for rung in range(state.top_rung):
             out += self._promotions(state, rung, basis, dropped)
@@ -75,9 +87,20 @@ class AshaPolicy:
             c = state.candidates[cid]
             if rung in c.promotions or c.terminal is not None or cid in dropped or c.bench_failed is not None:
                 continue
-            out.append(Promoted(basis=basis, candidate=cid, rung_from=rung, rung_to=rung + 1, rank=rank,
-                                peers=shown, n_peers=len(ranking), keep=keep, threshold=-ranking[keep - 1][0],
-                                score=-neg))
+            out.append(
+                Promoted(
+                    basis=basis,
+                    candidate=cid,
+                    rung_from=rung,
+                    rung_to=rung + 1,
+                    rank=rank,
+                    peers=shown,
+                    n_peers=len(ranking),
+                    keep=keep,
+                    threshold=-ranking[keep - 1][0],
+                    score=-neg,
+                )
+            )
         return out
 
     @staticmethod
@@ -105,23 +128,36 @@ class AshaPolicy:
         for c in state.live():
             out.append(self._leftover(state, c, basis, reason))
         leader = state.leader()
-        out.append(RunFinished(
-            basis=basis, reason=reason,
-            winner=leader.id if leader else None,
-            winner_rung=max(leader.results) if leader else None,
-            winner_score=leader.top_result.score if leader and leader.top_result else None,
-        ))
+        out.append(
+            RunFinished(
+                basis=basis,
+                reason=reason,
+                winner=leader.id if leader else None,
+                winner_rung=max(leader.results) if leader else None,
+                winner_score=leader.top_result.score if leader and leader.top_result else None,
+            )
+        )
         return out
 
     def _leftover(self, state: RunState, c: Candidate, basis: int, reason: str) -> Pruned:
         if not c.results:
-            return Pruned(basis=basis, candidate=c.id, rung=-1, reason=f"run stopped before it was measured: {reason}")
+            return Pruned(
+                basis=basis, candidate=c.id, rung=-1, reason=f"run stopped before it was measured: {reason}"
+            )
         rung = max(c.results)
         ranking, keep, shown = self._ranked(state, rung)
         rank = bisect.bisect_left(ranking, (-c.results[rung].score, c.id)) + 1
-        return Pruned(basis=basis, candidate=c.id, rung=rung, rank=rank, peers=shown, n_peers=len(ranking),
-                      threshold=-ranking[keep - 1][0], score=c.results[rung].score,
-                      reason=f"run stopped with it at rung {rung}: {reason}")
+        return Pruned(
+            basis=basis,
+            candidate=c.id,
+            rung=rung,
+            rank=rank,
+            peers=shown,
+            n_peers=len(ranking),
+            threshold=-ranking[keep - 1][0],
+            score=c.results[rung].score,
+            reason=f"run stopped with it at rung {rung}: {reason}",
+        )
 
 
 POLICIES = {AshaPolicy.version: AshaPolicy}
@@ -141,5 +177,9 @@ def decision_latency_bench(state: RunState, repeats: int = 200) -> dict:
         t = time.perf_counter()
         policy.decide(state)
         times.append(time.perf_counter() - t)
-    return {"decide_median_ms": statistics.median(times) * 1e3, "decide_max_ms": max(times) * 1e3,
-            "candidates": len(state.candidates), "events": state.event_count}
+    return {
+        "decide_median_ms": statistics.median(times) * 1e3,
+        "decide_max_ms": max(times) * 1e3,
+        "candidates": len(state.candidates),
+        "events": state.event_count,
+    }

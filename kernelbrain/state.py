@@ -14,6 +14,7 @@ from kernelbrain.events import (
     BudgetCharged,
     CandidateProposed,
     Event,
+    EventError,
     GateFailed,
     GatePassed,
     GenerationDone,
@@ -22,10 +23,9 @@ from kernelbrain.events import (
     Promoted,
     Pruned,
     RunFinished,
+    RungBenchmarked,
     RunResumed,
     RunStarted,
-    RungBenchmarked,
-    EventError,
     decode,
 )
 from store import Projection, StoredEvent
@@ -112,8 +112,10 @@ class RunState(Projection):
     def _candidate(self, e: Event, raw: StoredEvent) -> Candidate:
         cid = e.candidate  # type: ignore[attr-defined]
         if cid not in self.candidates:
-            raise EventError(f"event #{raw.seq} ({raw.type}) names candidate {cid}, never proposed in run "
-                             f"{self.run_id}: the log is damaged")
+            raise EventError(
+                f"event #{raw.seq} ({raw.type}) names candidate {cid}, never proposed in run "
+                f"{self.run_id}: the log is damaged"
+            )
         return self.candidates[cid]
 
     def _apply_RunStarted(self, e: RunStarted, raw: StoredEvent) -> None:
@@ -200,11 +202,7 @@ class RunState(Projection):
 
     def bench_tasks(self) -> list[tuple[Candidate, int]]:
         return [
-            (c, r)
-            for c in self.live()
-            if c.bench_failed is None
-            for r in c.admitted
-            if r not in c.results
+            (c, r) for c in self.live() if c.bench_failed is None for r in c.admitted if r not in c.results
         ]
 
     def profile_tasks(self) -> list[Candidate]:

@@ -107,13 +107,23 @@ class Role(abc.ABC):
 
     # helpers shared by the roles
     def new(self, state: RunState, event: Event, key: str, task: Task | None = None) -> NewEvent:
-        return event.to_new(state.run_id, key, self.actor,
-                            subject=task.candidate if task else None, stage=task.rung if task else None)
+        return event.to_new(
+            state.run_id,
+            key,
+            self.actor,
+            subject=task.candidate if task else None,
+            stage=task.rung if task else None,
+        )
 
-    def charge(self, state: RunState, task: Task, *, gpu_s: float = 0.0, wall_s: float = 0.0,
-               tokens: int = 0) -> NewEvent:
-        return self.new(state, BudgetCharged(action=task.key, role=self.name, gpu_s=gpu_s, wall_s=wall_s,
-                                             tokens=tokens), f"{task.key}/budget", task)
+    def charge(
+        self, state: RunState, task: Task, *, gpu_s: float = 0.0, wall_s: float = 0.0, tokens: int = 0
+    ) -> NewEvent:
+        return self.new(
+            state,
+            BudgetCharged(action=task.key, role=self.name, gpu_s=gpu_s, wall_s=wall_s, tokens=tokens),
+            f"{task.key}/budget",
+            task,
+        )
 
     def problem_source(self, state: RunState) -> str:
         assert state.started
@@ -139,12 +149,16 @@ class GeneratorRole(Role):
         if analysis is None:
             try:
                 result, busy = self.sandbox(cfg.device).call(
-                    "analyse", {"problem_source": self.problem_source(state), "device": cfg.device},
-                    timeout_s=cfg.gate_timeout_s, task=task.key)
+                    "analyse",
+                    {"problem_source": self.problem_source(state), "device": cfg.device},
+                    timeout_s=cfg.gate_timeout_s,
+                    task=task.key,
+                )
                 analysis = ProblemAnalysed(**result, families=[])
             except (SandboxFault, SandboxError) as e:
-                analysis = ProblemAnalysed(ops=[], families=[], flops=0, bytes=0, shapes=[],
-                                           error=str(e).splitlines()[0])
+                analysis = ProblemAnalysed(
+                    ops=[], families=[], flops=0, bytes=0, shapes=[], error=str(e).splitlines()[0]
+                )
             gen = generators.get(cfg.generator)
             from kernelbrain.templates import FAMILIES  # the families that match, for the record
 
@@ -179,15 +193,27 @@ class GeneratorRole(Role):
                 break
             proposed.append(cid)
             event = CandidateProposed(
-                candidate=cid, source=source_hash, parent=parent.id if parent else None, generator=gen.name,
-                family=p.family, strategy=p.strategy, knobs=p.knobs, round=round_no, hint=p.hint,
+                candidate=cid,
+                source=source_hash,
+                parent=parent.id if parent else None,
+                generator=gen.name,
+                family=p.family,
+                strategy=p.strategy,
+                knobs=p.knobs,
+                round=round_no,
+                hint=p.hint,
                 diagnosis=p.diagnosis,
                 prompt=self.store.put_blob(p.prompt) if p.prompt else None,
                 reply=self.store.put_blob(p.reply) if p.reply else None,
             )
             out.append(event.to_new(state.run_id, f"{state.run_id}/propose/{cid}", self.actor, subject=cid))
-        out.append(self.new(state, GenerationDone(task=task.kind, proposed=proposed, duplicates=duplicates,
-                                                  note=note), f"{task.key}/done"))
+        out.append(
+            self.new(
+                state,
+                GenerationDone(task=task.kind, proposed=proposed, duplicates=duplicates, note=note),
+                f"{task.key}/done",
+            )
+        )
         out.append(self.charge(state, task, gpu_s=busy, wall_s=time.perf_counter() - t0, tokens=tokens))
         return out
 
@@ -206,21 +232,41 @@ class GatekeeperRole(Role):
         try:
             r, busy = self.sandbox(cfg.device).call(
                 "gate",
-                {"problem_source": self.problem_source(state),
-                 "cand_source": self.candidate_source(state, task.candidate), "device": cfg.device,
-                 "seeds": cfg.gate_seeds},
-                timeout_s=cfg.gate_timeout_s, task=task.key)
-            event: Event = GatePassed(candidate=task.candidate, seeds=r["seeds"], max_abs_err=r["max_abs_err"],
-                                      max_rel_err=r["max_rel_err"], tolerance=r["tolerance"]) \
-                if r["passed"] else GateFailed(candidate=task.candidate, category=r["category"], detail=r["detail"],
-                                               max_abs_err=r.get("max_abs_err"), max_rel_err=r.get("max_rel_err"))
+                {
+                    "problem_source": self.problem_source(state),
+                    "cand_source": self.candidate_source(state, task.candidate),
+                    "device": cfg.device,
+                    "seeds": cfg.gate_seeds,
+                },
+                timeout_s=cfg.gate_timeout_s,
+                task=task.key,
+            )
+            event: Event = (
+                GatePassed(
+                    candidate=task.candidate,
+                    seeds=r["seeds"],
+                    max_abs_err=r["max_abs_err"],
+                    max_rel_err=r["max_rel_err"],
+                    tolerance=r["tolerance"],
+                )
+                if r["passed"]
+                else GateFailed(
+                    candidate=task.candidate,
+                    category=r["category"],
+                    detail=r["detail"],
+                    max_abs_err=r.get("max_abs_err"),
+                    max_rel_err=r.get("max_rel_err"),
+                )
+            )
         except SandboxFault as f:
             event = GateFailed(candidate=task.candidate, category=f.category, detail=f.detail)
         except SandboxError as e:
             event = GateFailed(candidate=task.candidate, category="runtime", detail=str(e).splitlines()[0])
         wall = time.perf_counter() - t0
-        return [self.new(state, event, task.key, task),
-                self.charge(state, task, gpu_s=busy or wall, wall_s=wall)]
+        return [
+            self.new(state, event, task.key, task),
+            self.charge(state, task, gpu_s=busy or wall, wall_s=wall),
+        ]
 
 
 class BenchmarkerRole(Role):
@@ -240,21 +286,34 @@ class BenchmarkerRole(Role):
         try:
             r, busy = self.sandbox(cfg.device).call(
                 "bench",
-                {"problem_source": self.problem_source(state),
-                 "cand_source": self.candidate_source(state, task.candidate), "device": cfg.device,
-                 "which": rung.shapes, "repeats": rung.repeats, "warmup": rung.warmup},
-                timeout_s=cfg.bench_timeout_s, task=task.key)
+                {
+                    "problem_source": self.problem_source(state),
+                    "cand_source": self.candidate_source(state, task.candidate),
+                    "device": cfg.device,
+                    "which": rung.shapes,
+                    "repeats": rung.repeats,
+                    "warmup": rung.warmup,
+                },
+                timeout_s=cfg.bench_timeout_s,
+                task=task.key,
+            )
             shapes = [ShapeTiming(**s) for s in r["shapes"]]
-            event: Event = RungBenchmarked(candidate=task.candidate, rung=task.rung, shapes=shapes,
-                                           score=score(shapes), timer=r["timer"])
+            event: Event = RungBenchmarked(
+                candidate=task.candidate, rung=task.rung, shapes=shapes, score=score(shapes), timer=r["timer"]
+            )
         except SandboxFault as f:
-            event = BenchmarkFailed(candidate=task.candidate, rung=task.rung, category=f.category, detail=f.detail)
+            event = BenchmarkFailed(
+                candidate=task.candidate, rung=task.rung, category=f.category, detail=f.detail
+            )
         except SandboxError as e:
-            event = BenchmarkFailed(candidate=task.candidate, rung=task.rung, category="runtime",
-                                    detail=str(e).splitlines()[0])
+            event = BenchmarkFailed(
+                candidate=task.candidate, rung=task.rung, category="runtime", detail=str(e).splitlines()[0]
+            )
         wall = time.perf_counter() - t0
-        return [self.new(state, event, task.key, task),
-                self.charge(state, task, gpu_s=busy or wall, wall_s=wall)]
+        return [
+            self.new(state, event, task.key, task),
+            self.charge(state, task, gpu_s=busy or wall, wall_s=wall),
+        ]
 
 
 class ProfilerRole(Role):
@@ -271,16 +330,23 @@ class ProfilerRole(Role):
         try:
             metrics, busy = self.sandbox(cfg.device).call(
                 "roofline",
-                {"problem_source": self.problem_source(state),
-                 "cand_source": self.candidate_source(state, task.candidate), "device": cfg.device},
-                timeout_s=cfg.bench_timeout_s, task=task.key)
+                {
+                    "problem_source": self.problem_source(state),
+                    "cand_source": self.candidate_source(state, task.candidate),
+                    "device": cfg.device,
+                },
+                timeout_s=cfg.bench_timeout_s,
+                task=task.key,
+            )
             labels = roofline_labels(metrics)
         except (SandboxFault, SandboxError) as e:
             metrics, labels = {}, [f"profile failed: {str(e).splitlines()[0]}"]
         event = ProfileCaptured(candidate=task.candidate, source="roofline", metrics=metrics, labels=labels)
         wall = time.perf_counter() - t0
-        return [self.new(state, event, task.key, task),
-                self.charge(state, task, gpu_s=busy or wall, wall_s=wall)]
+        return [
+            self.new(state, event, task.key, task),
+            self.charge(state, task, gpu_s=busy or wall, wall_s=wall),
+        ]
 
 
 class SchedulerRole(Role):
@@ -296,8 +362,10 @@ class SchedulerRole(Role):
         decisions = policy_for(state.config.policy_version).decide(state)
         if not decisions:
             return False
-        self.store.append([self.new(state, d, decision_key(state.run_id, d)) for d in decisions],
-                          tracking=(f"scheduler/{state.run_id}", state.position))
+        self.store.append(
+            [self.new(state, d, decision_key(state.run_id, d)) for d in decisions],
+            tracking=(f"scheduler/{state.run_id}", state.position),
+        )
         return True
 
 
@@ -338,8 +406,15 @@ class _Heartbeat(threading.Thread):
 class Worker:
     """One role's polling loop over one run (or every unfinished run when run_id is None)."""
 
-    def __init__(self, db: str, role: str, run_id: str | None = None, *, gpu: int | None = None,
-                 ttl_s: float = LEASE_TTL_S) -> None:
+    def __init__(
+        self,
+        db: str,
+        role: str,
+        run_id: str | None = None,
+        *,
+        gpu: int | None = None,
+        ttl_s: float = LEASE_TTL_S,
+    ) -> None:
         self.db = db
         self.store = EventStore(db, create=False)
         self.role = ROLE_CLASSES[role](self.store, gpu)
@@ -382,12 +457,28 @@ class Worker:
         def record(new: Lease, previous: Lease | None) -> list[NewEvent]:
             events = []
             if previous is not None and previous.token != new.token:
-                events.append(self.role.new(state, LeaseExpired(
-                    task=task.key, worker=previous.owner, token=previous.token, deadline=previous.deadline,
-                    taken_by=new.owner), f"{task.key}/expired/{previous.token}", task))
-            events.append(self.role.new(state, TaskClaimed(task=task.key, worker=new.owner, token=new.token,
-                                                           deadline=new.deadline), f"{task.key}/claim/{new.token}",
-                                        task))
+                events.append(
+                    self.role.new(
+                        state,
+                        LeaseExpired(
+                            task=task.key,
+                            worker=previous.owner,
+                            token=previous.token,
+                            deadline=previous.deadline,
+                            taken_by=new.owner,
+                        ),
+                        f"{task.key}/expired/{previous.token}",
+                        task,
+                    )
+                )
+            events.append(
+                self.role.new(
+                    state,
+                    TaskClaimed(task=task.key, worker=new.owner, token=new.token, deadline=new.deadline),
+                    f"{task.key}/claim/{new.token}",
+                    task,
+                )
+            )
             return events
 
         lease = self.store.claim(task.key, self.role.actor, self.ttl_s, on_claim=record, is_alive=owner_alive)

@@ -82,8 +82,10 @@ _loads = orjson.loads
 def _rows(events: Iterable[NewEvent], ts: float) -> list[tuple[Any, ...]]:
     """Parameter rows for _INSERT; encoding here, before BEGIN, keeps bad payloads off the lock."""
     dumps = orjson.dumps
-    return [(e.run_id, e.type, e.version, e.subject, e.stage, e.key, dumps(e.payload), e.actor, ts)
-            for e in events]
+    return [
+        (e.run_id, e.type, e.version, e.subject, e.stage, e.key, dumps(e.payload), e.actor, ts)
+        for e in events
+    ]
 
 
 def _event(row: tuple[Any, ...]) -> StoredEvent:

@@ -12,9 +12,17 @@ from store import EventStore
 
 # one effect per identity: the same task must never have recorded two outcomes
 EFFECT_GROUPS = {
-    "ProblemAnalysed": "analysis", "CandidateProposed": "proposal", "GenerationDone": "generation",
-    "GatePassed": "gate", "GateFailed": "gate", "RungBenchmarked": "bench", "BenchmarkFailed": "bench",
-    "ProfileCaptured": "profile", "Promoted": "promotion", "Pruned": "prune", "RunFinished": "finish",
+    "ProblemAnalysed": "analysis",
+    "CandidateProposed": "proposal",
+    "GenerationDone": "generation",
+    "GatePassed": "gate",
+    "GateFailed": "gate",
+    "RungBenchmarked": "bench",
+    "BenchmarkFailed": "bench",
+    "ProfileCaptured": "profile",
+    "Promoted": "promotion",
+    "Pruned": "prune",
+    "RunFinished": "finish",
 }
 
 
@@ -53,7 +61,9 @@ def check_run(db: Path, run_id: str, exec_log: Path | None = None) -> RunState:
         assert report.agrees, report.divergences
         if exec_log is not None:
             runs = read_exec_log(exec_log)
-            done_at = {raw.key: raw.ts for raw in events if raw.type in ("RungBenchmarked", "BenchmarkFailed")}
+            done_at = {
+                raw.key: raw.ts for raw in events if raw.type in ("RungBenchmarked", "BenchmarkFailed")
+            }
             assert done_at, "no benchmark completed"
             for ts, task, op in runs:
                 if op == "bench" and task in done_at:

@@ -21,15 +21,28 @@ def kb_env(**extra: str) -> dict[str, str]:
 
 
 def kb(*args: str, env: dict[str, str] | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "kernelbrain", *args], capture_output=True, text=True,
-                          env=env or kb_env(), timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "kernelbrain", *args],
+        capture_output=True,
+        text=True,
+        env=env or kb_env(),
+        timeout=timeout,
+    )
 
 
 def kb_start(args: Sequence[str], env: dict[str, str] | None = None) -> tuple[subprocess.Popen, str]:
     """Start `kb run ...` in its own process group; return it with the run id it printed first."""
-    proc = subprocess.Popen([sys.executable, "-m", "kernelbrain", *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env or kb_env(), start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "kernelbrain", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env or kb_env(),
+        start_new_session=True,
+    )
     assert proc.stdout is not None
     first = proc.stdout.readline().split()
-    assert first[:1] == ["run"], f"kb run printed {first!r}; stderr: {proc.stderr.read() if proc.stderr else ''}"
+    assert first[:1] == ["run"], (
+        f"kb run printed {first!r}; stderr: {proc.stderr.read() if proc.stderr else ''}"
+    )
     return proc, first[1]

@@ -29,19 +29,43 @@ class SyntheticRun:
     def __init__(self, store: EventStore, **config) -> None:
         self.store = store
         cfg = RunConfig(rungs=DEFAULT_RUNGS["cpu"], **config)
-        self.add(RunStarted(problem_path="p.py", problem_name="p", problem_hash=store.put_blob("x"), config=cfg,
-                            hardware={}, versions={}), "started")
-        self.add(ProblemAnalysed(ops=[{"op": "softmax"}], families=["row_softmax"], flops=1, bytes=1,
-                                 shapes=["default"]), "analysis")
+        self.add(
+            RunStarted(
+                problem_path="p.py",
+                problem_name="p",
+                problem_hash=store.put_blob("x"),
+                config=cfg,
+                hardware={},
+                versions={},
+            ),
+            "started",
+        )
+        self.add(
+            ProblemAnalysed(
+                ops=[{"op": "softmax"}], families=["row_softmax"], flops=1, bytes=1, shapes=["default"]
+            ),
+            "analysis",
+        )
         self.n = 0
 
     def add(self, event: Event, key: str) -> None:
         self.store.append([event.to_new(RUN, f"{RUN}/{key}", "test")])
 
     def propose(self, cid: str, parent: str | None = None) -> str:
-        self.add(CandidateProposed(candidate=cid, source=self.store.put_blob(cid), parent=parent, generator="test",
-                                   family="row_softmax", strategy="s", knobs={"i": self.n}, round=0, hint="h"),
-                 f"propose/{cid}")
+        self.add(
+            CandidateProposed(
+                candidate=cid,
+                source=self.store.put_blob(cid),
+                parent=parent,
+                generator="test",
+                family="row_softmax",
+                strategy="s",
+                knobs={"i": self.n},
+                round=0,
+                hint="h",
+            ),
+            f"propose/{cid}",
+        )
         self.n += 1
         return cid
 
@@ -49,21 +73,35 @@ class SyntheticRun:
         self.add(GenerationDone(task=task, proposed=list(proposed), duplicates=0), f"gen/{task}/done")
 
     def gate(self, cid: str, ok: bool = True) -> None:
-        e = GatePassed(candidate=cid, seeds=3, max_abs_err=0, max_rel_err=0, tolerance=1e-4) if ok else \
-            GateFailed(candidate=cid, category="mismatch", detail="wrong")
+        e = (
+            GatePassed(candidate=cid, seeds=3, max_abs_err=0, max_rel_err=0, tolerance=1e-4)
+            if ok
+            else GateFailed(candidate=cid, category="mismatch", detail="wrong")
+        )
         self.add(e, f"gate/{cid}")
 
     def bench(self, cid: str, rung: int, speedup: float, iqr: float = 0.0) -> None:
-        s = ShapeTiming(shape="default", cand_median_s=1 / speedup, cand_iqr_s=iqr / speedup, ref_median_s=1.0,
-                        ref_iqr_s=0, repeats=3, speedup=speedup)
+        s = ShapeTiming(
+            shape="default",
+            cand_median_s=1 / speedup,
+            cand_iqr_s=iqr / speedup,
+            ref_median_s=1.0,
+            ref_iqr_s=0,
+            repeats=3,
+            speedup=speedup,
+        )
         from kernelbrain.scheduler import score
 
-        self.add(RungBenchmarked(candidate=cid, rung=rung, shapes=[s], score=score([s]), timer="test"),
-                 f"bench/{cid}/{rung}")
+        self.add(
+            RungBenchmarked(candidate=cid, rung=rung, shapes=[s], score=score([s]), timer="test"),
+            f"bench/{cid}/{rung}",
+        )
 
     def profile(self, cid: str, labels: tuple[str, ...] = ("launch-bound",)) -> None:
-        self.add(ProfileCaptured(candidate=cid, source="roofline", metrics={}, labels=list(labels)),
-                 f"profile/{cid}")
+        self.add(
+            ProfileCaptured(candidate=cid, source="roofline", metrics={}, labels=list(labels)),
+            f"profile/{cid}",
+        )
 
     def charge(self, gpu_s: float) -> None:
         self.n += 1

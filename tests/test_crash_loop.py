@@ -38,8 +38,22 @@ def test_kill_the_whole_run_at_random_moments_then_resume(tmp_path):
     rng = random.Random(20261129)
     interrupted = 0
     for i in range(CRASHES):
-        proc, run_id = kb_start(["run", str(SOFTMAX), "--db", str(db), "--max-candidates", "4", "--seed", str(i),
-                                 "--device", "cpu", "--quiet"], env)
+        proc, run_id = kb_start(
+            [
+                "run",
+                str(SOFTMAX),
+                "--db",
+                str(db),
+                "--max-candidates",
+                "4",
+                "--seed",
+                str(i),
+                "--device",
+                "cpu",
+                "--quiet",
+            ],
+            env,
+        )
         time.sleep(rng.uniform(0.2, 7.0))
         still_running = proc.poll() is None
         os.killpg(proc.pid, signal.SIGKILL)
@@ -72,12 +86,13 @@ def _wait_for_claim(db, run_id, kind: str, timeout: float = 60.0):
 def test_kill_one_worker_mid_task(tmp_path, kind):
     db, log = tmp_path / "kb.db", tmp_path / "exec.log"
     env = kb_env(KB_EXEC_LOG=str(log))
-    proc, run_id = kb_start(["run", str(SOFTMAX), "--db", str(db), "--max-candidates", "4", "--device", "cpu",
-                             "--quiet"], env)
+    proc, run_id = kb_start(
+        ["run", str(SOFTMAX), "--db", str(db), "--max-candidates", "4", "--device", "cpu", "--quiet"], env
+    )
     claim = _wait_for_claim(db, run_id, kind)
     pid = int(claim.worker.split("@")[1].split(":")[1])
     os.kill(pid, signal.SIGKILL)
-    out, err = proc.communicate(timeout=300)
+    _, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, err
     assert "worker exited with -9; restarting it" in err
     state = check_run(db, run_id, log)
@@ -94,14 +109,15 @@ def test_kill_one_worker_mid_task(tmp_path, kind):
 def test_stop_signal_leaves_a_resumable_run(tmp_path, sig):
     db, log = tmp_path / "kb.db", tmp_path / "exec.log"
     env = kb_env(KB_EXEC_LOG=str(log))
-    proc, run_id = kb_start(["run", str(SOFTMAX), "--db", str(db), "--max-candidates", "4", "--device", "cpu",
-                             "--quiet"], env)
+    proc, run_id = kb_start(
+        ["run", str(SOFTMAX), "--db", str(db), "--max-candidates", "4", "--device", "cpu", "--quiet"], env
+    )
     _wait_for_claim(db, run_id, "bench")
     if sig == signal.SIGINT:
         os.killpg(proc.pid, sig)  # what Ctrl-C in a terminal does: the whole foreground group
     else:
         proc.send_signal(sig)
-    out, err = proc.communicate(timeout=120)
+    _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err
     assert f"kb resume {run_id}" in err
     with EventStore(db, create=False) as store:

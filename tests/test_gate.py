@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import orjson
 import pytest
 
 from kernelbrain.events import CandidateProposed, GateFailed, GatePassed, RunConfig, decode

@@ -17,15 +17,24 @@ from tests.kbcli import SOFTMAX, kb, kb_env
 def finished_run(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("pipeline")
     db, log = tmp / "kb.db", tmp / "exec.log"
-    r = kb("run", str(SOFTMAX), "--db", str(db), "--max-candidates", "6", "--device", "cpu",
-           env=kb_env(KB_EXEC_LOG=str(log)))
+    r = kb(
+        "run",
+        str(SOFTMAX),
+        "--db",
+        str(db),
+        "--max-candidates",
+        "6",
+        "--device",
+        "cpu",
+        env=kb_env(KB_EXEC_LOG=str(log)),
+    )
     assert r.returncode == 0, r.stderr
     run_id = r.stdout.split()[1]
     return db, run_id, r.stdout, log
 
 
 def test_run_prints_id_progress_and_winner(finished_run):
-    db, run_id, out, _ = finished_run
+    _, run_id, out, _ = finished_run
     assert out.startswith(f"run {run_id}\n")
     assert "gate passed" in out and "promoted" in out and "profiled" in out
     assert f"run {run_id} finished: " in out and "winner " in out
@@ -79,8 +88,16 @@ def test_audit_explains_the_winner(finished_run):
     status = json.loads(kb("status", run_id, "--db", str(db), "--json").stdout)
     text = kb("audit", run_id, "--db", str(db)).stdout
     assert f"Winner: {status['winner']}" in text
-    for section in ("Lineage (root first):", "Gate:", "Ladder:", "Runners-up:", "rung 0", "promoted to rung 1",
-                    "peers:", "threshold"):
+    for section in (
+        "Lineage (root first):",
+        "Gate:",
+        "Ladder:",
+        "Runners-up:",
+        "rung 0",
+        "promoted to rung 1",
+        "peers:",
+        "threshold",
+    ):
         assert section in text, section
 
 

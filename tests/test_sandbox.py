@@ -14,7 +14,6 @@ import threading
 import time
 from pathlib import Path
 
-import orjson
 import pytest
 
 from kernelbrain.sandbox import Sandbox, SandboxError, SandboxFault

@@ -126,8 +126,12 @@ def test_decide_is_a_pure_function_of_the_prefix(store):
 
 
 def test_score_is_geomean_discounted_by_spread():
-    steady = [ShapeTiming(shape=s, cand_median_s=1.0, cand_iqr_s=0.0, ref_median_s=r, ref_iqr_s=0, repeats=5,
-                          speedup=r) for s, r in (("a", 2.0), ("b", 8.0))]
+    steady = [
+        ShapeTiming(
+            shape=s, cand_median_s=1.0, cand_iqr_s=0.0, ref_median_s=r, ref_iqr_s=0, repeats=5, speedup=r
+        )
+        for s, r in (("a", 2.0), ("b", 8.0))
+    ]
     assert score(steady) == pytest.approx(4.0)
     noisy = [t.model_copy(update={"cand_iqr_s": 0.5}) for t in steady]
     assert score(noisy) == pytest.approx(4.0 / 1.5)

@@ -42,13 +42,22 @@ def rows(driver: ModuleType, path: Path) -> tuple[list[tuple], list[tuple]]:
         ("UPDATE blobs SET data = x'00'", "blobs are immutable"),
         ("DELETE FROM blobs", "blobs are immutable"),
         # REPLACE deletes without firing DELETE triggers; a BEFORE INSERT trigger closes that hole.
-        ("INSERT OR REPLACE INTO events SELECT seq, run_id, type, version, subject, stage, 'k2', x'7b7d',"
-         " actor, ts FROM events", "events are append-only"),
-        ("REPLACE INTO events (run_id, type, version, key, payload, actor, ts)"
-         " VALUES ('r1', 'T', 1, 'k1', x'7b7d', 'evil', 0)", "events are append-only"),
-        ("INSERT INTO events (run_id, type, version, key, payload, actor, ts)"
-         " VALUES ('r1', 'T', 1, 'k1', x'7b7d', 'w1', 0) ON CONFLICT (key) DO UPDATE SET payload = x'7b7d'",
-         "events are append-only"),
+        (
+            "INSERT OR REPLACE INTO events SELECT seq, run_id, type, version, subject, stage, 'k2', x'7b7d',"
+            " actor, ts FROM events",
+            "events are append-only",
+        ),
+        (
+            "REPLACE INTO events (run_id, type, version, key, payload, actor, ts)"
+            " VALUES ('r1', 'T', 1, 'k1', x'7b7d', 'evil', 0)",
+            "events are append-only",
+        ),
+        (
+            "INSERT INTO events (run_id, type, version, key, payload, actor, ts)"
+            " VALUES ('r1', 'T', 1, 'k1', x'7b7d', 'w1', 0)"
+            " ON CONFLICT (key) DO UPDATE SET payload = x'7b7d'",
+            "events are append-only",
+        ),
         ("INSERT OR REPLACE INTO blobs SELECT hash, x'00', 1 FROM blobs", "blobs are immutable"),
     ],
 )

@@ -35,6 +35,7 @@ class Generator(abc.ABC):
         """Round 0: candidates spread over the family's strategy axes."""
 
     @abc.abstractmethod
-    def mutate(self, analysis: ProblemAnalysed, parent_knobs: dict[str, Any], family: str,
-               labels: list[str]) -> list[Proposal]:
+    def mutate(
+        self, analysis: ProblemAnalysed, parent_knobs: dict[str, Any], family: str, labels: list[str]
+    ) -> list[Proposal]:
         """Later rounds: move the knobs the parent's bottleneck labels point at."""

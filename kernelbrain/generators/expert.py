@@ -19,15 +19,22 @@ class ExpertGenerator(Generator):
 
     def _family(self, analysis: ProblemAnalysed, name: str | None = None) -> tuple[ModuleType, dict]:
         for family in FAMILIES:
-            if name is not None and family.FAMILY != name:
+            if name is not None and name != family.FAMILY:
                 continue
             spec = family.matches(analysis.ops)
             if spec is not None:
                 return family, spec
         raise GenerationError(f"no offline template matches {_describe(analysis.ops)}; use --generator llm")
 
-    def _proposal(self, family: ModuleType, spec: dict, knobs: dict, analysis: ProblemAnalysed,
-                  hint: str, diagnosis: list[str] | None = None) -> Proposal:
+    def _proposal(
+        self,
+        family: ModuleType,
+        spec: dict,
+        knobs: dict,
+        analysis: ProblemAnalysed,
+        hint: str,
+        diagnosis: list[str] | None = None,
+    ) -> Proposal:
         return Proposal(
             source=family.render(spec, knobs, analysis.signature),
             family=family.FAMILY,
@@ -44,14 +51,16 @@ class ExpertGenerator(Generator):
             for knobs in family.ROUND0
         ]
 
-    def mutate(self, analysis: ProblemAnalysed, parent_knobs: dict[str, Any], family_name: str,
-               labels: list[str]) -> list[Proposal]:
+    def mutate(
+        self, analysis: ProblemAnalysed, parent_knobs: dict[str, Any], family_name: str, labels: list[str]
+    ) -> list[Proposal]:
         family, spec = self._family(analysis, family_name)
         out = []
         for label in labels:
             for move, why in family.MUTATIONS.get(label, []):
                 knobs = family.mutate(parent_knobs, move)
                 if knobs is not None:
-                    out.append(self._proposal(family, spec, knobs, analysis,
-                                              f"{label} -> {move}: {why}", [label]))
+                    out.append(
+                        self._proposal(family, spec, knobs, analysis, f"{label} -> {move}: {why}", [label])
+                    )
         return out

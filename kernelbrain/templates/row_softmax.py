@@ -49,7 +49,11 @@ def matches(ops: list[dict]) -> dict | None:
 def mutate(knobs: dict[str, Any], move: str) -> dict[str, Any] | None:
     k = dict(knobs)
     if move == "single_pass":
-        return None if k["strategy"] == "single_pass" else {"strategy": "single_pass", "num_warps": k["num_warps"]}
+        return (
+            None
+            if k["strategy"] == "single_pass"
+            else {"strategy": "single_pass", "num_warps": k["num_warps"]}
+        )
     if move == "more_warps":
         return {**k, "num_warps": min(16, k["num_warps"] * 2)} if k["num_warps"] < 16 else None
     if move == "fewer_warps":
@@ -66,7 +70,7 @@ def mutate(knobs: dict[str, Any], move: str) -> dict[str, Any] | None:
 
 
 _KERNELS = {
-    "single_pass": '''
+    "single_pass": """
 @triton.jit
 def _softmax_kernel(x_ptr, y_ptr, n_cols, stride_x, stride_y, BLOCK: tl.constexpr, LOG: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
@@ -85,8 +89,8 @@ def _launch(x2, y2):
     block = triton.next_power_of_2(n_cols)
     _softmax_kernel[(n_rows,)](x2, y2, n_cols, x2.stride(0), y2.stride(0), BLOCK=block, LOG=LOG,
                                num_warps=NUM_WARPS)
-''',
-    "online": '''
+""",
+    "online": """
 @triton.jit
 def _softmax_kernel(x_ptr, y_ptr, n_cols, stride_x, stride_y, BLOCK_N: tl.constexpr, LOG: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
@@ -117,8 +121,8 @@ def _launch(x2, y2):
     block = min(BLOCK_N, triton.next_power_of_2(n_cols))
     _softmax_kernel[(n_rows,)](x2, y2, n_cols, x2.stride(0), y2.stride(0), BLOCK_N=block, LOG=LOG,
                                num_warps=NUM_WARPS)
-''',
-    "multi_row": '''
+""",
+    "multi_row": """
 @triton.jit
 def _softmax_kernel(x_ptr, y_ptr, n_rows, n_cols, stride_x, stride_y, ROWS: tl.constexpr, BLOCK: tl.constexpr,
                     LOG: tl.constexpr):
@@ -139,7 +143,7 @@ def _launch(x2, y2):
     block = triton.next_power_of_2(n_cols)
     _softmax_kernel[(triton.cdiv(n_rows, ROWS),)](x2, y2, n_rows, n_cols, x2.stride(0), y2.stride(0),
                                                   ROWS=ROWS, BLOCK=block, LOG=LOG, num_warps=NUM_WARPS)
-''',
+""",
 }
 
 
@@ -153,7 +157,8 @@ def render(spec: dict, knobs: dict[str, Any], signature: dict[str, list[str]]) -
     if "rows" in knobs:
         consts.append(f"ROWS = {knobs['rows']}")
     knob_text = ", ".join(f"{k}={v}" for k, v in knobs.items())
-    return f'''"""Row {"log-" if spec["log"] else ""}softmax over dim {spec["dim"]}: kernelbrain row_softmax template ({knob_text})."""
+    title = f"Row {'log-' if spec['log'] else ''}softmax over dim {spec['dim']}"
+    return f'''"""{title}: kernelbrain row_softmax template ({knob_text})."""
 
 import torch
 import torch.nn as nn
