@@ -79,10 +79,13 @@ class Problem:
         for k, v in shape.items():
             setattr(self.module, k, v)
 
-    def inputs(self, shape: dict, seed: int) -> list:
+    def inputs(self, shape: dict, seed: int, device: str = "cpu") -> list:
+        """get_inputs() at a shape, drawn on the device itself: a GPU-sized tensor is never built on
+        the host first. Tensors the problem puts on another device explicitly are moved."""
         self.use(shape)
         torch.manual_seed(seed)
-        return list(self.module.get_inputs())
+        with torch.device(device):
+            return [_to(x, device) for x in self.module.get_inputs()]
 
     def init_inputs(self, shape: dict) -> list:
         self.use(shape)
@@ -99,7 +102,8 @@ class Problem:
         return self.shapes
 
     def smallest(self) -> dict:
-        return min(self.shapes, key=lambda s: sum(_numel(x) for x in self.inputs(s, 0)))
+        # sized on the meta device: no memory is touched to compare shapes
+        return min(self.shapes, key=lambda s: sum(_numel(x) for x in self.inputs(s, 0, "meta")))
 
 
 def _numel(x: Any) -> int:
@@ -238,7 +242,7 @@ def _gate(problem: Problem, cand_source: str, device: str, seeds: int) -> dict:
     worst_abs = worst_rel = 0.0
     tol = 0.0
     for seed in range(seeds):
-        inputs = [_to(x, device) for x in _variant(problem.inputs(shape, seed), seed)]
+        inputs = [_to(x, device) for x in _variant(problem.inputs(shape, seed, device), seed)]
         before = [x.clone() if isinstance(x, torch.Tensor) else x for x in inputs]
         with torch.no_grad():
             expected = _outputs(ref64(*[_to(x, device, torch.float64) for x in inputs]))
@@ -339,7 +343,7 @@ def bench(problem_source: str, cand_source: str, device: str, which: str, repeat
     with torch.no_grad():
         for shape in problem.ladder_shapes(device, which):
             ref, new = _build(problem, cand, shape, device)
-            sets = [[_to(x, device) for x in problem.inputs(shape, 100 + i)] for i in range(3)]
+            sets = [problem.inputs(shape, 100 + i, device) for i in range(3)]
             t0 = time.perf_counter()
             new(*sets[0])  # first call: Triton compiles (and autotunes) here, outside the timing
             if device == "cuda":
@@ -411,7 +415,7 @@ def _flops_and_bytes(problem: Problem, shape: dict, device: str) -> tuple[float,
     from torch.utils.flop_counter import FlopCounterMode
 
     ref, _ = _build(problem, None, shape, device)
-    inputs = [_to(x, device) for x in problem.inputs(shape, 0)]
+    inputs = problem.inputs(shape, 0, device)
     counter = FlopCounterMode(display=False)
     with torch.no_grad(), counter:
         out = _outputs(ref(*inputs))
@@ -428,7 +432,7 @@ def analyse(problem_source: str, device: str) -> dict:
     problem = Problem(problem_source)
     shape = problem.ladder_shapes(device, "primary")[0]
     ref, _ = _build(problem, None, shape, device)
-    ops = _record_calls(ref, [_to(x, device) for x in problem.inputs(shape, 0)])
+    ops = _record_calls(ref, problem.inputs(shape, 0, device))
     flops, nbytes = _flops_and_bytes(problem, shape, device)
     labels = [shape_label(s) for s in problem.shapes]
     model_cls = problem.module.Model
@@ -468,7 +472,7 @@ def roofline(problem_source: str, cand_source: str, device: str, repeats: int = 
     shape = problem.ladder_shapes(device, "primary")[0]
     flops, nbytes = _flops_and_bytes(problem, shape, device)
     _, new = _build(problem, cand, shape, device)
-    inputs = [_to(x, device) for x in problem.inputs(shape, 7)]
+    inputs = problem.inputs(shape, 7, device)
     timer = _Timer(device)
     with torch.no_grad():
         new(*inputs)

@@ -43,6 +43,15 @@ ENV_ALLOWED = (
     "OMP_NUM_THREADS",
     "KB_EXEC_LOG",
 )
+# GPU toolchain settings travel whole (the H200 hosts require NCCL_NVLS_ENABLE=0 and friends to stay set)
+ENV_PREFIXES = ("CUDA_", "NVIDIA_", "NCCL_", "NVSHMEM_", "TORCH_SYMM_MEM", "TRITON_")
+ENV_SECRET_WORDS = ("KEY", "TOKEN", "SECRET", "PASSWORD", "CREDENTIAL")
+
+
+def child_env_allowed(name: str) -> bool:
+    if any(word in name.upper() for word in ENV_SECRET_WORDS):
+        return False
+    return name in ENV_ALLOWED or name.startswith(ENV_PREFIXES)
 
 
 MAX_REPLY = 64 << 20  # replies are small JSON documents; more means something else wrote to the pipe
@@ -83,7 +92,7 @@ class Sandbox:
         self.stderr_mark = 0
 
     def _env(self) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items() if k in ENV_ALLOWED}
+        env = {k: v for k, v in os.environ.items() if child_env_allowed(k)}
         assert self.tmp is not None
         env.update(HOME=str(self.tmp), TMPDIR=str(self.tmp), PYTHONUNBUFFERED="1", PYTHONHASHSEED="0")
         env.setdefault("TRITON_CACHE_DIR", str(Path.home() / ".cache" / "kernelbrain" / "triton"))

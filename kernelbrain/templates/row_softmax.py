@@ -11,6 +11,8 @@ from __future__ import annotations
 from typing import Any
 
 FAMILY = "row_softmax"
+# elements a program may hold in registers; past this Triton spends minutes compiling a kernel that spills
+MAX_BLOCK = 32768
 
 ROUND0: list[dict[str, Any]] = [
     {"strategy": "single_pass", "num_warps": 4},
@@ -87,6 +89,8 @@ def _softmax_kernel(x_ptr, y_ptr, n_cols, stride_x, stride_y, BLOCK: tl.constexp
 def _launch(x2, y2):
     n_rows, n_cols = x2.shape
     block = triton.next_power_of_2(n_cols)
+    if block > MAX_BLOCK:
+        raise ValueError(f"single_pass keeps a whole row in registers: rows of {n_cols} exceed {MAX_BLOCK}")
     _softmax_kernel[(n_rows,)](x2, y2, n_cols, x2.stride(0), y2.stride(0), BLOCK=block, LOG=LOG,
                                num_warps=NUM_WARPS)
 """,
@@ -141,6 +145,8 @@ def _softmax_kernel(x_ptr, y_ptr, n_rows, n_cols, stride_x, stride_y, ROWS: tl.c
 def _launch(x2, y2):
     n_rows, n_cols = x2.shape
     block = triton.next_power_of_2(n_cols)
+    if ROWS * block > MAX_BLOCK:
+        raise ValueError(f"multi_row holds {ROWS} rows in registers: {n_cols} > {MAX_BLOCK // ROWS}")
     _softmax_kernel[(triton.cdiv(n_rows, ROWS),)](x2, y2, n_rows, n_cols, x2.stride(0), y2.stride(0),
                                                   ROWS=ROWS, BLOCK=block, LOG=LOG, num_warps=NUM_WARPS)
 """,
@@ -151,7 +157,7 @@ def render(spec: dict, knobs: dict[str, Any], signature: dict[str, list[str]]) -
     init_args = "".join(f", {a}" for a in signature["init"])
     x = signature["forward"][0]
     rest = "".join(f", {a}" for a in signature["forward"][1:])
-    consts = [f"LOG = {spec['log']}", f"NUM_WARPS = {knobs['num_warps']}"]
+    consts = [f"LOG = {spec['log']}", f"NUM_WARPS = {knobs['num_warps']}", f"MAX_BLOCK = {MAX_BLOCK}"]
     if "block_n" in knobs:
         consts.append(f"BLOCK_N = {knobs['block_n']}")
     if "rows" in knobs:
