@@ -396,6 +396,7 @@ def _record_calls(model: torch.nn.Module, inputs: list) -> list[dict]:
                 tensor = next((a for a in args if isinstance(a, torch.Tensor)), None)
                 if tensor is not None:
                     detail["ndim"] = tensor.dim()
+                    detail["shape"] = list(tensor.shape)
                     detail["dtype"] = str(tensor.dtype).removeprefix("torch.")
                 for k in ("dim", "keepdim", "p", "eps"):
                     if k in kwargs and isinstance(kwargs[k], int | float | bool | tuple | list):

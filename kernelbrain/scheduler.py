@@ -43,6 +43,9 @@ class AshaPolicy:
             return []
         basis = state.position
         cfg = state.config
+        spent = self._budget_spent(state)
+        if spent:  # nothing more is worth promoting: stop now
+            return self._finish(state, basis, spent)
         out: list[Event] = []
         for c in state.live():
             if c.ordinal >= cfg.max_candidates:
@@ -69,7 +72,7 @@ class AshaPolicy:
             out += self._promotions(state, rung, basis, dropped)
         if out:
             return out
-        reason = self._stop_reason(state)
+        reason = self._exhausted(state)
         return self._finish(state, basis, reason) if reason else []
 
     @staticmethod
@@ -77,6 +80,8 @@ class AshaPolicy:
         """Everyone that finished `rung` as (-score, id), best first (ties by id, so arrival order never
         matters); how many ASHA keeps; and the best few as the peers a decision records."""
         ranking = state.ranking.get(rung, [])
+        if state.bench_failures:  # a result discredited by a fault at a later rung holds no place
+            ranking = [r for r in ranking if r[1] not in state.bench_failures]
         keep = max(1, len(ranking) // state.config.eta)
         return ranking, keep, {cid: -neg for neg, cid in ranking[:PEERS_SHOWN]}
 
@@ -104,16 +109,21 @@ class AshaPolicy:
         return out
 
     @staticmethod
-    def _stop_reason(state: RunState) -> str | None:
+    def _budget_spent(state: RunState) -> str | None:
         cfg = state.config
-        if state.analysis is not None and state.analysis.error:
-            return f"problem could not be analysed: {state.analysis.error}"
         if cfg.budget_gpu_s is not None and state.gpu_s >= cfg.budget_gpu_s:
             return f"GPU budget spent ({state.gpu_s:.1f} of {cfg.budget_gpu_s:g} s)"
         if cfg.budget_tokens is not None and state.tokens >= cfg.budget_tokens:
             return f"token budget spent ({state.tokens} of {cfg.budget_tokens})"
         if cfg.budget_wall_s is not None and state.wall_s >= cfg.budget_wall_s:
             return f"wall-time budget spent ({state.wall_s:.0f} of {cfg.budget_wall_s:g} s)"
+        return None
+
+    @staticmethod
+    def _exhausted(state: RunState) -> str | None:
+        cfg = state.config
+        if state.analysis is not None and state.analysis.error:
+            return f"problem could not be analysed: {state.analysis.error}"
         if state.generation_tasks() or state.gate_tasks() or state.bench_tasks() or state.profile_tasks():
             return None  # work is pending; whoever waits unpromoted is pruned when the run stops
         if not state.candidates:

@@ -86,6 +86,7 @@ class RunState(Projection):
         self.ranking: dict[int, list[tuple[float, str]]] = {}
         self.generation: dict[str, GenerationDone] = {}
         self.profiled: list[str] = []  # finalists in the order their profiles arrived
+        self.bench_failures: set[str] = set()
         self.finished: RunFinished | None = None
         self.decisions: list[tuple[int, Event]] = []
         self.gpu_s = 0.0
@@ -153,6 +154,7 @@ class RunState(Projection):
 
     def _apply_BenchmarkFailed(self, e: BenchmarkFailed, raw: StoredEvent) -> None:
         self._candidate(e, raw).bench_failed = e
+        self.bench_failures.add(e.candidate)
 
     def _apply_ProfileCaptured(self, e: ProfileCaptured, raw: StoredEvent) -> None:
         c = self._candidate(e, raw)

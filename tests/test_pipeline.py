@@ -138,3 +138,17 @@ def test_inprocess_mode_reaches_the_same_kind_of_result(tmp_path):
     r = kb("run", str(SOFTMAX), "--db", str(db), "--max-candidates", "2", "--inprocess", "--quiet")
     assert r.returncode == 0, r.stderr
     check_run(db, r.stdout.split()[1])
+
+
+def test_events_follow_streams_until_the_run_finishes(tmp_path):
+    from tests.kbcli import kb_start
+
+    db = tmp_path / "kb.db"
+    proc, run_id = kb_start(["run", str(SOFTMAX), "--db", str(db), "--max-candidates", "2", "--quiet"])
+    follow = kb("events", run_id, "--db", str(db), "--follow", "--json", timeout=300)
+    proc.wait(timeout=300)
+    assert follow.returncode == 0, follow.stderr
+    types = [json.loads(line)["type"] for line in follow.stdout.splitlines()]
+    assert types[0] == "RunStarted" and types[-1] == "RunFinished"
+    seqs = [json.loads(line)["seq"] for line in follow.stdout.splitlines()]
+    assert seqs == sorted(seqs) and len(seqs) == len(set(seqs))

@@ -136,3 +136,49 @@ def test_score_is_geomean_discounted_by_spread():
     noisy = [t.model_copy(update={"cand_iqr_s": 0.5}) for t in steady]
     assert score(noisy) == pytest.approx(4.0 / 1.5)
     assert math.isclose(score([]), 0.0)
+
+
+def test_token_budget_stops_the_run(store):
+    from kernelbrain.events import BudgetCharged
+
+    run = SyntheticRun(store, budget_tokens=1000)
+    finished_rung0(run, {"a": 1.0})
+    run.schedule()
+    run.add(BudgetCharged(action="gen/round0", role="generator", tokens=1200), "budget/tokens")
+    finish = run.decide()[-1]
+    assert isinstance(finish, RunFinished) and finish.reason == "token budget spent (1200 of 1000)"
+
+
+def test_wall_budget_counts_only_live_sessions(store):
+    """Wall time is read from event timestamps: a pure function of the log, summed over sessions."""
+    import time
+
+    from kernelbrain.events import RunResumed
+
+    run = SyntheticRun(store, budget_wall_s=0.5)
+    run.propose("a")
+    time.sleep(0.3)
+    run.gate("a")
+    state = run.state()
+    assert 0.3 <= state.wall_s < 0.5
+    assert run.decide() == []  # a waits for rung 0; 0.3 s of 0.5 spent
+    time.sleep(1.0)  # the run was down: no events
+    run.add(RunResumed(attempt=1, hardware={}), "resumed/1")
+    assert run.state().wall_s < 0.5  # downtime does not count
+    time.sleep(0.3)
+    run.bench("a", 0, 2.0)
+    decisions = run.decide()
+    assert isinstance(decisions[-1], RunFinished), decisions
+    assert decisions[-1].reason.startswith("wall-time budget spent")
+
+
+def test_a_candidate_that_fails_higher_up_gives_its_place_back(store):
+    from kernelbrain.events import BenchmarkFailed
+
+    run = SyntheticRun(store, eta=3)
+    finished_rung0(run, {"a": 3.0, "b": 2.0, "c": 1.0})
+    assert [d.candidate for d in run.schedule()] == ["a"]
+    run.add(BenchmarkFailed(candidate="a", rung=1, category="runtime", detail="too big"), "bench/a/1")
+    decisions = run.decide()
+    assert [(type(d), d.candidate) for d in decisions] == [(Pruned, "a"), (Promoted, "b")]
+    assert decisions[1].rank == 1 and decisions[1].n_peers == 2

@@ -49,6 +49,7 @@ class ExpertGenerator(Generator):
         return [
             self._proposal(family, spec, knobs, analysis, f"round 0: strategy axis {knobs['strategy']}")
             for knobs in family.ROUND0
+            if family.feasible(spec, knobs)
         ]
 
     def mutate(
@@ -59,7 +60,7 @@ class ExpertGenerator(Generator):
         for label in labels:
             for move, why in family.MUTATIONS.get(label, []):
                 knobs = family.mutate(parent_knobs, move)
-                if knobs is not None:
+                if knobs is not None and family.feasible(spec, knobs):
                     out.append(
                         self._proposal(family, spec, knobs, analysis, f"{label} -> {move}: {why}", [label])
                     )

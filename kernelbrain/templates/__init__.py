@@ -2,8 +2,9 @@
 
 Each module exposes `FAMILY`, `matches(ops) -> dict | None` (the spec it extracts from the traced
 reference, or None), `ROUND0` (knob sets spreading over the family's strategy axes), `MUTATIONS`
-(bottleneck label -> knob moves) and `render(spec, knobs, signature) -> str` (a standalone module
-defining ModelNew).
+(bottleneck label -> knob moves), `mutate(knobs, move)`, `feasible(spec, knobs)` (whether a knob set
+can serve the traced shape) and `render(spec, knobs, signature) -> str` (a standalone module defining
+ModelNew).
 """
 
 from kernelbrain.templates import row_softmax

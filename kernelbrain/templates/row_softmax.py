@@ -19,6 +19,7 @@ ROUND0: list[dict[str, Any]] = [
     {"strategy": "online", "block_n": 1024, "num_warps": 4},
     {"strategy": "online", "block_n": 4096, "num_warps": 8},
     {"strategy": "multi_row", "rows": 4, "num_warps": 4},
+    {"strategy": "online", "block_n": 8192, "num_warps": 16},
 ]
 
 # bottleneck label -> (move, why); a move maps the parent's knobs to the child's
@@ -45,7 +46,19 @@ def matches(ops: list[dict]) -> dict | None:
     op = next(o for o in ops if o["op"] == kinds[0])
     if op.get("dtype") not in {"float32", "float16", "bfloat16"}:
         return None
-    return {"log": kinds[0] == "log_softmax", "dim": int(op.get("dim", -1)), "ndim": int(op.get("ndim", 2))}
+    dim = int(op.get("dim", -1))
+    shape = op.get("shape") or []
+    n_cols = int(shape[dim]) if shape else None
+    return {"log": kinds[0] == "log_softmax", "dim": dim, "ndim": int(op.get("ndim", 2)), "n_cols": n_cols}
+
+
+def feasible(spec: dict, knobs: dict[str, Any]) -> bool:
+    """Strategies that hold whole rows in registers only fit rows up to MAX_BLOCK elements."""
+    n = spec.get("n_cols")
+    if n is None or knobs["strategy"] == "online":
+        return True
+    block = 1 << max(0, (n - 1).bit_length())
+    return block * knobs.get("rows", 1) <= MAX_BLOCK
 
 
 def mutate(knobs: dict[str, Any], move: str) -> dict[str, Any] | None:
