@@ -85,11 +85,18 @@ def _progress(reader: EventStore) -> Callable[[RunState, int], None]:
     return show
 
 
-def _drive(db: str, run_id: str, gpu: int | None, inprocess: bool, quiet: bool) -> None:
+def _drive(
+    db: str, run_id: str, gpu: int | None, inprocess: bool, quiet: bool, external: bool = False
+) -> None:
     reader = EventStore(db, create=False)
     try:
         finished = supervise(
-            db, run_id, gpu=gpu, inprocess=inprocess, progress=None if quiet else _progress(reader)
+            db,
+            run_id,
+            gpu=gpu,
+            inprocess=inprocess,
+            external=external,
+            progress=None if quiet else _progress(reader),
         )
         if finished is None:
             click.echo(
@@ -133,6 +140,11 @@ def _drive(db: str, run_id: str, gpu: int | None, inprocess: bool, quiet: bool) 
 )
 @click.option("--gpu", type=int, default=None, help="GPU index for the workers.")
 @click.option("--inprocess", is_flag=True, help="Step the workers in this process (tests, debugging).")
+@click.option(
+    "--external-workers",
+    is_flag=True,
+    help="Start no workers: `kb worker ROLE --db FILE` processes (one benchmarker per GPU) drive the run.",
+)
 @click.option("--quiet", is_flag=True, help="Print only the run id and the result.")
 @user_errors
 def run(
@@ -148,6 +160,7 @@ def run(
     eta: int,
     gpu: int | None,
     inprocess: bool,
+    external_workers: bool,
     quiet: bool,
 ) -> None:
     """Search for a faster kernel for PROBLEM (a KernelBench .py file)."""
@@ -172,7 +185,7 @@ def run(
         run_id = start_run(store, problem, config)
     click.echo(f"run {run_id}")
     sys.stdout.flush()
-    _drive(db, run_id, gpu, inprocess, quiet)
+    _drive(db, run_id, gpu, inprocess, quiet, external_workers)
 
 
 @main.command()

@@ -148,6 +148,7 @@ def supervise(
     *,
     gpu: int | None = None,
     inprocess: bool = False,
+    external: bool = False,
     progress: Callable[[RunState, int], None] | None = None,
 ) -> RunFinished | None:
     """Drive the run until RunFinished (returned) or a stop signal (returns None; the run is resumable)."""
@@ -161,7 +162,8 @@ def supervise(
         stop.append(signum)
 
     old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
-    procs = {role: _spawn(db, role, run_id, gpu) for role in ROLES}
+    # external: `kb worker` processes started elsewhere (other GPUs, other shells) drive the run
+    procs = {} if external else {role: _spawn(db, role, run_id, gpu) for role in ROLES}
     restarts = dict.fromkeys(ROLES, 0)
     try:
         while not stop:

@@ -39,6 +39,7 @@ from kernelbrain.events import (
 from kernelbrain.sandbox import Sandbox, SandboxError, SandboxFault
 from kernelbrain.scheduler import policy_for, score
 from kernelbrain.state import RunState
+from kernelbrain.templates import FAMILIES
 from store import EventStore, Lease, NewEvent, StaleLease
 
 log = logging.getLogger("kernelbrain.worker")
@@ -159,9 +160,7 @@ class GeneratorRole(Role):
                 analysis = ProblemAnalysed(
                     ops=[], families=[], flops=0, bytes=0, shapes=[], error=str(e).splitlines()[0]
                 )
-            gen = generators.get(cfg.generator)
-            from kernelbrain.templates import FAMILIES  # the families that match, for the record
-
+            # the template families that match, for the record
             families = [f.FAMILY for f in FAMILIES if f.matches(analysis.ops) is not None]
             analysis = analysis.model_copy(update={"families": families})
             out.append(self.new(state, analysis, f"{state.run_id}/analysis"))
@@ -218,50 +217,43 @@ class GeneratorRole(Role):
         return out
 
 
-class GatekeeperRole(Role):
-    name = "gatekeeper"
-    uses_sandbox = True
+class CandidateRole(Role):
+    """A role that runs one sandbox op on one candidate and records its outcome or its fault."""
 
-    def tasks(self, state: RunState) -> list[Task]:
-        return [Task(f"{state.run_id}/gate/{c.id}", c.id) for c in state.gate_tasks()]
+    uses_sandbox = True
+    op: str
+
+    def args(self, task: Task, state: RunState) -> dict[str, Any]:
+        return {}
+
+    def timeout_s(self, state: RunState) -> float:
+        return state.config.bench_timeout_s
+
+    @abc.abstractmethod
+    def on_result(self, task: Task, result: dict) -> Event: ...
+
+    @abc.abstractmethod
+    def on_fault(self, task: Task, category: str, detail: str) -> Event: ...
 
     def execute(self, task: Task, state: RunState) -> list[NewEvent]:
-        cfg = state.config
+        device = state.config.device
         t0 = time.perf_counter()
         busy = 0.0
+        args = {
+            "problem_source": self.problem_source(state),
+            "cand_source": self.candidate_source(state, task.candidate),
+            "device": device,
+            **self.args(task, state),
+        }
         try:
-            r, busy = self.sandbox(cfg.device).call(
-                "gate",
-                {
-                    "problem_source": self.problem_source(state),
-                    "cand_source": self.candidate_source(state, task.candidate),
-                    "device": cfg.device,
-                    "seeds": cfg.gate_seeds,
-                },
-                timeout_s=cfg.gate_timeout_s,
-                task=task.key,
+            result, busy = self.sandbox(device).call(
+                self.op, args, timeout_s=self.timeout_s(state), task=task.key
             )
-            event: Event = (
-                GatePassed(
-                    candidate=task.candidate,
-                    seeds=r["seeds"],
-                    max_abs_err=r["max_abs_err"],
-                    max_rel_err=r["max_rel_err"],
-                    tolerance=r["tolerance"],
-                )
-                if r["passed"]
-                else GateFailed(
-                    candidate=task.candidate,
-                    category=r["category"],
-                    detail=r["detail"],
-                    max_abs_err=r.get("max_abs_err"),
-                    max_rel_err=r.get("max_rel_err"),
-                )
-            )
+            event = self.on_result(task, result)
         except SandboxFault as f:
-            event = GateFailed(candidate=task.candidate, category=f.category, detail=f.detail)
-        except SandboxError as e:
-            event = GateFailed(candidate=task.candidate, category="runtime", detail=str(e).splitlines()[0])
+            event = self.on_fault(task, f.category, f.detail)
+        except SandboxError as e:  # kb's own failure in the child: recorded, so the run moves on
+            event = self.on_fault(task, "runtime", str(e).splitlines()[0])
         wall = time.perf_counter() - t0
         return [
             self.new(state, event, task.key, task),
@@ -269,84 +261,82 @@ class GatekeeperRole(Role):
         ]
 
 
-class BenchmarkerRole(Role):
+class GatekeeperRole(CandidateRole):
+    name = "gatekeeper"
+    op = "gate"
+
+    def tasks(self, state: RunState) -> list[Task]:
+        return [Task(f"{state.run_id}/gate/{c.id}", c.id) for c in state.gate_tasks()]
+
+    def args(self, task: Task, state: RunState) -> dict[str, Any]:
+        return {"seeds": state.config.gate_seeds}
+
+    def timeout_s(self, state: RunState) -> float:
+        return state.config.gate_timeout_s
+
+    def on_result(self, task: Task, r: dict) -> Event:
+        if r["passed"]:
+            return GatePassed(
+                candidate=task.candidate,
+                seeds=r["seeds"],
+                max_abs_err=r["max_abs_err"],
+                max_rel_err=r["max_rel_err"],
+                tolerance=r["tolerance"],
+            )
+        return GateFailed(
+            candidate=task.candidate,
+            category=r["category"],
+            detail=r["detail"],
+            max_abs_err=r.get("max_abs_err"),
+            max_rel_err=r.get("max_rel_err"),
+        )
+
+    def on_fault(self, task: Task, category: str, detail: str) -> Event:
+        return GateFailed(candidate=task.candidate, category=category, detail=detail)
+
+
+class BenchmarkerRole(CandidateRole):
     name = "benchmarker"
-    uses_sandbox = True
+    op = "bench"
 
     def tasks(self, state: RunState) -> list[Task]:
         # the highest rung first: promoted candidates are the ones the decision waits on
         todo = sorted(state.bench_tasks(), key=lambda cr: (-cr[1], cr[0].seq))
         return [Task(f"{state.run_id}/bench/{c.id}/{r}", c.id, r) for c, r in todo]
 
-    def execute(self, task: Task, state: RunState) -> list[NewEvent]:
-        cfg = state.config
-        rung = cfg.rungs[task.rung]
-        t0 = time.perf_counter()
-        busy = 0.0
-        try:
-            r, busy = self.sandbox(cfg.device).call(
-                "bench",
-                {
-                    "problem_source": self.problem_source(state),
-                    "cand_source": self.candidate_source(state, task.candidate),
-                    "device": cfg.device,
-                    "which": rung.shapes,
-                    "repeats": rung.repeats,
-                    "warmup": rung.warmup,
-                },
-                timeout_s=cfg.bench_timeout_s,
-                task=task.key,
-            )
-            shapes = [ShapeTiming(**s) for s in r["shapes"]]
-            event: Event = RungBenchmarked(
-                candidate=task.candidate, rung=task.rung, shapes=shapes, score=score(shapes), timer=r["timer"]
-            )
-        except SandboxFault as f:
-            event = BenchmarkFailed(
-                candidate=task.candidate, rung=task.rung, category=f.category, detail=f.detail
-            )
-        except SandboxError as e:
-            event = BenchmarkFailed(
-                candidate=task.candidate, rung=task.rung, category="runtime", detail=str(e).splitlines()[0]
-            )
-        wall = time.perf_counter() - t0
-        return [
-            self.new(state, event, task.key, task),
-            self.charge(state, task, gpu_s=busy or wall, wall_s=wall),
-        ]
+    def args(self, task: Task, state: RunState) -> dict[str, Any]:
+        rung = state.config.rungs[task.rung]
+        return {"which": rung.shapes, "repeats": rung.repeats, "warmup": rung.warmup}
+
+    def on_result(self, task: Task, r: dict) -> Event:
+        shapes = [ShapeTiming(**s) for s in r["shapes"]]
+        return RungBenchmarked(
+            candidate=task.candidate, rung=task.rung, shapes=shapes, score=score(shapes), timer=r["timer"]
+        )
+
+    def on_fault(self, task: Task, category: str, detail: str) -> Event:
+        return BenchmarkFailed(candidate=task.candidate, rung=task.rung, category=category, detail=detail)
 
 
-class ProfilerRole(Role):
+class ProfilerRole(CandidateRole):
     name = "profiler"
-    uses_sandbox = True
+    op = "roofline"
 
     def tasks(self, state: RunState) -> list[Task]:
         return [Task(f"{state.run_id}/profile/{c.id}", c.id, state.top_rung) for c in state.profile_tasks()]
 
-    def execute(self, task: Task, state: RunState) -> list[NewEvent]:
-        cfg = state.config
-        t0 = time.perf_counter()
-        busy = 0.0
-        try:
-            metrics, busy = self.sandbox(cfg.device).call(
-                "roofline",
-                {
-                    "problem_source": self.problem_source(state),
-                    "cand_source": self.candidate_source(state, task.candidate),
-                    "device": cfg.device,
-                },
-                timeout_s=cfg.bench_timeout_s,
-                task=task.key,
-            )
-            labels = roofline_labels(metrics)
-        except (SandboxFault, SandboxError) as e:
-            metrics, labels = {}, [f"profile failed: {str(e).splitlines()[0]}"]
-        event = ProfileCaptured(candidate=task.candidate, source="roofline", metrics=metrics, labels=labels)
-        wall = time.perf_counter() - t0
-        return [
-            self.new(state, event, task.key, task),
-            self.charge(state, task, gpu_s=busy or wall, wall_s=wall),
-        ]
+    def on_result(self, task: Task, metrics: dict) -> Event:
+        return ProfileCaptured(
+            candidate=task.candidate, source="roofline", metrics=metrics, labels=roofline_labels(metrics)
+        )
+
+    def on_fault(self, task: Task, category: str, detail: str) -> Event:
+        return ProfileCaptured(
+            candidate=task.candidate,
+            source="roofline",
+            metrics={},
+            labels=[f"profile failed ({category}): {detail}"],
+        )
 
 
 class SchedulerRole(Role):

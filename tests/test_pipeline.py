@@ -152,3 +152,30 @@ def test_events_follow_streams_until_the_run_finishes(tmp_path):
     assert types[0] == "RunStarted" and types[-1] == "RunFinished"
     seqs = [json.loads(line)["seq"] for line in follow.stdout.splitlines()]
     assert seqs == sorted(seqs) and len(seqs) == len(set(seqs))
+
+
+def test_standalone_workers_serve_a_run_started_without_its_own(tmp_path):
+    """`kb worker ROLE` processes, not started by kb run and serving every run in the file, finish it;
+    SIGTERM then stops them cleanly."""
+    import signal
+
+    from tests.kbcli import kb_start
+
+    db = tmp_path / "kb.db"
+    proc, run_id = kb_start(
+        ["run", str(SOFTMAX), "--db", str(db), "--max-candidates", "3", "--external-workers", "--quiet"]
+    )
+    roles = ["generator", "gatekeeper", "benchmarker", "profiler", "scheduler"]
+    workers = [
+        subprocess.Popen([sys.executable, "-m", "kernelbrain", "worker", role, "--db", str(db)], env=kb_env())
+        for role in roles
+    ]
+    try:
+        proc.wait(timeout=300)
+        assert proc.returncode == 0, proc.stderr.read() if proc.stderr else ""
+        check_run(db, run_id)
+    finally:
+        for w in workers:
+            w.send_signal(signal.SIGTERM)
+        codes = [w.wait(timeout=60) for w in workers]
+    assert codes == [0] * len(roles)
