@@ -47,7 +47,7 @@ def main() -> None:
     sys.stdout = sys.stderr
     inp = sys.stdin.buffer
 
-    from kernelbrain.evaluate import OPS  # imports torch: after the protocol is safe
+    from kernelbrain.evaluate import OPS, tainted  # imports torch: after the protocol is safe
 
     while True:
         header = _read_exact(inp, HEADER.size)
@@ -65,6 +65,7 @@ def main() -> None:
                 "trace": traceback.format_exc()[-4000:],
             }
         reply["busy_s"] = time.perf_counter() - started
+        reply["recycle"] = tainted()  # a candidate changed process-wide state: do not reuse this child
         frame = orjson.dumps(reply, option=orjson.OPT_SERIALIZE_NUMPY)
         out.write(HEADER.pack(len(frame)) + frame)
 

@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 
+from kernelbrain import guard
 from kernelbrain.problem import DEFAULT_TOLERANCE, shape_label
 
 _MODULES: dict[str, ModuleType] = {}
@@ -159,27 +160,6 @@ def _outputs(out: Any) -> list[torch.Tensor]:
     raise CandidateFault("mismatch", f"forward returned {type(out).__name__}, not a tensor")
 
 
-_LAUNCHES = [0]
-
-
-def _count_launches() -> None:
-    """Count Triton launches (compiled or interpreted), so a kernel that is defined but never run
-    cannot stand in front of torch doing the work."""
-    from triton.runtime import interpreter, jit
-
-    for cls in (jit.JITFunction, interpreter.InterpretedFunction):
-        if getattr(cls.run, "_kb_counted", False):
-            continue
-        original = cls.run
-
-        def run(self, *args, _original=original, **kwargs):
-            _LAUNCHES[0] += 1
-            return _original(self, *args, **kwargs)
-
-        run._kb_counted = True  # type: ignore[attr-defined]
-        cls.run = run
-
-
 def _has_jit_kernel(tree: ast.Module) -> bool:
     for node in ast.walk(tree):
         if isinstance(node, ast.FunctionDef):
@@ -200,7 +180,7 @@ def _load_candidate(cand_source: str) -> ModuleType:
         raise CandidateFault(
             "policy", "no @triton.jit kernel: a candidate's work must be done by Triton kernels"
         )
-    _count_launches()
+    guard.install()
     try:
         return load_module(cand_source, "cand")
     except Exception as e:
@@ -222,6 +202,19 @@ def _check_signature(problem: Problem, cand: ModuleType) -> None:
             )
 
 
+def _policy(check: Callable[..., None], *args: Any, prefix: str = "") -> None:
+    try:
+        check(*args)
+    except guard.Violation as v:
+        raise CandidateFault("policy", f"{prefix}{v}") from None
+
+
+def _same(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
+    return len(a) == len(b) and all(
+        x.shape == y.shape and torch.equal(x.to(y.dtype), y) for x, y in zip(a, b, strict=True)
+    )
+
+
 def gate(problem_source: str, cand_source: str, device: str, seeds: int) -> dict:
     """V(p): compiles, signature matches, outputs match the float64 reference on several draws."""
     try:
@@ -231,41 +224,48 @@ def gate(problem_source: str, cand_source: str, device: str, seeds: int) -> dict
 
 
 def _gate(problem: Problem, cand_source: str, device: str, seeds: int) -> dict:
+    timers = guard.timer_identities()
     cand = _load_candidate(cand_source)
     _check_signature(problem, cand)
+    _policy(guard.check_timers, timers)
     shape = problem.ladder_shapes(device, "smallest")[0]
     try:
         ref, new = _build(problem, cand, shape, device)
     except Exception as e:
         raise CandidateFault("runtime", f"ModelNew(*get_init_inputs()) raised {type(e).__name__}: {e}") from e
+    forbidden = guard.forbidden_ops(_record_calls(ref, problem.inputs(shape, 0, device)))
     ref64 = copy.deepcopy(ref).to(torch.float64)
     worst_abs = worst_rel = 0.0
     tol = 0.0
+    previous: tuple[list[torch.Tensor], list[torch.Tensor]] | None = None
     for seed in range(seeds):
         inputs = [_to(x, device) for x in _variant(problem.inputs(shape, seed, device), seed)]
         before = [x.clone() if isinstance(x, torch.Tensor) else x for x in inputs]
         with torch.no_grad():
             expected = _outputs(ref64(*[_to(x, device, torch.float64) for x in inputs]))
-            launches = _LAUNCHES[0]
+            watch = guard.Watch(forbidden, problem.module.Model, device)
             try:
-                got = _outputs(new(*inputs))
+                with watch:
+                    got = _outputs(new(*inputs))
+                    if device == "cuda":
+                        torch.cuda.synchronize()
             except CandidateFault:
                 raise
             except Exception as e:
                 raise CandidateFault("runtime", f"seed {seed}: forward raised {type(e).__name__}: {e}") from e
-            if _LAUNCHES[0] == launches:
-                raise CandidateFault(
-                    "policy",
-                    f"seed {seed}: forward launched no Triton kernel; the work must be "
-                    "done by the candidate's kernels",
-                )
-        if device == "cuda":
-            torch.cuda.synchronize()
+            _policy(watch.check, prefix=f"seed {seed}: ")
+            _policy(guard.check_timers, timers, prefix=f"seed {seed}: ")
         for x, b in zip(inputs, before, strict=True):
             if isinstance(x, torch.Tensor) and not torch.equal(x, b):
                 raise CandidateFault("policy", f"seed {seed}: the candidate mutated its inputs")
         if len(got) != len(expected):
             raise CandidateFault("mismatch", f"{len(got)} outputs, the reference returns {len(expected)}")
+        if previous is not None and _same(got, previous[0]) and not _same(expected, previous[1]):
+            raise CandidateFault(
+                "policy",
+                f"seed {seed}: fresh inputs gave the previous call's outputs (results cached across calls)",
+            )
+        previous = ([g.detach().clone() for g in got], expected)
         for i, (g, e) in enumerate(zip(got, expected, strict=True)):
             if g.shape != e.shape:
                 raise CandidateFault(
@@ -277,8 +277,8 @@ def _gate(problem: Problem, cand_source: str, device: str, seeds: int) -> dict:
             if (bad_g & ~bad_e).any():
                 raise CandidateFault(
                     "nan",
-                    f"seed {seed}: output {i} has {int((bad_g & ~bad_e).sum())} NaN/Inf "
-                    "where the reference has none",
+                    f"seed {seed}: output {i} has {int((bad_g & ~bad_e).sum())} NaN/Inf where the reference "
+                    "has none (outputs are allocated NaN-filled: are some elements never written?)",
                 )
             ok = bad_e | torch.isclose(g64, e, rtol=tol, atol=tol)
             diff = (g64 - e).abs().masked_fill(bad_e, 0)
@@ -497,6 +497,14 @@ def roofline(problem_source: str, cand_source: str, device: str, repeats: int = 
         "bandwidth_Bps": ceil["bandwidth_Bps"],
         "matmul_flops": ceil["matmul_flops"],
     }
+
+
+_PRISTINE = guard.timer_identities()
+
+
+def tainted() -> bool:
+    """Whether a candidate replaced a clock or a synchronisation point in this process."""
+    return any(_PRISTINE[k] is not v for k, v in guard.timer_identities().items() if k in _PRISTINE)
 
 
 OPS: dict[str, Callable[..., dict]] = {"gate": gate, "bench": bench, "analyse": analyse, "roofline": roofline}

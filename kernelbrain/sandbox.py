@@ -146,6 +146,8 @@ class Sandbox:
             raise self._fault(
                 "crash", "the child sent a malformed reply (candidate code wrote to the protocol pipe)"
             )
+        if reply.get("recycle"):
+            self.close()
         if not reply["ok"]:
             raise SandboxError(f"{op} failed inside the sandbox: {reply['error']}\n{reply.get('trace', '')}")
         return reply["result"], reply["busy_s"]

@@ -67,6 +67,10 @@ def test_a_correct_triton_candidate_passes(box: Sandbox) -> None:
         ("nan_output", "nan", "NaN/Inf"),
         ("torch_only", "policy", "no @triton.jit kernel"),
         ("mutates_input", "policy", "mutated its inputs"),
+        ("decoy_kernel", "policy", "forward computes with torch (softmax)"),
+        ("unwritten_tail", "nan", "never written"),
+        ("caches_output", "policy", "results cached across calls"),
+        ("thread_worker", "policy", "thread(s) running"),
     ],
 )
 def test_a_bad_candidate_is_rejected_with_its_category(
@@ -101,6 +105,15 @@ def test_a_mismatch_reports_its_error_figures(box: Sandbox) -> None:
 def test_an_unused_triton_kernel_does_not_hide_torch_doing_the_work(box: Sandbox) -> None:
     r = gate(box, candidate("decoy_kernel"))
     assert r["passed"] is False and r["category"] == "policy", r
+
+
+def test_a_patched_timer_is_rejected_and_the_child_replaced(box: Sandbox) -> None:
+    gate(box, GOOD)
+    pid = box.proc.pid if box.proc else None
+    r = gate(box, candidate("patches_timer"))
+    assert r["passed"] is False and r["category"] == "policy" and "time.perf_counter" in r["detail"], r
+    assert box.proc is None or box.proc.pid != pid, "a child whose clocks were replaced must not be reused"
+    assert gate(box, GOOD)["passed"] is True
 
 
 def test_a_hang_is_rejected_as_timeout(box: Sandbox) -> None:

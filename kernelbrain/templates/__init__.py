@@ -7,6 +7,6 @@ can serve the traced shape) and `render(spec, knobs, signature) -> str` (a stand
 ModelNew).
 """
 
-from kernelbrain.templates import row_softmax
+from kernelbrain.templates import rmsnorm, row_softmax
 
-FAMILIES = (row_softmax,)
+FAMILIES = (row_softmax, rmsnorm)

@@ -1,0 +1,32 @@
+"""Correct kernel, but it replaces time.perf_counter so every call looks instant."""
+
+import time
+
+import torch
+import torch.nn as nn
+import triton
+import triton.language as tl
+
+time.perf_counter = lambda: 0.0
+
+
+@triton.jit
+def _softmax_kernel(x_ptr, y_ptr, n_cols, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < n_cols
+    x = tl.load(x_ptr + row * n_cols + cols, mask=mask, other=-float("inf"))
+    z = x - tl.max(x, axis=0)
+    e = tl.exp(z)
+    tl.store(y_ptr + row * n_cols + cols, e / tl.sum(e, axis=0), mask=mask)
+
+
+class ModelNew(nn.Module):
+    def __init__(self):
+        super().__init__()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x.contiguous()
+        y = torch.empty_like(x)
+        _softmax_kernel[(x.shape[0],)](x, y, x.shape[1], BLOCK=triton.next_power_of_2(x.shape[1]))
+        return y
