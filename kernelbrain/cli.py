@@ -189,6 +189,39 @@ def run(
 
 
 @main.command()
+@click.argument("problem", type=click.Path(dir_okay=False))
+@click.argument("candidate", type=click.Path(dir_okay=False))
+@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True)
+@click.option("--bench", is_flag=True, help="Also time it against the reference on every rung of the ladder.")
+@click.option("--json", "as_json", is_flag=True)
+@user_errors
+def check(problem: str, candidate: str, device: str, bench: bool, as_json: bool) -> None:
+    """Gate one candidate file (ModelNew) against PROBLEM, outside any run; exit 1 when it fails."""
+    from kernelbrain.check import check as do_check
+    from kernelbrain.describe import fmt_s
+
+    dev = detect_device() if device == "auto" else device
+    result = do_check(problem, candidate, dev, DEFAULT_RUNGS[dev] if bench else None)
+    if as_json:
+        _echo_json(result.model_dump())
+    elif result.passed:
+        click.echo(
+            f"PASSED on {result.seeds} seeds: max abs err {result.max_abs_err:.3g}, max rel err "
+            f"{result.max_rel_err:.3g} (tolerance {result.tolerance:g})"
+        )
+        for r in result.rungs:
+            for s in r.shapes:
+                click.echo(
+                    f"  rung {r.rung} {s.shape}: {fmt_s(s.cand_median_s)} (IQR {fmt_s(s.cand_iqr_s)}) vs "
+                    f"reference {fmt_s(s.ref_median_s)}: {s.speedup:.3g}x [{r.timer}]"
+                )
+    else:
+        click.echo(f"FAILED [{result.category}]: {result.detail}")
+    if not result.passed:
+        sys.exit(1)
+
+
+@main.command()
 @click.argument("run_id")
 @db_option
 @click.option("--gpu", type=int, default=None)

@@ -1,0 +1,84 @@
+"""`kb check`: the gate (and with --bench the ladder) on one hand-written candidate, outside any run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import BaseModel
+
+from kernelbrain.events import RungSpec, ShapeTiming
+from kernelbrain.problem import ProblemError, read_problem
+from kernelbrain.sandbox import Sandbox, SandboxError, SandboxFault
+from kernelbrain.scheduler import score
+
+GATE_TIMEOUT_S = 300.0
+BENCH_TIMEOUT_S = 600.0
+
+
+class RungResult(BaseModel):
+    rung: int
+    shapes: list[ShapeTiming]
+    score: float
+    timer: str
+
+
+class CheckResult(BaseModel):
+    passed: bool
+    category: str | None = None
+    detail: str | None = None
+    max_abs_err: float | None = None
+    max_rel_err: float | None = None
+    tolerance: float | None = None
+    seeds: int | None = None
+    rungs: list[RungResult] = []
+
+
+def read_candidate(path: str | Path) -> str:
+    p = Path(path)
+    if not p.is_file():
+        raise ProblemError(f"candidate file {p} does not exist; pass a .py file defining ModelNew")
+    try:
+        return p.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise ProblemError(f"candidate file {p} cannot be read: {e}") from e
+
+
+def check(
+    problem: str | Path,
+    candidate: str | Path,
+    device: str,
+    rungs: tuple[RungSpec, ...] | None = None,
+    seeds: int = 3,
+) -> CheckResult:
+    problem_source, cand_source = read_problem(problem), read_candidate(candidate)
+    args = {"problem_source": problem_source, "cand_source": cand_source, "device": device}
+    sandbox = Sandbox(device)
+    try:
+        try:
+            r, _ = sandbox.call("gate", {**args, "seeds": seeds}, timeout_s=GATE_TIMEOUT_S, task="check/gate")
+        except SandboxFault as f:
+            return CheckResult(passed=False, category=f.category, detail=f.detail)
+        except SandboxError as e:
+            return CheckResult(passed=False, category="runtime", detail=str(e).splitlines()[0])
+        result = CheckResult(**r)
+        for i, rung in enumerate(rungs if result.passed and rungs else ()):
+            try:
+                b, _ = sandbox.call(
+                    "bench",
+                    {**args, "which": rung.shapes, "repeats": rung.repeats, "warmup": rung.warmup},
+                    timeout_s=BENCH_TIMEOUT_S,
+                    task=f"check/{i}",
+                )
+            except (SandboxFault, SandboxError) as e:
+                return result.model_copy(
+                    update={
+                        "passed": False,
+                        "category": getattr(e, "category", "runtime"),
+                        "detail": f"rung {i}: {str(e).splitlines()[0]}",
+                    }
+                )
+            shapes = [ShapeTiming(**s) for s in b["shapes"]]
+            result.rungs.append(RungResult(rung=i, shapes=shapes, score=score(shapes), timer=b["timer"]))
+        return result
+    finally:
+        sandbox.close()
