@@ -39,6 +39,8 @@ def audit(state: RunState, candidate: str | None = None) -> str:
     ]
     if state.finished:
         lines.append(f"Finished: {state.finished.reason}")
+        if state.finished.note:
+            lines.append(f"Winner vs runner-up: {state.finished.note}")
     role = "Winner" if state.finished and state.finished.winner == cid else "Candidate"
     lines.append(f"{role}: {cid} ({c.proposal.family}/{c.proposal.strategy}: {_knobs(c)})")
 
@@ -82,6 +84,8 @@ def audit(state: RunState, candidate: str | None = None) -> str:
                 f"    promoted to rung {p.rung_to}: rank {p.rank} of {p.n_peers}, top {p.keep} kept "
                 f"(threshold {p.threshold:.4g}); peers: {peers}{more}"
             )
+            if p.note:
+                lines.append(f"    noise adjudication: {p.note}")
     if c.bench_failed:
         lines.append(
             f"  rung {c.bench_failed.rung} FAILED [{c.bench_failed.category}]: {c.bench_failed.detail}"

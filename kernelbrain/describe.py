@@ -57,12 +57,22 @@ def summary(e: Event) -> str:
         case "Promoted":
             return (
                 f"promoted {d.candidate} rung {d.rung_from}->{d.rung_to}: rank {d.rank} of {d.n_peers} "
-                f"(keep {d.keep}, threshold {d.threshold:.4g})"
+                f"(keep {d.keep}, threshold {d.threshold:.4g}){'; ' + d.note if d.note else ''}"
             )
         case "Pruned":
             return f"pruned {d.candidate}: {d.reason}"
+        case "AdjudicationRequested":
+            return (
+                f"adjudicate rung {d.rung} ({d.why}): {d.a} {d.a_score:.4g} vs {d.b} {d.b_score:.4g} "
+                f"are within their spread ({d.a_spread:.1%}, {d.b_spread:.1%})"
+            )
+        case "Adjudicated":
+            return (
+                f"adjudicated rung {d.rung} {d.a} vs {d.b} over {d.pairs} interleaved pairs: time ratio "
+                f"{d.ratio_median:.3g} (IQR {d.ratio_q1:.3g}-{d.ratio_q3:.3g}) -> {d.outcome}"
+            )
         case "RunFinished":
-            return f"run finished: {d.reason}; winner {d.winner or 'none'}"
+            return f"run finished: {d.reason}; winner {d.winner or 'none'}{'; ' + d.note if d.note else ''}"
         case "TaskClaimed":
             return f"{d.worker} claimed {d.task} (token {d.token})"
         case "LeaseExpired":

@@ -379,6 +379,36 @@ def bench(problem_source: str, cand_source: str, device: str, which: str, repeat
     return {"shapes": shapes, "timer": timer.name}
 
 
+def duel(
+    problem_source: str, a_source: str, b_source: str, device: str, which: str, repeats: int, warmup: int
+) -> dict:
+    """Two candidates timed interleaved (A, B, B, A, A, B, ...: neither always goes first) on the same
+    rotating inputs; per pair, the ratio of A's time to B's (geometric mean over the rung's shapes)."""
+    problem = Problem(problem_source)
+    ma, mb = load_module(a_source, "cand"), load_module(b_source, "cand")
+    timer = _Timer(device)
+    logs = [0.0] * repeats
+    shapes = problem.ladder_shapes(device, which)
+    with torch.no_grad():
+        for shape in shapes:
+            (_, na), (_, nb) = _build(problem, ma, shape, device), _build(problem, mb, shape, device)
+            sets = [problem.inputs(shape, 200 + i, device) for i in range(3)]
+            for i in range(warmup + 1):  # the first call compiles
+                na(*sets[i % 3])
+                nb(*sets[i % 3])
+            gc.collect()
+            gc.disable()
+            try:
+                for i in range(repeats):
+                    args = sets[i % 3]
+                    order = (na, nb) if i % 2 == 0 else (nb, na)
+                    t = {id(f): timer(lambda a=args, f=f: f(*a)) for f in order}
+                    logs[i] += math.log(t[id(na)] / t[id(nb)]) / len(shapes)
+            finally:
+                gc.enable()
+    return {"ratios": [math.exp(x) for x in logs], "timer": timer.name}
+
+
 # --- analysis and the analytical roofline -----------------------------------------------------
 
 
@@ -507,4 +537,10 @@ def tainted() -> bool:
     return any(_PRISTINE[k] is not v for k, v in guard.timer_identities().items() if k in _PRISTINE)
 
 
-OPS: dict[str, Callable[..., dict]] = {"gate": gate, "bench": bench, "analyse": analyse, "roofline": roofline}
+OPS: dict[str, Callable[..., dict]] = {
+    "gate": gate,
+    "bench": bench,
+    "duel": duel,
+    "analyse": analyse,
+    "roofline": roofline,
+}

@@ -89,6 +89,7 @@ class RunFinished(Event):
     winner: str | None
     winner_rung: int | None
     winner_score: float | None
+    note: str = ""  # what a noise adjudication between the best two decided, when one did
 
 
 # --- generation ----------------------------------------------------------------------------------
@@ -238,6 +239,37 @@ class Promoted(Event):
     keep: int  # how many of the peers ASHA promotes (top 1/eta, at least 1)
     threshold: float  # score of the last promoted place
     score: float
+    note: str = ""  # what a noise adjudication decided, when one did
+
+
+class AdjudicationRequested(Event):
+    """Two candidates' scores are within their measured spread: re-measure them interleaved."""
+
+    TYPE = "AdjudicationRequested"
+    basis: int
+    rung: int
+    a: str  # ranked higher on the rung's scores
+    b: str
+    a_score: float
+    b_score: float
+    a_spread: float  # relative IQR of each candidate's times at that rung
+    b_spread: float
+    why: str  # "promotion boundary" or "winner"
+
+
+class Adjudicated(Event):
+    """The interleaved (A, B, A, B, ...) re-measurement and what it decided."""
+
+    TYPE = "Adjudicated"
+    rung: int
+    a: str
+    b: str
+    pairs: int
+    ratio_median: float  # time of a / time of b, geometric mean over shapes, per pair
+    ratio_q1: float
+    ratio_q3: float
+    outcome: Literal["a", "b", "tie"]
+    timer: str
 
 
 class Pruned(Event):
@@ -272,10 +304,12 @@ EVENT_TYPES: dict[str, type[Event]] = {
         BudgetCharged,
         Promoted,
         Pruned,
+        AdjudicationRequested,
+        Adjudicated,
     )
 }
 
-DECISION_TYPES = ("Promoted", "Pruned", "RunFinished")
+DECISION_TYPES = ("Promoted", "Pruned", "RunFinished", "AdjudicationRequested")
 
 
 def decode(event: StoredEvent) -> Event:

@@ -13,10 +13,19 @@ import math
 import statistics
 import time
 
-from kernelbrain.events import Event, Promoted, Pruned, RunFinished, ShapeTiming
+from kernelbrain.events import (
+    Adjudicated,
+    AdjudicationRequested,
+    Event,
+    Promoted,
+    Pruned,
+    RunFinished,
+    ShapeTiming,
+)
 from kernelbrain.state import Candidate, RunState
 
 POLICY_VERSION = 1
+NOISE_FLOOR = 0.01  # no timing is trusted to better than 1%, however small its measured IQR
 PEERS_SHOWN = 16  # a decision records the best peers (and the count): all of them would make a run O(n^2)
 
 
@@ -73,7 +82,14 @@ class AshaPolicy:
         if out:
             return out
         reason = self._exhausted(state)
-        return self._finish(state, basis, reason) if reason else []
+        if reason is None:
+            return []
+        contest = self._winner_contest(state)
+        if contest is not None:
+            verdict = self._adjudication(state, *contest, basis, "winner")
+            if isinstance(verdict, AdjudicationRequested):
+                return [verdict]  # the best two are within noise: measure them side by side first
+        return self._finish(state, basis, reason)
 
     @staticmethod
     def _ranked(state: RunState, rung: int) -> tuple[list[tuple[float, str]], int, dict[str, float]]:
@@ -87,8 +103,47 @@ class AshaPolicy:
 
     def _promotions(self, state: RunState, rung: int, basis: int, dropped: set[str]) -> list[Event]:
         ranking, keep, shown = self._ranked(state, rung)
+        chosen = [(rank, cid, -neg, "") for rank, (neg, cid) in enumerate(ranking[:keep], start=1)]
         out: list[Event] = []
-        for rank, (neg, cid) in enumerate(ranking[:keep], start=1):
+        if len(ranking) > keep:  # the boundary: is the last kept place really ahead of the first left out?
+            (_, a), (_, b) = ranking[keep - 1], ranking[keep]
+            pending = all(rung not in state.candidates[x].promotions for x in (a, b))
+            if pending and self._within_noise(state, rung, a, b):
+                verdict = self._adjudication(state, rung, a, b, basis, "promotion boundary")
+                if isinstance(verdict, AdjudicationRequested):
+                    out.append(verdict)
+                if verdict is None or isinstance(verdict, AdjudicationRequested):
+                    chosen.pop()  # a waits for the re-measurement
+                elif verdict.outcome == "b":
+                    chosen[-1] = (
+                        keep,
+                        b,
+                        state.candidates[b].results[rung].score,
+                        f"beat {a} in an interleaved re-measurement "
+                        f"(time ratio {1 / verdict.ratio_median:.3g})",
+                    )
+                elif verdict.outcome == "a":
+                    chosen[-1] = (
+                        *chosen[-1][:3],
+                        f"confirmed ahead of {b} by an interleaved re-measurement "
+                        f"(time ratio {verdict.ratio_median:.3g})",
+                    )
+                else:
+                    spread = (
+                        f"(time ratio median {verdict.ratio_median:.3g}, IQR {verdict.ratio_q1:.3g}-"
+                        f"{verdict.ratio_q3:.3g}): not ranked on it, both promoted"
+                    )
+                    chosen[-1] = (*chosen[-1][:3], f"within noise of {b} {spread}")
+                    chosen.append(
+                        (
+                            keep + 1,
+                            b,
+                            state.candidates[b].results[rung].score,
+                            f"within noise of {a} {spread}",
+                        )
+                    )
+        threshold = -ranking[keep - 1][0] if ranking else 0.0
+        for rank, cid, s, note in chosen:
             c = state.candidates[cid]
             if rung in c.promotions or c.terminal is not None or cid in dropped or c.bench_failed is not None:
                 continue
@@ -102,11 +157,45 @@ class AshaPolicy:
                     peers=shown,
                     n_peers=len(ranking),
                     keep=keep,
-                    threshold=-ranking[keep - 1][0],
-                    score=-neg,
+                    threshold=threshold,
+                    score=s,
+                    note=note,
                 )
             )
         return out
+
+    @staticmethod
+    def _spread(state: RunState, rung: int, cid: str) -> float:
+        shapes = state.candidates[cid].results[rung].shapes
+        rel = statistics.fmean(s.cand_iqr_s / s.cand_median_s if s.cand_median_s > 0 else 1.0 for s in shapes)
+        return max(NOISE_FLOOR, rel)
+
+    def _within_noise(self, state: RunState, rung: int, a: str, b: str) -> bool:
+        """a ranks above b; do their score intervals (score x (1 -/+ relative IQR)) overlap?"""
+        sa, sb = (state.candidates[x].results[rung].score for x in (a, b))
+        return sa * (1 - self._spread(state, rung, a)) <= sb * (1 + self._spread(state, rung, b))
+
+    def _adjudication(
+        self, state: RunState, rung: int, a: str, b: str, basis: int, why: str
+    ) -> Adjudicated | AdjudicationRequested | None:
+        """The verdict on (a, b) at this rung: recorded, still awaited (None), or to be asked for."""
+        key = (rung, a, b)
+        if key in state.adjudicated:
+            return state.adjudicated[key]
+        if key in state.adjudications:
+            return None
+        ca, cb = state.candidates[a], state.candidates[b]
+        return AdjudicationRequested(
+            basis=basis,
+            rung=rung,
+            a=a,
+            b=b,
+            a_score=ca.results[rung].score,
+            b_score=cb.results[rung].score,
+            a_spread=self._spread(state, rung, a),
+            b_spread=self._spread(state, rung, b),
+            why=why,
+        )
 
     @staticmethod
     def _budget_spent(state: RunState) -> str | None:
@@ -124,7 +213,13 @@ class AshaPolicy:
         cfg = state.config
         if state.analysis is not None and state.analysis.error:
             return f"problem could not be analysed: {state.analysis.error}"
-        if state.generation_tasks() or state.gate_tasks() or state.bench_tasks() or state.profile_tasks():
+        if (
+            state.generation_tasks()
+            or state.gate_tasks()
+            or state.bench_tasks()
+            or state.profile_tasks()
+            or state.adjudication_tasks()
+        ):
             return None  # work is pending; whoever waits unpromoted is pruned when the run stops
         if not state.candidates:
             note = state.generation.get("round0")
@@ -133,11 +228,43 @@ class AshaPolicy:
             return f"candidate budget reached ({cfg.max_candidates}) and every candidate evaluated"
         return "search exhausted: no mutation left to try"
 
+    def _winner_contest(self, state: RunState) -> tuple[int, str, str] | None:
+        """The best two at the highest rung reached, when their scores are within noise."""
+        leader = state.leader()
+        if leader is None:
+            return None
+        rung = max(leader.results)
+        ranking, _, _ = self._ranked(state, rung)
+        if len(ranking) < 2:
+            return None
+        (_, a), (_, b) = ranking[0], ranking[1]
+        return (rung, a, b) if self._within_noise(state, rung, a, b) else None
+
     def _finish(self, state: RunState, basis: int, reason: str) -> list[Event]:
         out: list[Event] = []
         for c in state.live():
             out.append(self._leftover(state, c, basis, reason))
         leader = state.leader()
+        note = ""
+        contest = self._winner_contest(state)
+        verdict = state.adjudicated.get(contest) if contest else None
+        if verdict is not None:
+            _, a, b = verdict.rung, verdict.a, verdict.b
+            if verdict.outcome == "b":
+                leader = state.candidates[b]
+                note = (
+                    f"beat {a} in an interleaved re-measurement (time ratio {1 / verdict.ratio_median:.3g})"
+                )
+            elif verdict.outcome == "a":
+                note = (
+                    f"confirmed ahead of {b} by an interleaved re-measurement "
+                    f"(time ratio {verdict.ratio_median:.3g})"
+                )
+            else:
+                note = (
+                    f"within noise of {b} (time ratio median {verdict.ratio_median:.3g}, IQR "
+                    f"{verdict.ratio_q1:.3g}-{verdict.ratio_q3:.3g}): the two are not ranked on it"
+                )
         out.append(
             RunFinished(
                 basis=basis,
@@ -145,6 +272,7 @@ class AshaPolicy:
                 winner=leader.id if leader else None,
                 winner_rung=max(leader.results) if leader else None,
                 winner_score=leader.top_result.score if leader and leader.top_result else None,
+                note=note,
             )
         )
         return out
@@ -177,6 +305,15 @@ def policy_for(version: int) -> AshaPolicy:
     if version not in POLICIES:
         raise LookupError(f"this kb has no scheduler policy version {version}; upgrade kernelbrain")
     return POLICIES[version]()
+
+
+def adjudicate(ratios: list[float]) -> tuple[str, float, float, float]:
+    """Verdict of an interleaved re-measurement from per-pair time ratios a/b: 'a' (a faster), 'b', or
+    'tie' when the ratios' interquartile range holds 1 or the median is within the noise floor."""
+    q1, med, q3 = statistics.quantiles(ratios, n=4, method="inclusive") if len(ratios) > 1 else ratios * 3
+    if q1 <= 1.0 <= q3 or abs(med - 1.0) < NOISE_FLOOR:
+        return "tie", med, q1, q3
+    return ("a" if med < 1.0 else "b"), med, q1, q3
 
 
 def decision_latency_bench(state: RunState, repeats: int = 200) -> dict:

@@ -10,6 +10,8 @@ import bisect
 from dataclasses import dataclass, field
 
 from kernelbrain.events import (
+    Adjudicated,
+    AdjudicationRequested,
     BenchmarkFailed,
     BudgetCharged,
     CandidateProposed,
@@ -87,6 +89,9 @@ class RunState(Projection):
         self.generation: dict[str, GenerationDone] = {}
         self.profiled: list[str] = []  # finalists in the order their profiles arrived
         self.bench_failures: set[str] = set()
+        # (rung, a, b) -> the request and, once measured, its result
+        self.adjudications: dict[tuple[int, str, str], AdjudicationRequested] = {}
+        self.adjudicated: dict[tuple[int, str, str], Adjudicated] = {}
         self.finished: RunFinished | None = None
         self.decisions: list[tuple[int, Event]] = []
         self.gpu_s = 0.0
@@ -174,6 +179,13 @@ class RunState(Projection):
         self._candidate(e, raw).pruned = e
         self.decisions.append((raw.seq, e))
 
+    def _apply_AdjudicationRequested(self, e: AdjudicationRequested, raw: StoredEvent) -> None:
+        self.adjudications[(e.rung, e.a, e.b)] = e
+        self.decisions.append((raw.seq, e))
+
+    def _apply_Adjudicated(self, e: Adjudicated, raw: StoredEvent) -> None:
+        self.adjudicated[(e.rung, e.a, e.b)] = e
+
     def _apply_RunFinished(self, e: RunFinished, raw: StoredEvent) -> None:
         self.finished = e
         self.decisions.append((raw.seq, e))
@@ -206,6 +218,9 @@ class RunState(Projection):
         return [
             (c, r) for c in self.live() if c.bench_failed is None for r in c.admitted if r not in c.results
         ]
+
+    def adjudication_tasks(self) -> list[AdjudicationRequested]:
+        return [r for k, r in self.adjudications.items() if k not in self.adjudicated]
 
     def profile_tasks(self) -> list[Candidate]:
         return [c for c in self.live() if self.top_rung in c.results and c.profile is None]

@@ -22,6 +22,7 @@ from typing import Any
 from kernelbrain import generators
 from kernelbrain.diagnosis import roofline_labels
 from kernelbrain.events import (
+    Adjudicated,
     BenchmarkFailed,
     BudgetCharged,
     CandidateProposed,
@@ -37,7 +38,7 @@ from kernelbrain.events import (
     TaskClaimed,
 )
 from kernelbrain.sandbox import Sandbox, SandboxError, SandboxFault
-from kernelbrain.scheduler import policy_for, score
+from kernelbrain.scheduler import adjudicate, policy_for, score
 from kernelbrain.state import RunState
 from kernelbrain.templates import FAMILIES
 from store import EventStore, Lease, NewEvent, StaleLease
@@ -300,9 +301,56 @@ class BenchmarkerRole(CandidateRole):
     op = "bench"
 
     def tasks(self, state: RunState) -> list[Task]:
-        # the highest rung first: promoted candidates are the ones the decision waits on
+        # adjudications first, then the highest rung: those are what the scheduler's decisions wait on
+        duels = [
+            Task(f"{state.run_id}/adjudicate/{r.rung}/{r.a}/{r.b}", r.a, r.rung, kind=r.b)
+            for r in state.adjudication_tasks()
+        ]
         todo = sorted(state.bench_tasks(), key=lambda cr: (-cr[1], cr[0].seq))
-        return [Task(f"{state.run_id}/bench/{c.id}/{r}", c.id, r) for c, r in todo]
+        return duels + [Task(f"{state.run_id}/bench/{c.id}/{r}", c.id, r) for c, r in todo]
+
+    def execute(self, task: Task, state: RunState) -> list[NewEvent]:
+        if not task.kind:
+            return super().execute(task, state)
+        rung = state.config.rungs[task.rung]
+        a, b = task.candidate, task.kind
+        t0 = time.perf_counter()
+        args = {
+            "problem_source": self.problem_source(state),
+            "a_source": self.candidate_source(state, a),
+            "b_source": self.candidate_source(state, b),
+            "device": state.config.device,
+            "which": rung.shapes,
+            "repeats": max(10, 2 * rung.repeats),
+            "warmup": rung.warmup,
+        }
+        busy = 0.0
+        try:
+            r, busy = self.sandbox(state.config.device).call(
+                "duel", args, timeout_s=self.timeout_s(state), task=task.key
+            )
+            outcome, med, q1, q3 = adjudicate(r["ratios"])
+            timer = r["timer"]
+            pairs = len(r["ratios"])
+        except (SandboxFault, SandboxError):
+            # the pair cannot be re-measured (each ran alone before): do not rank them on noise
+            outcome, med, q1, q3, timer, pairs = "tie", 1.0, 1.0, 1.0, "failed", 0
+        event = Adjudicated(
+            rung=task.rung,
+            a=a,
+            b=b,
+            pairs=pairs,
+            ratio_median=med,
+            ratio_q1=q1,
+            ratio_q3=q3,
+            outcome=outcome,
+            timer=timer,
+        )
+        wall = time.perf_counter() - t0
+        return [
+            self.new(state, event, task.key, task),
+            self.charge(state, task, gpu_s=busy or wall, wall_s=wall),
+        ]
 
     def args(self, task: Task, state: RunState) -> dict[str, Any]:
         rung = state.config.rungs[task.rung]
@@ -365,6 +413,8 @@ def decision_key(run_id: str, d: Event) -> str:
         return f"{run_id}/promote/{cand}/{d.rung_from}"  # type: ignore[attr-defined]
     if d.TYPE == "Pruned":
         return f"{run_id}/prune/{cand}"
+    if d.TYPE == "AdjudicationRequested":
+        return f"{run_id}/adjudication-requested/{d.rung}/{d.a}/{d.b}"  # type: ignore[attr-defined]
     return f"{run_id}/finished"
 
 

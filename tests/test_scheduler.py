@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from kernelbrain.events import Promoted, Pruned, RunFinished, ShapeTiming
-from kernelbrain.scheduler import score
+from kernelbrain.events import Adjudicated, AdjudicationRequested, Promoted, Pruned, RunFinished, ShapeTiming
+from kernelbrain.scheduler import adjudicate, score
 from store import EventStore
 from tests.runs import SyntheticRun
 
@@ -55,11 +55,134 @@ def test_promotion_is_never_repeated_and_waits_for_more_peers(store):
     assert [d.candidate for d in run.decide()] == ["d"]
 
 
-def test_ties_are_broken_by_candidate_id_not_arrival(store):
+def test_equal_scores_are_not_ranked_but_re_measured(store):
     run = SyntheticRun(store, eta=2)
     finished_rung0(run, {"z": 1.0, "y": 1.0})
+    (req,) = run.schedule()
+    assert isinstance(req, AdjudicationRequested)
+    assert (req.rung, req.a, req.b, req.why) == (0, "y", "z", "promotion boundary")  # ties ordered by id
+    assert run.decide() == []  # nobody is promoted on noise while the re-measurement is pending
+    run.add(
+        Adjudicated(
+            rung=0,
+            a="y",
+            b="z",
+            pairs=20,
+            ratio_median=1.003,
+            ratio_q1=0.98,
+            ratio_q3=1.02,
+            outcome="tie",
+            timer="test",
+        ),
+        "adjudicate/0/y/z",
+    )
+    p1, p2 = run.decide()
+    assert (p1.candidate, p1.rank, p2.candidate, p2.rank) == ("y", 1, "z", 2)
+    assert p1.note.startswith("within noise of z") and p2.note.startswith("within noise of y")
+    assert "not ranked on it, both promoted" in p1.note
+
+
+def test_a_clear_re_measurement_swaps_the_boundary(store):
+    run = SyntheticRun(store, eta=2)
+    finished_rung0(run, {"a": 2.0, "b": 1.99})
+    run.schedule()
+    run.add(
+        Adjudicated(
+            rung=0,
+            a="a",
+            b="b",
+            pairs=20,
+            ratio_median=1.2,
+            ratio_q1=1.15,
+            ratio_q3=1.25,
+            outcome="b",
+            timer="test",
+        ),
+        "adjudicate/0/a/b",
+    )
     (p,) = run.decide()
-    assert p.candidate == "y"
+    assert p.candidate == "b" and p.rank == 1 and "beat a" in p.note
+
+
+def test_scores_apart_by_more_than_their_spread_need_no_adjudication(store):
+    run = SyntheticRun(store, eta=2)
+    finished_rung0(run, {"a": 2.0, "b": 1.5})
+    (p,) = run.decide()
+    assert isinstance(p, Promoted) and p.candidate == "a"
+
+
+def test_the_winner_is_adjudicated_against_the_runner_up(store):
+    run = SyntheticRun(store, eta=2, max_candidates=2)
+    for cid in ("a", "b"):
+        run.propose(cid)
+        run.gate(cid)
+        run.bench(cid, 0, 1.0 if cid == "a" else 0.999)
+    run.gen_done(proposed=("a", "b"))
+    run.add(
+        Adjudicated(
+            rung=0,
+            a="a",
+            b="b",
+            pairs=20,
+            ratio_median=1.0,
+            ratio_q1=0.99,
+            ratio_q3=1.01,
+            outcome="tie",
+            timer="test",
+        ),
+        "adjudicate/0/a/b",
+    )
+    run.schedule()  # a and b both promoted (tie)
+    for r in (1, 2):
+        for cid in ("a", "b"):
+            run.bench(cid, r, 1.0 if cid == "b" else 0.9995)
+        if r == 1:
+            (req,) = run.schedule()
+            assert (req.rung, req.a, req.b) == (1, "b", "a")
+            run.add(
+                Adjudicated(
+                    rung=1,
+                    a="b",
+                    b="a",
+                    pairs=20,
+                    ratio_median=1.0,
+                    ratio_q1=0.99,
+                    ratio_q3=1.01,
+                    outcome="tie",
+                    timer="test",
+                ),
+                "adjudicate/1/b/a",
+            )
+        assert [d.TYPE for d in run.schedule()] == (["Promoted", "Promoted"] if r == 1 else [])
+    run.profile("a")
+    run.profile("b")
+    run.gen_done("mutate/a")
+    run.gen_done("mutate/b")
+    (req,) = run.schedule()
+    assert isinstance(req, AdjudicationRequested) and req.why == "winner" and (req.a, req.b) == ("b", "a")
+    run.add(
+        Adjudicated(
+            rung=2,
+            a="b",
+            b="a",
+            pairs=20,
+            ratio_median=1.1,
+            ratio_q1=1.05,
+            ratio_q3=1.15,
+            outcome="b",
+            timer="test",
+        ),
+        "adjudicate/2/b/a",
+    )
+    finish = run.decide()[-1]
+    assert isinstance(finish, RunFinished) and finish.winner == "a" and "beat b" in finish.note
+
+
+def test_adjudicate_calls_a_tie_when_the_ratios_straddle_one():
+    assert adjudicate([0.97, 1.01, 1.02, 0.99, 1.0])[0] == "tie"
+    assert adjudicate([1.004] * 9)[0] == "tie"  # inside the 1% noise floor
+    assert adjudicate([0.5, 0.52, 0.49, 0.51])[0] == "a"
+    assert adjudicate([1.5, 1.52, 1.49, 1.51])[0] == "b"
 
 
 def test_failed_gate_and_overbudget_candidates(store):
