@@ -13,6 +13,7 @@ import hashlib
 import importlib.util
 import inspect
 import math
+import shutil
 import statistics
 import sys
 import tempfile
@@ -529,6 +530,29 @@ def roofline(problem_source: str, cand_source: str, device: str, repeats: int = 
     }
 
 
+def ncu(problem_source: str, cand_source: str, device: str, timeout_s: float = 400.0) -> dict:
+    """Nsight Compute on one forward of the candidate at the primary shape (see kernelbrain.ncu)."""
+    import subprocess
+
+    from kernelbrain import ncu as nsight
+
+    if device != "cuda" or shutil.which("ncu") is None:
+        return {"error": "ncu is not on this machine" if device == "cuda" else "ncu needs a GPU"}
+    workdir = Path(tempfile.mkdtemp(prefix="ncu-"))
+    (workdir / "problem.py").write_text(problem_source)
+    (workdir / "candidate.py").write_text(cand_source)
+    cmd = nsight.command(sys.executable, str(workdir / "problem.py"), str(workdir / "candidate.py"))
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, cwd=workdir)
+    except subprocess.TimeoutExpired:
+        return {"error": f"ncu took longer than {timeout_s:g} s"}
+    try:
+        metrics, kernels = nsight.parse(proc.stdout)
+    except nsight.NcuError as e:
+        return {"error": f"{e} (exit {proc.returncode}): {proc.stderr.strip()[-300:]}"}
+    return {"metrics": metrics, "kernels": kernels, "raw": proc.stdout}
+
+
 _PRISTINE = guard.timer_identities()
 
 
@@ -543,4 +567,5 @@ OPS: dict[str, Callable[..., dict]] = {
     "duel": duel,
     "analyse": analyse,
     "roofline": roofline,
+    "ncu": ncu,
 }

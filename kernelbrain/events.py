@@ -193,6 +193,7 @@ class ProfileCaptured(Event):
     metrics: dict[str, float]
     labels: list[str]
     report: str | None = None  # blob hash of the raw profiler output
+    note: str = ""  # why ncu did not stand behind it, when the roofline does
 
 
 # --- leases and budget ---------------------------------------------------------------------------

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kernelbrain import generators
-from kernelbrain.diagnosis import roofline_labels
+from kernelbrain.diagnosis import ncu_labels, roofline_labels
 from kernelbrain.events import (
     Adjudicated,
     BenchmarkFailed,
@@ -367,6 +367,9 @@ class BenchmarkerRole(CandidateRole):
 
 
 class ProfilerRole(CandidateRole):
+    """Nsight Compute where it can read the counters; the analytical roofline always, and in its place
+    where ncu is absent or refuses (recorded as such)."""
+
     name = "profiler"
     op = "roofline"
 
@@ -385,6 +388,44 @@ class ProfilerRole(CandidateRole):
             metrics={},
             labels=[f"profile failed ({category}): {detail}"],
         )
+
+    def execute(self, task: Task, state: RunState) -> list[NewEvent]:
+        events = super().execute(task, state)  # the roofline, and its charge
+        if state.config.device != "cuda":
+            return events
+        roof = ProfileCaptured.model_validate(events[0].payload)
+        t0 = time.perf_counter()
+        args = {
+            "problem_source": self.problem_source(state),
+            "cand_source": self.candidate_source(state, task.candidate),
+            "device": "cuda",
+        }
+        busy = 0.0
+        try:
+            r, busy = self.sandbox("cuda").call(
+                "ncu", args, timeout_s=self.timeout_s(state), task=f"{task.key}/ncu"
+            )
+        except (SandboxFault, SandboxError) as e:
+            r = {"error": str(e).splitlines()[0]}
+        if "error" in r:
+            profile = roof.model_copy(update={"note": f"ncu not used: {r['error']}"})
+        else:
+            metrics = {**r["metrics"], **{f"roofline_{k}": v for k, v in roof.metrics.items()}}
+            profile = ProfileCaptured(
+                candidate=task.candidate,
+                source="ncu",
+                metrics=metrics,
+                labels=ncu_labels(r["metrics"]),
+                report=self.store.put_blob(r["raw"]),
+            )
+        wall = time.perf_counter() - t0
+        return [
+            self.new(state, profile, task.key, task),
+            events[1],
+            self.charge(
+                state, Task(f"{task.key}/ncu", task.candidate, task.rung), gpu_s=busy or wall, wall_s=wall
+            ),
+        ]
 
 
 class SchedulerRole(Role):

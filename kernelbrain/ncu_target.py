@@ -1,0 +1,34 @@
+"""The program Nsight Compute profiles: `python -m kernelbrain.ncu_target PROBLEM CANDIDATE`.
+
+Warms the candidate up at the primary shape, then runs one forward between cudaProfilerStart and
+cudaProfilerStop, so `ncu --profile-from-start off` sees exactly the kernels of one call.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import torch
+
+
+def main(problem_path: str, candidate_path: str) -> None:
+    from kernelbrain.evaluate import Problem, _build, load_module
+
+    problem = Problem(Path(problem_path).read_text())
+    cand = load_module(Path(candidate_path).read_text(), "cand")
+    shape = problem.ladder_shapes("cuda", "primary")[0]
+    _, new = _build(problem, cand, shape, "cuda")
+    inputs = problem.inputs(shape, 11, "cuda")
+    with torch.no_grad():
+        for _ in range(3):  # compile and autotune outside the profiled range
+            new(*inputs)
+        torch.cuda.synchronize()
+        torch.cuda.profiler.start()
+        new(*inputs)
+        torch.cuda.synchronize()
+        torch.cuda.profiler.stop()
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:3])
