@@ -123,7 +123,8 @@ class _Streams:
             _kb_counted = True
 
             def __new__(klass, *args: Any, **kwargs: Any) -> Any:
-                cls.created += 1
+                if "stream_id" not in kwargs:  # current_stream() wraps an existing stream: not a new one
+                    cls.created += 1
                 return super().__new__(klass, *args, **kwargs)
 
         torch.cuda.Stream = CountingStream  # type: ignore[misc]

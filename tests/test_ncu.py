@@ -1,0 +1,110 @@
+"""Nsight Compute output, as recorded on the H200, parsed into kb's metrics and bottleneck labels."""
+
+from __future__ import annotations
+
+import csv
+import io
+from pathlib import Path
+
+import pytest
+
+from kernelbrain.diagnosis import ncu_labels
+from kernelbrain.ncu import METRICS, NcuError, command, parse
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+def test_recorded_softmax_profile():
+    metrics, kernels = parse((FIXTURES / "ncu_softmax.csv").read_text())
+    assert kernels == 1
+    assert set(METRICS) <= set(metrics)
+    assert metrics["dram_throughput_pct"] == pytest.approx(84.92)
+    assert metrics["registers_per_thread"] == 38
+    assert metrics["duration_ns"] == pytest.approx(4724864)
+    assert metrics["sectors_per_request"] == pytest.approx(16.0)
+    assert ncu_labels(metrics) == ["memory-bound near peak"]
+
+
+def test_recorded_rmsnorm_profile():
+    metrics, _ = parse((FIXTURES / "ncu_rmsnorm.csv").read_text())
+    assert metrics["achieved_occupancy_pct"] == pytest.approx(23.98)
+    assert metrics["registers_per_thread"] == 116
+    assert metrics["local_load_sectors"] == 0 and metrics["local_store_sectors"] == 0
+    assert ncu_labels(metrics) == ["memory-bound near peak"]
+
+
+def _two_kernels() -> str:
+    """The recorded softmax rows twice over, as kernel 0 (4.72 ms) and kernel 1 (a 1 ms copy)."""
+    text = (FIXTURES / "ncu_softmax.csv").read_text()
+    rows = list(csv.reader(io.StringIO(text[text.index('"ID"') :])))
+    header, first = rows[0], rows[1:]
+    changes = {
+        "gpu__time_duration.sum": "1,000,000",
+        "gpu__dram_throughput.avg.pct_of_peak_sustained_elapsed": "10",
+        "launch__registers_per_thread": "200",
+    }  # ncu prints thousands separators
+    second = [["1", *r[1:-1], changes.get(r[-3], r[-1])] for r in first]
+    out = io.StringIO()
+    csv.writer(out, quoting=csv.QUOTE_ALL).writerows([header, *first, *second])
+    return out.getvalue()
+
+
+def test_several_kernels_are_combined_by_duration():
+    metrics, kernels = parse(_two_kernels())
+    assert kernels == 2
+    assert metrics["duration_ns"] == pytest.approx(4724864 + 1_000_000)
+    expected = (84.92 * 4724864 + 10 * 1_000_000) / (4724864 + 1_000_000)
+    assert metrics["dram_throughput_pct"] == pytest.approx(expected)
+    assert metrics["registers_per_thread"] == 200  # the worst kernel's
+
+
+def test_ncu_refusing_is_a_clear_error():
+    out = "==PROF== Connected to process 1\n==ERROR== ERR_NVGPUCTRPERM - The user does not have permission\n"
+    with pytest.raises(NcuError, match="ERR_NVGPUCTRPERM"):
+        parse(out)
+    with pytest.raises(NcuError, match="no metrics"):
+        parse("==PROF== Disconnected\n")
+
+
+@pytest.mark.parametrize(
+    ("metrics", "labels"),
+    [
+        ({"duration_ns": 5e6, "dram_throughput_pct": 40, "compute_throughput_pct": 85}, ["compute-bound"]),
+        (
+            {"duration_ns": 5e6, "dram_throughput_pct": 30, "compute_throughput_pct": 20},
+            ["latency or occupancy-limited"],
+        ),
+        (
+            {"duration_ns": 5e3, "dram_throughput_pct": 5, "compute_throughput_pct": 3},
+            ["launch-bound", "latency or occupancy-limited"],
+        ),
+        (
+            {
+                "duration_ns": 5e6,
+                "dram_throughput_pct": 50,
+                "compute_throughput_pct": 10,
+                "local_load_sectors": 64,
+            },
+            ["register spills", "latency or occupancy-limited"],
+        ),
+        (
+            {
+                "duration_ns": 5e6,
+                "dram_throughput_pct": 50,
+                "compute_throughput_pct": 10,
+                "sectors_per_request": 32,
+            },
+            ["memory-bound with poor coalescing"],
+        ),
+    ],
+)
+def test_labels_from_metrics(metrics, labels):
+    assert ncu_labels(metrics) == labels
+
+
+def test_the_command_keeps_clocks_and_profiles_one_forward():
+    cmd = command("python3", "p.py", "c.py")
+    assert cmd[:2] == ["ncu", "--csv"]
+    assert cmd[cmd.index("--clock-control") + 1] == "none"
+    assert cmd[cmd.index("--profile-from-start") + 1] == "off"
+    assert cmd[-5:] == ["python3", "-m", "kernelbrain.ncu_target", "p.py", "c.py"]
