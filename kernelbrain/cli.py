@@ -21,6 +21,7 @@ from kernelbrain.runner import (
     RunError,
     detect_device,
     load_state,
+    parse_ladder,
     prepare_resume,
     require_run,
     start_run,
@@ -138,6 +139,11 @@ def _drive(
     show_default=True,
     help="Successive halving keeps the top 1/eta of each rung.",
 )
+@click.option(
+    "--ladder",
+    default=None,
+    help="Rungs as SHAPES:REPEATS[:WARMUP],... (default on GPU: smallest:10:3,primary:30:5,all:100:10).",
+)
 @click.option("--gpu", type=int, default=None, help="GPU index for the workers.")
 @click.option("--inprocess", is_flag=True, help="Step the workers in this process (tests, debugging).")
 @click.option(
@@ -158,6 +164,7 @@ def run(
     budget_tokens: int | None,
     seed: int,
     eta: int,
+    ladder: str | None,
     gpu: int | None,
     inprocess: bool,
     external_workers: bool,
@@ -179,7 +186,7 @@ def run(
         budget_wall_s=budget_wall_s,
         budget_tokens=budget_tokens,
         eta=eta,
-        rungs=DEFAULT_RUNGS[dev],
+        rungs=parse_ladder(ladder) if ladder else DEFAULT_RUNGS[dev],
     )
     with open_store(db, create=True) as store:
         run_id = start_run(store, problem, config)

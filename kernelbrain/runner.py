@@ -21,6 +21,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from pydantic import ValidationError
+
 from kernelbrain.events import RunConfig, RunFinished, RungSpec, RunResumed, RunStarted
 from kernelbrain.problem import read_problem, source_hash
 from kernelbrain.state import RunState
@@ -42,6 +44,27 @@ DEFAULT_RUNGS = {
         RungSpec(shapes="all", repeats=100, warmup=10),
     ),
 }
+
+
+def parse_ladder(text: str) -> tuple[RungSpec, ...]:
+    """Rungs from `SHAPES:REPEATS[:WARMUP],...`, e.g. `smallest:10,primary:30:5,all:100:10`."""
+    rungs = []
+    for part in text.split(","):
+        fields = part.strip().split(":")
+        try:
+            if len(fields) not in (2, 3):
+                raise ValueError(part)
+            rungs.append(
+                RungSpec(
+                    shapes=fields[0], repeats=int(fields[1]), warmup=int(fields[2]) if len(fields) == 3 else 1
+                )
+            )
+        except (ValueError, ValidationError) as e:
+            raise RunError(
+                f"bad rung {part.strip()!r} in --ladder: write SHAPES:REPEATS[:WARMUP] with SHAPES one "
+                "of smallest, primary, all (e.g. smallest:10,primary:30,all:100)"
+            ) from e
+    return tuple(rungs)
 
 
 class RunError(Exception):

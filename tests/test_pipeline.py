@@ -179,3 +179,24 @@ def test_standalone_workers_serve_a_run_started_without_its_own(tmp_path):
             w.send_signal(signal.SIGTERM)
         codes = [w.wait(timeout=60) for w in workers]
     assert codes == [0] * len(roles)
+
+
+def test_the_ladder_is_configuration(tmp_path):
+    db = tmp_path / "kb.db"
+    r = kb(
+        "run",
+        str(SOFTMAX),
+        "--db",
+        str(db),
+        "--max-candidates",
+        "1",
+        "--inprocess",
+        "--quiet",
+        "--ladder",
+        "smallest:2,all:4:1",
+    )
+    assert r.returncode == 0, r.stderr
+    status = json.loads(kb("status", r.stdout.split()[1], "--db", str(db), "--json").stdout)
+    assert status["measured_at_rung"] == [1, 1]
+    bad = kb("run", str(SOFTMAX), "--db", str(db), "--ladder", "biggest:3")
+    assert bad.returncode == 1 and bad.stderr.startswith("Error: bad rung 'biggest:3' in --ladder")

@@ -1,7 +1,8 @@
 """A run recorded by an earlier kb must keep replaying to the same decisions.
 
-tests/fixtures/softmax_run.db was written by `kb run tests/problems/softmax_small.py --max-candidates 5
---inprocess` and softmax_run.decisions.json lists the decisions it recorded. If the scheduler's logic
+tests/fixtures/softmax_run.db was written by `kb run tests/problems/softmax_small.py --max-candidates 8
+--eta 2 --inprocess` (a run whose log holds a noise adjudication) and softmax_run.decisions.json lists the
+decisions it recorded. If the scheduler's logic
 changes, these tests fail: bump POLICY_VERSION and keep version 1 reachable instead of rewriting history.
 """
 
@@ -14,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from kernelbrain import scheduler
-from kernelbrain.events import Promoted, decode
+from kernelbrain.events import DECISION_TYPES, Promoted, decode
 from kernelbrain.replay import replay
 from kernelbrain.workers import decision_key
 from store import EventStore
@@ -41,7 +42,8 @@ def test_recorded_run_replays_to_the_same_decisions(recorded):
 def test_every_recorded_decision_is_recomputed_from_its_prefix(recorded):
     db, expected = recorded
     with EventStore(db, create=False) as store:
-        raws = store.read(run_id=expected["run_id"], types=["Promoted", "Pruned", "RunFinished"])
+        raws = store.read(run_id=expected["run_id"], types=list(DECISION_TYPES))
+        assert store.count(run_id=expected["run_id"], type="Adjudicated") == 1
         report = replay(store, expected["run_id"])
     assert report.agrees and report.decisions == len(expected["decisions"])
     got = [(r.seq, r.type, decode(r).basis) for r in raws]
@@ -54,7 +56,7 @@ def test_a_changed_policy_is_caught(recorded, monkeypatch):
     class Greedier(scheduler.AshaPolicy):  # what an unversioned tweak of the rules would look like
         def _promotions(self, state, rung, basis, dropped):
             out = super()._promotions(state, rung, basis, dropped)
-            return [p.model_copy(update={"keep": p.keep + 1}) for p in out]
+            return [p.model_copy(update={"keep": p.keep + 1}) if isinstance(p, Promoted) else p for p in out]
 
     monkeypatch.setitem(scheduler.POLICIES, 1, Greedier)
     with EventStore(db, create=False) as store:

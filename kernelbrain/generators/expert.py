@@ -47,7 +47,7 @@ class ExpertGenerator(Generator):
     def first_round(self, analysis: ProblemAnalysed) -> list[Proposal]:
         family, spec = self._family(analysis)
         return [
-            self._proposal(family, spec, knobs, analysis, f"round 0: strategy axis {knobs['strategy']}")
+            self._proposal(family, spec, knobs, analysis, f"strategy axis {knobs['strategy']}")
             for knobs in family.ROUND0
             if family.feasible(spec, knobs)
         ]
