@@ -45,6 +45,10 @@ def db_option(f: Callable) -> Callable:
     )(f)
 
 
+def json_option(f: Callable) -> Callable:
+    return click.option("--json", "as_json", is_flag=True, help="Machine-readable JSON output.")(f)
+
+
 def user_errors(f: Callable) -> Callable:
     """Known failures become one clear line (click prints 'Error: ...') and exit 1."""
 
@@ -200,7 +204,7 @@ def run(
 @click.argument("candidate", type=click.Path(dir_okay=False))
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True)
 @click.option("--bench", is_flag=True, help="Also time it against the reference on every rung of the ladder.")
-@click.option("--json", "as_json", is_flag=True)
+@json_option
 @user_errors
 def check(problem: str, candidate: str, device: str, bench: bool, as_json: bool) -> None:
     """Gate one candidate file (ModelNew) against PROBLEM, outside any run; exit 1 when it fails."""
@@ -263,7 +267,7 @@ def worker(role: str, db: str, run_id: str | None, gpu: int | None, idle_exit_s:
 
 @main.command("ls")
 @db_option
-@click.option("--json", "as_json", is_flag=True)
+@json_option
 @user_errors
 def ls(db: str, as_json: bool) -> None:
     """List the runs in the database."""
@@ -287,7 +291,7 @@ def ls(db: str, as_json: bool) -> None:
 @main.command()
 @click.argument("run_id")
 @db_option
-@click.option("--json", "as_json", is_flag=True)
+@json_option
 @user_errors
 def status(run_id: str, db: str, as_json: bool) -> None:
     """Where a run stands: candidates per state, the leader, budget spent."""
@@ -360,7 +364,7 @@ def events(run_id: str, db: str, follow: bool, as_json: bool, show_all: bool) ->
 @main.command()
 @click.argument("run_id")
 @db_option
-@click.option("--json", "as_json", is_flag=True)
+@json_option
 @user_errors
 def replay(run_id: str, db: str, as_json: bool) -> None:
     """Recompute every scheduler decision from the log; exit 1 on any divergence."""
