@@ -200,3 +200,11 @@ def test_the_ladder_is_configuration(tmp_path):
     assert status["measured_at_rung"] == [1, 1]
     bad = kb("run", str(SOFTMAX), "--db", str(db), "--ladder", "biggest:3")
     assert bad.returncode == 1 and bad.stderr.startswith("Error: bad rung 'biggest:3' in --ladder")
+
+
+def test_a_problem_outside_every_family_says_what_to_do(tmp_path):
+    db = tmp_path / "kb.db"
+    problem = SOFTMAX.parents[2] / "benchmarks" / "problems" / "group_conv.py"
+    r = kb("run", str(problem), "--db", str(db), "--inprocess", "--quiet", "--device", "cpu")
+    assert r.returncode == 0, r.stderr
+    assert "no offline template matches conv_transpose2d; use --generator llm" in r.stdout
