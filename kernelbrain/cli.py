@@ -143,6 +143,14 @@ def _drive(
     show_default=True,
     help="Successive halving keeps the top 1/eta of each rung.",
 )
+@click.option("--llm-base-url", default=None, help="OpenAI-compatible endpoint (env KB_LLM_BASE_URL).")
+@click.option(
+    "--llm-model", default=None, help="Model name (env KB_LLM_MODEL); the key comes from KB_LLM_API_KEY."
+)
+@click.option("--llm-temperature", type=float, default=None, help="env KB_LLM_TEMPERATURE, default 0.8")
+@click.option("--llm-max-tokens", type=click.IntRange(min=1), default=None, help="env KB_LLM_MAX_TOKENS")
+@click.option("--llm-timeout-s", type=float, default=None, help="per request (env KB_LLM_TIMEOUT_S)")
+@click.option("--llm-concurrency", type=click.IntRange(min=1), default=None, help="env KB_LLM_CONCURRENCY")
 @click.option(
     "--ladder",
     default=None,
@@ -168,6 +176,12 @@ def run(
     budget_tokens: int | None,
     seed: int,
     eta: int,
+    llm_base_url: str | None,
+    llm_model: str | None,
+    llm_temperature: float | None,
+    llm_max_tokens: int | None,
+    llm_timeout_s: float | None,
+    llm_concurrency: int | None,
     ladder: str | None,
     gpu: int | None,
     inprocess: bool,
@@ -179,7 +193,6 @@ def run(
     from kernelbrain.problem import read_problem
 
     read_problem(problem)  # a bad problem file is reported before the database is opened
-    generators.get(generator)
     dev = detect_device() if device == "auto" else device
     config = RunConfig(
         generator=generator,
@@ -191,7 +204,14 @@ def run(
         budget_tokens=budget_tokens,
         eta=eta,
         rungs=parse_ladder(ladder) if ladder else DEFAULT_RUNGS[dev],
+        llm_base_url=llm_base_url,
+        llm_model=llm_model,
+        llm_temperature=llm_temperature,
+        llm_max_tokens=llm_max_tokens,
+        llm_timeout_s=llm_timeout_s,
+        llm_concurrency=llm_concurrency,
     )
+    generators.get(generator, **config.generator_options())  # a misconfigured generator fails here
     with open_store(db, create=True) as store:
         run_id = start_run(store, problem, config)
     click.echo(f"run {run_id}")

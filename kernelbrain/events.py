@@ -64,6 +64,23 @@ class RunConfig(BaseModel):
     gate_seeds: int = Field(default=3, ge=1)
     gate_timeout_s: float = 300.0
     bench_timeout_s: float = 600.0
+    # the llm generator's settings travel with the run: external `kb worker`s never see the CLI's flags
+    # (the API key never does: it is read from the environment only)
+    llm_base_url: str | None = None
+    llm_model: str | None = None
+    llm_temperature: float | None = None
+    llm_max_tokens: int | None = None
+    llm_timeout_s: float | None = None
+    llm_concurrency: int | None = None
+
+    def generator_options(self) -> dict[str, Any]:
+        if self.generator != "llm":
+            return {}
+        return {
+            k.removeprefix("llm_"): v
+            for k, v in self.model_dump().items()
+            if k.startswith("llm_") and v is not None
+        }
 
 
 class RunStarted(Event):

@@ -29,13 +29,23 @@ class Proposal(BaseModel):
 
 class Generator(abc.ABC):
     name: str
+    # replies that gave no proposal in the last call (their tokens were still spent); llm fills it
+    discarded: list = []
 
     @abc.abstractmethod
-    def first_round(self, analysis: ProblemAnalysed) -> list[Proposal]:
-        """Round 0: candidates spread over the family's strategy axes."""
+    def first_round(self, analysis: ProblemAnalysed, *, problem_source: str | None = None) -> list[Proposal]:
+        """Round 0: candidates spread over the strategy axes."""
 
     @abc.abstractmethod
     def mutate(
-        self, analysis: ProblemAnalysed, parent_knobs: dict[str, Any], family: str, labels: list[str]
+        self,
+        analysis: ProblemAnalysed,
+        parent_knobs: dict[str, Any],
+        family: str,
+        labels: list[str],
+        *,
+        parent_source: str | None = None,
+        numbers: str | None = None,
+        problem_source: str | None = None,
     ) -> list[Proposal]:
-        """Later rounds: move the knobs the parent's bottleneck labels point at."""
+        """Later rounds: answer the parent's bottleneck labels (its source and numbers when needed)."""

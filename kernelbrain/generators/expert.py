@@ -44,7 +44,7 @@ class ExpertGenerator(Generator):
             diagnosis=diagnosis or [],
         )
 
-    def first_round(self, analysis: ProblemAnalysed) -> list[Proposal]:
+    def first_round(self, analysis: ProblemAnalysed, *, problem_source: str | None = None) -> list[Proposal]:
         family, spec = self._family(analysis)
         return [
             self._proposal(family, spec, knobs, analysis, f"strategy axis {knobs['strategy']}")
@@ -53,7 +53,15 @@ class ExpertGenerator(Generator):
         ]
 
     def mutate(
-        self, analysis: ProblemAnalysed, parent_knobs: dict[str, Any], family_name: str, labels: list[str]
+        self,
+        analysis: ProblemAnalysed,
+        parent_knobs: dict[str, Any],
+        family_name: str,
+        labels: list[str],
+        *,
+        parent_source: str | None = None,
+        numbers: str | None = None,
+        problem_source: str | None = None,
     ) -> list[Proposal]:
         family, spec = self._family(analysis, family_name)
         out = []
