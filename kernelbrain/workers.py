@@ -37,6 +37,7 @@ from kernelbrain.events import (
     ShapeTiming,
     TaskClaimed,
 )
+from kernelbrain.generators.prompt import describe_numbers
 from kernelbrain.sandbox import Sandbox, SandboxError, SandboxFault
 from kernelbrain.scheduler import adjudicate, policy_for, score
 from kernelbrain.state import RunState
@@ -165,22 +166,34 @@ class GeneratorRole(Role):
             families = [f.FAMILY for f in FAMILIES if f.matches(analysis.ops) is not None]
             analysis = analysis.model_copy(update={"families": families})
             out.append(self.new(state, analysis, f"{state.run_id}/analysis"))
-        gen = generators.get(cfg.generator)
         parent = None
         note = ""
         proposals: list[generators.Proposal] = []
+        tokens = 0
         if not analysis.error:
             try:
+                gen = generators.get(cfg.generator, **cfg.generator_options())
+                source = self.problem_source(state)
                 if task.kind == "round0":
-                    proposals = gen.first_round(analysis)
+                    proposals = gen.first_round(analysis, problem_source=source)
                 else:
                     parent = state.candidates[task.kind.split("/", 1)[1]]
-                    labels = parent.profile.labels if parent.profile else []
-                    proposals = gen.mutate(analysis, parent.proposal.knobs, parent.proposal.family, labels)
+                    proposals = gen.mutate(
+                        analysis,
+                        parent.proposal.knobs,
+                        parent.proposal.family,
+                        parent.profile.labels if parent.profile else [],
+                        problem_source=source,
+                        parent_source=self.candidate_source(state, parent.id),
+                        numbers=describe_numbers(parent.results, parent.profile),
+                    )
+                tokens = sum(d.tokens for d in gen.discarded)  # replies that gave nothing still cost tokens
+                if not proposals and gen.discarded:
+                    note = "; ".join(f"{d.hint}: {d.reason}" for d in gen.discarded[:3])
             except generators.GenerationError as e:
                 note = str(e)
         slots = cfg.max_candidates - len(state.candidates)
-        proposed, duplicates, tokens = [], 0, 0
+        proposed, duplicates = [], 0
         round_no = 0 if parent is None else parent.proposal.round + 1
         for p in proposals:
             tokens += p.tokens

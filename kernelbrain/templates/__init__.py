@@ -7,6 +7,7 @@ can serve the traced shape) and `render(spec, knobs, signature) -> str` (a stand
 ModelNew).
 """
 
-from kernelbrain.templates import rmsnorm, row_softmax
+from kernelbrain.templates import gemm_epilogue, gemv, rmsnorm, row_softmax
 
-FAMILIES = (row_softmax, rmsnorm)
+# gemv last: the trace records only matmul's first operand, so any matmul would match it
+FAMILIES = (row_softmax, rmsnorm, gemm_epilogue, gemv)

@@ -1,0 +1,165 @@
+"""The gemv template family: matched from the traced matmul, every round-0 candidate passes the gate
+(the seed shape, an irregular one, a 1-D vector), mutations move knobs, feasibility refuses oversize
+accumulators, and a whole in-process run on the seed problem ends with a gemv winner.
+
+gemv is not in kernelbrain.templates.FAMILIES yet: the tests that need it registered patch it in."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import kernelbrain.generators.expert as expert
+import kernelbrain.templates as templates
+from kernelbrain.diagnosis import LABELS
+from kernelbrain.problem import read_problem
+from kernelbrain.sandbox import Sandbox
+from kernelbrain.templates import gemv
+
+ROOT = Path(__file__).resolve().parents[1]
+MATVEC = ROOT / "benchmarks" / "problems" / "matvec.py"
+SOFTMAX = ROOT / "benchmarks" / "problems" / "softmax.py"
+RMSNORM = ROOT / "benchmarks" / "problems" / "rmsnorm.py"
+SMOKE = 'KB_SMOKE_SHAPE = {"M": 64, "K": 4096}'
+# M = 37 rows is no multiple of any BLOCK_M; K = 3001 is no multiple of any BLOCK_K (nor of 16)
+IRREGULAR = 'KB_SMOKE_SHAPE = {"M": 37, "K": 3001}'
+# torch.mv spelling with a 1-D vector: y is (M,)
+VECTOR = """
+import torch
+import torch.nn as nn
+
+M, K = 24, 1500
+KB_SMOKE_SHAPE = {"M": 24, "K": 1500}
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+
+    def forward(self, A, x):
+        return torch.matmul(A, x)
+
+
+def get_inputs():
+    return [torch.rand(M, K), torch.rand(K)]
+
+
+def get_init_inputs():
+    return []
+"""
+
+
+@pytest.fixture(scope="module")
+def box():
+    sb = Sandbox("cpu")
+    try:
+        yield sb
+    finally:
+        sb.close()
+
+
+@pytest.fixture(scope="module")
+def problems(tmp_path_factory) -> dict[str, str]:
+    """Problem variants written to files and read back through the static check, as kb reads them."""
+    tmp = tmp_path_factory.mktemp("gemv_problems")
+    source = MATVEC.read_text()
+    assert SMOKE in source
+    variants = {"seed": source, "irregular": source.replace(SMOKE, IRREGULAR), "vector": VECTOR}
+    out = {}
+    for name, text in variants.items():
+        (tmp / f"{name}.py").write_text(text)
+        out[name] = read_problem(tmp / f"{name}.py")
+    return out
+
+
+@pytest.fixture(scope="module")
+def analyses(box: Sandbox, problems: dict[str, str]) -> dict[str, dict]:
+    sources = {**problems, "softmax": SOFTMAX.read_text(), "rmsnorm": RMSNORM.read_text()}
+    return {
+        name: box.call("analyse", {"problem_source": src, "device": "cpu"}, timeout_s=120)[0]
+        for name, src in sources.items()
+    }
+
+
+def test_matches_the_traced_matmul_and_nothing_else(analyses):
+    ops = analyses["seed"]["ops"]
+    assert ops == [{"op": "matmul", "ndim": 2, "shape": [64, 4096], "dtype": "float32"}]
+    assert gemv.matches(ops) == {"m": 64, "k": 4096, "dtype": "float32"}
+    assert gemv.matches(analyses["irregular"]["ops"])["k"] == 3001
+    assert gemv.matches(analyses["vector"]["ops"])["m"] == 24
+    assert gemv.matches(analyses["softmax"]["ops"]) is None
+    assert gemv.matches(analyses["rmsnorm"]["ops"]) is None
+    # near misses: a batched matmul, integer operands, matmul followed by more work
+    x = {"op": "matmul", "ndim": 2, "shape": [4, 8], "dtype": "float32"}
+    assert gemv.matches([{**x, "ndim": 3, "shape": [2, 4, 8]}]) is None
+    assert gemv.matches([{**x, "dtype": "int64"}]) is None
+    assert gemv.matches([x, {"op": "relu", "ndim": 2, "shape": [4, 1], "dtype": "float32"}]) is None
+    assert gemv.matches([{**x, "op": "__matmul__"}]) is not None
+
+
+@pytest.mark.parametrize("knobs", gemv.ROUND0, ids=lambda k: "-".join(str(v) for v in k.values()))
+@pytest.mark.parametrize("variant", ["seed", "irregular", "vector"])
+def test_round0_candidates_pass_the_gate(box, problems, analyses, variant, knobs):
+    analysis = analyses[variant]
+    spec = gemv.matches(analysis["ops"])
+    assert gemv.feasible(spec, knobs)
+    source = gemv.render(spec, knobs, analysis["signature"])
+    assert "torch.matmul" not in source and ".matmul(" not in source
+    args = {"problem_source": problems[variant], "cand_source": source, "device": "cpu", "seeds": 3}
+    r = box.call("gate", args, timeout_s=300)[0]
+    assert r["passed"] is True, r
+    assert r["max_rel_err"] < 1e-4
+
+
+def test_mutations_move_knobs_and_feasibility_refuses_oversize_tiles():
+    assert set(gemv.MUTATIONS) == set(LABELS)
+    for knobs in gemv.ROUND0:
+        for moves in gemv.MUTATIONS.values():
+            for move, why in moves:
+                child = gemv.mutate(knobs, move)
+                assert why and (child is None or child != knobs), (knobs, move)
+    rows = {"strategy": "row_blocks", "block_m": 8, "block_k": 1024, "num_warps": 8}
+    split = {"strategy": "split_k", "block_m": 16, "block_k": 512, "split_k": 16, "num_warps": 4}
+    assert gemv.mutate(rows, "more_splits") == {**rows, "strategy": "split_k", "split_k": 4}
+    assert gemv.mutate(split, "more_splits") == {**split, "split_k": 32}
+    assert gemv.mutate(split, "single_pass") == rows | {"block_m": 16, "block_k": 512, "num_warps": 4}
+    assert gemv.mutate(rows, "single_pass") is None
+    assert gemv.mutate({**split, "split_k": 2}, "fewer_splits")["strategy"] == "row_blocks"
+    assert gemv.mutate(rows, "more_rows") == {**rows, "block_m": 16, "block_k": 512}  # same tile size
+    assert gemv.mutate(rows, "smaller_tiles") == {**rows, "block_k": 512}
+    assert gemv.mutate(rows, "more_warps") == {**rows, "num_warps": 16}
+    assert gemv.mutate({**rows, "num_warps": 16}, "more_warps") is None
+    assert gemv.mutate({**rows, "num_warps": 1}, "fewer_warps") is None
+    with pytest.raises(ValueError):
+        gemv.mutate(rows, "no_such_move")
+
+    primary = {"m": 2048, "k": 1048576, "dtype": "float32"}
+    assert all(gemv.feasible(primary, k) for k in gemv.ROUND0)
+    assert not gemv.feasible(primary, {**rows, "block_m": 32, "block_k": 1024})  # 32768 > MAX_TILE
+    assert not gemv.feasible(primary, {**rows, "block_m": 4, "block_k": 4096, "num_warps": 4})  # 128/thread
+    assert not gemv.feasible(primary, {**split, "split_k": 1})
+    # a tile is never taller than the matrix: at M = 2 only two rows count
+    assert gemv.feasible({**primary, "m": 2}, {**rows, "block_m": 64, "block_k": 4096})
+
+
+def test_kb_run_on_the_seed_problem_picks_a_gemv_winner(tmp_path, monkeypatch):
+    from kernelbrain.events import RunConfig
+    from kernelbrain.runner import DEFAULT_RUNGS, start_run, supervise
+    from kernelbrain.state import RunState
+    from store import EventStore
+
+    families = (*templates.FAMILIES, gemv)
+    monkeypatch.setattr(templates, "FAMILIES", families)
+    monkeypatch.setattr(expert, "FAMILIES", families)
+    db = tmp_path / "kb.db"
+    config = RunConfig(device="cpu", max_candidates=3, rungs=DEFAULT_RUNGS["cpu"])
+    with EventStore(db, create=True) as store:
+        run_id = start_run(store, str(MATVEC), config)
+    finished = supervise(str(db), run_id, inprocess=True)
+    assert finished is not None and finished.winner
+
+    with EventStore(db, create=False) as store:
+        state = store.fold(RunState(run_id), run_id=run_id)
+    assert {c.proposal.family for c in state.candidates.values()} == {"gemv"}
+    assert state.candidates[finished.winner].proposal.family == "gemv"
