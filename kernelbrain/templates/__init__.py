@@ -7,7 +7,7 @@ can serve the traced shape) and `render(spec, knobs, signature) -> str` (a stand
 ModelNew).
 """
 
-from kernelbrain.templates import gemm_epilogue, gemv, rmsnorm, row_softmax
+from kernelbrain.templates import attention, conv_transpose, gemm_epilogue, gemv, rmsnorm, row_softmax
 
 # gemv last: the trace records only matmul's first operand, so any matmul would match it
-FAMILIES = (row_softmax, rmsnorm, gemm_epilogue, gemv)
+FAMILIES = (row_softmax, rmsnorm, gemm_epilogue, attention, conv_transpose, gemv)

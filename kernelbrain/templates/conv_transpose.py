@@ -1,0 +1,356 @@
+"""Grouped, strided, padded, dilated 2-D transposed convolution (nn.ConvTranspose2d), no torch conv.
+
+Shapes: x (N, C_in, H, W); weight (C_in, C_out/G, KH, KW) (ConvTranspose2d's layout); groups G, with
+C_in_g = C_in/G input and C_out_g = C_out/G output channels per group. The output size is
+
+    OH = (H - 1)*sh - 2*ph + dh*(KH - 1) + oph + 1        (likewise OW with sw, pw, dw, KW, opw)
+
+and the gather form of the transposed convolution (input channel c in group g = oc // C_out_g):
+
+    y[n, oc, oh, ow] = b[oc] + sum_{c, kh, kw} x[n, c, ih, iw] * w[c, oc - g*C_out_g, kh, kw]
+    where  ih = (oh + ph - kh*dh) / sh,  iw = (ow + pw - kw*dw) / sw,
+
+a tap contributing only when both divisions are exact and 0 <= ih < H, 0 <= iw < W. Accumulation is
+in fp32 (the 1e-4 tolerance rules out TF32 dots for fp32 inputs).
+
+Strategy axes:
+- `direct`: one program per (n, group, output-channel block, output-pixel block); every tap (kh, kw)
+  is visited for every pixel and masked when the division is not exact or out of range; an outer
+  product w[C block] x x[pixel block] per (tap, input channel), on FMA units.
+- `phase`: stride-phase decomposition. The outputs with oh % sh == rh, ow % sw == rw (one of sh*sw
+  phases, the grid's third axis) take exactly the taps with (rh + ph - kh*dh) % sh == 0 (likewise kw),
+  and for those ih = (rh + ph - kh*dh)/sh + i where oh = rh + i*sh: no masked-away taps (1/(sh*sw)
+  of the direct form's tap visits at stride (2, 3)), contiguous input rows per tap.
+- `phase_dot`: the phase form as an implicit GEMM: per valid tap a [pixels x C_in_g] x [C_in_g x
+  C_out_g block] tl.dot (input_precision="ieee" for fp32), K in BLOCK_K steps over the group's
+  input channels.
+Knobs: BLOCK_P (output pixels per program), BLOCK_C (output channels per program), BLOCK_K (dot's K),
+num_warps.
+
+ModelNew builds the same nn.ConvTranspose2d under Model's attribute name (`conv_transpose2d`, the
+KernelBench name, unless the spec says otherwise), from Model's constructor parameters, so the
+state_dict keys match and the gate's copy makes the weights identical; forward reads stride, padding,
+dilation, output_padding and groups from that module and only computes the output with Triton.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+FAMILY = "conv_transpose"
+FLOAT_DTYPES = {"float32", "float16", "bfloat16"}
+# fp32 accumulator elements per thread; past this the accumulator spills
+MAX_ACC_PER_THREAD = 128
+STRATEGIES = ("direct", "phase", "phase_dot")
+
+ROUND0: list[dict[str, Any]] = [
+    {"strategy": "direct", "block_p": 256, "block_c": 16, "block_k": 8, "num_warps": 8},
+    {"strategy": "phase", "block_p": 128, "block_c": 16, "block_k": 4, "num_warps": 4},
+    {"strategy": "phase", "block_p": 64, "block_c": 32, "block_k": 8, "num_warps": 8},
+    {"strategy": "phase_dot", "block_p": 64, "block_c": 16, "block_k": 16, "num_warps": 4},
+    {"strategy": "phase_dot", "block_p": 128, "block_c": 32, "block_k": 16, "num_warps": 8},
+]
+
+# bottleneck label -> (move, why); a move maps the parent's knobs to the child's
+MUTATIONS: dict[str, list[tuple[str, str]]] = {
+    "compute-bound": [
+        ("phase", "stride phases visit only the taps that contribute: sh*sw times fewer tap visits"),
+        ("dot", "an implicit-GEMM tl.dot over the group's input channels instead of outer products"),
+        ("longer_k", "more input channels per step: fewer loop trips, more independent FMAs"),
+    ],
+    "memory-bound near peak": [
+        ("wider_channels", "more output channels per program re-read each input pixel fewer times"),
+    ],
+    "memory-bound with poor coalescing": [
+        ("larger_tiles", "longer pixel blocks make longer contiguous row loads and stores"),
+    ],
+    "latency or occupancy-limited": [
+        ("more_warps", "more warps keep more loads in flight"),
+        ("smaller_tiles", "smaller pixel blocks make more programs to fill the SMs"),
+    ],
+    "launch-bound": [("larger_tiles", "fewer, fatter programs amortise launch and scheduling cost")],
+    "register spills": [
+        ("more_warps", "spread the accumulator over more threads"),
+        ("smaller_tiles", "a smaller pixel block holds a smaller accumulator"),
+    ],
+}
+
+
+def _name(op: dict) -> str:
+    return str(op["op"]).strip("_")
+
+
+def matches(ops: list[dict]) -> dict | None:
+    """Exactly one 4-D floating-point conv_transpose2d (contiguous copies allowed), nothing else."""
+    seq = [o for o in ops if _name(o) not in {"contiguous"}]
+    if len(seq) != 1 or _name(seq[0]) != "conv_transpose2d":
+        return None
+    op = seq[0]
+    if op.get("dtype") not in FLOAT_DTYPES:
+        return None
+    shape = [int(s) for s in op.get("shape") or []]
+    if len(shape) != 4 or int(op.get("ndim", 4)) != 4:
+        return None
+    n, c_in, h, w = shape
+    return {"n": n, "c_in": c_in, "h": h, "w": w, "dtype": op["dtype"]}
+
+
+def feasible(spec: dict, knobs: dict[str, Any]) -> bool:
+    """Power-of-two blocks (>= 16 per tl.dot dim), the accumulator (and, for the FMA forms, the
+    BLOCK_K x BLOCK_C x BLOCK_P product summed over K) within registers."""
+    if knobs.get("strategy") not in STRATEGIES:
+        return False
+    bp, bc, bk, warps = knobs["block_p"], knobs["block_c"], knobs["block_k"], knobs["num_warps"]
+    if any(b < 1 or b & (b - 1) for b in (bp, bc, bk)) or warps not in (1, 2, 4, 8, 16):
+        return False
+    threads = 32 * warps
+    if knobs["strategy"] == "phase_dot":
+        return min(bp, bc, bk) >= 16 and bp * bc <= MAX_ACC_PER_THREAD * threads
+    return bp >= 16 and bc >= 16 and bp * bc * (1 + bk) <= 2 * MAX_ACC_PER_THREAD * threads
+
+
+def mutate(knobs: dict[str, Any], move: str) -> dict[str, Any] | None:
+    k = dict(knobs)
+    if move == "phase":
+        return {**k, "strategy": "phase"} if k["strategy"] == "direct" else None
+    if move == "dot":
+        if k["strategy"] == "phase_dot":
+            return None
+        return {**k, "strategy": "phase_dot", "block_k": max(16, k["block_k"])}
+    if move == "wider_channels":
+        return {**k, "block_c": k["block_c"] * 2} if k["block_c"] < 128 else None
+    if move == "larger_tiles":
+        return {**k, "block_p": k["block_p"] * 2} if k["block_p"] < 512 else None
+    if move == "smaller_tiles":
+        return {**k, "block_p": k["block_p"] // 2} if k["block_p"] > 16 else None
+    if move == "more_warps":
+        return {**k, "num_warps": k["num_warps"] * 2} if k["num_warps"] < 16 else None
+    if move == "longer_k":
+        return {**k, "block_k": k["block_k"] * 2} if k["block_k"] < 64 else None
+    raise ValueError(f"unknown move {move!r}")
+
+
+_KERNEL = """
+@triton.jit
+def _taps(acc, x_tap, w_tap, valid, c_mask, rk, C_IN_G, HW, W_STRIDE, DOT: tl.constexpr, IEEE: tl.constexpr,
+          BLOCK_K: tl.constexpr):
+    # one tap (kh, kw): acc += x[pixels, group channels] @ w[group channels, output channels]
+    for c0 in range(0, C_IN_G, BLOCK_K):
+        kc = c0 + rk
+        k_mask = kc < C_IN_G
+        if DOT:
+            a = tl.load(x_tap[:, None] + kc[None, :] * HW, mask=valid[:, None] & k_mask[None, :], other=0.0)
+            b = tl.load(w_tap[None, :] + kc[:, None] * W_STRIDE, mask=k_mask[:, None] & c_mask[None, :],
+                        other=0.0)
+            if IEEE:
+                acc = tl.dot(a, b, acc, input_precision="ieee")
+            else:
+                acc = tl.dot(a, b, acc)
+        else:
+            # BLOCK_K outer products w[c, C block] x x[c, pixel block] at once, on FMA units
+            a = tl.load(x_tap[None, :] + kc[:, None] * HW, mask=k_mask[:, None] & valid[None, :], other=0.0)
+            b = tl.load(w_tap[None, :] + kc[:, None] * W_STRIDE, mask=k_mask[:, None] & c_mask[None, :],
+                        other=0.0)
+            acc += tl.sum(b.to(tl.float32)[:, :, None] * a.to(tl.float32)[:, None, :], axis=0)
+    return acc
+
+
+@triton.jit
+def _convt_kernel(x_ptr, w_ptr, b_ptr, y_ptr, C_IN, H, W, C_OUT, OH, OW, C_IN_G, C_OUT_G, N_CB,
+                  SH, SW, PH, PW, DH, DW, KH: tl.constexpr, KW: tl.constexpr, HAS_BIAS: tl.constexpr,
+                  PHASE: tl.constexpr, DOT: tl.constexpr, IEEE: tl.constexpr, BLOCK_P: tl.constexpr,
+                  BLOCK_C: tl.constexpr, BLOCK_K: tl.constexpr):
+    # axis 0: (n, group, output-channel block); axis 1: output-pixel block; axis 2: stride phase
+    pid0 = tl.program_id(0)
+    pid_p = tl.program_id(1)
+    cb = pid0 % N_CB
+    ng = pid0 // N_CB
+    G = C_IN // C_IN_G
+    g = ng % G
+    n = ng // G
+    ocl = cb * BLOCK_C + tl.arange(0, BLOCK_C)  # output channel within the group
+    c_mask = ocl < C_OUT_G
+    p = pid_p * BLOCK_P + tl.arange(0, BLOCK_P)
+    rk = tl.arange(0, BLOCK_K)
+    if PHASE:
+        phase = tl.program_id(2)
+        rh = phase // SW
+        rw = phase % SW
+        OHP = (OH - rh + SH - 1) // SH  # rows and columns of this phase: oh = rh + i*SH, ow = rw + j*SW
+        OWP = (OW - rw + SW - 1) // SW
+        p_mask = p < OHP * OWP
+        pi = p // tl.maximum(OWP, 1)
+        pj = p % tl.maximum(OWP, 1)
+        oh = rh + pi * SH
+        ow = rw + pj * SW
+    else:
+        p_mask = p < OH * OW
+        oh = p // OW
+        ow = p % OW
+    HW = H * W
+    W_STRIDE = C_OUT_G * KH * KW
+    x_n = x_ptr + (n.to(tl.int64) * C_IN + g * C_IN_G) * HW
+    # w[c, ocl, kh, kw]: (C_IN, C_OUT_G, KH, KW), contiguous
+    w_g = w_ptr + (g * C_IN_G).to(tl.int64) * W_STRIDE + ocl * (KH * KW)
+    if DOT:
+        acc = tl.zeros([BLOCK_P, BLOCK_C], dtype=tl.float32)
+    else:
+        acc = tl.zeros([BLOCK_C, BLOCK_P], dtype=tl.float32)
+    for kh in range(KH):
+        for kw in range(KW):
+            if PHASE:
+                # one scalar test per phase and tap: the division is exact for the whole block or never
+                th = rh + PH - kh * DH
+                tw = rw + PW - kw * DW
+                if (th % SH == 0) & (tw % SW == 0):
+                    ih = th // SH + pi
+                    iw = tw // SW + pj
+                    valid = p_mask & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
+                    acc = _taps(acc, x_n + ih * W + iw, w_g + kh * KW + kw, valid, c_mask, rk, C_IN_G, HW,
+                                W_STRIDE, DOT, IEEE, BLOCK_K)
+            else:
+                th = oh + PH - kh * DH
+                tw = ow + PW - kw * DW
+                thp = tl.where(th >= 0, th, 0)
+                twp = tl.where(tw >= 0, tw, 0)
+                ih = thp // SH
+                iw = twp // SW
+                valid = p_mask & (th >= 0) & (tw >= 0) & (thp % SH == 0) & (twp % SW == 0)
+                valid = valid & (ih < H) & (iw < W)
+                acc = _taps(acc, x_n + ih * W + iw, w_g + kh * KW + kw, valid, c_mask, rk, C_IN_G, HW,
+                            W_STRIDE, DOT, IEEE, BLOCK_K)
+    oc = g * C_OUT_G + ocl
+    y_n = y_ptr + n.to(tl.int64) * C_OUT * OH * OW
+    if DOT:
+        if HAS_BIAS:
+            acc += tl.load(b_ptr + oc, mask=c_mask, other=0.0).to(tl.float32)[None, :]
+        y = y_n + oc[None, :].to(tl.int64) * (OH * OW) + (oh * OW + ow)[:, None]
+        tl.store(y, acc.to(y_ptr.dtype.element_ty), mask=p_mask[:, None] & c_mask[None, :])
+    else:
+        if HAS_BIAS:
+            acc += tl.load(b_ptr + oc, mask=c_mask, other=0.0).to(tl.float32)[:, None]
+        y = y_n + oc[:, None].to(tl.int64) * (OH * OW) + (oh * OW + ow)[None, :]
+        tl.store(y, acc.to(y_ptr.dtype.element_ty), mask=c_mask[:, None] & p_mask[None, :])
+
+
+def _pair(v):
+    return (int(v[0]), int(v[1])) if isinstance(v, (tuple, list)) else (int(v), int(v))
+
+
+def _launch(x, conv):
+    if conv.padding_mode != "zeros":
+        raise ValueError("ConvTranspose2d supports only zero padding")
+    n, c_in, h, w = x.shape
+    weight = conv.weight.contiguous()
+    bias = conv.bias
+    groups = int(conv.groups)
+    kh, kw = _pair(conv.kernel_size)
+    sh, sw = _pair(conv.stride)
+    ph, pw = _pair(conv.padding)
+    dh, dw = _pair(conv.dilation)
+    oph, opw = _pair(conv.output_padding)
+    c_out_g = weight.shape[1]
+    c_out = c_out_g * groups
+    oh = (h - 1) * sh - 2 * ph + dh * (kh - 1) + oph + 1
+    ow = (w - 1) * sw - 2 * pw + dw * (kw - 1) + opw + 1
+    y = torch.empty((n, c_out, oh, ow), dtype=x.dtype, device=x.device)
+    if y.numel() == 0:
+        return y
+    if x.numel() == 0:
+        return y.zero_() if bias is None else y.copy_(bias.view(1, -1, 1, 1).expand_as(y))
+    x = x.contiguous()
+    block_c = min(BLOCK_C, max(16, triton.next_power_of_2(c_out_g)))
+    n_cb = triton.cdiv(c_out_g, block_c)
+    c_in_g = c_in // groups
+    block_k = min(BLOCK_K, triton.next_power_of_2(c_in_g))
+    if DOT:
+        block_k = max(16, block_k)  # tl.dot's minimum; masked past the group's channels
+    if PHASE:
+        pixels = triton.cdiv(oh, sh) * triton.cdiv(ow, sw)
+        grid = (n * groups * n_cb, triton.cdiv(pixels, BLOCK_P), sh * sw)
+    else:
+        grid = (n * groups * n_cb, triton.cdiv(oh * ow, BLOCK_P), 1)
+    _convt_kernel[grid](
+        x, weight, bias if bias is not None else weight, y, c_in, h, w, c_out, oh, ow, c_in // groups,
+        c_out_g, n_cb, sh, sw, ph, pw, dh, dw, KH=kh, KW=kw, HAS_BIAS=bias is not None, PHASE=PHASE,
+        DOT=DOT, IEEE=x.dtype == torch.float32, BLOCK_P=BLOCK_P, BLOCK_C=block_c, BLOCK_K=block_k,
+        num_warps=NUM_WARPS,
+    )
+    return y
+"""
+
+# nn.ConvTranspose2d's parameters in its positional order, with the defaults ModelNew falls back to
+# (bias: KernelBench's level-1 convention is a `bias: bool = False` parameter)
+_CONV_PARAMS = (
+    ("in_channels", None),
+    ("out_channels", None),
+    ("kernel_size", None),
+    ("stride", 1),
+    ("padding", 0),
+    ("output_padding", 0),
+    ("groups", 1),
+    ("bias", False),
+    ("dilation", 1),
+)
+# KernelBench level 1's constructor order for transposed convolutions
+_KB_ORDER = ("in_channels", "out_channels", "kernel_size", "stride", "padding", "dilation", "groups", "bias")
+
+
+def constructor(signature: dict[str, list[str]]) -> dict[str, str]:
+    """Which of Model's constructor parameters is which nn.ConvTranspose2d argument: by name where
+    the names agree, else by KernelBench's positional order."""
+    init = list(signature["init"])
+    known = {p for p, _ in _CONV_PARAMS}
+    if all(a in known for a in init) and {"in_channels", "out_channels", "kernel_size"} <= set(init):
+        return {a: a for a in init}
+    if len(init) < 3:
+        raise ValueError(f"cannot tell the convolution's arguments from Model.__init__({', '.join(init)})")
+    return {param: a for param, a in zip(_KB_ORDER, init, strict=False)}
+
+
+def render(spec: dict, knobs: dict[str, Any], signature: dict[str, list[str]]) -> str:
+    names = constructor(signature)  # conv argument -> Model parameter
+    by_param = {a: p for p, a in names.items()}
+    defaults = dict(_CONV_PARAMS)
+    params, defaulted = [], False
+    for a in signature["init"]:
+        p = by_param.get(a)
+        if p is not None and defaults[p] is not None:
+            params.append(f"{a}={defaults[p]!r}")
+            defaulted = True
+        else:
+            params.append(f"{a}=None" if defaulted else a)
+    init_args = "".join(f", {p}" for p in params)
+    conv_args = ", ".join(f"{p}={names[p]}" for p, _ in _CONV_PARAMS if p in names)
+    attr = spec.get("conv_attr", "conv_transpose2d")
+    x = signature["forward"][0]
+    rest = "".join(f", {a}" for a in signature["forward"][1:])
+    strategy = knobs["strategy"]
+    consts = [
+        f"PHASE = {strategy in ('phase', 'phase_dot')}",
+        f"DOT = {strategy == 'phase_dot'}",
+        f"BLOCK_P = {knobs['block_p']}",
+        f"BLOCK_C = {knobs['block_c']}",
+        f"BLOCK_K = {knobs['block_k']}",
+        f"NUM_WARPS = {knobs['num_warps']}",
+    ]
+    knob_text = ", ".join(f"{k}={v}" for k, v in knobs.items())
+    return f'''"""Transposed 2-D convolution: kernelbrain conv_transpose template ({knob_text})."""
+
+import torch
+import torch.nn as nn
+import triton
+import triton.language as tl
+
+{chr(10).join(consts)}
+{_KERNEL}
+
+class ModelNew(nn.Module):
+    def __init__(self{init_args}):
+        super().__init__()
+        # the same nn.ConvTranspose2d as Model's, under the same name: same state_dict keys, same weights
+        self.{attr} = nn.ConvTranspose2d({conv_args})
+
+    def forward(self, {x}{rest}):
+        return _launch({x}, self.{attr})
+'''
