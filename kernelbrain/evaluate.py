@@ -103,9 +103,22 @@ class Problem:
             return [self.smallest()]
         return self.shapes
 
+    def gate_shapes(self, device: str) -> list[dict]:
+        """The shapes the gate checks: the CPU shape, or on GPU the smallest of each input-dtype group."""
+        if device == "cpu":
+            return self.ladder_shapes("cpu", "smallest")
+        groups: dict[tuple, list[dict]] = {}
+        for s in self.shapes:
+            key = tuple(str(x.dtype) for x in self.inputs(s, 0, "meta") if isinstance(x, torch.Tensor))
+            groups.setdefault(key, []).append(s)
+        return [min(g, key=self._size) for g in groups.values()]
+
+    def _size(self, shape: dict) -> int:
+        return sum(_numel(x) for x in self.inputs(shape, 0, "meta"))
+
     def smallest(self) -> dict:
         # sized on the meta device: no memory is touched to compare shapes
-        return min(self.shapes, key=lambda s: sum(_numel(x) for x in self.inputs(s, 0, "meta")))
+        return min(self.shapes, key=self._size)
 
 
 def _numel(x: Any) -> int:
@@ -229,74 +242,86 @@ def _gate(problem: Problem, cand_source: str, device: str, seeds: int) -> dict:
     cand = _load_candidate(cand_source)
     _check_signature(problem, cand)
     _policy(guard.check_timers, timers)
-    shape = problem.ladder_shapes(device, "smallest")[0]
-    try:
-        ref, new = _build(problem, cand, shape, device)
-    except Exception as e:
-        raise CandidateFault("runtime", f"ModelNew(*get_init_inputs()) raised {type(e).__name__}: {e}") from e
-    forbidden = guard.forbidden_ops(_record_calls(ref, problem.inputs(shape, 0, device)))
-    ref64 = copy.deepcopy(ref).to(torch.float64)
     worst_abs = worst_rel = 0.0
     tol = 0.0
-    previous: tuple[list[torch.Tensor], list[torch.Tensor]] | None = None
-    for seed in range(seeds):
-        inputs = [_to(x, device) for x in _variant(problem.inputs(shape, seed, device), seed)]
-        before = [x.clone() if isinstance(x, torch.Tensor) else x for x in inputs]
-        with torch.no_grad():
-            expected = _outputs(ref64(*[_to(x, device, torch.float64) for x in inputs]))
-            watch = guard.Watch(forbidden, problem.module.Model, device)
-            try:
-                with watch:
-                    got = _outputs(new(*inputs))
-                    if device == "cuda":
-                        torch.cuda.synchronize()
-            except CandidateFault:
-                raise
-            except Exception as e:
-                raise CandidateFault("runtime", f"seed {seed}: forward raised {type(e).__name__}: {e}") from e
-            _policy(watch.check, prefix=f"seed {seed}: ")
-            _policy(guard.check_timers, timers, prefix=f"seed {seed}: ")
-        for x, b in zip(inputs, before, strict=True):
-            if isinstance(x, torch.Tensor) and not torch.equal(x, b):
-                raise CandidateFault("policy", f"seed {seed}: the candidate mutated its inputs")
-        if len(got) != len(expected):
-            raise CandidateFault("mismatch", f"{len(got)} outputs, the reference returns {len(expected)}")
-        if previous is not None and _same(got, previous[0]) and not _same(expected, previous[1]):
+    # one shape per input-dtype signature: a problem whose shapes change dtype (fp32, fp16, bf16) has every
+    # dtype path gated, each at its smallest shape
+    shapes = problem.gate_shapes(device)
+    for shape in shapes:
+        where = f"shape {shape_label(shape)}, " if len(shapes) > 1 else ""
+        try:
+            ref, new = _build(problem, cand, shape, device)
+        except Exception as e:
             raise CandidateFault(
-                "policy",
-                f"seed {seed}: fresh inputs gave the previous call's outputs (results cached across calls)",
-            )
-        previous = ([g.detach().clone() for g in got], expected)
-        for i, (g, e) in enumerate(zip(got, expected, strict=True)):
-            if g.shape != e.shape:
+                "runtime", f"ModelNew(*get_init_inputs()) raised {type(e).__name__}: {e}"
+            ) from e
+        forbidden = guard.forbidden_ops(_record_calls(ref, problem.inputs(shape, 0, device)))
+        ref64 = copy.deepcopy(ref).to(torch.float64)
+        previous: tuple[list[torch.Tensor], list[torch.Tensor]] | None = None
+        for seed in range(seeds):
+            inputs = [_to(x, device) for x in _variant(problem.inputs(shape, seed, device), seed)]
+            before = [x.clone() if isinstance(x, torch.Tensor) else x for x in inputs]
+            with torch.no_grad():
+                expected = _outputs(ref64(*[_to(x, device, torch.float64) for x in inputs]))
+                watch = guard.Watch(forbidden, problem.module.Model, device)
+                try:
+                    with watch:
+                        got = _outputs(new(*inputs))
+                        if device == "cuda":
+                            torch.cuda.synchronize()
+                except CandidateFault:
+                    raise
+                except Exception as e:
+                    raise CandidateFault(
+                        "runtime", f"{where}seed {seed}: forward raised {type(e).__name__}: {e}"
+                    ) from e
+                _policy(watch.check, prefix=f"{where}seed {seed}: ")
+                _policy(guard.check_timers, timers, prefix=f"{where}seed {seed}: ")
+            for x, b in zip(inputs, before, strict=True):
+                if isinstance(x, torch.Tensor) and not torch.equal(x, b):
+                    raise CandidateFault("policy", f"{where}seed {seed}: the candidate mutated its inputs")
+            if len(got) != len(expected):
+                raise CandidateFault("mismatch", f"{len(got)} outputs, the reference returns {len(expected)}")
+            if previous is not None and _same(got, previous[0]) and not _same(expected, previous[1]):
                 raise CandidateFault(
-                    "mismatch", f"output {i} has shape {tuple(g.shape)}, expected {tuple(e.shape)}"
+                    "policy",
+                    f"{where}seed {seed}: fresh inputs gave the previous call's outputs "
+                    "(results cached across calls)",
                 )
-            tol = problem.tolerance.get(str(g.dtype).removeprefix("torch."), 1e-4)
-            g64 = g.detach().to(torch.float64)
-            bad_g, bad_e = ~torch.isfinite(g64), ~torch.isfinite(e)
-            if (bad_g & ~bad_e).any():
-                raise CandidateFault(
-                    "nan",
-                    f"seed {seed}: output {i} has {int((bad_g & ~bad_e).sum())} NaN/Inf where the reference "
-                    "has none (outputs are allocated NaN-filled: are some elements never written?)",
+            previous = ([g.detach().clone() for g in got], expected)
+            for i, (g, e) in enumerate(zip(got, expected, strict=True)):
+                if g.shape != e.shape:
+                    raise CandidateFault(
+                        "mismatch", f"output {i} has shape {tuple(g.shape)}, expected {tuple(e.shape)}"
+                    )
+                tol = problem.tolerance.get(str(g.dtype).removeprefix("torch."), 1e-4)
+                g64 = g.detach().to(torch.float64)
+                bad_g, bad_e = ~torch.isfinite(g64), ~torch.isfinite(e)
+                if (bad_g & ~bad_e).any():
+                    raise CandidateFault(
+                        "nan",
+                        f"{where}seed {seed}: output {i} has {int((bad_g & ~bad_e).sum())} NaN/Inf where "
+                        "the reference has none (outputs are allocated NaN-filled: are some elements never "
+                        "written?)",
+                    )
+                ok = bad_e | torch.isclose(g64, e, rtol=tol, atol=tol)
+                diff = (g64 - e).abs().masked_fill(bad_e, 0)
+                abs_err = float(diff.max()) if diff.numel() else 0.0
+                rel_err = (
+                    float((diff / e.abs().clamp_min(1e-12)).masked_fill(bad_e, 0).max())
+                    if diff.numel()
+                    else 0.0
                 )
-            ok = bad_e | torch.isclose(g64, e, rtol=tol, atol=tol)
-            diff = (g64 - e).abs().masked_fill(bad_e, 0)
-            abs_err = float(diff.max()) if diff.numel() else 0.0
-            rel_err = (
-                float((diff / e.abs().clamp_min(1e-12)).masked_fill(bad_e, 0).max()) if diff.numel() else 0.0
-            )
-            worst_abs, worst_rel = max(worst_abs, abs_err), max(worst_rel, rel_err)
-            if not bool(ok.all()):
-                raise CandidateFault(
-                    "mismatch",
-                    f"seed {seed}: output {i} differs from the reference at {int((~ok).sum())} "
-                    f"of {ok.numel()} "
-                    f"elements (max abs err {abs_err:.3g}, tolerance {tol:g})",
-                    max_abs_err=abs_err,
-                    max_rel_err=rel_err,
-                )
+                worst_abs, worst_rel = max(worst_abs, abs_err), max(worst_rel, rel_err)
+                if not bool(ok.all()):
+                    raise CandidateFault(
+                        "mismatch",
+                        f"{where}seed {seed}: output {i} differs from the reference at {int((~ok).sum())} "
+                        f"of {ok.numel()} "
+                        f"elements (max abs err {abs_err:.3g}, tolerance {tol:g})",
+                        max_abs_err=abs_err,
+                        max_rel_err=rel_err,
+                    )
     return {"seeds": seeds, "max_abs_err": worst_abs, "max_rel_err": worst_rel, "tolerance": tol}
 
 

@@ -171,3 +171,37 @@ def test_model_constructors_take_kernelbench_arguments():
     assert lin.linear.bias is not None and lin.divisor == 2.0
     assert (lin.linear.in_features, lin.linear.out_features) == (64, 32)
     assert load("linear_relu_div")["get_init_inputs"]() == [8192, 8192, 2.0]
+
+
+def test_the_gate_checks_every_dtype_a_problem_uses():
+    """On GPU the gate runs the smallest shape of each input-dtype group: SDPAttn's fp32, fp16 and bf16
+    paths are all gated, a one-dtype problem only at its smallest shape; on CPU, the smoke shape."""
+    import subprocess
+    import sys
+
+    code = """
+import json, sys
+from kernelbrain.evaluate import Problem
+out = {}
+for name in ("sdp_attn", "matvec"):
+    p = Problem(open(f"benchmarks/problems/{name}.py").read())
+    out[name] = {"cuda": p.gate_shapes("cuda"), "cpu": p.gate_shapes("cpu")}
+print(json.dumps(out, default=str))
+"""
+    root = Path(__file__).resolve().parents[1]
+    r = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        cwd=root,
+        env={**os.environ, "PYTHONPATH": str(root), "TRITON_INTERPRET": "1"},
+    )
+    assert r.returncode == 0, r.stderr
+    shapes = json.loads(r.stdout)
+    assert sorted(str(s["dtype"]) for s in shapes["sdp_attn"]["cuda"]) == [
+        "torch.bfloat16",
+        "torch.float16",
+        "torch.float32",
+    ]
+    assert shapes["matvec"]["cuda"] == [{"M": 256, "K": 131072}]
+    assert len(shapes["sdp_attn"]["cpu"]) == 1
