@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from kernelbrain.events import (
     BudgetCharged,
     CandidateProposed,
@@ -120,3 +122,15 @@ class SyntheticRun:
         out = policy_for(1).decide(state)
         self.store.append([d.to_new(RUN, decision_key(RUN, d), "scheduler") for d in out])
         return out
+
+
+def run_inprocess(problem: str | Path, db: Path, max_candidates: int) -> RunState:
+    """A real expert-generator run on CPU, its workers stepped in this process; its folded state."""
+    from kernelbrain.runner import start_run, supervise
+
+    config = RunConfig(device="cpu", max_candidates=max_candidates, rungs=DEFAULT_RUNGS["cpu"])
+    with EventStore(db, create=True) as store:
+        run_id = start_run(store, str(problem), config)
+    assert supervise(str(db), run_id, inprocess=True) is not None
+    with EventStore(db, create=False) as store:
+        return store.fold(RunState(run_id), run_id=run_id)

@@ -17,13 +17,6 @@ GOOD = (CANDIDATES / "good_softmax.py").read_text()
 TWIN = GOOD + "\n# an identical twin: only this comment differs\n"
 
 
-@pytest.fixture(scope="module")
-def box():
-    sb = Sandbox("cpu")
-    yield sb
-    sb.close()
-
-
 def duel(box: Sandbox, a: str, b: str, repeats: int) -> list[float]:
     args = {
         "problem_source": SOFTMAX.read_text(),

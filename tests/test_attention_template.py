@@ -1,9 +1,7 @@
 """The attention template family: matched from the traced scaled_dot_product_attention (and nothing
 else), every round-0 candidate passes the gate (the seed smoke shape, a ragged sequence with an odd head
 dim, a head too wide for full_d that takes the D-tiled path, fp16), mutations move knobs, feasibility
-refuses tiles that do not fit, and an in-process run on sdp_attn ends with an attention winner.
-
-attention is not in kernelbrain.templates.FAMILIES yet: the tests that need it registered patch it in."""
+refuses tiles that do not fit, and an in-process run on sdp_attn ends with an attention winner."""
 
 from __future__ import annotations
 
@@ -11,12 +9,11 @@ from pathlib import Path
 
 import pytest
 
-import kernelbrain.generators.expert as expert
-import kernelbrain.templates as templates
 from kernelbrain.diagnosis import LABELS
 from kernelbrain.problem import read_problem
 from kernelbrain.sandbox import Sandbox
 from kernelbrain.templates import attention as at
+from tests.runs import run_inprocess
 
 ROOT = Path(__file__).resolve().parents[1]
 SDPA = ROOT / "benchmarks" / "problems" / "sdp_attn.py"
@@ -47,15 +44,6 @@ VARIANTS = {
     "wide_head": _smoke(1, 2, 23, 300, "float32"),
     "fp16": _smoke(1, 2, 48, 64, "float16"),
 }
-
-
-@pytest.fixture(scope="module")
-def box():
-    sb = Sandbox("cpu")
-    try:
-        yield sb
-    finally:
-        sb.close()
 
 
 @pytest.fixture(scope="module")
@@ -160,23 +148,8 @@ def test_mutations_move_knobs_and_feasibility_refuses_what_does_not_fit():
     assert not at.feasible(d128, {**full, "num_stages": 0})
 
 
-def test_in_process_run_on_sdp_attn_picks_an_attention_winner(tmp_path, monkeypatch):
-    from kernelbrain.events import RunConfig
-    from kernelbrain.runner import DEFAULT_RUNGS, start_run, supervise
-    from kernelbrain.state import RunState
-    from store import EventStore
-
-    families = (*templates.FAMILIES, at)
-    monkeypatch.setattr(templates, "FAMILIES", families)
-    monkeypatch.setattr(expert, "FAMILIES", families)
-    db = tmp_path / "kb.db"
-    config = RunConfig(device="cpu", max_candidates=3, rungs=DEFAULT_RUNGS["cpu"])
-    with EventStore(db, create=True) as store:
-        run_id = start_run(store, str(SDPA), config)
-    finished = supervise(str(db), run_id, inprocess=True)
-    assert finished is not None and finished.winner
-
-    with EventStore(db, create=False) as store:
-        state = store.fold(RunState(run_id), run_id=run_id)
+def test_in_process_run_on_sdp_attn_picks_an_attention_winner(tmp_path):
+    state = run_inprocess(SDPA, tmp_path / "kb.db", max_candidates=3)
+    assert state.finished.winner
     assert {c.proposal.family for c in state.candidates.values()} == {"attention"}
-    assert state.candidates[finished.winner].proposal.family == "attention"
+    assert state.candidates[state.finished.winner].proposal.family == "attention"

@@ -1,9 +1,7 @@
 """The conv_transpose template family: matched from the traced conv_transpose2d (and nothing else),
 every round-0 candidate passes the gate (the seed problem's smoke shape and an irregular variant with
 other stride/padding/dilation/groups, a bias and output sizes no block divides), mutations move knobs,
-feasibility refuses tiles that do not fit, and a whole in-process run ends with a conv_transpose winner.
-
-conv_transpose is not in kernelbrain.templates.FAMILIES yet: the tests that need it registered patch it in."""
+feasibility refuses tiles that do not fit, and a whole in-process run ends with a conv_transpose winner."""
 
 from __future__ import annotations
 
@@ -11,12 +9,11 @@ from pathlib import Path
 
 import pytest
 
-import kernelbrain.generators.expert as expert
-import kernelbrain.templates as templates
 from kernelbrain.diagnosis import LABELS
 from kernelbrain.problem import read_problem
 from kernelbrain.sandbox import Sandbox
 from kernelbrain.templates import conv_transpose as ct
+from tests.runs import run_inprocess
 
 ROOT = Path(__file__).resolve().parents[1]
 GROUP_CONV = ROOT / "benchmarks" / "problems" / "group_conv.py"
@@ -55,15 +52,6 @@ def get_inputs():
 def get_init_inputs():
     return [in_channels, out_channels, kernel_size, stride, padding, dilation, groups, bias]
 """
-
-
-@pytest.fixture(scope="module")
-def box():
-    sb = Sandbox("cpu")
-    try:
-        yield sb
-    finally:
-        sb.close()
 
 
 @pytest.fixture(scope="module")
@@ -171,25 +159,10 @@ def test_mutations_move_knobs_and_feasibility_refuses_tiles_that_do_not_fit():
     assert not ct.feasible(spec, {**direct, "strategy": "winograd"})
 
 
-def test_kb_run_picks_a_conv_transpose_winner(tmp_path, monkeypatch):
-    from kernelbrain.events import RunConfig
-    from kernelbrain.runner import DEFAULT_RUNGS, start_run, supervise
-    from kernelbrain.state import RunState
-    from store import EventStore
-
-    families = (*templates.FAMILIES, ct)
-    monkeypatch.setattr(templates, "FAMILIES", families)
-    monkeypatch.setattr(expert, "FAMILIES", families)
+def test_kb_run_picks_a_conv_transpose_winner(tmp_path):
     problem = tmp_path / "irregular_conv.py"
     problem.write_text(IRREGULAR)
-    db = tmp_path / "kb.db"
-    config = RunConfig(device="cpu", max_candidates=2, rungs=DEFAULT_RUNGS["cpu"])
-    with EventStore(db, create=True) as store:
-        run_id = start_run(store, str(problem), config)
-    finished = supervise(str(db), run_id, inprocess=True)
-    assert finished is not None and finished.winner
-
-    with EventStore(db, create=False) as store:
-        state = store.fold(RunState(run_id), run_id=run_id)
+    state = run_inprocess(problem, tmp_path / "kb.db", max_candidates=2)
+    assert state.finished.winner
     assert {c.proposal.family for c in state.candidates.values()} == {"conv_transpose"}
-    assert state.candidates[finished.winner].proposal.family == "conv_transpose"
+    assert state.candidates[state.finished.winner].proposal.family == "conv_transpose"

@@ -30,15 +30,6 @@ def candidate(name: str) -> str:
     return (HERE / "candidates" / f"{name}.py").read_text()
 
 
-@pytest.fixture(scope="module")
-def box():
-    sb = Sandbox("cpu")
-    try:
-        yield sb
-    finally:
-        sb.close()
-
-
 def gate(box: Sandbox, source: str, timeout_s: float = 120.0) -> dict:
     args = {"problem_source": PROBLEM, "cand_source": source, "device": "cpu", "seeds": 3}
     return box.call("gate", args, timeout_s=timeout_s)[0]

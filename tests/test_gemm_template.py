@@ -1,9 +1,7 @@
 """The gemm_epilogue template family: matched from the traced linear -> relu -> div, every round-0
 candidate passes the gate (the seed shape, an irregular one, an int divisor taken from the trace with
 no constructor parameter), mutations move knobs, feasibility refuses tiles that do not fit, and a whole
-in-process run on the seed problem ends with a gemm_epilogue winner.
-
-gemm_epilogue is not in kernelbrain.templates.FAMILIES yet: the tests that need it registered patch it in."""
+in-process run on the seed problem ends with a gemm_epilogue winner."""
 
 from __future__ import annotations
 
@@ -11,12 +9,11 @@ from pathlib import Path
 
 import pytest
 
-import kernelbrain.generators.expert as expert
-import kernelbrain.templates as templates
 from kernelbrain.diagnosis import LABELS
 from kernelbrain.problem import read_problem
 from kernelbrain.sandbox import Sandbox
 from kernelbrain.templates import gemm_epilogue as ge
+from tests.runs import run_inprocess
 
 ROOT = Path(__file__).resolve().parents[1]
 LINEAR = ROOT / "benchmarks" / "problems" / "linear_relu_div.py"
@@ -52,15 +49,6 @@ def get_inputs():
 def get_init_inputs():
     return [d_in, d_out]
 """
-
-
-@pytest.fixture(scope="module")
-def box():
-    sb = Sandbox("cpu")
-    try:
-        yield sb
-    finally:
-        sb.close()
 
 
 @pytest.fixture(scope="module")
@@ -189,23 +177,8 @@ def test_mutations_move_knobs_and_feasibility_refuses_tiles_that_do_not_fit():
     assert ge.feasible({**primary, "m": 16, "k": 64, "n": 32}, big)
 
 
-def test_kb_run_on_the_seed_problem_picks_a_gemm_epilogue_winner(tmp_path, monkeypatch):
-    from kernelbrain.events import RunConfig
-    from kernelbrain.runner import DEFAULT_RUNGS, start_run, supervise
-    from kernelbrain.state import RunState
-    from store import EventStore
-
-    families = (*templates.FAMILIES, ge)
-    monkeypatch.setattr(templates, "FAMILIES", families)
-    monkeypatch.setattr(expert, "FAMILIES", families)
-    db = tmp_path / "kb.db"
-    config = RunConfig(device="cpu", max_candidates=3, rungs=DEFAULT_RUNGS["cpu"])
-    with EventStore(db, create=True) as store:
-        run_id = start_run(store, str(LINEAR), config)
-    finished = supervise(str(db), run_id, inprocess=True)
-    assert finished is not None and finished.winner
-
-    with EventStore(db, create=False) as store:
-        state = store.fold(RunState(run_id), run_id=run_id)
+def test_kb_run_on_the_seed_problem_picks_a_gemm_epilogue_winner(tmp_path):
+    state = run_inprocess(LINEAR, tmp_path / "kb.db", max_candidates=3)
+    assert state.finished.winner
     assert {c.proposal.family for c in state.candidates.values()} == {"gemm_epilogue"}
-    assert state.candidates[finished.winner].proposal.family == "gemm_epilogue"
+    assert state.candidates[state.finished.winner].proposal.family == "gemm_epilogue"

@@ -1,8 +1,6 @@
 """The gemv template family: matched from the traced matmul, every round-0 candidate passes the gate
 (the seed shape, an irregular one, a 1-D vector), mutations move knobs, feasibility refuses oversize
-accumulators, and a whole in-process run on the seed problem ends with a gemv winner.
-
-gemv is not in kernelbrain.templates.FAMILIES yet: the tests that need it registered patch it in."""
+accumulators, and a whole in-process run on the seed problem ends with a gemv winner."""
 
 from __future__ import annotations
 
@@ -10,12 +8,11 @@ from pathlib import Path
 
 import pytest
 
-import kernelbrain.generators.expert as expert
-import kernelbrain.templates as templates
 from kernelbrain.diagnosis import LABELS
 from kernelbrain.problem import read_problem
 from kernelbrain.sandbox import Sandbox
 from kernelbrain.templates import gemv
+from tests.runs import run_inprocess
 
 ROOT = Path(__file__).resolve().parents[1]
 MATVEC = ROOT / "benchmarks" / "problems" / "matvec.py"
@@ -48,15 +45,6 @@ def get_inputs():
 def get_init_inputs():
     return []
 """
-
-
-@pytest.fixture(scope="module")
-def box():
-    sb = Sandbox("cpu")
-    try:
-        yield sb
-    finally:
-        sb.close()
 
 
 @pytest.fixture(scope="module")
@@ -143,23 +131,8 @@ def test_mutations_move_knobs_and_feasibility_refuses_oversize_tiles():
     assert gemv.feasible({**primary, "m": 2}, {**rows, "block_m": 64, "block_k": 4096})
 
 
-def test_kb_run_on_the_seed_problem_picks_a_gemv_winner(tmp_path, monkeypatch):
-    from kernelbrain.events import RunConfig
-    from kernelbrain.runner import DEFAULT_RUNGS, start_run, supervise
-    from kernelbrain.state import RunState
-    from store import EventStore
-
-    families = (*templates.FAMILIES, gemv)
-    monkeypatch.setattr(templates, "FAMILIES", families)
-    monkeypatch.setattr(expert, "FAMILIES", families)
-    db = tmp_path / "kb.db"
-    config = RunConfig(device="cpu", max_candidates=3, rungs=DEFAULT_RUNGS["cpu"])
-    with EventStore(db, create=True) as store:
-        run_id = start_run(store, str(MATVEC), config)
-    finished = supervise(str(db), run_id, inprocess=True)
-    assert finished is not None and finished.winner
-
-    with EventStore(db, create=False) as store:
-        state = store.fold(RunState(run_id), run_id=run_id)
+def test_kb_run_on_the_seed_problem_picks_a_gemv_winner(tmp_path):
+    state = run_inprocess(MATVEC, tmp_path / "kb.db", max_candidates=3)
+    assert state.finished.winner
     assert {c.proposal.family for c in state.candidates.values()} == {"gemv"}
-    assert state.candidates[finished.winner].proposal.family == "gemv"
+    assert state.candidates[state.finished.winner].proposal.family == "gemv"

@@ -51,15 +51,6 @@ def make(server: LLMServer | None = None, base_url: str | None = None, **kw) -> 
     return LLMGenerator(base_url=base_url or (server.base_url if server else None), env=env, **options)
 
 
-@pytest.fixture(scope="module")
-def box():
-    sb = Sandbox("cpu")
-    try:
-        yield sb
-    finally:
-        sb.close()
-
-
 def gate(box: Sandbox, source: str) -> dict:
     args = {"problem_source": PROBLEM, "cand_source": source, "device": "cpu", "seeds": 2}
     return box.call("gate", args, timeout_s=120.0)[0]

@@ -51,15 +51,6 @@ def get_init_inputs():
 
 
 @pytest.fixture(scope="module")
-def box():
-    sb = Sandbox("cpu")
-    try:
-        yield sb
-    finally:
-        sb.close()
-
-
-@pytest.fixture(scope="module")
 def problems(tmp_path_factory) -> dict[str, str]:
     """Problem variants written to files and read back through the static check, as kb reads them."""
     tmp = tmp_path_factory.mktemp("rmsnorm_problems")
