@@ -336,7 +336,15 @@ def _quartiles(xs: list[float]) -> tuple[float, float]:
 
 
 class _Timer:
-    """CUDA events with an L2 flush before each call on GPU; wall clock under the interpreter."""
+    """CUDA events with an L2 flush before each sample on GPU; wall clock under the interpreter.
+
+    A sample is `calls` back-to-back calls between one event pair, divided by `calls`: a kernel of a
+    few microseconds is shorter than the jitter of one launch, so it is timed as a batch (the flush
+    still precedes each batch, so only the batch's first call starts with a cold L2)."""
+
+    # a sample shorter than this is dominated by launch jitter: batch calls up to it (GPU only)
+    MIN_SAMPLE_S = 200e-6
+    MAX_CALLS = 100
 
     def __init__(self, device: str) -> None:
         self.device = device
@@ -346,18 +354,28 @@ class _Timer:
             torch.empty(64 * 1024 * 1024, dtype=torch.int32, device="cuda") if device == "cuda" else None
         )
 
-    def __call__(self, fn: Callable[[], Any]) -> float:
+    def __call__(self, fn: Callable[[], Any], calls: int = 1) -> float:
         if self.flush is None:
             t = time.perf_counter()
-            fn()
-            return time.perf_counter() - t
+            for _ in range(calls):
+                fn()
+            return (time.perf_counter() - t) / calls
         self.flush.zero_()
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
-        fn()
+        for _ in range(calls):
+            fn()
         end.record()
         end.synchronize()
-        return start.elapsed_time(end) / 1e3
+        return start.elapsed_time(end) / 1e3 / calls
+
+    def calls_for(self, *fns: Callable[[], Any]) -> int:
+        """Calls per sample for this shape, the same for every contender: enough that the fastest
+        one's sample lasts MIN_SAMPLE_S (1 under the interpreter, where a call takes milliseconds)."""
+        if self.flush is None:
+            return 1
+        fastest = min(min(self(fn) for _ in range(3)) for fn in fns)
+        return max(1, min(self.MAX_CALLS, math.ceil(self.MIN_SAMPLE_S / max(fastest, 1e-9))))
 
 
 def bench(problem_source: str, cand_source: str, device: str, which: str, repeats: int, warmup: int) -> dict:
@@ -379,14 +397,15 @@ def bench(problem_source: str, cand_source: str, device: str, which: str, repeat
                 ref(*sets[i % 3])
                 new(*sets[i % 3])
             ref_t, new_t = [], []
+            calls = timer.calls_for(lambda: ref(*sets[0]), lambda: new(*sets[0]))
             # the interpreter leaves garbage behind: no collection may land inside a timed call
             gc.collect()
             gc.disable()
             try:
                 for i in range(repeats):
                     args = sets[i % 3]
-                    ref_t.append(timer(lambda a=args, f=ref: f(*a)))
-                    new_t.append(timer(lambda a=args, f=new: f(*a)))
+                    ref_t.append(timer(lambda a=args, f=ref: f(*a), calls))
+                    new_t.append(timer(lambda a=args, f=new: f(*a), calls))
             finally:
                 gc.enable()
             (cm, ci), (rm, ri) = _quartiles(new_t), _quartiles(ref_t)
@@ -400,6 +419,7 @@ def bench(problem_source: str, cand_source: str, device: str, which: str, repeat
                     "repeats": repeats,
                     "speedup": rm / cm if cm > 0 else 0.0,
                     "compile_s": compile_s,
+                    "calls": calls,
                 }
             )
     return {"shapes": shapes, "timer": timer.name}
@@ -422,13 +442,14 @@ def duel(
             for i in range(warmup + 1):  # the first call compiles
                 na(*sets[i % 3])
                 nb(*sets[i % 3])
+            calls = timer.calls_for(lambda: na(*sets[0]), lambda: nb(*sets[0]))
             gc.collect()
             gc.disable()
             try:
                 for i in range(repeats):
                     args = sets[i % 3]
                     order = (na, nb) if i % 2 == 0 else (nb, na)
-                    t = {id(f): timer(lambda a=args, f=f: f(*a)) for f in order}
+                    t = {id(f): timer(lambda a=args, f=f: f(*a), calls) for f in order}
                     logs[i] += math.log(t[id(na)] / t[id(nb)]) / len(shapes)
             finally:
                 gc.enable()

@@ -182,6 +182,7 @@ class ShapeTiming(BaseModel):
     repeats: int
     speedup: float
     compile_s: float = 0.0
+    calls: int = 1  # calls per timed sample (short kernels are timed in batches; medians are per call)
 
 
 class RungBenchmarked(Event):
