@@ -18,8 +18,8 @@ search)
   budget=${2:-60}
   nvidia-smi --query-gpu=index,name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv > "$W/machine.txt"
   $M ceilings --out "$W" 2>&1 | tee "$W/ceilings.log"
-  $M search --out "$W" --arm ladder --gpu 0 --budget-gpu-s "$budget" > "$W/search_ladder.log" 2>&1 &
-  $M search --out "$W" --arm flat --gpu 1 --budget-gpu-s "$budget" > "$W/search_flat.log" 2>&1 &
+  $M search --out "$W" --arm ladder --gpu 0 --budget-gpu-s "$budget" --timeout-s "${KB_RUN_TIMEOUT_S:-85}" > "$W/search_ladder.log" 2>&1 &
+  $M search --out "$W" --arm flat --gpu 1 --budget-gpu-s "$budget" --timeout-s "${KB_RUN_TIMEOUT_S:-85}" > "$W/search_flat.log" 2>&1 &
   wait
   cat "$W"/search_*.log
   ;;
