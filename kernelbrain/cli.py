@@ -27,7 +27,6 @@ from kernelbrain.runner import (
     start_run,
     supervise,
 )
-from kernelbrain.state import RunState
 from kernelbrain.workers import ROLES, Worker
 from store import EventStore, StoreError
 
@@ -77,53 +76,46 @@ def main() -> None:
     logging.basicConfig(level=logging.WARNING, format="kb %(name)s: %(message)s")
 
 
-def _progress(reader: EventStore) -> Callable[[RunState, int], None]:
-    """Print one line per newly folded event (claims and charges left out)."""
-    from kernelbrain.describe import QUIET_TYPES, summary
-    from kernelbrain.events import decode
-
-    def show(state: RunState, seen: int) -> None:
-        for raw in reader.read(after=seen, run_id=state.run_id, until=state.position):
-            if raw.type not in QUIET_TYPES:
-                click.echo(f"  #{raw.seq} {summary(decode(raw))}")
-
-    return show
-
-
 def _drive(
-    db: str, run_id: str, gpu: int | None, inprocess: bool, quiet: bool, external: bool = False
+    db: str,
+    run_id: str,
+    gpu: int | None,
+    inprocess: bool,
+    quiet: bool,
+    as_json: bool,
+    external: bool = False,
+    after: int = 0,
 ) -> None:
+    """Supervise the run, showing it live (kernelbrain.progress), then say how it ended."""
+    from kernelbrain import progress
+
     reader = EventStore(db, create=False)
     try:
-        finished = supervise(
-            db,
-            run_id,
-            gpu=gpu,
-            inprocess=inprocess,
-            external=external,
-            progress=None if quiet else _progress(reader),
-        )
-        if finished is None:
-            click.echo(
-                f"kb: run {run_id} interrupted; everything recorded is kept. "
-                f"Continue with: kb resume {run_id}",
-                err=True,
-            )
-            sys.exit(130)
-        state = load_state(reader, run_id)
-        click.echo(f"run {run_id} finished: {finished.reason}")
-        if finished.winner:
-            top = state.candidates[finished.winner].top_result
-            speed = ", ".join(f"{s.shape} {s.speedup:.3g}x" for s in top.shapes) if top else ""
-            click.echo(
-                f"winner {finished.winner} at rung {finished.winner_rung}, score "
-                f"{finished.winner_score:.4g} ({speed}); `kb audit {run_id}` says why, "
-                f"`kb export {run_id} -o kernel.py` writes it"
-            )
-        else:
-            click.echo("no candidate passed the gate and the ladder")
+        with progress.make_view(reader, run_id, after=after, as_json=as_json, quiet=quiet) as view:
+            finished = supervise(db, run_id, gpu=gpu, inprocess=inprocess, external=external, progress=view)
+        outcome = progress.result(load_state(reader, run_id), finished)
     finally:
         reader.close()
+    if as_json:
+        click.echo(progress.json_line(outcome.model_dump(mode="json")))
+    if finished is None:
+        click.echo(
+            f"kb: run {run_id} interrupted; everything recorded is kept. Continue with: kb resume {run_id}",
+            err=True,
+        )
+        sys.exit(130)
+    if as_json:
+        return
+    click.echo(f"run {run_id} finished: {finished.reason}")
+    if finished.winner:
+        speed = ", ".join(f"{shape} {x:.3g}x" for shape, x in outcome.speedups.items())
+        click.echo(
+            f"winner {finished.winner} at rung {finished.winner_rung}, score "
+            f"{finished.winner_score:.4g} ({speed}); `kb audit {run_id}` says why, "
+            f"`kb export {run_id} -o kernel.py` writes it"
+        )
+    else:
+        click.echo("no candidate passed the gate and the ladder")
 
 
 @main.command()
@@ -164,6 +156,7 @@ def _drive(
     help="Start no workers: `kb worker ROLE --db FILE` processes (one benchmarker per GPU) drive the run.",
 )
 @click.option("--quiet", is_flag=True, help="Print only the run id and the result.")
+@json_option
 @user_errors
 def run(
     problem: str,
@@ -187,6 +180,7 @@ def run(
     inprocess: bool,
     external_workers: bool,
     quiet: bool,
+    as_json: bool,
 ) -> None:
     """Search for a faster kernel for PROBLEM (a KernelBench .py file)."""
     from kernelbrain import generators
@@ -214,9 +208,10 @@ def run(
     generators.get(generator, **config.generator_options())  # a misconfigured generator fails here
     with open_store(db, create=True) as store:
         run_id = start_run(store, problem, config)
-    click.echo(f"run {run_id}")
+    if not as_json:  # JSON readers find the id on every line, RunStarted first
+        click.echo(f"run {run_id}")
     sys.stdout.flush()
-    _drive(db, run_id, gpu, inprocess, quiet, external_workers)
+    _drive(db, run_id, gpu, inprocess, quiet, as_json, external_workers)
 
 
 @main.command()
@@ -255,20 +250,23 @@ def check(problem: str, candidate: str, device: str, bench: bool, as_json: bool)
 @main.command()
 @click.argument("run_id")
 @db_option
-@click.option("--gpu", type=int, default=None)
-@click.option("--inprocess", is_flag=True)
-@click.option("--quiet", is_flag=True)
+@click.option("--gpu", type=int, default=None, help="GPU index for the workers.")
+@click.option("--inprocess", is_flag=True, help="Step the workers in this process (tests, debugging).")
+@click.option("--quiet", is_flag=True, help="Print only the resume line and the result.")
+@json_option
 @user_errors
-def resume(run_id: str, db: str, gpu: int | None, inprocess: bool, quiet: bool) -> None:
+def resume(run_id: str, db: str, gpu: int | None, inprocess: bool, quiet: bool, as_json: bool) -> None:
     """Continue an interrupted run from its log."""
     with open_store(db) as store:
+        before = store.last_seq(run_id) or 0  # this session shows what it adds, from RunResumed on
         state = prepare_resume(store, run_id)
-    click.echo(
-        f"run {run_id} resumed at event #{state.position}: {len(state.candidates)} candidates, "
-        f"{len(state.live())} unfinished"
-    )
+    if not as_json:
+        click.echo(
+            f"run {run_id} resumed at event #{state.position}: {len(state.candidates)} candidates, "
+            f"{len(state.live())} unfinished"
+        )
     sys.stdout.flush()
-    _drive(db, run_id, gpu, inprocess, quiet)
+    _drive(db, run_id, gpu, inprocess, quiet, as_json, after=before)
 
 
 @main.command()
@@ -350,6 +348,7 @@ def status(run_id: str, db: str, as_json: bool) -> None:
 def events(run_id: str, db: str, follow: bool, as_json: bool, show_all: bool) -> None:
     """Print a run's events."""
     from kernelbrain.describe import QUIET_TYPES, event_line
+    from kernelbrain.progress import event_dict, json_line
 
     with open_store(db) as store:
         state = load_state(store, run_id)
@@ -358,21 +357,7 @@ def events(run_id: str, db: str, follow: bool, as_json: bool, show_all: bool) ->
             for raw in store.read(after=after, run_id=run_id):
                 after = raw.seq
                 if as_json:
-                    click.echo(
-                        orjson.dumps(
-                            {
-                                "seq": raw.seq,
-                                "type": raw.type,
-                                "version": raw.version,
-                                "key": raw.key,
-                                "candidate": raw.subject,
-                                "rung": raw.stage,
-                                "actor": raw.actor,
-                                "ts": raw.ts,
-                                "payload": raw.payload,
-                            }
-                        ).decode()
-                    )
+                    click.echo(json_line(event_dict(raw)))
                 elif show_all or raw.type not in QUIET_TYPES:
                     click.echo(event_line(raw))
             store.fold(state, run_id=run_id)
@@ -431,4 +416,19 @@ def export(run_id: str, db: str, output: str, candidate: str | None) -> None:
 
     with open_store(db) as store:
         path = do_export(store, load_state(store, run_id), output, candidate)
+    click.echo(f"wrote {path}")
+
+
+@main.command()
+@click.argument("run_id")
+@db_option
+@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False), help="HTML file to write.")
+@user_errors
+def report(run_id: str, db: str, output: str) -> None:
+    """Write one self-contained HTML page on a run: speedup over device time, lineage, funnel, failures,
+    the winner's roofline and its diff against its parent."""
+    from kernelbrain.report import write_report
+
+    with open_store(db) as store:
+        path = write_report(store, run_id, output)
     click.echo(f"wrote {path}")
