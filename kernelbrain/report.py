@@ -22,9 +22,7 @@ import statistics
 from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path
-
-import matplotlib
-from matplotlib.figure import Figure
+from typing import TYPE_CHECKING
 
 from kernelbrain.audit import audit
 from kernelbrain.describe import fmt_s, status_dict
@@ -32,6 +30,9 @@ from kernelbrain.events import BudgetCharged, GateFailed, GatePassed, ProfileCap
 from kernelbrain.runner import RunError, require_run
 from kernelbrain.state import Candidate, RunState
 from store import EventStore, StoredEvent
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 ROOFLINE_KEYS = ("time_s", "bytes", "flops", "bandwidth_Bps", "matmul_flops")
 NCU_HEADLINES = {  # Nsight Compute's own percentages of peak, shown beside the roofline's
@@ -106,7 +107,16 @@ def roofline_metrics(profile: ProfileCaptured | None) -> dict[str, float] | None
 # --- plots ---------------------------------------------------------------------------------------
 
 
+def _new_figure(width: float, height: float) -> Figure:
+    # imported when a plot is drawn: a bad run id or output path is reported without loading matplotlib
+    from matplotlib.figure import Figure
+
+    return Figure(figsize=(width, height))
+
+
 def _svg(fig: Figure, name: str) -> str:
+    import matplotlib
+
     buf = io.StringIO()
     # a salt per plot keeps the ids of markers and clip paths distinct between the inlined SVGs
     with matplotlib.rc_context({"svg.fonttype": "none", "svg.hashsalt": name}):
@@ -128,7 +138,7 @@ def _figure(name: str, fig: Figure, caption: str) -> str:
 
 
 def _speedup_plot(state: ReportState) -> str:
-    fig = Figure(figsize=(8, 3.8))
+    fig = _new_figure(8, 3.8)
     ax = fig.add_subplot()
     points = state.timeline()
     values = [geo_speedup(r) for _, r in points]
@@ -157,7 +167,7 @@ def _speedup_plot(state: ReportState) -> str:
 
 
 def _funnel_plot(stages: list[tuple[str, int]]) -> str:
-    fig = Figure(figsize=(8, 0.45 * len(stages) + 0.8))
+    fig = _new_figure(8, 0.45 * len(stages) + 0.8)
     ax = fig.add_subplot()
     labels = [s for s, _ in stages][::-1]
     counts = [n for _, n in stages][::-1]
@@ -170,7 +180,7 @@ def _funnel_plot(stages: list[tuple[str, int]]) -> str:
 
 def _failure_plot(gate: Counter[str], ladder: Counter[str]) -> str:
     cats = sorted(set(gate) | set(ladder), key=lambda c: (-(gate[c] + ladder[c]), c))[::-1]
-    fig = Figure(figsize=(8, 0.45 * len(cats) + 1.0))
+    fig = _new_figure(8, 0.45 * len(cats) + 1.0)
     ax = fig.add_subplot()
     g = ax.barh(cats, [gate[c] for c in cats], color="C3", label="at the gate")
     ax.bar_label(g, label_type="center", labels=[str(gate[c]) if gate[c] else "" for c in cats])
@@ -196,7 +206,7 @@ def _roofline_plot(state: RunState, winner: Candidate, m: dict[str, float]) -> s
     intensities = [p["flops"] / p["bytes"] for _, p in points if p["bytes"] > 0] + [ridge]
     lo, hi = min(intensities) / 30, max(intensities) * 30
     xs = [lo * (hi / lo) ** (i / 200) for i in range(201)]
-    fig = Figure(figsize=(8, 4.2))
+    fig = _new_figure(8, 4.2)
     ax = fig.add_subplot()
     ax.plot(xs, [min(bw * x, peak) for x in xs], color="0.2", label="measured ceilings")
     ax.axvline(ridge, color="0.6", linestyle=":", linewidth=1)
@@ -627,12 +637,17 @@ def render(store: EventStore, state: ReportState) -> str:
 
 def write_report(store: EventStore, run_id: str, out: str | Path) -> Path:
     state = load_report_state(store, run_id)
-    page = render(store, state)
     path = Path(out)
     try:
-        path.write_text(page, encoding="utf-8")
+        f = path.open("w", encoding="utf-8")  # before drawing: a bad path fails at once
     except OSError as e:
         raise RunError(
             f"cannot write {path}: {e.strerror}; pass -o a path in an existing, writable folder"
         ) from e
+    try:
+        with f:
+            f.write(render(store, state))
+    except BaseException:
+        path.unlink(missing_ok=True)  # no half-written page left behind
+        raise
     return path
