@@ -24,7 +24,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from kernelbrain.audit import audit
+from kernelbrain.audit import _knobs, audit
 from kernelbrain.describe import fmt_s, status_dict
 from kernelbrain.events import BudgetCharged, GateFailed, GatePassed, ProfileCaptured, RungBenchmarked
 from kernelbrain.runner import RunError, require_run
@@ -99,7 +99,7 @@ def roofline_metrics(profile: ProfileCaptured | None) -> dict[str, float] | None
     m = profile.metrics
     if profile.source == "ncu":
         m = {k.removeprefix("roofline_"): v for k, v in m.items() if k.startswith("roofline_")}
-    if not all(k in m for k in ROOFLINE_KEYS) or m["time_s"] <= 0:
+    if not all(k in m for k in ROOFLINE_KEYS) or m["time_s"] <= 0 or m["bytes"] <= 0:
         return None
     return m
 
@@ -203,7 +203,7 @@ def _roofline_plot(state: RunState, winner: Candidate, m: dict[str, float]) -> s
         for cid in state.profiled
         if cid != winner.id and (rm := roofline_metrics((c := state.candidates[cid]).profile))
     ]
-    intensities = [p["flops"] / p["bytes"] for _, p in points if p["bytes"] > 0] + [ridge]
+    intensities = [p["flops"] / p["bytes"] for _, p in points] + [ridge]
     lo, hi = min(intensities) / 30, max(intensities) * 30
     xs = [lo * (hi / lo) ** (i / 200) for i in range(201)]
     fig = _new_figure(8, 4.2)
@@ -253,10 +253,6 @@ def _table(head: Iterable[str], rows: Iterable[Iterable[object]], cls: str = "")
 
 def _section(anchor: str, title: str, body: str) -> str:
     return f'<section id="{anchor}"><h2>{_esc(title)}</h2>{body}</section>'
-
-
-def _knobs(c: Candidate) -> str:
-    return ", ".join(f"{k}={v}" for k, v in c.proposal.knobs.items())
 
 
 def _summary(state: ReportState, winner: Candidate | None, role: str) -> str:
