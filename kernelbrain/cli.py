@@ -407,15 +407,24 @@ def audit(run_id: str, db: str, candidate: str | None) -> None:
 @main.command()
 @click.argument("run_id")
 @db_option
-@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False))
-@click.option("--candidate", default=None)
+@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False), help="File to write.")
+@click.option("--candidate", default=None, help="Export this candidate instead of the winner.")
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["standalone", "kernelbench"]),
+    default="standalone",
+    show_default=True,
+    help="standalone: ModelNew, the reference and a check-and-time harness (`python kernel.py`); "
+    "kernelbench: ModelNew and its imports only, the file KernelBench's evaluator takes.",
+)
 @user_errors
-def export(run_id: str, db: str, output: str, candidate: str | None) -> None:
+def export(run_id: str, db: str, output: str, candidate: str | None, fmt: str) -> None:
     """Write the winner as a standalone module defining ModelNew."""
     from kernelbrain.export import export as do_export
 
     with open_store(db) as store:
-        path = do_export(store, load_state(store, run_id), output, candidate)
+        path = do_export(store, load_state(store, run_id), output, candidate, fmt)  # type: ignore[arg-type]
     click.echo(f"wrote {path}")
 
 

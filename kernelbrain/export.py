@@ -1,26 +1,100 @@
-"""`kb export`: the winner as a standalone module defining ModelNew (no kernelbrain import)."""
+"""`kb export`: a run's winner as a file that needs torch and triton, never kernelbrain.
+
+Two formats:
+
+- standalone (default): the candidate's source, then the reference problem it was measured against
+  (kept as a string and loaded into a module of its own, so its globals never clash with ModelNew's),
+  then a harness (kernelbrain/export_harness.py, copied in) that `python kernel.py` runs: it checks
+  ModelNew against the reference at the problem's tolerance and prints the speedup.
+- kernelbench: the file KernelBench's evaluator takes as its custom model: ModelNew and its imports.
+"""
 
 from __future__ import annotations
 
+import ast
 from pathlib import Path
+from typing import Literal
 
+from kernelbrain.problem import DEFAULT_TOLERANCE
 from kernelbrain.runner import RunError
-from kernelbrain.state import RunState
+from kernelbrain.state import Candidate, RunState
 from store import EventStore
 
+Format = Literal["standalone", "kernelbench"]
+FORMATS: tuple[Format, ...] = ("standalone", "kernelbench")
+KB_PACKAGES = {"kernelbrain", "store", "migrations"}  # what kb installs; an exported file imports none
+HARNESS = Path(__file__).with_name("export_harness.py")
+HARNESS_START = "# --- HARNESS_START ---\n"
 
-def export_source(store: EventStore, state: RunState, candidate: str | None = None) -> str:
-    cid = (
-        candidate
-        or (state.finished.winner if state.finished else None)
-        or (state.leader().id if state.leader() else None)
-    )
+# What KernelBench expects (ScalingIntelligence/KernelBench, src/kernelbench/eval.py):
+# eval_kernel_against_ref(original_model_src, custom_model_src, ..., backend="triton") gets the
+# reference problem's source and this file's text separately. For Triton it writes custom_model_src to
+# a temporary .py file and imports it (load_custom_model_with_tempfile: @triton.jit reads kernel source
+# through inspect), takes the module's ModelNew and builds it as ModelNew(*get_init_inputs()) with the
+# reference's init inputs, then compares forward() outputs with Model's at the precision's tolerance.
+# So the file holds ModelNew and the imports it needs, and neither the reference Model nor a harness.
+KERNELBENCH_NOTE = """\
+# Format: a KernelBench custom model (ScalingIntelligence/KernelBench, src/kernelbench/eval.py,
+# eval_kernel_against_ref(original_model_src, custom_model_src, backend="triton")). KernelBench imports
+# this file from a temporary .py file, takes ModelNew and builds it as ModelNew(*get_init_inputs()) of
+# the reference problem, which it is given separately; so this file holds ModelNew and its imports only.
+"""
+
+
+def pick(state: RunState, candidate: str | None = None) -> Candidate:
+    """The candidate to export: the one asked for, else the winner, else the leader so far."""
+    leader = state.leader()
+    cid = candidate or (state.finished.winner if state.finished else None) or (leader.id if leader else None)
     if cid is None:
         raise RunError(f"run {state.run_id} has no measured candidate to export yet")
     if cid not in state.candidates:
-        raise RunError(f"run {state.run_id} has no candidate {cid!r}")
-    c = state.candidates[cid]
-    source = store.get_blob(c.proposal.source).decode()
+        raise RunError(f"run {state.run_id} has no candidate {cid!r}; `kb status {state.run_id}` lists them")
+    return state.candidates[cid]
+
+
+def _check_standalone(source: str, cid: str) -> None:
+    """The candidate must stand alone: it may import torch and triton, never kb's own packages."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError as e:  # the gate compiled it, so the blob itself is damaged
+        raise RunError(
+            f"candidate {cid}'s source does not parse (line {e.lineno}): the log is damaged"
+        ) from e
+    for node in ast.walk(tree):
+        names = (
+            [a.name for a in node.names]
+            if isinstance(node, ast.Import)
+            else [node.module or ""]
+            if isinstance(node, ast.ImportFrom) and node.level == 0
+            else []
+        )
+        for name in names:
+            if name.split(".")[0] in KB_PACKAGES:
+                raise RunError(
+                    f"candidate {cid} imports {name} (line {node.lineno}), so it cannot run without "
+                    "kernelbrain; export another with --candidate"
+                )
+
+
+def _string_literal(text: str) -> str:
+    """text as a Python literal a reader can read: a raw triple-quoted block where that is exact."""
+    for quote in ('"""', "'''"):
+        literal = f"r{quote}{text}{quote}"
+        try:
+            if ast.literal_eval(literal) == text:
+                return literal
+        except (SyntaxError, ValueError):
+            pass
+    return repr(text)
+
+
+def _harness() -> str:
+    text = HARNESS.read_text(encoding="utf-8")
+    return text[text.index(HARNESS_START) + len(HARNESS_START) :].strip("\n")
+
+
+def _header(state: RunState, c: Candidate) -> str:
+    assert state.started is not None
     top = c.top_result
     numbers = (
         "; ".join(
@@ -30,19 +104,52 @@ def export_source(store: EventStore, state: RunState, candidate: str | None = No
         if top
         else "not measured"
     )
-    assert state.started
-    header = (
+    return (
         f"# Exported by kernelbrain from run {state.run_id}, problem {state.started.problem_name}.\n"
-        f"# Candidate {cid} ({c.proposal.family}/{c.proposal.strategy}); best rung "
+        f"# Candidate {c.id} ({c.proposal.family}/{c.proposal.strategy}); best rung "
         f"{max(c.results) if c.results else '-'}: {numbers} [{top.timer if top else '-'}]\n"
     )
-    return header + source
 
 
-def export(store: EventStore, state: RunState, out: str | Path, candidate: str | None = None) -> Path:
+def export_source(
+    store: EventStore, state: RunState, candidate: str | None = None, fmt: Format = "standalone"
+) -> str:
+    c = pick(state, candidate)
+    source = store.get_blob(c.proposal.source).decode()
+    _check_standalone(source, c.id)
+    source = source.rstrip("\n") + "\n"
+    if fmt == "kernelbench":
+        return _header(state, c) + KERNELBENCH_NOTE + "\n" + source
+    assert state.started is not None
+    problem = store.get_blob(state.started.problem_hash).decode()
+    return (
+        _header(state, c)
+        + "# `python kernel.py` checks ModelNew against the reference below and prints the speedup\n"
+        + "# (without a GPU: TRITON_INTERPRET=1 python kernel.py). It needs torch and triton only.\n\n"
+        + source
+        + "\n\n# --- the reference kb measured against (problem "
+        + f"{state.started.problem_name}, source hash {state.started.problem_hash[:16]}) ---\n"
+        + "# Kept as text and loaded into a module of its own, so its names never clash with ModelNew's.\n"
+        + f"_KB_REFERENCE_SOURCE = {_string_literal(problem)}\n"
+        + f"_KB_DEFAULT_TOLERANCE = {dict(DEFAULT_TOLERANCE)!r}\n\n\n"
+        + "# --- check and time: python kernel.py [--device cpu|cuda] [--all-shapes] [--repeats N] ---\n\n\n"
+        + _harness()
+        + '\n\n\nif __name__ == "__main__":\n'
+        + "    raise SystemExit(_kb_main(ModelNew, _KB_REFERENCE_SOURCE, _KB_DEFAULT_TOLERANCE))\n"
+    )
+
+
+def export(
+    store: EventStore,
+    state: RunState,
+    out: str | Path,
+    candidate: str | None = None,
+    fmt: Format = "standalone",
+) -> Path:
     path = Path(out)
+    text = export_source(store, state, candidate, fmt)
     try:
-        path.write_text(export_source(store, state, candidate), encoding="utf-8")
+        path.write_text(text, encoding="utf-8")
     except OSError as e:
         raise RunError(
             f"cannot write {path}: {e.strerror}; pass -o a path in an existing, writable folder"

@@ -1,0 +1,239 @@
+"""The check-and-time harness `kb export` appends to a standalone kernel module.
+
+Everything below HARNESS_START is copied verbatim into the exported file, after the candidate's
+source and the reference problem's source (kept as a string), so it must import nothing from
+kernelbrain and define nothing whose name could clash with a candidate's: every name starts with
+`_kb_`, and imports are local to the functions. It re-states, in a few lines, what kb's gate and
+ladder do (kernelbrain.evaluate): same shapes, same tolerances, the reference in float64 as the
+judge, CUDA events with an L2 flush on a GPU, the wall clock under the Triton interpreter.
+"""
+
+from __future__ import annotations
+
+# --- HARNESS_START ---
+
+
+def _kb_load_reference(source, name="kb_reference"):
+    """The reference problem as a module of its own: its globals (shapes, Model) never meet ModelNew's."""
+    import sys
+    import types
+
+    module = types.ModuleType(name)
+    module.__file__ = f"<{name}>"
+    sys.modules[name] = module  # dataclasses and pickling look classes up by module name
+    exec(compile(source, f"<{name}>", "exec"), module.__dict__)
+    return module
+
+
+def _kb_shape_label(shape):
+    return ",".join(f"{k}={v}" for k, v in shape.items()) or "default"
+
+
+class _KbProblem:
+    """A KernelBench problem plus kb's optional KB_SHAPES, KB_SMOKE_SHAPE and KB_TOLERANCE."""
+
+    def __init__(self, module, default_tolerance):
+        self.module = module
+        self.base = {k: v for k, v in vars(module).items() if not k.startswith("__")}
+        self.shapes = [dict(s) for s in (getattr(module, "KB_SHAPES", None) or [{}])]
+        smoke = getattr(module, "KB_SMOKE_SHAPE", None)
+        self.smoke = dict(smoke) if smoke else None
+        self.tolerance = {**default_tolerance, **(getattr(module, "KB_TOLERANCE", None) or {})}
+
+    def use(self, shape):
+        for k, v in self.base.items():
+            setattr(self.module, k, v)
+        for k, v in shape.items():
+            setattr(self.module, k, v)
+
+    def inputs(self, shape, seed, device):
+        import torch
+
+        self.use(shape)
+        torch.manual_seed(seed)
+        with torch.device(device):
+            xs = self.module.get_inputs()
+        return [x.to(device) if isinstance(x, torch.Tensor) else x for x in xs]
+
+    def size(self, shape):
+        import torch
+
+        return sum(x.numel() for x in self.inputs(shape, 0, "meta") if isinstance(x, torch.Tensor))
+
+    def shapes_for(self, device, every):
+        """On a GPU the primary shape (or every shape); on the CPU the smoke shape, as kb's ladder does."""
+        if device == "cpu":
+            return [self.smoke if self.smoke is not None else min(self.shapes, key=self.size)]
+        return self.shapes if every else self.shapes[:1]
+
+    def build(self, model_new, shape, device):
+        import torch
+
+        self.use(shape)
+        init = list(self.module.get_init_inputs())
+        torch.manual_seed(1234)
+        ref = self.module.Model(*init).to(device).eval()
+        torch.manual_seed(1234)
+        new = model_new(*init).to(device).eval()
+        a, b = ref.state_dict(), new.state_dict()
+        if a.keys() == b.keys() and all(a[k].shape == b[k].shape for k in a):
+            new.load_state_dict(a)  # same weights in both, as kb's gate does
+        return ref, new
+
+
+def _kb_outputs(out):
+    import torch
+
+    if isinstance(out, torch.Tensor):
+        return [out]
+    return [o for o in out if isinstance(o, torch.Tensor)]
+
+
+def _kb_check(problem, ref, new, shape, device, seeds):
+    """(passed, max abs err, tolerance, detail): ModelNew against the float64 reference on `seeds` draws."""
+    import copy
+
+    import torch
+
+    ref64 = copy.deepcopy(ref).to(torch.float64)
+    worst, tol = 0.0, 0.0
+    with torch.no_grad():
+        for seed in range(seeds):
+            inputs = problem.inputs(shape, seed, device)
+            wide = [
+                x.to(torch.float64) if torch.is_tensor(x) and x.is_floating_point() else x for x in inputs
+            ]
+            expected = _kb_outputs(ref64(*wide))
+            got = _kb_outputs(new(*inputs))
+            if len(got) != len(expected):
+                return False, worst, tol, f"{len(got)} outputs, the reference returns {len(expected)}"
+            for i, (g, e) in enumerate(zip(got, expected, strict=True)):
+                if g.shape != e.shape:
+                    return (
+                        False,
+                        worst,
+                        tol,
+                        f"output {i} has shape {tuple(g.shape)}, expected {tuple(e.shape)}",
+                    )
+                tol = problem.tolerance.get(str(g.dtype).removeprefix("torch."), 1e-4)
+                g64 = g.detach().to(torch.float64)
+                bad = ~torch.isfinite(e)
+                ok = bad | torch.isclose(g64, e, rtol=tol, atol=tol)
+                diff = (g64 - e).abs().masked_fill(bad, 0)
+                worst = max(worst, float(diff.max()) if diff.numel() else 0.0)
+                if not bool(ok.all()):
+                    return (
+                        False,
+                        worst,
+                        tol,
+                        (f"seed {seed}: output {i} differs at {int((~ok).sum())} of {ok.numel()} elements"),
+                    )
+    return True, worst, tol, ""
+
+
+def _kb_time(fn, device, flush):
+    import time
+
+    import torch
+
+    if device == "cpu":
+        t = time.perf_counter()
+        fn()
+        return time.perf_counter() - t
+    flush.zero_()  # every timed call starts with a cold L2
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / 1e3
+
+
+def _kb_bench(problem, ref, new, shape, device, repeats, warmup):
+    """Median seconds of (ModelNew, reference), interleaved call by call on three rotating inputs."""
+    import gc
+    import statistics
+
+    import torch
+
+    sets = [problem.inputs(shape, 100 + i, device) for i in range(3)]
+    flush = torch.empty(64 * 1024 * 1024, dtype=torch.int32, device=device) if device == "cuda" else None
+    new_t, ref_t = [], []
+    with torch.no_grad():
+        new(*sets[0])  # Triton compiles here, outside the timing
+        for i in range(warmup):
+            ref(*sets[i % 3])
+            new(*sets[i % 3])
+        gc.collect()
+        gc.disable()
+        try:
+            for i in range(repeats):
+                args = sets[i % 3]
+                ref_t.append(_kb_time(lambda a=args: ref(*a), device, flush))
+                new_t.append(_kb_time(lambda a=args: new(*a), device, flush))
+        finally:
+            gc.enable()
+    return statistics.median(new_t), statistics.median(ref_t)
+
+
+def _kb_fmt_s(seconds):
+    if seconds >= 1:
+        return f"{seconds:.3g} s"
+    if seconds >= 1e-3:
+        return f"{seconds * 1e3:.3g} ms"
+    return f"{seconds * 1e6:.3g} us"
+
+
+def _kb_main(model_new, reference_source, default_tolerance, argv=None):
+    """`python kernel.py`: check ModelNew against the reference, time both, print the speedup; 0 on a pass."""
+    import argparse
+    import os
+    import sys
+
+    import torch
+
+    p = argparse.ArgumentParser(description="Check ModelNew against the reference problem and time both.")
+    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+    p.add_argument(
+        "--all-shapes", action="store_true", help="every KB_SHAPES entry, not just the primary (GPU)"
+    )
+    p.add_argument("--seeds", type=int, default=3, help="input draws the check compares (default 3)")
+    p.add_argument("--repeats", type=int, default=None, help="timed calls each (default: 100 GPU, 5 CPU)")
+    p.add_argument(
+        "--warmup", type=int, default=None, help="untimed calls each first (default: 10 GPU, 2 CPU)"
+    )
+    args = p.parse_args(argv)
+    device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cuda" and not torch.cuda.is_available():
+        print("error: --device cuda, but torch sees no CUDA GPU", file=sys.stderr)
+        return 2
+    if device == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+        print(
+            "error: no GPU; run `TRITON_INTERPRET=1 python kernel.py` to check the kernels on the CPU "
+            "through the Triton interpreter",
+            file=sys.stderr,
+        )
+        return 2
+    repeats = args.repeats or (100 if device == "cuda" else 5)
+    warmup = args.warmup if args.warmup is not None else (10 if device == "cuda" else 2)
+    timer = "CUDA events" if device == "cuda" else "wall clock, Triton interpreter"
+    problem = _KbProblem(_kb_load_reference(reference_source), default_tolerance)
+    failed = False
+    for shape in problem.shapes_for(device, args.all_shapes):
+        label = _kb_shape_label(shape)
+        ref, new = problem.build(model_new, shape, device)
+        passed, err, tol, detail = _kb_check(problem, ref, new, shape, device, args.seeds)
+        if not passed:
+            print(f"FAIL {label}: {detail} (max abs err {err:.3g}, tolerance {tol:g})")
+            failed = True
+            continue
+        print(
+            f"PASS {label}: matches the reference on {args.seeds} seeds "
+            f"(max abs err {err:.3g}, tolerance {tol:g})"
+        )
+        cand_s, ref_s = _kb_bench(problem, ref, new, shape, device, repeats, warmup)
+        print(
+            f"speedup {ref_s / cand_s:.3g}x at {label}: ModelNew {_kb_fmt_s(cand_s)} vs reference "
+            f"{_kb_fmt_s(ref_s)} (median of {repeats}, {timer})"
+        )
+    return 1 if failed else 0
