@@ -248,6 +248,28 @@ def check(problem: str, candidate: str, device: str, bench: bool, as_json: bool)
 
 
 @main.command()
+@click.option("--llm-base-url", default=None, help="Endpoint to probe (env KB_LLM_BASE_URL).")
+@click.option("--llm-model", default=None, help="Model it should list (env KB_LLM_MODEL).")
+@click.option(
+    "--timeout-s",
+    type=click.FloatRange(min=0, min_open=True),
+    default=5.0,
+    show_default=True,
+    help="Per network probe.",
+)
+@json_option
+def doctor(llm_base_url: str | None, llm_model: str | None, timeout_s: float, as_json: bool) -> None:
+    """Check what this machine gives kb: GPU, torch, Triton, ncu, SQLite, the LLM endpoint."""
+    from kernelbrain import doctor as doc
+
+    report = doc.run(llm_base_url, llm_model, timeout_s)
+    if as_json:
+        _echo_json(report.model_dump())
+    else:
+        click.echo(doc.render(report))
+
+
+@main.command()
 @click.argument("run_id")
 @db_option
 @click.option("--gpu", type=int, default=None, help="GPU index for the workers.")

@@ -66,8 +66,12 @@ class LLMServer:
         self,
         script: list[Action] | None = None,
         default: Action | Callable[[dict[str, Any]], Action] | None = None,
+        models: tuple[str, ...] = ("test-model",),
+        models_status: int = 200,
     ) -> None:
         self.script = list(script or [])
+        self.models = models  # GET {base}/models lists these (or answers models_status when not 200)
+        self.models_status = models_status
         self.default = default if default is not None else status(500, body="script exhausted")
         self.requests: list[Request] = []
         self.lock = threading.Lock()
@@ -94,6 +98,20 @@ class LLMServer:
                         )
                     )
                 server._serve(self, action, body)
+
+            def do_GET(self) -> None:
+                with server.lock:
+                    server.requests.append(
+                        Request({}, {k.lower(): v for k, v in self.headers.items()}, "get", time.time())
+                    )
+                if self.path.rstrip("/") != "/v1/models":
+                    server._write(self, 404, b"not found", {"content-type": "text/plain"})
+                elif server.models_status != 200:
+                    server._write(self, server.models_status, b"refused", {"content-type": "text/plain"})
+                else:
+                    data = [{"id": m, "object": "model", "owned_by": "test"} for m in server.models]
+                    body = json.dumps({"object": "list", "data": data}).encode()
+                    server._write(self, 200, body, {"content-type": "application/json"})
 
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.httpd.daemon_threads = True

@@ -1,0 +1,148 @@
+"""`kb doctor` on this machine (no GPU, no ncu), with stand-in `ncu` programs, and against a real
+OpenAI-compatible server on 127.0.0.1 and a dead port."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from pathlib import Path
+
+import pytest
+
+from kernelbrain import doctor
+from kernelbrain.runner import detect_device
+from store._sqlite import sqlite3
+from tests.kbcli import kb, kb_env
+from tests.llm_server import LLMServer, closed_port
+
+ROOT = Path(__file__).resolve().parents[1]
+NAMES = ["kb", "torch", "gpu", "triton", "ncu", "sqlite", "llm"]
+
+
+def bare_env(tmp_path: Path, **extra: str) -> dict[str, str]:
+    """kb's environment with PATH holding only tmp_path/bin (so no ncu, no nvidia-smi) and no LLM settings."""
+    (tmp_path / "bin").mkdir(exist_ok=True)
+    env = {k: v for k, v in kb_env().items() if not k.startswith(("KB_LLM_", "OPENAI_"))}
+    env["PATH"] = str(tmp_path / "bin")
+    env.update(extra)
+    return env
+
+
+def doctor_json(env: dict[str, str], *args: str) -> dict[str, dict]:
+    r = kb("doctor", "--json", *args, env=env)
+    assert r.returncode == 0, r.stderr
+    checks = json.loads(r.stdout)["checks"]
+    assert [c["name"] for c in checks] == NAMES
+    return {c["name"]: c for c in checks}
+
+
+def test_this_machine(tmp_path: Path) -> None:
+    checks = doctor_json(bare_env(tmp_path))
+    assert checks["kb"]["status"] == "ok" and checks["torch"]["status"] == "ok"
+    assert checks["triton"]["status"] == "ok" and checks["triton"]["facts"]["version"]
+    if detect_device() == "cpu":
+        assert checks["gpu"]["status"] == "warn" and "Triton interpreter" in checks["gpu"]["detail"]
+        assert "interpreter" in checks["triton"]["detail"]
+    assert checks["ncu"]["status"] == "warn" and "not on PATH" in checks["ncu"]["detail"]
+    # the SQLite of the driver the store really uses, judged against the WAL-reset range
+    sq = checks["sqlite"]
+    assert sq["facts"]["version"] == sqlite3.sqlite_version
+    assert sq["facts"]["driver"] == sqlite3.__name__.split(".")[0]
+    assert sq["status"] == ("warn" if doctor.wal_reset_bug(sqlite3.sqlite_version) else "ok")
+    assert checks["llm"]["status"] == "skip" and "KB_LLM_BASE_URL" in checks["llm"]["detail"]
+
+
+def test_text_output_is_one_line_per_check(tmp_path: Path) -> None:
+    r = kb("doctor", env=bare_env(tmp_path))
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert [line.split()[1] for line in lines] == NAMES
+    assert all(line.split()[0] in {"ok", "warn", "fail", "skip"} for line in lines)
+
+
+def test_an_answering_endpoint_and_a_dead_port(tmp_path: Path) -> None:
+    with LLMServer(models=("m1", "m2")) as server:
+        checks = doctor_json(bare_env(tmp_path), "--llm-base-url", server.base_url, "--llm-model", "m2")
+        assert server.requests and server.requests[-1].action == "get"
+    assert checks["llm"]["status"] == "ok", checks["llm"]
+    assert checks["llm"]["detail"] == f"{server.base_url} answers with 2 model(s): m1, m2"
+    dead = f"http://127.0.0.1:{closed_port()}/v1"
+    checks = doctor_json(bare_env(tmp_path, KB_LLM_BASE_URL=dead))  # from the environment this time
+    assert checks["llm"]["status"] == "fail"
+    assert checks["llm"]["detail"].startswith(f"cannot reach {dead}/models (ConnectError")
+
+
+def test_llm_answers_judged(monkeypatch: pytest.MonkeyPatch) -> None:
+    for var in ("KB_LLM_API_KEY", "OPENAI_API_KEY", "KB_LLM_BASE_URL", "KB_LLM_MODEL"):
+        monkeypatch.delenv(var, raising=False)
+    with LLMServer(models=("m1",)) as server:
+        c = doctor.check_llm(server.base_url, "other")
+        assert c.status == "warn" and "'other' is not among them" in c.detail
+        monkeypatch.setenv("KB_LLM_API_KEY", "k-123")
+        assert doctor.check_llm(server.base_url, "m1").status == "ok"
+        assert server.requests[-1].headers["authorization"] == "Bearer k-123"  # the generator's key handling
+        wrong = doctor.check_llm(server.base_url.removesuffix("/v1"), None)
+        assert wrong.status == "fail" and "answered 404" in wrong.detail and "/v1" in wrong.detail
+    monkeypatch.delenv("KB_LLM_API_KEY")
+    with LLMServer(models_status=401) as server:
+        c = doctor.check_llm(server.base_url, None)
+        assert c.status == "fail" and c.detail.endswith(
+            "answered 401: set KB_LLM_API_KEY (or OPENAI_API_KEY)"
+        )
+
+
+def fake_ncu(tmp_path: Path, body: str) -> None:
+    """An `ncu` on PATH: prints a version for --version, else runs body (a real program, not a mock)."""
+    path = tmp_path / "bin" / "ncu"
+    path.parent.mkdir(exist_ok=True)
+    path.write_text(
+        '#!/bin/sh\nif [ "$1" = "--version" ]; then\n'
+        '  echo "NVIDIA (R) Nsight Compute Command Line Profiler"\n  echo "Version 2099.1.0.0 (build 1)"\n'
+        f"  exit 0\nfi\n{body}\n"
+    )
+    path.chmod(path.stat().st_mode | stat.S_IXUSR)
+
+
+def test_ncu_without_a_gpu_is_found_but_not_probed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    fake_ncu(tmp_path, "echo should not run; exit 1")
+    monkeypatch.setenv("PATH", str(tmp_path / "bin") + os.pathsep + os.environ["PATH"])
+    c = doctor.check_ncu(gpu=False)
+    assert c.status == "warn" and c.facts["version"] == "Version 2099.1.0.0 (build 1)"
+    assert "no GPU to profile" in c.detail
+
+
+def test_ncu_counter_probe(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The probe's output goes through kernelbrain.ncu's parser: a recorded H200 CSV reads, a permission
+    error names the fix."""
+    monkeypatch.setenv("PATH", str(tmp_path / "bin") + os.pathsep + os.environ["PATH"])
+    fake_ncu(tmp_path, f"cat '{ROOT / 'tests' / 'fixtures' / 'ncu_softmax.csv'}'")
+    ok = doctor.check_ncu(gpu=True)
+    assert ok.status == "ok" and ok.facts["probe"]["kernels"] == 1 and ok.facts["probe"]["duration_ns"] > 0
+    fake_ncu(
+        tmp_path,
+        'echo "==ERROR== ERR_NVGPUCTRPERM - The user does not have permission to access NVIDIA GPU '
+        'Performance Counters on the target device 0."; exit 1',
+    )
+    denied = doctor.check_ncu(gpu=True)
+    assert denied.status == "warn" and "NVreg_RestrictProfilingToAdminUsers=0" in denied.detail
+    assert "ERR_NVGPUCTRPERM" in denied.detail
+
+
+@pytest.mark.parametrize(
+    ("version", "affected"),
+    [
+        ("3.6.23", False),  # before WAL existed
+        ("3.7.0", True),
+        ("3.40.1", True),  # Python 3.11's bundled SQLite
+        ("3.44.5", True),
+        ("3.44.6", False),  # backport
+        ("3.50.6", True),
+        ("3.50.7", False),  # backport
+        ("3.51.2", True),
+        ("3.51.3", False),  # the fix
+        ("3.53.4", False),  # pysqlite3 0.6.1
+    ],
+)
+def test_the_wal_reset_range(version: str, affected: bool) -> None:
+    assert doctor.wal_reset_bug(version) is affected
