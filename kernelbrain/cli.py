@@ -69,7 +69,45 @@ def _echo_json(obj: Any) -> None:
     click.echo(orjson.dumps(obj, option=orjson.OPT_INDENT_2).decode())
 
 
-@click.group()
+class KbGroup(click.Group):
+    """click prints a usage error as the usage, a hint and the error, over four lines; kb as one."""
+
+    def main(self, *args: Any, standalone_mode: bool = True, **kwargs: Any) -> Any:
+        if not standalone_mode:
+            return super().main(*args, standalone_mode=False, **kwargs)
+        try:
+            # the help shown for a bare `kb` (click >= 8.2) stays as click shows it, after which click exits
+            rv = super().main(*args, standalone_mode=False, **kwargs)
+        except getattr(click.exceptions, "NoArgsIsHelpError", ()) as e:
+            e.show()
+            sys.exit(e.exit_code)
+        except click.UsageError as e:
+            where = e.ctx.command_path if e.ctx else "kb"
+            click.echo(f"Error: {e.format_message()} (see `{where} --help`)", err=True)
+            sys.exit(e.exit_code)
+        except click.ClickException as e:
+            e.show()
+            sys.exit(e.exit_code)
+        except click.Abort:
+            click.echo("Aborted!", err=True)
+            sys.exit(1)
+        # non-standalone click returns the exit code of --help/--version/ctx.exit, else the command's None
+        sys.exit(rv if isinstance(rv, int) else 0)
+
+
+def _device(device: str) -> str:
+    """--device as the workers will use it; cuda on a machine without an NVIDIA GPU is refused here."""
+    if device == "auto":
+        return detect_device()
+    if device == "cuda" and detect_device() != "cuda":
+        raise click.BadParameter(
+            "cuda, but this machine has no NVIDIA GPU (no /dev/nvidia*); use --device cpu or auto",
+            param_hint="'--device'",
+        )
+    return device
+
+
+@click.group(cls=KbGroup)
 @click.version_option(version=__version__, prog_name="kb")
 def main() -> None:
     """KernelBrain: search for fast, correct Triton kernels that replace a PyTorch reference."""
@@ -124,9 +162,21 @@ def _drive(
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True)
 @click.option("--generator", default="expert", show_default=True)
 @click.option("--max-candidates", type=click.IntRange(min=1), default=8, show_default=True)
-@click.option("--budget-gpu-s", type=float, default=None, help="Stop after this many device seconds.")
-@click.option("--budget-wall-s", type=float, default=None, help="Stop after this much wall time.")
-@click.option("--budget-tokens", type=int, default=None, help="Stop after this many LLM tokens.")
+@click.option(
+    "--budget-gpu-s",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    help="Stop after this many device seconds.",
+)
+@click.option(
+    "--budget-wall-s",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    help="Stop after this much wall time.",
+)
+@click.option(
+    "--budget-tokens", type=click.IntRange(min=1), default=None, help="Stop after this many LLM tokens."
+)
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option(
     "--eta",
@@ -139,16 +189,26 @@ def _drive(
 @click.option(
     "--llm-model", default=None, help="Model name (env KB_LLM_MODEL); the key comes from KB_LLM_API_KEY."
 )
-@click.option("--llm-temperature", type=float, default=None, help="env KB_LLM_TEMPERATURE, default 0.8")
+@click.option(
+    "--llm-temperature",
+    type=click.FloatRange(min=0),
+    default=None,
+    help="env KB_LLM_TEMPERATURE, default 0.8",
+)
 @click.option("--llm-max-tokens", type=click.IntRange(min=1), default=None, help="env KB_LLM_MAX_TOKENS")
-@click.option("--llm-timeout-s", type=float, default=None, help="per request (env KB_LLM_TIMEOUT_S)")
+@click.option(
+    "--llm-timeout-s",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    help="per request (env KB_LLM_TIMEOUT_S)",
+)
 @click.option("--llm-concurrency", type=click.IntRange(min=1), default=None, help="env KB_LLM_CONCURRENCY")
 @click.option(
     "--ladder",
     default=None,
     help="Rungs as SHAPES:REPEATS[:WARMUP],... (default on GPU: smallest:10:3,primary:30:5,all:100:10).",
 )
-@click.option("--gpu", type=int, default=None, help="GPU index for the workers.")
+@click.option("--gpu", type=click.IntRange(min=0), default=None, help="GPU index for the workers.")
 @click.option("--inprocess", is_flag=True, help="Step the workers in this process (tests, debugging).")
 @click.option(
     "--external-workers",
@@ -187,7 +247,7 @@ def run(
     from kernelbrain.problem import read_problem
 
     read_problem(problem)  # a bad problem file is reported before the database is opened
-    dev = detect_device() if device == "auto" else device
+    dev = _device(device)
     config = RunConfig(
         generator=generator,
         device=dev,
@@ -226,7 +286,7 @@ def check(problem: str, candidate: str, device: str, bench: bool, as_json: bool)
     from kernelbrain.check import check as do_check
     from kernelbrain.describe import fmt_s
 
-    dev = detect_device() if device == "auto" else device
+    dev = _device(device)
     result = do_check(problem, candidate, dev, DEFAULT_RUNGS[dev] if bench else None)
     if as_json:
         _echo_json(result.model_dump())
@@ -272,7 +332,7 @@ def doctor(llm_base_url: str | None, llm_model: str | None, timeout_s: float, as
 @main.command()
 @click.argument("run_id")
 @db_option
-@click.option("--gpu", type=int, default=None, help="GPU index for the workers.")
+@click.option("--gpu", type=click.IntRange(min=0), default=None, help="GPU index for the workers.")
 @click.option("--inprocess", is_flag=True, help="Step the workers in this process (tests, debugging).")
 @click.option("--quiet", is_flag=True, help="Print only the resume line and the result.")
 @json_option
@@ -295,11 +355,19 @@ def resume(run_id: str, db: str, gpu: int | None, inprocess: bool, quiet: bool, 
 @click.argument("role", type=click.Choice(ROLES))
 @db_option
 @click.option("--run", "run_id", default=None, help="Serve only this run (default: every unfinished run).")
-@click.option("--gpu", type=int, default=None)
-@click.option("--idle-exit-s", type=float, default=None, help="Exit after this long with nothing to do.")
+@click.option("--gpu", type=click.IntRange(min=0), default=None, help="GPU index for this worker.")
+@click.option(
+    "--idle-exit-s",
+    type=click.FloatRange(min=0),
+    default=None,
+    help="Exit after this long with nothing to do.",
+)
 @user_errors
 def worker(role: str, db: str, run_id: str | None, gpu: int | None, idle_exit_s: float | None) -> None:
     """Run one worker process (kb run starts all five for you)."""
+    if run_id is not None:
+        with open_store(db) as store:
+            require_run(store, run_id)  # a worker for a run that is not there would idle forever
     w = Worker(db, role, run_id, gpu=gpu)
     w.install_signal_handlers()
     w.run(idle_exit_s=idle_exit_s)
