@@ -1,6 +1,8 @@
 """The gemv template family: matched from the traced matmul, every round-0 candidate passes the gate
-(the seed shape, an irregular one, a 1-D vector), mutations move knobs, feasibility refuses oversize
-accumulators, and a whole in-process run on the seed problem ends with a gemv winner."""
+(the seed shape, an irregular one, a 1-D vector, batched by torch.bmm with a (B, K, 1) or an
+unsqueezed (B, K) vector), a real batched GEMM and a broadcast vector are still correct, mutations move
+knobs, feasibility refuses oversize accumulators, and a whole in-process run on the seed problem ends
+with a gemv winner."""
 
 from __future__ import annotations
 
@@ -11,13 +13,14 @@ import pytest
 from kernelbrain.diagnosis import LABELS
 from kernelbrain.problem import read_problem
 from kernelbrain.sandbox import Sandbox
-from kernelbrain.templates import gemv
+from kernelbrain.templates import FAMILIES, gemv
 from tests.runs import run_inprocess
 
 ROOT = Path(__file__).resolve().parents[1]
 MATVEC = ROOT / "benchmarks" / "problems" / "matvec.py"
 SOFTMAX = ROOT / "benchmarks" / "problems" / "softmax.py"
 RMSNORM = ROOT / "benchmarks" / "problems" / "rmsnorm.py"
+BMV = ROOT / "tests" / "problems" / "bmv_small.py"
 SMOKE = 'KB_SMOKE_SHAPE = {"M": 64, "K": 4096}'
 # M = 37 rows is no multiple of any BLOCK_M; K = 3001 is no multiple of any BLOCK_K (nor of 16)
 IRREGULAR = 'KB_SMOKE_SHAPE = {"M": 37, "K": 3001}'
@@ -53,7 +56,23 @@ def problems(tmp_path_factory) -> dict[str, str]:
     tmp = tmp_path_factory.mktemp("gemv_problems")
     source = MATVEC.read_text()
     assert SMOKE in source
-    variants = {"seed": source, "irregular": source.replace(SMOKE, IRREGULAR), "vector": VECTOR}
+    bmv = BMV.read_text()
+    assert "return torch.bmm(A, x)" in bmv and "torch.rand(batch, K, 1)" in bmv
+    variants = {
+        "seed": source,
+        "irregular": source.replace(SMOKE, IRREGULAR),
+        "vector": VECTOR,
+        "batched": bmv,  # 3 batches of (19, 333) by (333, 1)
+        # x (B, K): Model unsqueezes it to (B, K, 1) and squeezes the product back to (B, M)
+        "batched_column": bmv.replace("torch.bmm(A, x)", "torch.bmm(A, x.unsqueeze(-1)).squeeze(-1)").replace(
+            "torch.rand(batch, K, 1)", "torch.rand(batch, K)"
+        ),
+        # a real batched GEMM (N = 5) and one vector broadcast over the batches: matched, served correctly
+        "batched_gemm": bmv.replace("torch.rand(batch, K, 1)", "torch.rand(batch, K, 5)"),
+        "broadcast": bmv.replace("torch.rand(batch, K, 1)", "torch.rand(K)").replace(
+            "torch.bmm", "torch.matmul"
+        ),
+    }
     out = {}
     for name, text in variants.items():
         (tmp / f"{name}.py").write_text(text)
@@ -73,27 +92,48 @@ def analyses(box: Sandbox, problems: dict[str, str]) -> dict[str, dict]:
 def test_matches_the_traced_matmul_and_nothing_else(analyses):
     ops = analyses["seed"]["ops"]
     assert ops == [{"op": "matmul", "ndim": 2, "shape": [64, 4096], "dtype": "float32"}]
-    assert gemv.matches(ops) == {"m": 64, "k": 4096, "dtype": "float32"}
+    assert gemv.matches(ops) == {"m": 64, "k": 4096, "batch": 1, "dtype": "float32"}
     assert gemv.matches(analyses["irregular"]["ops"])["k"] == 3001
     assert gemv.matches(analyses["vector"]["ops"])["m"] == 24
-    assert gemv.matches(analyses["softmax"]["ops"]) is None
-    assert gemv.matches(analyses["rmsnorm"]["ops"]) is None
-    # near misses: a batched matmul, integer operands, matmul followed by more work
+    assert gemv.matches(analyses["batched"]["ops"]) == {"m": 19, "k": 333, "batch": 3, "dtype": "float32"}
+    assert gemv.matches(analyses["batched_column"]["ops"])["column"] is True
+    for name in ("softmax", "rmsnorm"):
+        assert [f.FAMILY for f in FAMILIES if f.matches(analyses[name]["ops"])] != ["gemv"], name
+        assert gemv.matches(analyses[name]["ops"]) is None
+    for name in ("batched", "batched_column", "batched_gemm", "broadcast"):
+        assert [f.FAMILY for f in FAMILIES if f.matches(analyses[name]["ops"])] == ["gemv"], name
+    # near misses: a 4-D matmul, integer operands, matmul followed by more work
     x = {"op": "matmul", "ndim": 2, "shape": [4, 8], "dtype": "float32"}
-    assert gemv.matches([{**x, "ndim": 3, "shape": [2, 4, 8]}]) is None
+    assert gemv.matches([{**x, "ndim": 4, "shape": [2, 2, 4, 8]}]) is None
     assert gemv.matches([{**x, "dtype": "int64"}]) is None
     assert gemv.matches([x, {"op": "relu", "ndim": 2, "shape": [4, 1], "dtype": "float32"}]) is None
     assert gemv.matches([{**x, "op": "__matmul__"}]) is not None
+    # the (B, K) spelling only with its own unsqueeze before and squeeze after, both at the last dim
+    bmm = {"op": "bmm", "ndim": 3, "shape": [2, 4, 8], "dtype": "float32"}
+    unsq = {"op": "unsqueeze", "ndim": 2, "shape": [2, 8], "dtype": "float32", "dim": -1}
+    sq = {"op": "squeeze", "ndim": 3, "shape": [2, 4, 1], "dtype": "float32", "dim": 2}
+    assert gemv.matches([unsq, bmm, sq])["column"] is True
+    assert gemv.matches([{**unsq, "dim": 1}, bmm, sq]) is None  # x (B, 1, K): a row, not a column
+    assert gemv.matches([{**unsq, "shape": [2, 4]}, bmm, sq]) is None  # not bmm's vector
+    assert gemv.matches([unsq, bmm]) is None
+    assert gemv.matches([unsq, bmm, {**sq, "dim": 0}]) is None
 
 
-@pytest.mark.parametrize("knobs", gemv.ROUND0, ids=lambda k: "-".join(str(v) for v in k.values()))
-@pytest.mark.parametrize("variant", ["seed", "irregular", "vector"])
+# every knob set on the shapes round 0 must serve; the other matched forms with one knob set per strategy
+CASES = [
+    (v, k) for v in ("seed", "irregular", "vector", "batched", "batched_column") for k in gemv.ROUND0
+] + [(v, gemv.ROUND0[i]) for v in ("batched_gemm", "broadcast") for i in (0, 1)]
+
+
+@pytest.mark.parametrize(
+    ("variant", "knobs"), CASES, ids=[f"{v}-" + "-".join(str(x) for x in k.values()) for v, k in CASES]
+)
 def test_round0_candidates_pass_the_gate(box, problems, analyses, variant, knobs):
     analysis = analyses[variant]
     spec = gemv.matches(analysis["ops"])
     assert gemv.feasible(spec, knobs)
     source = gemv.render(spec, knobs, analysis["signature"])
-    assert "torch.matmul" not in source and ".matmul(" not in source
+    assert "torch.matmul" not in source and ".matmul(" not in source and "bmm(" not in source
     args = {"problem_source": problems[variant], "cand_source": source, "device": "cpu", "seeds": 3}
     r = box.call("gate", args, timeout_s=300)[0]
     assert r["passed"] is True, r

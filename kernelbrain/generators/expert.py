@@ -17,11 +17,17 @@ def _describe(ops: list[dict]) -> str:
 class ExpertGenerator(Generator):
     name = "expert"
 
-    def _family(self, analysis: ProblemAnalysed, name: str | None = None) -> tuple[ModuleType, dict]:
+    def _family(
+        self, analysis: ProblemAnalysed, name: str | None = None, problem_source: str | None = None
+    ) -> tuple[ModuleType, dict]:
         for family in FAMILIES:
             if name is not None and name != family.FAMILY:
                 continue
             spec = family.matches(analysis.ops)
+            # what the trace cannot show (parameter names, normalised dims) a family reads from the source
+            refine = getattr(family, "refine", None)
+            if spec is not None and refine is not None:
+                spec = refine(spec, problem_source)
             if spec is not None:
                 return family, spec
         raise GenerationError(f"no offline template matches {_describe(analysis.ops)}; use --generator llm")
@@ -45,7 +51,7 @@ class ExpertGenerator(Generator):
         )
 
     def first_round(self, analysis: ProblemAnalysed, *, problem_source: str | None = None) -> list[Proposal]:
-        family, spec = self._family(analysis)
+        family, spec = self._family(analysis, problem_source=problem_source)
         return [
             self._proposal(family, spec, knobs, analysis, f"strategy axis {knobs['strategy']}")
             for knobs in family.ROUND0
@@ -63,7 +69,7 @@ class ExpertGenerator(Generator):
         numbers: str | None = None,
         problem_source: str | None = None,
     ) -> list[Proposal]:
-        family, spec = self._family(analysis, family_name)
+        family, spec = self._family(analysis, family_name, problem_source)
         out = []
         for label in labels:
             for move, why in family.MUTATIONS.get(label, []):

@@ -4,10 +4,25 @@ Each module exposes `FAMILY`, `matches(ops) -> dict | None` (the spec it extract
 reference, or None), `ROUND0` (knob sets spreading over the family's strategy axes), `MUTATIONS`
 (bottleneck label -> knob moves), `mutate(knobs, move)`, `feasible(spec, knobs)` (whether a knob set
 can serve the traced shape) and `render(spec, knobs, signature) -> str` (a standalone module defining
-ModelNew).
+ModelNew). A family that needs what the trace cannot show (parameter names, normalised dims) also
+exposes `refine(spec, problem_source) -> dict | None`: the spec completed from the problem's source,
+or None when the source shows something the family cannot reproduce.
+
+Shared, not families: `row_norm` (the row-normalisation kernels and knobs of layernorm and l2norm) and
+`model_source` (what a template reads from the problem's source).
 """
 
-from kernelbrain.templates import attention, conv_transpose, gemm_epilogue, gemv, rmsnorm, row_softmax
+from kernelbrain.templates import (
+    attention,
+    conv_transpose,
+    gemm_epilogue,
+    gemv,
+    l2norm,
+    layernorm,
+    rmsnorm,
+    row_softmax,
+)
 
-# gemv last: the trace records only matmul's first operand, so any matmul would match it
-FAMILIES = (row_softmax, rmsnorm, gemm_epilogue, attention, conv_transpose, gemv)
+# each matcher wants its own op sequence, so the order only breaks ties; gemv last: the trace records only
+# matmul's first operand, so any lone matmul would match it
+FAMILIES = (row_softmax, rmsnorm, layernorm, l2norm, gemm_epilogue, attention, conv_transpose, gemv)

@@ -14,8 +14,14 @@ Strategy axes:
   no atomics). With M / BLOCK_M small (M = 2048 on 132 SMs) this is what fills the machine.
 - BLOCK_M (rows per program: x is re-read M / BLOCK_M times), BLOCK_K (load width), num_warps.
 
+Batched: A (B, M, K) times x (B, K, 1) (torch.bmm / torch.matmul), or (B, K) spelled
+`bmm(A, x.unsqueeze(-1)).squeeze(-1)`: the batch folds into the row-block grid axis, each program
+reading its batch's A rows and vector. A 2-D (or 1-D) x with a 3-D A is matmul's broadcast: the same
+vector for every batch, so A is served as one (B*M, K) matrix.
+
 The trace records only A's shape (the first tensor argument of matmul): a second operand with more
-than one column is served column by column (a grid axis), correct but slow. y has A's dtype.
+than one column (a real batched GEMM) is served column by column (a grid axis), correct but slow.
+y has A's dtype.
 """
 
 from __future__ import annotations
@@ -28,7 +34,9 @@ MAX_TILE = 16384
 # accumulator elements per thread: above this the accumulator, the loaded tile and x no longer fit registers
 MAX_PER_THREAD = 64
 FLOAT_DTYPES = {"float32", "float16", "bfloat16"}
-_NAMES = {"matmul", "__matmul__", "mm", "mv"}
+_NAMES = {"matmul", "__matmul__", "mm", "mv", "bmm"}
+# glue the (B, K) batched-vector spelling adds around bmm: x.unsqueeze(-1) before, .squeeze(-1) after
+_GLUE = {"contiguous"}
 # K tiles a lane accumulates before its partial sums are folded into the row totals
 CHUNK = 32
 
@@ -61,18 +69,40 @@ MUTATIONS: dict[str, list[tuple[str, str]]] = {
 }
 
 
+def _column_dim(op: dict, ndim: int) -> bool:
+    """unsqueeze/squeeze at the last dim of a batched operand: (B, K) -> (B, K, 1), (B, M, 1) -> (B, M)."""
+    dim = op.get("dim")
+    return isinstance(dim, int) and not isinstance(dim, bool) and dim % ndim == ndim - 1
+
+
 def matches(ops: list[dict]) -> dict | None:
-    """A single 2-D matmul of floats and nothing else (view/contiguous glue aside)."""
-    seq = [o for o in ops if o["op"] not in {"contiguous"}]
+    """A single matmul of floats and nothing else (contiguous aside): 2-D A, or batched 3-D A; the batched
+    vector (B, K) may come unsqueezed to (B, K, 1) before and the product squeezed after."""
+    seq = [o for o in ops if o["op"] not in _GLUE]
+    names = [o["op"] for o in seq]
+    column = names[:1] == ["unsqueeze"] and names[2:] == ["squeeze"] and len(seq) == 3
+    if column:
+        unsq, seq, sq = seq[0], seq[1:2], seq[2]
     if len(seq) != 1 or seq[0]["op"] not in _NAMES:
         return None
     op = seq[0]
-    if op.get("dtype") not in FLOAT_DTYPES or op.get("ndim") != 2:
-        return None
     shape = [int(s) for s in op.get("shape") or []]
-    if len(shape) != 2:
+    if op.get("dtype") not in FLOAT_DTYPES or op.get("ndim") not in (2, 3) or len(shape) != op.get("ndim"):
         return None
-    return {"m": shape[0], "k": shape[1], "dtype": op["dtype"]}
+    spec = {"m": shape[-2], "k": shape[-1], "batch": shape[0] if len(shape) == 3 else 1, "dtype": op["dtype"]}
+    if column:
+        # x (B, K) made (B, K, 1), the product (B, M, 1) made (B, M): nothing else is this spelling
+        b, m, k = shape if len(shape) == 3 else (0, 0, 0)
+        if (
+            len(shape) != 3
+            or unsq.get("shape") != [b, k]
+            or not _column_dim(unsq, 3)
+            or sq.get("shape") != [b, m, 1]
+            or not _column_dim(sq, 3)
+        ):
+            return None
+        spec["column"] = True
+    return spec
 
 
 def tile(spec: dict, knobs: dict[str, Any]) -> tuple[int, int]:
@@ -135,16 +165,19 @@ def _next_pow2(n: int) -> int:
 
 _KERNELS = '''
 @triton.jit
-def _gemv_kernel(a_ptr, b_ptr, out_ptr, M, K, k_per_split, stride_am, stride_bk, stride_bn, stride_om,
-                 stride_on, stride_os, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, CHUNK: tl.constexpr):
-    pid_m = tl.program_id(0)
+def _gemv_kernel(a_ptr, b_ptr, out_ptr, M, K, k_per_split, grid_m, stride_ab, stride_am, stride_bb, stride_bk,
+                 stride_bn, stride_ob, stride_om, stride_on, stride_os, BLOCK_M: tl.constexpr,
+                 BLOCK_K: tl.constexpr, CHUNK: tl.constexpr):
+    # axis 0 runs over (batch, row block): the batch never meets axis 1/2's 65535 limit
+    batch = (tl.program_id(0) // grid_m).to(tl.int64)
+    pid_m = tl.program_id(0) % grid_m
     split = tl.program_id(1)
     n = tl.program_id(2).to(tl.int64)
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     row_mask = rows < M
     cols = tl.arange(0, BLOCK_K)
-    a_rows = a_ptr + rows.to(tl.int64)[:, None] * stride_am
-    b_col = b_ptr + n * stride_bn
+    a_rows = a_ptr + batch * stride_ab + rows.to(tl.int64)[:, None] * stride_am
+    b_col = b_ptr + batch * stride_bb + n * stride_bn
     k_start = split * k_per_split
     k_end = tl.minimum(k_start + k_per_split, K)
     # every lane keeps its own short chain; a tree reduction over BLOCK_K sums the lanes,
@@ -161,29 +194,31 @@ def _gemv_kernel(a_ptr, b_ptr, out_ptr, M, K, k_per_split, stride_am, stride_bk,
             a = tl.load(a_rows + k[None, :], mask=row_mask[:, None] & k_mask[None, :], other=0.0)
             acc += a.to(tl.float32) * x[None, :]
         total += tl.sum(acc, axis=1)
-    out = out_ptr + split.to(tl.int64) * stride_os + n * stride_on + rows.to(tl.int64) * stride_om
+    out = out_ptr + split.to(tl.int64) * stride_os + batch * stride_ob + n * stride_on
+    out += rows.to(tl.int64) * stride_om
     tl.store(out, total.to(out_ptr.dtype.element_ty), mask=row_mask)
 
 
 @triton.jit
-def _sum_splits_kernel(part_ptr, y_ptr, M, n_splits, stride_ps, stride_pn, stride_ym, stride_yn,
-                       BLOCK_R: tl.constexpr, SPLITS: tl.constexpr):
-    pid = tl.program_id(0)
+def _sum_splits_kernel(part_ptr, y_ptr, M, n_splits, grid_r, stride_ps, stride_pb, stride_pn, stride_yb,
+                       stride_ym, stride_yn, BLOCK_R: tl.constexpr, SPLITS: tl.constexpr):
+    batch = (tl.program_id(0) // grid_r).to(tl.int64)
+    pid = tl.program_id(0) % grid_r
     n = tl.program_id(1).to(tl.int64)
     rows = pid * BLOCK_R + tl.arange(0, BLOCK_R)
     s = tl.arange(0, SPLITS)
     mask = (s[:, None] < n_splits) & (rows[None, :] < M)
-    p = tl.load(part_ptr + s[:, None].to(tl.int64) * stride_ps + n * stride_pn + rows[None, :], mask=mask,
-                other=0.0)
+    part = part_ptr + batch * stride_pb + n * stride_pn
+    p = tl.load(part + s[:, None].to(tl.int64) * stride_ps + rows[None, :], mask=mask, other=0.0)
     total = tl.sum(p, axis=0)
-    tl.store(y_ptr + n * stride_yn + rows.to(tl.int64) * stride_ym, total.to(y_ptr.dtype.element_ty),
-             mask=rows < M)
+    tl.store(y_ptr + batch * stride_yb + n * stride_yn + rows.to(tl.int64) * stride_ym,
+             total.to(y_ptr.dtype.element_ty), mask=rows < M)
 
 
 def _launch(a, b, y):
-    """a (M, K) contiguous, b (K, N), y (M, N)."""
-    M, K = a.shape
-    N = b.shape[1]
+    """a (B, M, K) contiguous, b (B, K, N), y (B, M, N)."""
+    n_batch, M, K = a.shape
+    N = b.shape[2]
     block_m = min(BLOCK_M, triton.next_power_of_2(M))
     block_k = min(BLOCK_K, max(16, triton.next_power_of_2(K)))
     grid_m = triton.cdiv(M, block_m)
@@ -191,22 +226,50 @@ def _launch(a, b, y):
     split = max(1, min(SPLIT_K, triton.cdiv(K, block_k)))
     k_per_split = max(1, triton.cdiv(triton.cdiv(K, split), block_k)) * block_k
     split = max(1, triton.cdiv(K, k_per_split))
+    grid = (n_batch * grid_m, split, N)
+    strides = (a.stride(0), a.stride(1), b.stride(0), b.stride(1), b.stride(2))
     if split == 1:
-        _gemv_kernel[(grid_m, 1, N)](a, b, y, M, K, k_per_split, a.stride(0), b.stride(0), b.stride(1),
-                                     y.stride(0), y.stride(1), 0, BLOCK_M=block_m, BLOCK_K=block_k,
-                                     CHUNK=CHUNK, num_warps=NUM_WARPS)
+        _gemv_kernel[grid](a, b, y, M, K, k_per_split, grid_m, *strides, *y.stride(), 0, BLOCK_M=block_m,
+                           BLOCK_K=block_k, CHUNK=CHUNK, num_warps=NUM_WARPS)
         return
-    part = torch.empty((split, N, M), dtype=torch.float32, device=a.device)
-    _gemv_kernel[(grid_m, split, N)](a, b, part, M, K, k_per_split, a.stride(0), b.stride(0), b.stride(1),
-                                     part.stride(2), part.stride(1), part.stride(0), BLOCK_M=block_m,
-                                     BLOCK_K=block_k, CHUNK=CHUNK, num_warps=NUM_WARPS)
+    part = torch.empty((split, n_batch, N, M), dtype=torch.float32, device=a.device)
+    _gemv_kernel[grid](a, b, part, M, K, k_per_split, grid_m, *strides, part.stride(1), part.stride(3),
+                       part.stride(2), part.stride(0), BLOCK_M=block_m, BLOCK_K=block_k, CHUNK=CHUNK,
+                       num_warps=NUM_WARPS)
     block_r = min(1024, triton.next_power_of_2(M))
     splits = triton.next_power_of_2(split)
     while splits * block_r > 8192 and block_r > 16:
         block_r //= 2
-    _sum_splits_kernel[(triton.cdiv(M, block_r), N)](part, y, M, split, part.stride(0), part.stride(1),
-                                                     y.stride(0), y.stride(1), BLOCK_R=block_r,
-                                                     SPLITS=splits, num_warps=4)
+    grid_r = triton.cdiv(M, block_r)
+    _sum_splits_kernel[(n_batch * grid_r, N)](part, y, M, split, grid_r, part.stride(0), part.stride(1),
+                                              part.stride(2), y.stride(0), y.stride(1), y.stride(2),
+                                              BLOCK_R=block_r, SPLITS=splits, num_warps=4)
+'''
+
+
+_WRAPPER = '''
+def _matvec(A, x):
+    """A @ x for A (M, K) or (B, M, K) and x (K,), (K, N) or (B, K, N), computed by the kernels."""
+    vector = x.dim() == 1
+    b = x.unsqueeze(-1) if vector else x
+    if A.dim() not in (2, 3) or b.dim() not in (2, 3) or A.shape[-1] != b.shape[-2]:
+        raise ValueError(f"gemv wants A (M, K) or (B, M, K) and x (K,), (K, N) or (B, K, N): got "
+                         f"{tuple(A.shape)}, {tuple(x.shape)}")
+    if b.dim() == 3:
+        if A.dim() == 3 and A.shape[0] != b.shape[0]:
+            raise ValueError(f"gemv wants as many batches in A as in x: {tuple(A.shape)}, {tuple(x.shape)}")
+        # one A for every batch of x: a zero batch stride, no copy
+        a3 = A.contiguous() if A.dim() == 3 else A.contiguous().unsqueeze(0).expand(b.shape[0], -1, -1)
+        b3 = b
+    else:
+        # one x for every row of A, batched or not: A is a single (rows, K) matrix
+        a3 = A.contiguous().view(1, -1, A.shape[-1])
+        b3 = b.unsqueeze(0)
+    y = torch.empty((a3.shape[0], a3.shape[1], b3.shape[2]), dtype=A.dtype, device=A.device)
+    if y.numel():
+        _launch(a3, b3, y)
+    y = y.view(*(A.shape[:-1] if b.dim() == 2 else a3.shape[:-1]), b.shape[-1])
+    return y.squeeze(-1) if vector else y
 '''
 
 
@@ -223,6 +286,12 @@ def render(spec: dict, knobs: dict[str, Any], signature: dict[str, list[str]]) -
         f"CHUNK = {CHUNK}",
     ]
     knob_text = ", ".join(f"{k}={v}" for k, v in knobs.items())
+    # the (B, K) spelling: Model unsqueezes x to (B, K, 1) and squeezes the product back to (B, M)
+    call = (
+        f"_matvec({a_name}, {b_name}.unsqueeze(-1)).squeeze(-1)"
+        if spec.get("column")
+        else f"_matvec({a_name}, {b_name})"
+    )
     return f'''"""Matrix-vector product y = A @ x: kernelbrain gemv template ({knob_text}).
 
 Blocked fp32 accumulation ([BLOCK_M, BLOCK_K] lanes, one tree reduction at the end){
@@ -236,20 +305,12 @@ import triton
 import triton.language as tl
 
 {chr(10).join(consts)}
-{_KERNELS}
+{_KERNELS}{_WRAPPER}
 
 class ModelNew(nn.Module):
     def __init__(self{init_args}):
         super().__init__()
 
     def forward(self, {a_name}, {b_name}{rest}):
-        a = {a_name}.contiguous()
-        vector = {b_name}.dim() == 1
-        b = {b_name}.unsqueeze(1) if vector else {b_name}
-        if a.dim() != 2 or b.dim() != 2 or a.shape[1] != b.shape[0]:
-            raise ValueError(f"gemv wants A (M, K), x (K, N): got {{tuple(a.shape)}}, {{tuple(b.shape)}}")
-        y = torch.empty((a.shape[0], b.shape[1]), dtype=a.dtype, device=a.device)
-        if y.numel():
-            _launch(a, b, y)
-        return y.squeeze(1) if vector else y
+        return {call}
 '''

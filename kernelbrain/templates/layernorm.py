@@ -1,0 +1,229 @@
+"""LayerNorm over the trailing dims, with or without elementwise affine weight and bias.
+
+    y = (x - mean) / sqrt(var + eps) [* weight + bias]      mean, var over the last k dims (biased var)
+
+Matched from the trace in two spellings: one `layer_norm` call (nn.LayerNorm or F.layer_norm /
+torch.layer_norm), or the decomposed mean -> x - mean -> square -> [+ eps] -> sqrt -> divide
+(or rsqrt -> multiply) with no affine. The kernels, knobs and mutations are row_norm's.
+
+The trace records neither normalized_shape nor the weights, so `refine` reads them from the source:
+ModelNew copies Model's constructor (same parameters under the same names: the gate's state-dict
+copy makes them identical), and its forward passes the same normalized_shape, weight, bias and eps
+expressions Model's forward does (for `self.<ln>(x)`: that module's own attributes), evaluated at
+run time. A constructor or forward it cannot reproduce is no match.
+"""
+
+from __future__ import annotations
+
+import ast
+import math
+from typing import Any
+
+from kernelbrain.templates import model_source as ms
+from kernelbrain.templates.row_norm import (
+    FLOAT_DTYPES,
+    MUTATIONS,
+    ROUND0,
+    ROW_NORM_SOURCE,
+    consts,
+    feasible,
+    mutate,
+)
+
+FAMILY = "layernorm"
+__all__ = ["FAMILY", "MUTATIONS", "ROUND0", "feasible", "matches", "mutate", "refine", "render"]
+
+_SQUARES = {"pow", "mul"}
+_IGNORED = {"contiguous"}
+_FUNCTIONAL = {"torch.nn.functional.layer_norm", "torch.layer_norm"}
+_MODULES = {"torch.nn.LayerNorm", "torch.nn.modules.normalization.LayerNorm"}
+# F.layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5); torch.layer_norm adds cudnn_enable
+_PARAMS = ["input", "normalized_shape", "weight", "bias", "eps", "cudnn_enable"]
+_DEFAULTS = {"weight": ast.Constant(None), "bias": ast.Constant(None), "eps": ast.Constant(1e-5)}
+
+
+def _name(op: dict) -> str:
+    """Op names as the recorder writes them; dunder spellings folded onto the plain ones."""
+    name = str(op["op"]).strip("_")
+    return {"truediv": "div", "true_divide": "div"}.get(name, name)
+
+
+def _trailing_dims(dim: Any, ndim: int) -> int | None:
+    """How many trailing dims `dim` (an int or a list) names; None unless exactly the last k."""
+    dims = dim if isinstance(dim, list | tuple) else [dim]
+    if not dims or not all(isinstance(d, int) and not isinstance(d, bool) for d in dims):
+        return None
+    norm = sorted({d % ndim for d in dims})
+    return len(norm) if norm == list(range(ndim - len(norm), ndim)) else None
+
+
+def matches(ops: list[dict]) -> dict | None:
+    seq = [o for o in ops if _name(o) not in _IGNORED]
+    names = [_name(o) for o in seq]
+    if not seq or seq[0].get("dtype") not in FLOAT_DTYPES:
+        return None
+    shape = [int(s) for s in seq[0].get("shape") or []]
+    if not shape:
+        return None
+    if names == ["layer_norm"]:
+        # D is at least the last dim; how many dims are normalised only the source says
+        return {"form": "layer_norm", "dtype": seq[0]["dtype"], "shape": shape, "min_cols": shape[-1]}
+    # decomposed: mean, x - mean, its square, [+ eps], sqrt then divide (or rsqrt then multiply);
+    # the recorder keeps one of identical calls, so mean(square) and (x - mean) * rsqrt may not reappear
+    if len(names) < 4 or names[:2] != ["mean", "sub"] or names[2] not in _SQUARES:
+        return None
+    mean, sub, square = seq[:3]
+    if names[2] == "pow" and square.get("dim") != 2:
+        return None  # pow records its exponent as the second positional int ("dim")
+    tail = names[3:]
+    has_eps = tail[:1] == ["add"]
+    if has_eps:
+        tail = tail[1:]
+    if tail not in (["sqrt", "div"], ["rsqrt", "mul"]) and not (tail == ["rsqrt"] and names[2] == "mul"):
+        return None
+    if not mean.get("keepdim") or not (mean.get("shape") == sub.get("shape") == square.get("shape")):
+        return None
+    k = _trailing_dims(mean.get("dim"), len(shape))
+    if k is None:
+        return None
+    return {
+        "form": "decomposed",
+        "dtype": mean["dtype"],
+        "shape": shape,
+        "norm_dims": k,
+        "n_cols": math.prod(shape[-k:]),
+        "has_eps": has_eps,
+    }
+
+
+def _sqrt_eps(fwd_source: str) -> list[ast.expr]:
+    """The non-variance operand of every `sqrt(A + B)` / `rsqrt(A + B)` in Model.forward."""
+    tree = ast.parse(fwd_source)
+    out = []
+    for n in ast.walk(tree):
+        if not isinstance(n, ast.Call) or not isinstance(n.func, ast.Attribute | ast.Name):
+            continue
+        fname = n.func.attr if isinstance(n.func, ast.Attribute) else n.func.id
+        if fname not in {"sqrt", "rsqrt"}:
+            continue
+        # torch.sqrt(v + eps) or (v + eps).sqrt()
+        arg = n.args[0] if n.args else getattr(n.func, "value", None)
+        if isinstance(arg, ast.BinOp) and isinstance(arg.op, ast.Add):
+            out += [
+                side
+                for side in (arg.left, arg.right)
+                if (isinstance(side, ast.Constant) and isinstance(side.value, int | float))
+                or (
+                    isinstance(side, ast.Attribute)
+                    and isinstance(side.value, ast.Name)
+                    and side.value.id == "self"
+                )
+            ]
+    return out
+
+
+def refine(spec: dict, problem_source: str | None) -> dict | None:
+    """The source's constructor and normalized_shape/weight/bias/eps expressions; None when the
+    source is absent or shows something ModelNew cannot reproduce."""
+    if problem_source is None:
+        return None
+    ctor = ms.constructor(problem_source)
+    if ctor is None:
+        return None
+    out = {**spec, "init_params": ctor.params, "init_body": ctor.body}
+    if spec["form"] == "decomposed":
+        eps = "0.0"
+        if spec["has_eps"]:
+            found = {ast.unparse(e) for e in _sqrt_eps(problem_source)}
+            if len(found) != 1:
+                return None
+            eps = found.pop()
+        return {**out, "weight_expr": "None", "bias_expr": "None", "eps_expr": eps}
+    fwd = ms.forward(problem_source)
+    if fwd is None or not fwd.params:
+        return None
+    call, x = fwd.call, fwd.params[0]
+    target = ms.dotted(call.func, fwd.aliases)
+    if target in _FUNCTIONAL:
+        args = ms.bind(call, _PARAMS, _DEFAULTS)
+        if args is None or "normalized_shape" not in args:
+            return None
+        given = [args[k] for k in ("normalized_shape", "weight", "bias", "eps")]
+        if not (isinstance(args.get("input"), ast.Name) and args["input"].id == x):
+            return None
+        if ms.free_names(given, {"self", *fwd.params}) - ms.candidate_names(fwd.aliases):
+            return None
+        shape, weight, bias, eps = (ast.unparse(e) for e in given)
+        return {**out, "shape_expr": shape, "weight_expr": weight, "bias_expr": bias, "eps_expr": eps}
+    # self.<attr>(x) with self.<attr> = nn.LayerNorm(...) in the constructor
+    f = call.func
+    if not (isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name) and f.value.id == "self"):
+        return None
+    if (
+        call.keywords
+        or len(call.args) != 1
+        or not (isinstance(call.args[0], ast.Name) and call.args[0].id == x)
+    ):
+        return None
+    value = ms.self_assignment(fwd.init, f.attr)
+    if not (isinstance(value, ast.Call) and ms.dotted(value.func, fwd.aliases) in _MODULES):
+        return None
+    ln = f"self.{f.attr}"
+    return {
+        **out,
+        "shape_expr": f"{ln}.normalized_shape",
+        "weight_expr": f"{ln}.weight",
+        "bias_expr": f"{ln}.bias",
+        "eps_expr": f"{ln}.eps",
+    }
+
+
+_WRAPPER = """
+def _layer_norm(x, normalized_shape, weight, bias, eps):
+    shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
+    if tuple(x.shape[x.dim() - len(shape) :]) != shape:
+        raise ValueError(f"layer norm over {shape} does not fit an input of shape {tuple(x.shape)}")
+    d = 1
+    for s in shape:
+        d *= s
+    xc = x.contiguous()
+    y = torch.empty_like(xc)
+    w = weight.contiguous() if weight is not None else None
+    b = bias.contiguous() if bias is not None else None
+    if y.numel():
+        _launch(xc.view(-1, d), y.view(-1, d), w, b, float(eps))
+    return y
+"""
+
+
+def render(spec: dict, knobs: dict[str, Any], signature: dict[str, list[str]]) -> str:
+    if "init_body" not in spec:
+        raise ValueError("layernorm renders from a refined spec: refine(spec, problem_source) first")
+    x = signature["forward"][0]
+    rest = "".join(f", {a}" for a in signature["forward"][1:])
+    shape = spec.get("shape_expr") or f"{x}.shape[{x}.dim() - {spec['norm_dims']} :]"
+    params = f"self, {spec['init_params']}" if spec["init_params"] else "self"
+    body = "\n".join(f"        {line}" for line in spec["init_body"].splitlines())
+    knob_text = ", ".join(f"{k}={v}" for k, v in knobs.items())
+    affine = spec["weight_expr"] != "None" or spec["bias_expr"] != "None"
+    return f'''"""LayerNorm ({spec["form"]}): kernelbrain layernorm template ({knob_text}).
+
+y = (x - mean) / sqrt(var + eps){" * weight + bias" if affine else ""} over the normalised trailing dims,
+statistics accumulated in fp32. The constructor is Model's, so the parameters are too.
+"""
+
+import torch
+import torch.nn as nn
+import triton
+import triton.language as tl
+
+{chr(10).join(consts(knobs, layer=True))}
+{ROW_NORM_SOURCE[knobs["strategy"]]}{_WRAPPER}
+
+class ModelNew(nn.Module):
+    def __init__({params}):
+{body}
+
+    def forward(self, {x}{rest}):
+        return _layer_norm({x}, {shape}, {spec["weight_expr"]}, {spec["bias_expr"]}, {spec["eps_expr"]})
+'''
