@@ -246,6 +246,8 @@ def run(
     from kernelbrain import generators
     from kernelbrain.problem import read_problem
 
+    if inprocess and external_workers:
+        raise click.UsageError("--inprocess and --external-workers exclude each other; pass one")
     read_problem(problem)  # a bad problem file is reported before the database is opened
     dev = _device(device)
     config = RunConfig(
