@@ -146,6 +146,9 @@ def test_mutations_move_knobs_and_feasibility_refuses_tiles_that_do_not_fit():
     assert ct.mutate(direct, "smaller_tiles") == {**direct, "block_p": 128}
     assert ct.mutate(direct, "wider_channels") == {**direct, "block_c": 32}
     assert ct.mutate({**direct, "num_warps": 16}, "more_warps") is None
+    rows = ct.mutate(direct, "rows")
+    assert rows == {**direct, "strategy": "rows", "block_k": 1} and ct.mutate(rows, "rows") is None
+    assert {k["strategy"] for k in ct.ROUND0} == set(ct.STRATEGIES)
     with pytest.raises(ValueError):
         ct.mutate(direct, "no_such_move")
 
@@ -157,6 +160,7 @@ def test_mutations_move_knobs_and_feasibility_refuses_tiles_that_do_not_fit():
     assert not ct.feasible(spec, {**dot, "block_p": 512, "block_c": 128, "num_warps": 4})  # 512 acc/thread
     assert not ct.feasible(spec, {**direct, "block_k": 64, "num_warps": 4})  # the K x C x P product spills
     assert not ct.feasible(spec, {**direct, "strategy": "winograd"})
+    assert not ct.feasible(spec, {**rows, "block_p": 1024, "block_c": 64})  # one phase's acc spills
 
 
 def test_kb_run_picks_a_conv_transpose_winner(tmp_path):

@@ -24,8 +24,16 @@ Strategy axes:
 - `phase_dot`: the phase form as an implicit GEMM: per valid tap a [pixels x C_in_g] x [C_in_g x
   C_out_g block] tl.dot (input_precision="ieee" for fp32), K in BLOCK_K steps over the group's
   input channels.
-Knobs: BLOCK_P (output pixels per program), BLOCK_C (output channels per program), BLOCK_K (dot's K),
-num_warps.
+- `rows`: one output row of one (n, group, channel block) per program, and within it every stride
+  phase of a block of columns (ow = rw + j*sw, all rw). The row decides which kh contribute (one
+  scalar test per kh: a row with none, half of them at stride 2, only writes zeros); each (kh, kw)
+  tap belongs to exactly one column phase, known at compile time from the constexpr stride, padding
+  and dilation, so no tap is visited in vain. The phases of a row are written by the same program one
+  after another, so their interleaved (stride-sw) stores complete the same L2 lines at once instead
+  of leaving them partially written, as `phase`'s grid of phases does (there the phases of a line are
+  written by programs far apart in time).
+Knobs: BLOCK_P (output pixels per program; for `rows`, columns per phase), BLOCK_C (output channels
+per program), BLOCK_K (dot's K; unused by `rows`), num_warps.
 
 ModelNew builds the same nn.ConvTranspose2d under Model's attribute name (`conv_transpose2d`, the
 KernelBench name, unless the spec says otherwise), from Model's constructor parameters, so the
@@ -41,7 +49,7 @@ FAMILY = "conv_transpose"
 FLOAT_DTYPES = {"float32", "float16", "bfloat16"}
 # fp32 accumulator elements per thread; past this the accumulator spills
 MAX_ACC_PER_THREAD = 128
-STRATEGIES = ("direct", "phase", "phase_dot")
+STRATEGIES = ("direct", "phase", "phase_dot", "rows")
 
 ROUND0: list[dict[str, Any]] = [
     {"strategy": "direct", "block_p": 256, "block_c": 16, "block_k": 8, "num_warps": 8},
@@ -49,6 +57,8 @@ ROUND0: list[dict[str, Any]] = [
     {"strategy": "phase", "block_p": 64, "block_c": 32, "block_k": 8, "num_warps": 8},
     {"strategy": "phase_dot", "block_p": 64, "block_c": 16, "block_k": 16, "num_warps": 4},
     {"strategy": "phase_dot", "block_p": 128, "block_c": 32, "block_k": 16, "num_warps": 8},
+    {"strategy": "rows", "block_p": 64, "block_c": 16, "block_k": 1, "num_warps": 4},
+    {"strategy": "rows", "block_p": 128, "block_c": 16, "block_k": 1, "num_warps": 4},
 ]
 
 # bottleneck label -> (move, why); a move maps the parent's knobs to the child's
@@ -62,9 +72,11 @@ MUTATIONS: dict[str, list[tuple[str, str]]] = {
         ("wider_channels", "more output channels per program re-read each input pixel fewer times"),
     ],
     "memory-bound with poor coalescing": [
+        ("rows", "all stride phases of a row from one program: interleaved stores fill L2 lines together"),
         ("larger_tiles", "longer pixel blocks make longer contiguous row loads and stores"),
     ],
     "latency or occupancy-limited": [
+        ("rows", "no phase grid: one row per program, each tap on its compile-time phase, no masked taps"),
         ("more_warps", "more warps keep more loads in flight"),
         ("smaller_tiles", "smaller pixel blocks make more programs to fill the SMs"),
     ],
@@ -106,6 +118,8 @@ def feasible(spec: dict, knobs: dict[str, Any]) -> bool:
     threads = 32 * warps
     if knobs["strategy"] == "phase_dot":
         return min(bp, bc, bk) >= 16 and bp * bc <= MAX_ACC_PER_THREAD * threads
+    if knobs["strategy"] == "rows":  # one phase's [BLOCK_C, BLOCK_P] accumulator live at a time
+        return bp >= 16 and bc >= 16 and bp * bc <= MAX_ACC_PER_THREAD * threads
     return bp >= 16 and bc >= 16 and bp * bc * (1 + bk) <= 2 * MAX_ACC_PER_THREAD * threads
 
 
@@ -113,6 +127,8 @@ def mutate(knobs: dict[str, Any], move: str) -> dict[str, Any] | None:
     k = dict(knobs)
     if move == "phase":
         return {**k, "strategy": "phase"} if k["strategy"] == "direct" else None
+    if move == "rows":
+        return None if k["strategy"] == "rows" else {**k, "strategy": "rows", "block_k": 1}
     if move == "dot":
         if k["strategy"] == "phase_dot":
             return None
@@ -233,6 +249,56 @@ def _convt_kernel(x_ptr, w_ptr, b_ptr, y_ptr, C_IN, H, W, C_OUT, OH, OW, C_IN_G,
         tl.store(y, acc.to(y_ptr.dtype.element_ty), mask=c_mask[:, None] & p_mask[None, :])
 
 
+@triton.jit
+def _convt_rows_kernel(x_ptr, w_ptr, b_ptr, y_ptr, C_IN, H, W, C_OUT, OH, OW, C_OUT_G, N_CB,
+                       C_IN_G: tl.constexpr, SH: tl.constexpr, SW: tl.constexpr, PH: tl.constexpr,
+                       PW: tl.constexpr, DH: tl.constexpr, DW: tl.constexpr, KH: tl.constexpr,
+                       KW: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_J: tl.constexpr,
+                       BLOCK_C: tl.constexpr):
+    # axis 0: (n, group, channel block, output row); axis 1: block of columns j, ow = rw + j*SW per phase
+    pid0 = tl.program_id(0)
+    oh = pid0 % OH
+    t = pid0 // OH
+    cb = t % N_CB
+    ng = t // N_CB
+    G = C_IN // C_IN_G
+    g = ng % G
+    n = ng // G
+    ocl = cb * BLOCK_C + tl.arange(0, BLOCK_C)
+    c_mask = ocl < C_OUT_G
+    j = tl.program_id(1) * BLOCK_J + tl.arange(0, BLOCK_J)
+    HW = H * W
+    W_STRIDE = C_OUT_G * KH * KW
+    x_n = x_ptr + (n.to(tl.int64) * C_IN + g * C_IN_G) * HW
+    w_g = w_ptr + (g * C_IN_G).to(tl.int64) * W_STRIDE + ocl * (KH * KW)
+    oc = g * C_OUT_G + ocl
+    y_row = y_ptr + (n.to(tl.int64) * C_OUT + oc[:, None]) * (OH * OW) + oh * OW
+    if HAS_BIAS:
+        bias = tl.load(b_ptr + oc, mask=c_mask, other=0.0).to(tl.float32)
+    for rw in tl.static_range(SW):
+        acc = tl.zeros([BLOCK_C, BLOCK_J], dtype=tl.float32)
+        ow = rw + j * SW
+        o_mask = ow < OW
+        for kh in tl.static_range(KH):
+            th = oh + PH - kh * DH
+            ih = th // SH
+            if (th >= 0) & (th % SH == 0) & (ih < H):  # does this row take tap row kh at all
+                for kw in tl.static_range(KW):
+                    # the tap's column phase is known at compile time: only phase rw's taps are traced
+                    if (rw + PW - kw * DW) % SW == 0:
+                        iw = j + (rw + PW - kw * DW) // SW
+                        valid = o_mask & (iw >= 0) & (iw < W)
+                        x_tap = x_n + ih * W + iw
+                        w_tap = w_g + kh * KW + kw
+                        for c in tl.static_range(C_IN_G):
+                            xv = tl.load(x_tap + c * HW, mask=valid, other=0.0).to(tl.float32)
+                            wv = tl.load(w_tap + c * W_STRIDE, mask=c_mask, other=0.0).to(tl.float32)
+                            acc += wv[:, None] * xv[None, :]
+        if HAS_BIAS:
+            acc += bias[:, None]
+        tl.store(y_row + ow[None, :], acc.to(y_ptr.dtype.element_ty), mask=c_mask[:, None] & o_mask[None, :])
+
+
 def _pair(v):
     return (int(v[0]), int(v[1])) if isinstance(v, (tuple, list)) else (int(v), int(v))
 
@@ -265,6 +331,14 @@ def _launch(x, conv):
     block_k = min(BLOCK_K, triton.next_power_of_2(c_in_g))
     if DOT:
         block_k = max(16, block_k)  # tl.dot's minimum; masked past the group's channels
+    if ROWS:
+        grid = (n * groups * n_cb * oh, triton.cdiv(triton.cdiv(ow, sw), BLOCK_P))
+        _convt_rows_kernel[grid](
+            x, weight, bias if bias is not None else weight, y, c_in, h, w, c_out, oh, ow, c_out_g, n_cb,
+            C_IN_G=c_in_g, SH=sh, SW=sw, PH=ph, PW=pw, DH=dh, DW=dw, KH=kh, KW=kw,
+            HAS_BIAS=bias is not None, BLOCK_J=BLOCK_P, BLOCK_C=block_c, num_warps=NUM_WARPS,
+        )
+        return y
     if PHASE:
         pixels = triton.cdiv(oh, sh) * triton.cdiv(ow, sw)
         grid = (n * groups * n_cb, triton.cdiv(pixels, BLOCK_P), sh * sw)
@@ -329,6 +403,7 @@ def render(spec: dict, knobs: dict[str, Any], signature: dict[str, list[str]]) -
     consts = [
         f"PHASE = {strategy in ('phase', 'phase_dot')}",
         f"DOT = {strategy == 'phase_dot'}",
+        f"ROWS = {strategy == 'rows'}",
         f"BLOCK_P = {knobs['block_p']}",
         f"BLOCK_C = {knobs['block_c']}",
         f"BLOCK_K = {knobs['block_k']}",
