@@ -186,6 +186,10 @@ out = {}
 for name in ("sdp_attn", "matvec"):
     p = Problem(open(f"benchmarks/problems/{name}.py").read())
     out[name] = {"cuda": p.gate_shapes("cuda"), "cpu": p.gate_shapes("cpu")}
+# a problem that names its gate shapes gets exactly those on GPU (and still its smoke shape on CPU)
+named = open("benchmarks/problems/matvec.py").read() + chr(10) + "KB_GATE_SHAPES = [{'M': 64, 'K': 4096}]"
+p = Problem(named)
+out["named"] = {"cuda": p.gate_shapes("cuda"), "cpu": p.gate_shapes("cpu")}
 print(json.dumps(out, default=str))
 """
     root = Path(__file__).resolve().parents[1]
@@ -204,4 +208,6 @@ print(json.dumps(out, default=str))
         "torch.float32",
     ]
     assert shapes["matvec"]["cuda"] == [{"M": 256, "K": 131072}]
+    assert shapes["named"]["cuda"] == [{"M": 64, "K": 4096}]
+    assert shapes["named"]["cpu"] == shapes["matvec"]["cpu"]
     assert len(shapes["sdp_attn"]["cpu"]) == 1
