@@ -1,10 +1,16 @@
 """The attention template family: matched from the traced scaled_dot_product_attention (and nothing
 else), every round-0 candidate passes the gate (the seed smoke shape, a ragged sequence with an odd head
-dim, a head too wide for full_d that takes the D-tiled path, fp16), mutations move knobs, feasibility
-refuses tiles that do not fit, and an in-process run on sdp_attn ends with an attention winner."""
+dim, a head too wide for full_d that takes the D-tiled path, fp16, bf16; each with the gate's x8 seed),
+one bf16 rounding of P fails that seed where the split P passes, every dot an fp32 input reaches asks
+for fp32 accuracy (fp64, ieee or 3xTF32, never TF32), mutations move knobs, feasibility refuses tiles
+that do not fit, and an in-process run on sdp_attn ends with an attention winner."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -43,6 +49,8 @@ VARIANTS = {
     # over several ragged D chunks
     "wide_head": _smoke(1, 2, 23, 300, "float32"),
     "fp16": _smoke(1, 2, 48, 64, "float16"),
+    # long enough rows that P rounded once to bf16 fails the x8 seed (see the p16 test)
+    "bf16": _smoke(1, 2, 128, 128, "bfloat16"),
 }
 
 
@@ -89,9 +97,14 @@ def test_matches_sdpa_and_nothing_else(analyses):
     src = at.render(at.matches(ops), at.ROUND0[0], analyses["seed"]["signature"])
     assert "def forward(self, Q, K, V):" in src and "def __init__(self):" in src
     assert "scaled_dot_product_attention" not in src and "softmax(" not in src
-    assert 'input_precision="ieee"' in src
+    assert 'QK32 = "fp64"' in src and 'PV32 = "tf32x3"' in src and 'P16 = "split"' in src
     with pytest.raises(ValueError):
         at.render(at.matches(ops), at.ROUND0[0], {"init": [], "forward": ["x"]})
+    with pytest.raises(ValueError, match="qk32='tf32'"):
+        at.render(at.matches(ops), {**at.ROUND0[0], "qk32": "tf32"}, analyses["seed"]["signature"])
+    # a knob set recorded before the precision knobs existed renders with the defaults
+    legacy = {k: v for k, v in at.ROUND0[2].items() if k not in at.PRECISION}
+    assert 'QK32 = "fp64"' in at.render(at.matches(ops), legacy, analyses["seed"]["signature"])
 
 
 @pytest.mark.parametrize("knobs", at.ROUND0, ids=lambda k: "-".join(str(v) for v in k.values()))
@@ -105,8 +118,104 @@ def test_round0_candidates_pass_the_gate(box, problems, analyses, variant, knobs
     args = {"problem_source": problems[variant], "cand_source": source, "device": "cpu", "seeds": 3}
     r = box.call("gate", args, timeout_s=300)[0]
     assert r["passed"] is True, r
-    if variant not in {"fp16"}:  # these pass at their own tolerance, 1e-2
+    if variant not in {"fp16", "bf16"}:  # these pass at their own tolerance, 1e-2
         assert r["max_abs_err"] < 1e-3
+
+
+def test_one_rounded_p_fails_bf16_at_the_x8_seed(box, problems, analyses):
+    """Why p16 defaults to "split" (which passes this shape above): P rounded once to bf16 before P V
+    misses 1e-2 where weighted values cancel, and the gate's seed 2 (signed, x8) finds it."""
+    analysis = analyses["bf16"]
+    single = {**at.ROUND0[2], "p16": "single"}
+    source = at.render(at.matches(analysis["ops"]), single, analysis["signature"])
+    args = {"problem_source": problems["bf16"], "cand_source": source, "device": "cpu", "seeds": 3}
+    r = box.call("gate", args, timeout_s=300)[0]
+    assert r["passed"] is False and r["category"] == "mismatch", r
+    assert "seed 2" in r["detail"], r
+
+
+# Runs in a fresh interpreter: TRITON_INTERPRET must be set before triton.language is first imported
+# (its own @jit helpers are decorated then). Records every tl.dot the interpreter executes.
+DOT_SPY = """
+import json, sys
+import torch
+import triton
+import triton.language as tl
+from triton.runtime import interpreter
+from kernelbrain.evaluate import load_module
+from kernelbrain.templates import attention as at
+
+seen = []
+real = interpreter.InterpreterBuilder.create_dot
+
+def spy(self, a, b, d, input_precision, max_num_imprecise_acc):
+    seen.append((str(a.dtype), str(b.dtype), input_precision.name))
+    return real(self, a, b, d, input_precision, max_num_imprecise_acc)
+
+interpreter.InterpreterBuilder.create_dot = spy
+
+@triton.jit
+def plain(a_ptr, o_ptr):
+    r = tl.arange(0, 16)
+    a = tl.load(a_ptr + r[:, None] * 16 + r[None, :])
+    tl.store(o_ptr + r[:, None] * 16 + r[None, :], tl.dot(a, a))
+
+plain[(1,)](torch.randn(16, 16), torch.empty(16, 16))
+out = {"plain": sorted(set(seen))}
+sig = {"init": [], "forward": ["q", "k", "v"]}
+for case in json.loads(sys.argv[1]):
+    model = load_module(at.render(case["spec"], case["knobs"], sig), "cand").ModelNew()
+    q, k, v = (torch.randn(case["shape"], dtype=getattr(torch, case["dtype"])) for _ in range(3))
+    seen.clear()
+    model(q, k, v)
+    out[case["name"]] = sorted(set(seen))
+print(json.dumps(out))
+"""
+
+
+def test_every_dot_on_fp32_inputs_asks_for_fp32_accuracy():
+    """fp32 inputs: Q K^T in fp64 (or ieee/3xTF32 where the knob says so) and P V in ieee or 3xTF32 on
+    every dot executed, both kernels; never TF32, the default a plain tl.dot gets (the control shows
+    the interpreter records it). 16-bit inputs stay on 16-bit tensor-core dots."""
+    spec16 = {"bh": 2, "lq": 32, "d": 16, "dtype": "float32"}
+    cases = []
+    for i, knobs in enumerate(at.ROUND0):
+        for d in (16, 300):  # 300: too wide for full_d, which falls back to d_tiled
+            cases.append({"name": f"r0-{i}-d{d}", "knobs": knobs, "spec": spec16, "shape": [1, 2, 20, d]})
+    for qk in ("ieee", "tf32x3"):
+        cases.append({"name": f"qk-{qk}", "knobs": {**at.ROUND0[2], "qk32": qk}, "spec": spec16})
+        cases[-1]["shape"] = [1, 2, 20, 40]
+    for c in cases:
+        c["dtype"] = "float32"
+    cases.append({"name": "fp16", "knobs": at.ROUND0[2], "spec": spec16, "shape": [1, 2, 20, 40]})
+    cases[-1]["dtype"] = "float16"
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run(
+        [sys.executable, "-c", DOT_SPY, json.dumps(cases)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    seen = json.loads(proc.stdout.strip().splitlines()[-1])
+    f32, f64, f16 = "fp32", "fp64", "fp16"
+    name = {"ieee": "IEEE", "tf32x3": "TF32x3"}  # the interpreter's InputPrecision names
+    assert seen["plain"] == [[f32, f32, "TF32"]]
+    for case in cases[:-1]:  # every fp32 case: no dot may fall back to TF32
+        assert all(prec != "TF32" for _, _, prec in seen[case["name"]]), (case, seen[case["name"]])
+    for i, knobs in enumerate(at.ROUND0):
+        for d in (16, 300):
+            # Q K^T on widened fp64 tiles, P V in the knob's precision: nothing else
+            assert seen[f"r0-{i}-d{d}"] == sorted([[f64, f64, "IEEE"], [f32, f32, name[knobs["pv32"]]]]), (
+                knobs,
+                d,
+            )
+    assert at.ROUND0[2]["pv32"] == "ieee"
+    assert seen["qk-ieee"] == [[f32, f32, "IEEE"]]
+    assert seen["qk-tf32x3"] == sorted([[f32, f32, "IEEE"], [f32, f32, "TF32x3"]])
+    assert seen["fp16"] == [[f16, f16, "TF32"]]  # P split into two fp16 dots; precision is moot at 16 bits
 
 
 def test_mutations_move_knobs_and_feasibility_refuses_what_does_not_fit():
@@ -126,7 +235,16 @@ def test_mutations_move_knobs_and_feasibility_refuses_what_does_not_fit():
     assert at.mutate(tiled, "narrower_dv") == {**tiled, "block_dv": 64}
     assert at.mutate(full, "narrower_dv")["strategy"] == "d_tiled"
     assert at.mutate(full, "wider_dv") is None
-    assert at.mutate(tiled, "longer_d") == {**tiled, "block_d": 128}
+    assert at.mutate(tiled, "longer_d") == {**tiled, "block_d": 64}
+    # the P V precision moves between its two accurate values; legacy knob sets default to ieee
+    assert tiled["pv32"] == "ieee" and at.mutate(tiled, "ieee_pv") is None
+    assert at.mutate(tiled, "tf32x3_pv") == {**tiled, "pv32": "tf32x3"}
+    assert at.mutate(full, "ieee_pv") == {**full, "pv32": "ieee"}
+    legacy = {k: v for k, v in tiled.items() if k not in at.PRECISION}
+    assert at.precision(legacy) == {"qk32": "fp64", "pv32": "ieee", "p16": "split"}
+    assert at.mutate(legacy, "tf32x3_pv") == {**legacy, "pv32": "tf32x3"}
+    assert {k["pv32"] for k in at.ROUND0} == set(at.PV32)  # round 0 spreads both
+    assert {k["qk32"] for k in at.ROUND0} == {"fp64"} and {k["p16"] for k in at.ROUND0} == {"split"}
     assert at.mutate(full, "larger_m") == {**full, "block_m": 128}
     assert at.mutate({**full, "block_m": 16}, "smaller_m") is None
     assert at.mutate({**full, "block_n": 16}, "smaller_n") is None
@@ -146,6 +264,14 @@ def test_mutations_move_knobs_and_feasibility_refuses_what_does_not_fit():
     assert not at.feasible(d128, {**full, "block_n": 8})  # tl.dot needs >= 16
     assert not at.feasible(d1024, {**tiled, "block_dv": 1024, "num_warps": 4})  # 64x1024 acc on 128 threads
     assert not at.feasible(d128, {**full, "num_stages": 0})
+    assert not at.feasible(d128, {**full, "qk32": "tf32"})  # not a precision value
+    # fp64 scores and widened Q/K chunks take twice the registers (ptxas: 1.7 KB of spills on sm90)
+    wide_chunks = {**tiled, "block_d": 64, "num_warps": 4}
+    assert not at.feasible(d1024, wide_chunks) and at.feasible(d1024, {**wide_chunks, "qk32": "ieee"})
+    # full_d's fp64-widened Q block is staged in shared memory: fits at D = 64, not at D = 128
+    d128_fp32 = {**d128, "dtype": "float32"}
+    big = at.ROUND0[1]
+    assert at.feasible({**d128_fp32, "d": 64}, big) and not at.feasible(d128_fp32, big)
 
 
 def test_in_process_run_on_sdp_attn_picks_an_attention_winner(tmp_path):

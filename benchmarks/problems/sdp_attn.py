@@ -37,6 +37,32 @@ KB_SHAPES = [
         "dtype": torch.bfloat16,
     },
 ]
+# what the gate checks on a GPU, one shape per input dtype: each ladder shape's head dim and sequence
+# length (the same code paths and accumulation lengths) over fewer batch x heads. The fp32 ladder shape
+# itself would cost a float64 reference of 537M outputs (and a host-side draw of 1.6G values) per seed.
+KB_GATE_SHAPES = [
+    {
+        "batch_size": 2,
+        "num_heads": 2,
+        "sequence_length": 512,
+        "embedding_dimension": 1024,
+        "dtype": torch.float32,
+    },
+    {
+        "batch_size": 2,
+        "num_heads": 2,
+        "sequence_length": 256,
+        "embedding_dimension": 1024,
+        "dtype": torch.float16,
+    },
+    {
+        "batch_size": 1,
+        "num_heads": 2,
+        "sequence_length": 4096,
+        "embedding_dimension": 128,
+        "dtype": torch.bfloat16,
+    },
+]
 # what a CPU run through the Triton interpreter measures
 KB_SMOKE_SHAPE = {
     "batch_size": 1,

@@ -2,8 +2,8 @@
 
 Shapes: Q (..., Lq, D), K (..., Lk, D), V (..., Lk, Dv), O (..., Lq, Dv); s = 1/sqrt(D) (SDPA's default).
 One program per (batch*head, BLOCK_M query rows); it walks the keys in BLOCK_N tiles and never holds a
-whole score row. With the scores of tile j, S_j = Q_blk K_j^T * s (fp32), the online softmax keeps per
-query row a running max m, a running sum l and an unnormalised accumulator acc:
+whole score row. With the scores of tile j, S_j = Q_blk K_j^T * s, the online softmax keeps per query
+row a running max m, a running sum l and an unnormalised fp32 accumulator acc:
 
     m' = max(m, rowmax S_j)
     alpha = exp(m - m')          (rescales what was summed under the old max; 0 at the start)
@@ -13,12 +13,32 @@ query row a running max m, a running sum l and an unnormalised accumulator acc:
     O_blk = acc / l              (after the last tile)
 
 exp is taken as exp2, and the scale is applied after the max is subtracted: with R_j = Q_blk K_j^T the
-raw scores and m' their running max, P_j = exp2((R_j - m') * c), c = s * log2(e). (Scaling first
-rounds the large scores of signed, wide inputs once more: measured 2e-4 abs error against torch fp32's
-1.3e-4 at D = 40.) Keys past Lk score -inf (P = 0); rows past Lq and columns past D are masked loads
-(zeros) and masked stores. Every dot accumulates in fp32, whatever the input dtype. fp32 inputs
-(tolerance 1e-4) use tl.dot(input_precision="ieee"): a TF32 dot (~5e-4 relative per product) fails;
-fp16/bf16 take the default tensor-core dot, with P cast to V's dtype for P V.
+raw scores and m' their running max, P_j = exp2((R_j - m') * c), c = s * log2(e). Keys past Lk score
+-inf (P = 0); rows past Lq and columns past D are masked loads (zeros) and masked stores.
+
+Precision (the knobs qk32, pv32, p16; one candidate serves every dtype of a problem's shapes):
+- fp32 Q K^T (`qk32`). The gate's x8 seed (signed inputs of std 8) makes the softmax nearly one-hot:
+  at D = 1024 the raw scores have std 2048, and where a row's two largest scores nearly tie the output
+  moves by ~|V| * (score error) * s. Any fp32 accumulation over D rounds partial sums of that size:
+  an ieee (FMA) dot, a chain over all of D, misses 1e-4 at ~1 % of the outputs (max err ~5e-3, what
+  the H200 measured), and so does PyTorch's own fp32 SDPA (2e-3 on CPU); fp32 chunks summed in fp64
+  still fail at the tail. TF32 (the fp32 default) is far worse, and 3xTF32 (products good to ~2^-21)
+  as bad as ieee. So "fp64" (the default) widens the Q and K tiles and accumulates the scores in an
+  fp64 dot (exact products, fp64 sums; DMMA tensor cores on sm80/sm90), keeps S - m' in fp64 and
+  rounds to fp32 only the exponent, which is small wherever P matters. "ieee" and "tf32x3" remain as
+  knob values (fine for a looser tolerance or a narrow head), never proposed in round 0.
+- fp32 P V (`pv32`): P in [0, 1] and V exact; products good to 2^-21 leave ~|V| * 1e-6, so both "ieee"
+  (FMA on the CUDA cores) and "tf32x3" (three TF32 tensor-core dots) pass 1e-4; round 0 spreads both
+  and the search keeps the faster. Plain TF32 rounds P to 10 bits: errors ~1e-2, never used.
+- 16-bit P V (`p16`). The tensor-core dot wants P in V's dtype. Rounding P to bf16 (8 bits) perturbs
+  each weight by 2^-9 relative; where weighted V values cancel (output near 0, |V| ~ 20) that leaves
+  ~0.04 > 1e-2 (bf16 fails the x8 seed; fp16's 11 bits come within 1e-3 of the tolerance). "split"
+  (the default) writes P = hi + lo, both in V's dtype (lo = P - hi is exact in fp32 before its own
+  rounding), and accumulates two tensor-core dots in fp32: error ~2^-17, for one extra dot per tile.
+  Casting V to fp16 for an fp16 P is not an option for bf16 inputs: bf16 values past fp16's range
+  (65504) or below its normal range would overflow or lose bits, changing what is computed. "single"
+  (one rounded P) remains as a knob value, never proposed. Q K^T in 16 bits is a tensor-core dot of
+  exact products with fp32 accumulation, which the 1e-2 tolerance absorbs.
 
 Strategies:
 - `full_d`: the Q block [BLOCK_M, D], K/V tiles [BLOCK_N, D] and acc [BLOCK_M, Dv] live whole (D padded
@@ -45,35 +65,70 @@ MAX_REGS_PER_THREAD = 128
 FULL_D_MAX = 256
 _ELT = {"float32": 4, "float16": 2, "bfloat16": 2}
 
+# precision knobs (module docstring): the values each may take, the first the default
+QK32 = ("fp64", "ieee", "tf32x3")
+PV32 = ("ieee", "tf32x3")
+P16 = ("split", "single")
+PRECISION = {"qk32": QK32, "pv32": PV32, "p16": P16}
+
+# the d_tiled tiles compile without spills at fp32 (fp64 scores, either P V) and fp16 on sm90 (Triton 3.6,
+# ptxas -v); round 0 spreads pv32 over both values
 ROUND0: list[dict[str, Any]] = [
-    {"strategy": "full_d", "block_m": 64, "block_n": 32, "num_warps": 4, "num_stages": 2},
-    {"strategy": "full_d", "block_m": 128, "block_n": 64, "num_warps": 8, "num_stages": 2},
+    {
+        "strategy": "full_d",
+        "block_m": 64,
+        "block_n": 32,
+        "num_warps": 4,
+        "num_stages": 2,
+        "qk32": "fp64",
+        "pv32": "tf32x3",
+        "p16": "split",
+    },
+    {
+        "strategy": "full_d",
+        "block_m": 128,
+        "block_n": 64,
+        "num_warps": 8,
+        "num_stages": 2,
+        "qk32": "fp64",
+        "pv32": "ieee",
+        "p16": "split",
+    },
     {
         "strategy": "d_tiled",
         "block_m": 64,
         "block_n": 64,
-        "block_d": 64,
+        "block_d": 32,
         "block_dv": 128,
-        "num_warps": 4,
+        "num_warps": 8,
         "num_stages": 2,
+        "qk32": "fp64",
+        "pv32": "ieee",
+        "p16": "split",
     },
     {
         "strategy": "d_tiled",
         "block_m": 128,
         "block_n": 32,
-        "block_d": 32,
-        "block_dv": 64,
+        "block_d": 16,
+        "block_dv": 128,
         "num_warps": 8,
         "num_stages": 3,
+        "qk32": "fp64",
+        "pv32": "tf32x3",
+        "p16": "split",
     },
     {
         "strategy": "d_tiled",
-        "block_m": 32,
-        "block_n": 64,
-        "block_d": 64,
+        "block_m": 64,
+        "block_n": 32,
+        "block_d": 16,
         "block_dv": 256,
-        "num_warps": 4,
+        "num_warps": 8,
         "num_stages": 2,
+        "qk32": "fp64",
+        "pv32": "ieee",
+        "p16": "split",
     },
 ]
 
@@ -82,6 +137,7 @@ MUTATIONS: dict[str, list[tuple[str, str]]] = {
     "compute-bound": [
         ("wider_dv", "wider output chunks recompute Q K^T fewer times"),
         ("full_d", "one pass over the whole head: no recomputed scores"),
+        ("tf32x3_pv", "fp32 P V as three TF32 tensor-core dots instead of FMAs on the CUDA cores"),
     ],
     "memory-bound near peak": [
         ("larger_m", "more query rows per program re-read each K/V tile fewer times"),
@@ -99,6 +155,7 @@ MUTATIONS: dict[str, list[tuple[str, str]]] = {
         ("narrower_dv", "a narrower output chunk holds a smaller accumulator"),
         ("more_warps", "spread the accumulator over more threads"),
         ("smaller_n", "a narrower key tile holds fewer scores"),
+        ("ieee_pv", "an FMA P V keeps no TF32 hi/lo copies of its operands live"),
     ],
 }
 
@@ -131,25 +188,44 @@ def _blocks(spec: dict, knobs: dict[str, Any]) -> tuple[int, int]:
     return (min(bm, cap), min(bn, cap)) if cap else (bm, bn)
 
 
+def precision(knobs: dict[str, Any]) -> dict[str, str]:
+    """The precision knobs of a knob set, defaults filled in (knob sets recorded before they existed
+    take the defaults)."""
+    out = {k: str(knobs.get(k, values[0])) for k, values in PRECISION.items()}
+    for k, v in out.items():
+        if v not in PRECISION[k]:
+            raise ValueError(f"attention knob {k}={v!r}: expected one of {', '.join(PRECISION[k])}")
+    return out
+
+
 def feasible(spec: dict, knobs: dict[str, Any]) -> bool:
-    """Power-of-two tiles >= 16; full_d only where acc + Q block fit in registers and the K/V tiles of
-    every pipeline stage (at least one) fit in shared memory; d_tiled's chunks likewise."""
+    """Power-of-two tiles >= 16; full_d only where acc + Q block + scores fit in registers and the K/V
+    tiles of every pipeline stage (at least one) fit in shared memory; d_tiled's chunks likewise.
+    fp64 scores (qk32=fp64 on fp32 inputs) take two registers an element, and so do d_tiled's widened
+    Q/K chunks; full_d's widened Q block is staged in shared memory (as ptxas shows on sm90)."""
     keys = ("block_m", "block_n") + (("block_d", "block_dv") if knobs["strategy"] == "d_tiled" else ())
     if any(knobs[k] < 16 or knobs[k] & (knobs[k] - 1) for k in keys) or knobs["num_stages"] < 1:
         return False
+    try:
+        prec = precision(knobs)
+    except ValueError:
+        return False
     bm, bn = _blocks(spec, knobs)
-    elt = _ELT.get(spec.get("dtype", "float32"), 4)
+    dtype = spec.get("dtype", "float32")
+    elt = _ELT.get(dtype, 4)
+    wide = dtype == "float32" and prec["qk32"] == "fp64"
     threads = 32 * knobs["num_warps"]
     d = max(16, _next_pow2(spec.get("d") or 16))
+    scores = bm * bn * (2 if wide else 1)
     if knobs["strategy"] == "full_d":
         if d > FULL_D_MAX:
             return False
-        regs = bm * d + bm * d * elt // 4 + bm * bn  # acc, Q block, scores
-        smem = knobs["num_stages"] * 2 * bn * d * elt
+        regs = bm * d + scores + (0 if wide else bm * d * elt // 4)  # acc, scores, Q block
+        smem = knobs["num_stages"] * 2 * bn * d * elt + (bm * d * 8 if wide else 0)
     else:
         bd = min(knobs["block_d"], d)
         dv = min(knobs["block_dv"], d)
-        regs = bm * dv + bm * bn
+        regs = bm * dv + scores + (2 * (bm * bd + bd * bn) if wide else 0)
         smem = knobs["num_stages"] * (bm * bd + bn * bd + bn * dv) * elt
     return regs <= MAX_REGS_PER_THREAD * threads and smem <= MAX_SMEM
 
@@ -160,13 +236,10 @@ def mutate(knobs: dict[str, Any], move: str) -> dict[str, Any] | None:
     if move == "full_d":
         if not tiled:
             return None
-        return {
-            "strategy": "full_d",
-            "block_m": k["block_m"],
-            "block_n": k["block_n"],
-            "num_warps": k["num_warps"],
-            "num_stages": k["num_stages"],
-        }
+        return {a: b for a, b in k.items() if a not in {"block_d", "block_dv"}} | {"strategy": "full_d"}
+    if move in {"tf32x3_pv", "ieee_pv"}:
+        v = move.removesuffix("_pv")
+        return {**k, "pv32": v} if precision(k)["pv32"] != v else None
     if move in {"wider_dv", "narrower_dv", "longer_d"}:
         if not tiled:
             return (
@@ -191,9 +264,50 @@ def mutate(knobs: dict[str, Any], move: str) -> dict[str, Any] | None:
 
 _KERNELS = """
 @triton.jit
+def _dot16(a, b, acc, UPCAST: tl.constexpr):
+    if UPCAST:
+        # the Triton CPU interpreter's bf16 tl.dot returns garbage: there the tiles widen (exactly) to fp32
+        acc = tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
+    else:
+        acc = tl.dot(a, b, acc)
+    return acc
+
+
+@triton.jit
+def _qk(q, kt, s, QK: tl.constexpr, UPCAST: tl.constexpr):
+    # s += q kt. fp32 inputs: QK names the recipe (module docstring); 16-bit inputs (QK "mma"): exact
+    # products, fp32 sums on the tensor cores
+    if QK == "fp64":
+        s = tl.dot(q.to(tl.float64), kt.to(tl.float64), s, input_precision="ieee", out_dtype=tl.float64)
+    elif QK == "ieee":
+        s = tl.dot(q, kt, s, input_precision="ieee")
+    elif QK == "tf32x3":
+        s = tl.dot(q, kt, s, input_precision="tf32x3")
+    else:
+        s = _dot16(q, kt, s, UPCAST)
+    return s
+
+
+@triton.jit
+def _pv(p, v, acc, PV: tl.constexpr, UPCAST: tl.constexpr):
+    # acc += p v with p the fp32 probabilities. fp32 V: PV is "ieee" or "tf32x3". 16-bit V: the dot
+    # takes P in V's dtype; "split" adds the rounding remainder lo = p - hi as a second dot
+    if PV == "ieee":
+        acc = tl.dot(p, v, acc, input_precision="ieee")
+    elif PV == "tf32x3":
+        acc = tl.dot(p, v, acc, input_precision="tf32x3")
+    else:
+        hi = p.to(v.dtype)
+        acc = _dot16(hi, v, acc, UPCAST)
+        if PV == "split":
+            acc = _dot16((p - hi.to(tl.float32)).to(v.dtype), v, acc, UPCAST)
+    return acc
+
+
+@triton.jit
 def _attn_full_d(q_ptr, k_ptr, v_ptr, o_ptr, Lq, Lk, D, DV, qk_scale,
-                 IEEE: tl.constexpr, UPCAST: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                 BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr):
+                 QK: tl.constexpr, PV: tl.constexpr, UPCAST: tl.constexpr, BLOCK_M: tl.constexpr,
+                 BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr):
     pid_m = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -205,7 +319,9 @@ def _attn_full_d(q_ptr, k_ptr, v_ptr, o_ptr, Lq, Lk, D, DV, qk_scale,
     v_base = v_ptr + bh * Lk * DV
     q_mask = (rm[:, None] < Lq) & (rd[None, :] < D)
     q = tl.load(q_base + rm[:, None] * D + rd[None, :], mask=q_mask, other=0.0)
-    m_i = tl.full([BLOCK_M], -float("inf"), tl.float32)
+    # scores (and their running max) in fp64 for the fp64 recipe, else fp32
+    s_zero = tl.zeros([BLOCK_M, BLOCK_N], tl.float64 if QK == "fp64" else tl.float32)
+    m_i = tl.full([BLOCK_M], -float("inf"), s_zero.dtype)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_DV], tl.float32)
     for n0 in range(0, Lk, BLOCK_N):
@@ -213,25 +329,15 @@ def _attn_full_d(q_ptr, k_ptr, v_ptr, o_ptr, Lq, Lk, D, DV, qk_scale,
         # K tile read transposed: [BLOCK_D, BLOCK_N]
         kt = tl.load(k_base + cols[None, :] * D + rd[:, None], mask=(cols[None, :] < Lk) & (rd[:, None] < D),
                      other=0.0)
-        if IEEE:
-            s = tl.dot(q, kt, input_precision="ieee")
-        elif UPCAST:
-            s = tl.dot(q.to(tl.float32), kt.to(tl.float32))
-        else:
-            s = tl.dot(q, kt)
+        s = _qk(q, kt, s_zero, QK, UPCAST)
         s = tl.where(cols[None, :] < Lk, s, -float("inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        alpha = tl.exp2((m_i - m_new) * qk_scale)
-        p = tl.exp2((s - m_new[:, None]) * qk_scale)
+        alpha = tl.exp2(((m_i - m_new) * qk_scale).to(tl.float32))
+        p = tl.exp2(((s - m_new[:, None]) * qk_scale).to(tl.float32))
         l_i = l_i * alpha + tl.sum(p, axis=1)
         v_mask = (cols[:, None] < Lk) & (rdv[None, :] < DV)
         v = tl.load(v_base + cols[:, None] * DV + rdv[None, :], mask=v_mask, other=0.0)
-        if IEEE:
-            acc = tl.dot(p, v, acc * alpha[:, None], input_precision="ieee")
-        elif UPCAST:
-            acc = tl.dot(p.to(v.dtype).to(tl.float32), v.to(tl.float32), acc * alpha[:, None])
-        else:
-            acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
+        acc = _pv(p, v, acc * alpha[:, None], PV, UPCAST)
         m_i = m_new
     out = acc / l_i[:, None]
     o = o_ptr + bh * Lq * DV + rm[:, None] * DV + rdv[None, :]
@@ -240,8 +346,8 @@ def _attn_full_d(q_ptr, k_ptr, v_ptr, o_ptr, Lq, Lk, D, DV, qk_scale,
 
 @triton.jit
 def _attn_d_tiled(q_ptr, k_ptr, v_ptr, o_ptr, Lq, Lk, D, DV, qk_scale,
-                  IEEE: tl.constexpr, UPCAST: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                  BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr):
+                  QK: tl.constexpr, PV: tl.constexpr, UPCAST: tl.constexpr, BLOCK_M: tl.constexpr,
+                  BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr):
     pid_m = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
     pid_dv = tl.program_id(2)
@@ -253,37 +359,28 @@ def _attn_d_tiled(q_ptr, k_ptr, v_ptr, o_ptr, Lq, Lk, D, DV, qk_scale,
     k_base = k_ptr + bh * Lk * D
     v_base = v_ptr + bh * Lk * DV
     m_mask = rm[:, None] < Lq
-    m_i = tl.full([BLOCK_M], -float("inf"), tl.float32)
+    s_zero = tl.zeros([BLOCK_M, BLOCK_N], tl.float64 if QK == "fp64" else tl.float32)
+    m_i = tl.full([BLOCK_M], -float("inf"), s_zero.dtype)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_DV], tl.float32)
     for n0 in range(0, Lk, BLOCK_N):
         cols = n0 + rn
         n_mask = cols[None, :] < Lk
-        # scores of this key tile, summed over BLOCK_D chunks of the head dim
-        s = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+        # scores of this key tile, summed over BLOCK_D chunks of the head dim in one accumulator
+        s = s_zero
         for d0 in range(0, D, BLOCK_D):
             dd = d0 + rd
             q = tl.load(q_base + rm[:, None] * D + dd[None, :], mask=m_mask & (dd[None, :] < D), other=0.0)
             kt = tl.load(k_base + cols[None, :] * D + dd[:, None], mask=n_mask & (dd[:, None] < D), other=0.0)
-            if IEEE:
-                s = tl.dot(q, kt, s, input_precision="ieee")
-            elif UPCAST:
-                s = tl.dot(q.to(tl.float32), kt.to(tl.float32), s)
-            else:
-                s = tl.dot(q, kt, s)
+            s = _qk(q, kt, s, QK, UPCAST)
         s = tl.where(n_mask, s, -float("inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        alpha = tl.exp2((m_i - m_new) * qk_scale)
-        p = tl.exp2((s - m_new[:, None]) * qk_scale)
+        alpha = tl.exp2(((m_i - m_new) * qk_scale).to(tl.float32))
+        p = tl.exp2(((s - m_new[:, None]) * qk_scale).to(tl.float32))
         l_i = l_i * alpha + tl.sum(p, axis=1)
         v_mask = (cols[:, None] < Lk) & (rdv[None, :] < DV)
         v = tl.load(v_base + cols[:, None] * DV + rdv[None, :], mask=v_mask, other=0.0)
-        if IEEE:
-            acc = tl.dot(p, v, acc * alpha[:, None], input_precision="ieee")
-        elif UPCAST:
-            acc = tl.dot(p.to(v.dtype).to(tl.float32), v.to(tl.float32), acc * alpha[:, None])
-        else:
-            acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
+        acc = _pv(p, v, acc * alpha[:, None], PV, UPCAST)
         m_i = m_new
     out = acc / l_i[:, None]
     o = o_ptr + bh * Lq * DV + rm[:, None] * DV + rdv[None, :]
@@ -299,19 +396,21 @@ def _launch(q, k, v, o):
     bn = min(BLOCK_N, cap)
     d_pad = max(16, triton.next_power_of_2(D))
     dv_pad = max(16, triton.next_power_of_2(DV))
-    ieee = q.dtype == torch.float32
-    # the Triton CPU interpreter's bf16 tl.dot returns garbage: there, bf16 tiles are widened to fp32
+    if q.dtype == torch.float32:
+        qk, pv = QK32, PV32
+    else:
+        qk, pv = "mma", P16
     upcast = q.dtype == torch.bfloat16 and os.environ.get("TRITON_INTERPRET") == "1"
     if STRATEGY == "full_d" and max(d_pad, dv_pad) <= FULL_D_MAX:
         grid = (triton.cdiv(Lq, bm), BH)
-        _attn_full_d[grid](q, k, v, o, Lq, Lk, D, DV, qk_scale, IEEE=ieee, UPCAST=upcast,
+        _attn_full_d[grid](q, k, v, o, Lq, Lk, D, DV, qk_scale, QK=qk, PV=pv, UPCAST=upcast,
                            BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=d_pad, BLOCK_DV=dv_pad,
                            num_warps=NUM_WARPS, num_stages=NUM_STAGES)
         return
     bd = min(BLOCK_D, d_pad)
     bdv = min(BLOCK_DV, dv_pad)
     grid = (triton.cdiv(Lq, bm), BH, triton.cdiv(DV, bdv))
-    _attn_d_tiled[grid](q, k, v, o, Lq, Lk, D, DV, qk_scale, IEEE=ieee, UPCAST=upcast,
+    _attn_d_tiled[grid](q, k, v, o, Lq, Lk, D, DV, qk_scale, QK=qk, PV=pv, UPCAST=upcast,
                         BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=bd, BLOCK_DV=bdv,
                         num_warps=NUM_WARPS, num_stages=NUM_STAGES)
 """
@@ -324,6 +423,7 @@ def render(spec: dict, knobs: dict[str, Any], signature: dict[str, list[str]]) -
         raise ValueError(f"attention needs forward(q, k, v): got forward({', '.join(fwd)})")
     q, k, v = fwd[:3]
     rest = "".join(f", {a}" for a in fwd[3:])
+    prec = precision(knobs)
     consts = [
         f'STRATEGY = "{knobs["strategy"]}"',
         f"BLOCK_M = {knobs['block_m']}",
@@ -332,6 +432,9 @@ def render(spec: dict, knobs: dict[str, Any], signature: dict[str, list[str]]) -
         f"BLOCK_DV = {knobs.get('block_dv', 128)}",
         f"NUM_WARPS = {knobs['num_warps']}",
         f"NUM_STAGES = {knobs['num_stages']}",
+        f'QK32 = "{prec["qk32"]}"',
+        f'PV32 = "{prec["pv32"]}"',
+        f'P16 = "{prec["p16"]}"',
         f"FULL_D_MAX = {FULL_D_MAX}",
         "LOG2E = 1.4426950408889634",
     ]

@@ -1,0 +1,347 @@
+"""Accuracy and speed of every attention-template render on the SDPA seed problem, outside a kb run.
+
+For each round-0 knob set the expert generator would propose (plus controls that show why the
+defaults are what they are), at each of the problem's shapes (KB_SHAPES, then KB_GATE_SHAPES if it
+declares them) and each of the gate's seeds (same inputs as the gate: evaluate's draw and seed
+variants), it reports the max abs error against the float64 reference, the elements outside the
+problem's tolerance and pass/fail, then the median time of the render and of eager PyTorch (CUDA
+events, L2 flushed, the benchmarker's timer). Eager's own error is reported as a row too.
+
+    PYTHONPATH=. python3 tools/attn_check.py --out $OUT/attn.json            # on the GPU machine
+    PYTHONPATH=. TRITON_INTERPRET=1 python3 tools/attn_check.py --device cpu --out /tmp/attn.json
+
+On CPU (the Triton interpreter) it checks the problem's smoke shape only, and cannot show TF32
+effects: the interpreter computes every dot in numpy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import gc
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+from pydantic import BaseModel  # noqa: E402
+
+from kernelbrain import evaluate  # noqa: E402
+from kernelbrain.problem import read_problem, shape_label  # noqa: E402
+from kernelbrain.templates import attention as at  # noqa: E402
+
+DEFAULT_PROBLEM = ROOT / "benchmarks" / "problems" / "sdp_attn.py"
+
+
+class SeedResult(BaseModel):
+    seed: int
+    max_abs_err: float
+    bad: int
+    numel: int
+    passed: bool
+
+
+class Row(BaseModel):
+    shape: str
+    dtype: str
+    shape_kind: str  # "ladder" (KB_SHAPES) or "gate" (KB_GATE_SHAPES) or "cpu"
+    variant: str
+    role: str  # "round0", "control" (expected to fail where noted) or "eager"
+    expect: str
+    knobs: dict[str, Any]
+    tolerance: float
+    seeds: list[SeedResult] = []
+    passed: bool | None = None
+    median_s: float | None = None
+    eager_median_s: float | None = None
+    speedup: float | None = None
+    error: str | None = None
+
+
+class Report(BaseModel):
+    problem: str
+    device: str
+    gpu: str
+    torch: str
+    triton: str
+    spec: dict[str, Any]
+    seeds: int
+    reps: int
+    wall_s: float = 0.0
+    rows: list[Row] = []
+
+
+class Variant(BaseModel):
+    name: str
+    role: str
+    knobs: dict[str, Any]
+    dtypes: set[str]  # input dtypes it is run at
+    expect: str
+
+
+def variants(spec: dict, include_infeasible: bool, controls: bool) -> list[Variant]:
+    """Round-0 knob sets (those the expert generator proposes for this spec) and the controls."""
+    out = [
+        Variant(name=f"r0-{i}", role="round0", knobs=k, dtypes=set(at.FLOAT_DTYPES), expect="pass")
+        for i, k in enumerate(at.ROUND0)
+        if include_infeasible or at.feasible(spec, k)
+    ]
+    if controls and out:
+        base = out[0].knobs
+        out += [
+            Variant(
+                name=f"ctl-qk-{qk}",
+                role="control",
+                knobs={**base, "qk32": qk},
+                dtypes={"float32"},
+                expect="fails the x8 seed at large D: fp32-accumulated scores",
+            )
+            for qk in ("ieee", "tf32x3")
+        ]
+        out.append(
+            Variant(
+                name="ctl-p-single",
+                role="control",
+                knobs={**base, "p16": "single"},
+                dtypes={"float16", "bfloat16"},
+                expect="bf16 fails the x8 seed: P rounded to 8 bits before P V",
+            )
+        )
+    return out
+
+
+def _dtype(problem: evaluate.Problem, shape: dict) -> str:
+    x = next(t for t in problem.inputs(shape, 0, "meta") if isinstance(t, torch.Tensor))
+    return str(x.dtype).removeprefix("torch.")
+
+
+def _compare(got: torch.Tensor, expected: torch.Tensor, tol: float, seed: int) -> SeedResult:
+    """The gate's comparison: isclose(atol = rtol = tol) against float64, NaN/Inf only where the
+    reference has them."""
+    g64 = got.detach().to(torch.float64)
+    bad_e = ~torch.isfinite(expected)
+    ok = bad_e | torch.isclose(g64, expected, rtol=tol, atol=tol)  # NaN/Inf against a finite value: bad
+    diff = (g64 - expected).abs().masked_fill(bad_e, 0).nan_to_num(nan=float("inf"))
+    bad = int((~ok).sum())
+    return SeedResult(seed=seed, max_abs_err=float(diff.max()), bad=bad, numel=ok.numel(), passed=bad == 0)
+
+
+def _median(timer: evaluate._Timer, fn, reps: int) -> float:
+    fn()
+    fn()
+    return statistics.median(timer(fn) for _ in range(reps))
+
+
+def _sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def check_shape(
+    problem: evaluate.Problem,
+    shape: dict,
+    kind: str,
+    cands: list[tuple[Variant, Any]],
+    args: argparse.Namespace,
+    log,
+) -> list[Row]:
+    dev = args.device
+    dtype = _dtype(problem, shape)
+    tol = problem.tolerance.get(dtype, 1e-4)
+    label = shape_label(shape)
+    run = [(v, m) for v, m in cands if dtype in v.dtypes]
+    rows = {
+        "eager": Row(
+            shape=label,
+            dtype=dtype,
+            shape_kind=kind,
+            variant="eager",
+            role="eager",
+            expect="-",
+            knobs={},
+            tolerance=tol,
+        )
+    }
+    models: dict[str, Any] = {}
+    for v, module in run:
+        rows[v.name] = Row(
+            shape=label,
+            dtype=dtype,
+            shape_kind=kind,
+            variant=v.name,
+            role=v.role,
+            expect=v.expect,
+            knobs=v.knobs,
+            tolerance=tol,
+        )
+        try:
+            models[v.name] = evaluate._build(problem, module, shape, dev)[1]
+        except Exception as e:  # a render that cannot even be built is a result, not a crash
+            rows[v.name].error = f"build: {type(e).__name__}: {e}"[:500]
+    ref, _ = evaluate._build(problem, None, shape, dev)
+    ref64 = copy.deepcopy(ref).to(torch.float64)
+    with torch.no_grad():
+        for seed in range(args.seeds):
+            t0 = time.perf_counter()
+            # the gate's inputs: the problem's own draw, then the signed (x8 on even seeds) variants
+            inputs = [evaluate._to(x, dev) for x in evaluate._variant(problem.inputs(shape, seed, dev), seed)]
+            expected = evaluate._outputs(ref64(*[evaluate._to(x, dev, torch.float64) for x in inputs]))[0]
+            _sync(dev)
+            log(f"  {label} seed {seed}: inputs + float64 reference {time.perf_counter() - t0:.1f}s")
+            rows["eager"].seeds.append(_compare(evaluate._outputs(ref(*inputs))[0], expected, tol, seed))
+            for name, model in models.items():
+                if rows[name].error:
+                    continue
+                t0 = time.perf_counter()
+                try:
+                    got = evaluate._outputs(model(*inputs))[0]
+                    _sync(dev)
+                except Exception as e:
+                    rows[name].error = f"seed {seed}: {type(e).__name__}: {e}"[:500]
+                    continue
+                r = _compare(got, expected, tol, seed)
+                rows[name].seeds.append(r)
+                log(
+                    f"    {name:14s} seed {seed}: max abs {r.max_abs_err:.3g}, {r.bad} bad "
+                    f"({time.perf_counter() - t0:.1f}s with any compile)"
+                )
+                del got
+            del inputs, expected
+            gc.collect()
+            if dev == "cuda":
+                torch.cuda.empty_cache()
+        if args.reps > 0:
+            timer = evaluate._Timer(dev)
+            inputs = problem.inputs(shape, 100, dev)  # what the benchmarker times on
+            eager_s = _median(timer, lambda: ref(*inputs), args.reps)
+            for name, row in rows.items():
+                row.eager_median_s = eager_s
+                if name == "eager":
+                    row.median_s = eager_s
+                elif not row.error:
+                    row.median_s = _median(timer, lambda m=models[name]: m(*inputs), args.reps)
+                if row.median_s:
+                    row.speedup = eager_s / row.median_s
+            del inputs
+    for row in rows.values():
+        row.passed = None if row.error else all(s.passed for s in row.seeds)
+    return list(rows.values())
+
+
+def _short(knobs: dict[str, Any]) -> str:
+    if not knobs:
+        return "torch"
+    p = at.precision(knobs)
+    tiles = "/".join(str(knobs[k]) for k in ("block_m", "block_n", "block_d", "block_dv") if k in knobs)
+    return (
+        f"{knobs['strategy']} {tiles} w{knobs['num_warps']}s{knobs['num_stages']} "
+        f"qk={p['qk32']} pv={p['pv32']} p16={p['p16']}"
+    )
+
+
+def _compact(label: str) -> str:
+    """batch_size=32,num_heads=32,...,dtype=torch.float32 -> 32x32x512x1024"""
+    dims = [kv.split("=", 1)[1] for kv in label.split(",") if "=" in kv and not kv.startswith("dtype=")]
+    return "x".join(dims)[:44] or label[:44]
+
+
+def table(rows: list[Row]) -> str:
+    head = (
+        f"{'shape':44s} {'dtype':8s} {'variant':14s} {'knobs':52s} {'max abs err per seed':26s} "
+        f"{'bad':>9s} {'ok':4s} {'ms':>9s} {'eager':>9s} {'x':>6s}"
+    )
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        errs = " ".join(f"{s.max_abs_err:.1e}" for s in r.seeds)
+        bad = sum(s.bad for s in r.seeds)
+        ok = "ERR" if r.error else ("yes" if r.passed else "NO")
+        ms = f"{r.median_s * 1e3:9.3f}" if r.median_s else f"{'-':>9s}"
+        eager = f"{r.eager_median_s * 1e3:9.3f}" if r.eager_median_s else f"{'-':>9s}"
+        x = f"{r.speedup:6.2f}" if r.speedup else f"{'-':>6s}"
+        lines.append(
+            f"{_compact(r.shape):44s} {r.dtype:8s} {r.variant:14s} {_short(r.knobs)[:52]:52s} {errs:26s} "
+            f"{bad:9d} {ok:4s} {ms} {eager} {x}"
+        )
+        if r.error:
+            lines.append(f"    error: {r.error[:200]}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", required=True, type=Path, help="where to write the JSON report")
+    ap.add_argument("--problem", type=Path, default=DEFAULT_PROBLEM, help="the SDPA problem file")
+    ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
+    ap.add_argument("--seeds", type=int, default=3, help="gate seeds (default 3, as the gate)")
+    ap.add_argument("--reps", type=int, default=5, help="timed calls per render and shape (0: no timing)")
+    ap.add_argument(
+        "--shapes", default="all", choices=("all", "ladder", "gate"), help="KB_SHAPES, KB_GATE_SHAPES or both"
+    )
+    ap.add_argument("--all-round0", action="store_true", help="also the round-0 sets infeasible at the spec")
+    ap.add_argument("--no-controls", action="store_true", help="only the round-0 renders")
+    args = ap.parse_args(argv)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("attn_check: no CUDA device; run it on the GPU machine, or pass --device cpu", file=sys.stderr)
+        return 2
+    if args.device == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+        # Triton reads it at import: setting it here would be too late
+        print("attn_check: --device cpu needs TRITON_INTERPRET=1 in the environment", file=sys.stderr)
+        return 2
+    t_start = time.perf_counter()
+
+    def log(msg: str) -> None:
+        print(f"[{time.perf_counter() - t_start:6.1f}s] {msg}", flush=True)
+
+    source = read_problem(args.problem)
+    problem = evaluate.Problem(source)
+    analysis = evaluate.analyse(source, args.device)
+    spec = at.matches(analysis["ops"])
+    if spec is None:
+        print(
+            f"attn_check: {args.problem} does not trace to a lone SDPA; pass an SDPA problem", file=sys.stderr
+        )
+        return 2
+    import triton
+
+    report = Report(
+        problem=str(args.problem.relative_to(ROOT) if args.problem.is_relative_to(ROOT) else args.problem),
+        device=args.device,
+        gpu=torch.cuda.get_device_name() if args.device == "cuda" else platform.processor() or "cpu",
+        torch=torch.__version__,
+        triton=triton.__version__,
+        spec=spec,
+        seeds=args.seeds,
+        reps=args.reps,
+    )
+    cands = [
+        (v, evaluate.load_module(at.render(spec, v.knobs, analysis["signature"]), "cand"))
+        for v in variants(spec, args.all_round0, not args.no_controls)
+    ]
+    log(f"spec {spec}; {len(cands)} renders: {', '.join(v.name for v, _ in cands)}")
+    if args.device == "cpu":
+        shapes = [(s, "cpu") for s in problem.gate_shapes("cpu")]
+    else:
+        gate = [dict(s) for s in getattr(problem.module, "KB_GATE_SHAPES", None) or []]
+        shapes = [(s, "ladder") for s in problem.shapes if args.shapes in {"all", "ladder"}]
+        shapes += [(s, "gate") for s in gate if args.shapes in {"all", "gate"}]
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    for shape, kind in shapes:
+        log(f"shape {shape_label(shape)} ({kind})")
+        report.rows += check_shape(problem, shape, kind, cands, args, log)
+        report.wall_s = time.perf_counter() - t_start
+        args.out.write_text(report.model_dump_json(indent=1))  # partial results survive a time limit
+    print(table(report.rows))
+    failed = [r.variant for r in report.rows if r.role == "round0" and r.passed is not True]
+    log(f"wrote {args.out}; round-0 renders failing: {', '.join(sorted(set(failed))) or 'none'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
