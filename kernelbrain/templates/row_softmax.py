@@ -3,7 +3,17 @@
     y_i = exp(x_i - m) / sum_j exp(x_j - m),   m = max_j x_j     (log: x_i - m - log sum_j exp(x_j - m))
 
 Strategy axes: the whole row in registers (one read of x), an online single-sweep max/sum over tiles
-(any row length, two reads), several short rows per program (fewer, fatter programs), and num_warps.
+(any row length, two reads), several short rows per program (fewer, fatter programs), a row split
+over co-resident programs (rows too long for one program's registers, still one read), and num_warps.
+
+`split_row`: each program holds one BLOCK_N chunk of a row in registers, publishes the chunk's max
+and sum of exponentials, waits (an atomic counter per row) until every chunk of its row has done so,
+then normalises its chunk from registers: x is read once and y written once, the floor's bytes. A
+program may only wait for programs that are running, so the grid is persistent and no larger than
+the GPU holds at once (CTAS_PER_SM programs per multiprocessor), in rounds that each cover whole
+rows; the wait is bounded, so a violated assumption shows as a wrong result (the gate rejects it),
+never as a hang. Under the interpreter programs run one after another and cannot wait for each
+other: there the same kernel runs in two launches (chunk statistics, then normalisation).
 """
 
 from __future__ import annotations
@@ -20,12 +30,18 @@ ROUND0: list[dict[str, Any]] = [
     {"strategy": "online", "block_n": 4096, "num_warps": 8},
     {"strategy": "multi_row", "rows": 4, "num_warps": 4},
     {"strategy": "online", "block_n": 8192, "num_warps": 16},
+    {"strategy": "split_row", "block_n": 8192, "ctas_per_sm": 2, "num_warps": 8},
+    {"strategy": "split_row", "block_n": 16384, "ctas_per_sm": 1, "num_warps": 16},
 ]
+# split_row: a row spans at least this many chunks (else a whole-row strategy does it in one program)
+# and at most this many (every chunk of a row must be running at once, on GPUs with >= 64 SMs)
+MIN_CHUNKS, MAX_CHUNKS = 2, 64
 
 # bottleneck label -> (move, why); a move maps the parent's knobs to the child's
 MUTATIONS: dict[str, list[tuple[str, str]]] = {
     "memory-bound near peak": [
         ("single_pass", "at the bandwidth roof only fewer bytes help: read each row once"),
+        ("split_row", "rows too long for one program: split each over co-resident programs, read once"),
     ],
     "latency or occupancy-limited": [
         ("more_warps", "more warps per row hide more load latency"),
@@ -55,6 +71,8 @@ def matches(ops: list[dict]) -> dict | None:
 def feasible(spec: dict, knobs: dict[str, Any]) -> bool:
     """Strategies that hold whole rows in registers only fit rows up to MAX_BLOCK elements."""
     n = spec.get("n_cols")
+    if knobs["strategy"] == "split_row":
+        return n is not None and MIN_CHUNKS <= -(-n // knobs["block_n"]) <= MAX_CHUNKS
     if n is None or knobs["strategy"] == "online":
         return True
     block = 1 << max(0, (n - 1).bit_length())
@@ -69,6 +87,10 @@ def mutate(knobs: dict[str, Any], move: str) -> dict[str, Any] | None:
             if k["strategy"] == "single_pass"
             else {"strategy": "single_pass", "num_warps": k["num_warps"]}
         )
+    if move == "split_row":
+        if k["strategy"] == "split_row":
+            return None
+        return {"strategy": "split_row", "block_n": 8192, "ctas_per_sm": 2, "num_warps": 8}
     if move == "more_warps":
         return {**k, "num_warps": min(16, k["num_warps"] * 2)} if k["num_warps"] < 16 else None
     if move == "fewer_warps":
@@ -77,6 +99,9 @@ def mutate(knobs: dict[str, Any], move: str) -> dict[str, Any] | None:
         rows = k.get("rows", 1) * 2
         return {"strategy": "multi_row", "rows": rows, "num_warps": k["num_warps"]} if rows <= 32 else None
     if move in {"smaller_tiles", "larger_tiles"}:
+        if k["strategy"] == "split_row":
+            bn = k["block_n"] // 2 if move == "smaller_tiles" else k["block_n"] * 2
+            return {**k, "block_n": bn} if 1024 <= bn <= MAX_BLOCK else None
         if k["strategy"] != "online":
             return {"strategy": "online", "block_n": 2048, "num_warps": k["num_warps"]}
         bn = k["block_n"] // 2 if move == "smaller_tiles" else k["block_n"] * 2
@@ -163,6 +188,61 @@ def _launch(x2, y2):
     _softmax_kernel[(triton.cdiv(n_rows, ROWS),)](x2, y2, n_rows, n_cols, x2.stride(0), y2.stride(0),
                                                   ROWS=ROWS, BLOCK=block, LOG=LOG, num_warps=NUM_WARPS)
 """,
+    "split_row": """
+@triton.jit
+def _softmax_kernel(x_ptr, y_ptr, pm_ptr, ps_ptr, cnt_ptr, n_cols, n_chunks, n_items, stride_x, stride_y,
+                    CHUNKS_P2: tl.constexpr, BLOCK: tl.constexpr, LOG: tl.constexpr, PHASE: tl.constexpr):
+    # PHASE 0: the whole job in one launch (GPU); 1: chunk statistics only; 2: normalisation only
+    cols = tl.arange(0, BLOCK)
+    parts = tl.arange(0, CHUNKS_P2)
+    for item in range(tl.program_id(0), n_items, tl.num_programs(0)):
+        row = item // n_chunks
+        c = (item % n_chunks) * BLOCK + cols
+        mask = c < n_cols
+        x = tl.load(x_ptr + row.to(tl.int64) * stride_x + c, mask=mask, other=-float("inf")).to(tl.float32)
+        if PHASE != 2:
+            m = tl.max(x, axis=0)
+            tl.store(pm_ptr + item, m)
+            tl.store(ps_ptr + item, tl.sum(tl.where(mask, tl.exp(x - m), 0.0), axis=0))
+        if PHASE == 0:
+            tl.debug_barrier()  # the chunk's statistics are written before the count says so
+            tl.atomic_add(cnt_ptr + row, 1, sem="release")
+            spins = 0
+            while (tl.atomic_add(cnt_ptr + row, 0, sem="acquire") < n_chunks) & (spins < 1000000):
+                spins += 1
+        if PHASE != 1:
+            # volatile: the other chunks' statistics were written by other SMs, past this one's L1
+            pm = tl.load(pm_ptr + row * n_chunks + parts, mask=parts < n_chunks, other=-float("inf"),
+                         volatile=True)
+            ps = tl.load(ps_ptr + row * n_chunks + parts, mask=parts < n_chunks, other=0.0, volatile=True)
+            m_row = tl.max(pm, axis=0)
+            s_row = tl.sum(tl.where(parts < n_chunks, ps * tl.exp(pm - m_row), 0.0), axis=0)
+            z = x - m_row
+            y = z - tl.log(s_row) if LOG else tl.exp(z) / s_row
+            tl.store(y_ptr + row.to(tl.int64) * stride_y + c, y.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+def _launch(x2, y2):
+    n_rows, n_cols = x2.shape
+    block = min(BLOCK_N, triton.next_power_of_2(n_cols))
+    n_chunks = triton.cdiv(n_cols, block)
+    n_items = n_rows * n_chunks
+    pm = torch.empty(n_items, device=x2.device, dtype=torch.float32)
+    ps = torch.empty(n_items, device=x2.device, dtype=torch.float32)
+    args = (x2, y2, pm, ps)
+    meta = dict(CHUNKS_P2=triton.next_power_of_2(n_chunks), BLOCK=block, LOG=LOG, num_warps=NUM_WARPS)
+    sms = torch.cuda.get_device_properties(x2.device).multi_processor_count if x2.is_cuda else 0
+    slots = sms * CTAS_PER_SM
+    if n_chunks <= slots:  # every chunk of a round's rows runs at once: one launch, one read of x
+        cnt = torch.zeros(n_rows, device=x2.device, dtype=torch.int32)
+        grid = (min(n_items, n_chunks * (slots // n_chunks)),)
+        _softmax_kernel[grid](*args, cnt, n_cols, n_chunks, n_items, x2.stride(0), y2.stride(0), PHASE=0,
+                              **meta)
+        return
+    for phase in (1, 2):  # programs that cannot all run at once must not wait for each other
+        _softmax_kernel[(n_items,)](*args, pm, n_cols, n_chunks, n_items, x2.stride(0), y2.stride(0),
+                                    PHASE=phase, **meta)
+""",
 }
 
 
@@ -175,6 +255,8 @@ def render(spec: dict, knobs: dict[str, Any], signature: dict[str, list[str]]) -
         consts.append(f"BLOCK_N = {knobs['block_n']}")
     if "rows" in knobs:
         consts.append(f"ROWS = {knobs['rows']}")
+    if "ctas_per_sm" in knobs:
+        consts.append(f"CTAS_PER_SM = {knobs['ctas_per_sm']}")
     knob_text = ", ".join(f"{k}={v}" for k, v in knobs.items())
     title = f"Row {'log-' if spec['log'] else ''}softmax over dim {spec['dim']}"
     return f'''"""{title}: kernelbrain row_softmax template ({knob_text})."""

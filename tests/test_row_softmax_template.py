@@ -1,0 +1,81 @@
+"""The row_softmax family's split_row strategy: a row too long for one program's registers is split
+over programs that exchange their chunk's max and sum. On CPU the interpreter runs the two-launch form
+of the same kernel (programs there cannot wait for each other); the gate checks its numbers, and the
+feasibility and mutation rules decide when the strategy is offered."""
+
+from __future__ import annotations
+
+import pytest
+
+from kernelbrain.templates import row_softmax as rs
+
+SIGNATURE = {"init": [], "forward": ["x"]}
+
+
+def long_rows(op: str) -> str:
+    # 20000 columns: 3 chunks of 8192 (the last one partial) or 2 of 16384
+    return f"""
+import torch
+import torch.nn as nn
+
+batch_size, dim = 3, 20000
+KB_SMOKE_SHAPE = {{"batch_size": 3, "dim": 20000}}
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+
+    def forward(self, x):
+        return torch.{op}(x, dim=1)
+
+
+def get_inputs():
+    return [torch.randn(batch_size, dim)]
+
+
+def get_init_inputs():
+    return []
+"""
+
+
+SPLIT = [k for k in rs.ROUND0 if k["strategy"] == "split_row"]
+
+
+@pytest.mark.parametrize("knobs", SPLIT, ids=lambda k: f"block{k['block_n']}")
+@pytest.mark.parametrize("op", ["softmax", "log_softmax"])
+def test_split_row_passes_the_gate(box, op, knobs):
+    spec = {"log": op == "log_softmax", "dim": 1, "ndim": 2, "n_cols": 20000}
+    assert rs.feasible(spec, knobs)
+    source = rs.render(spec, knobs, SIGNATURE)
+    args = {"problem_source": long_rows(op), "cand_source": source, "device": "cpu", "seeds": 3}
+    r = box.call("gate", args, timeout_s=300)[0]
+    assert r["passed"] is True, r
+    assert r["max_abs_err"] < 1e-4
+
+
+def test_split_row_is_offered_only_for_rows_it_can_split():
+    knobs = SPLIT[0]
+    assert knobs["block_n"] == 8192
+    assert not rs.feasible({"n_cols": 1000}, knobs)  # one chunk: a whole-row strategy does it
+    assert rs.feasible({"n_cols": 393216}, knobs)  # the seed problem's rows: 48 chunks
+    assert not rs.feasible({"n_cols": 393216}, {**knobs, "block_n": 1024})  # 384 chunks cannot all run
+    assert not rs.feasible({"n_cols": None}, knobs)
+    # the diagnosis that ends every other strategy's search on long rows now has a move
+    online = {"strategy": "online", "block_n": 1024, "num_warps": 4}
+    moves = dict(rs.MUTATIONS["memory-bound near peak"])
+    assert "split_row" in moves
+    child = rs.mutate(online, "split_row")
+    assert child["strategy"] == "split_row" and rs.feasible({"n_cols": 393216}, child)
+    assert rs.mutate(child, "split_row") is None
+    assert rs.mutate(child, "larger_tiles")["block_n"] == 16384
+    assert rs.mutate({**child, "block_n": rs.MAX_BLOCK}, "larger_tiles") is None
+
+
+def test_split_row_source_waits_only_on_the_gpu_and_boundedly():
+    src = rs.render({"log": False, "dim": -1, "ndim": 2, "n_cols": 393216}, SPLIT[0], SIGNATURE)
+    compile(src, "<split_row>", "exec")
+    assert "CTAS_PER_SM = 2" in src
+    assert 'sem="release"' in src and 'sem="acquire"' in src
+    assert "spins < " in src  # a violated co-residency assumption ends as a wrong result, not a hang
+    assert "if x2.is_cuda" in src  # the interpreter never takes the waiting path
