@@ -35,7 +35,7 @@ MAX_TILE = 16384
 MAX_PER_THREAD = 64
 FLOAT_DTYPES = {"float32", "float16", "bfloat16"}
 _NAMES = {"matmul", "__matmul__", "mm", "mv", "bmm"}
-# glue the (B, K) batched-vector spelling adds around bmm: x.unsqueeze(-1) before, .squeeze(-1) after
+# calls that copy or view and change nothing matching cares about
 _GLUE = {"contiguous"}
 # K tiles a lane accumulates before its partial sums are folded into the row totals
 CHUNK = 32
@@ -92,14 +92,12 @@ def matches(ops: list[dict]) -> dict | None:
     spec = {"m": shape[-2], "k": shape[-1], "batch": shape[0] if len(shape) == 3 else 1, "dtype": op["dtype"]}
     if column:
         # x (B, K) made (B, K, 1), the product (B, M, 1) made (B, M): nothing else is this spelling
-        b, m, k = shape if len(shape) == 3 else (0, 0, 0)
-        if (
-            len(shape) != 3
-            or unsq.get("shape") != [b, k]
-            or not _column_dim(unsq, 3)
-            or sq.get("shape") != [b, m, 1]
-            or not _column_dim(sq, 3)
-        ):
+        if len(shape) != 3:
+            return None
+        b, m, k = shape
+        if unsq.get("shape") != [b, k] or sq.get("shape") != [b, m, 1]:
+            return None
+        if not (_column_dim(unsq, 3) and _column_dim(sq, 3)):
             return None
         spec["column"] = True
     return spec

@@ -96,11 +96,11 @@ def matches(ops: list[dict]) -> dict | None:
     }
 
 
-def _sqrt_eps(fwd_source: str) -> list[ast.expr]:
-    """The non-variance operand of every `sqrt(A + B)` / `rsqrt(A + B)` in Model.forward."""
-    tree = ast.parse(fwd_source)
-    out = []
-    for n in ast.walk(tree):
+def _sqrt_eps(problem_source: str) -> list[ast.expr]:
+    """The constant or self.<attr> operand of every `sqrt(A + B)` / `rsqrt(A + B)` in Model.forward."""
+    fwd = ms.model_method(problem_source, "forward")
+    out: list[ast.expr] = []
+    for n in ast.walk(fwd) if fwd else ():
         if not isinstance(n, ast.Call) or not isinstance(n.func, ast.Attribute | ast.Name):
             continue
         fname = n.func.attr if isinstance(n.func, ast.Attribute) else n.func.id

@@ -37,6 +37,12 @@ def _method(cls: ast.ClassDef, name: str) -> ast.FunctionDef | None:
     return next((n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == name), None)
 
 
+def model_method(source: str, name: str) -> ast.FunctionDef | None:
+    """Model's method `name` as parsed from the source."""
+    cls = _model(ast.parse(source))
+    return _method(cls, name) if cls else None
+
+
 def aliases(tree: ast.Module) -> dict[str, str]:
     """Module-level imports: the local name -> the dotted module or object path it binds."""
     out: dict[str, str] = {}
