@@ -279,3 +279,27 @@ def test_in_process_run_on_sdp_attn_picks_an_attention_winner(tmp_path):
     assert state.finished.winner
     assert {c.proposal.family for c in state.candidates.values()} == {"attention"}
     assert state.candidates[state.finished.winner].proposal.family == "attention"
+
+
+def test_attn_check_tool_runs_end_to_end_on_cpu(tmp_path):
+    """tools/attn_check.py (the H200 check) on the smoke shape through the interpreter: every round-0
+    render passes at the problem's tolerance, and at the x8 seed fp32-accumulated scores (the ieee
+    control) err far more than the fp64 scores the round-0 renders use."""
+    out = tmp_path / "attn.json"
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
+    cmd = [sys.executable, str(ROOT / "tools" / "attn_check.py"), "--device", "cpu", "--reps", "1"]
+    proc = subprocess.run([*cmd, "--out", str(out)], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(out.read_text())
+    rows = {r["variant"]: r for r in report["rows"]}
+    assert report["spec"] == {"bh": 2, "lq": 32, "d": 16, "dtype": "float32"}
+    round0 = [r for r in report["rows"] if r["role"] == "round0"]
+    assert len(round0) == sum(at.feasible(report["spec"], k) for k in at.ROUND0) > 0
+    for r in round0:
+        assert r["passed"] is True and r["tolerance"] == 1e-4 and len(r["seeds"]) == 3, r
+        assert r["median_s"] > 0 and r["eager_median_s"] > 0
+    assert rows["eager"]["passed"] is True
+    assert "ctl-p-single" not in rows  # a 16-bit control: not run at an fp32 shape
+    worst = max(r["seeds"][2]["max_abs_err"] for r in round0)
+    assert rows["ctl-qk-ieee"]["seeds"][2]["max_abs_err"] > 10 * worst
+    assert "r0-0" in proc.stdout and "max abs err per seed" in proc.stdout  # the table

@@ -1,11 +1,15 @@
 """Accuracy and speed of every attention-template render on the SDPA seed problem, outside a kb run.
 
 For each round-0 knob set the expert generator would propose (plus controls that show why the
-defaults are what they are), at each of the problem's shapes (KB_SHAPES, then KB_GATE_SHAPES if it
-declares them) and each of the gate's seeds (same inputs as the gate: evaluate's draw and seed
-variants), it reports the max abs error against the float64 reference, the elements outside the
-problem's tolerance and pass/fail, then the median time of the render and of eager PyTorch (CUDA
-events, L2 flushed, the benchmarker's timer). Eager's own error is reported as a row too.
+defaults are what they are), at the shapes the GPU gate checks (evaluate's gate_shapes: the problem's
+KB_GATE_SHAPES) and then at its benchmark shapes (KB_SHAPES), over the gate's seeds, it reports the
+max abs error against the float64 reference, the elements outside the problem's tolerance and
+pass/fail, then the median time of the render and of eager PyTorch (CUDA events, L2 flushed: the
+benchmarker's timer). Eager's own error is a row too.
+
+Inputs: at the gate shapes, exactly the gate's (evaluate's draw and seed variants). At the benchmark
+shapes the seed variants are drawn on the device by the same recipe (--draw device, the default): the
+gate's host-side draw of a 537M-element shape takes minutes per seed; --draw gate uses it anyway.
 
     PYTHONPATH=. python3 tools/attn_check.py --out $OUT/attn.json            # on the GPU machine
     PYTHONPATH=. TRITON_INTERPRET=1 python3 tools/attn_check.py --device cpu --out /tmp/attn.json
@@ -51,7 +55,8 @@ class SeedResult(BaseModel):
 class Row(BaseModel):
     shape: str
     dtype: str
-    shape_kind: str  # "ladder" (KB_SHAPES) or "gate" (KB_GATE_SHAPES) or "cpu"
+    shape_kind: str  # "gate" (what the GPU gate checks), "ladder" (KB_SHAPES) or "cpu"
+    draw: str  # "gate" (the gate's inputs) or "device" (its recipe, drawn on the device)
     variant: str
     role: str  # "round0", "control" (expected to fail where noted) or "eager"
     expect: str
@@ -133,10 +138,23 @@ def _compare(got: torch.Tensor, expected: torch.Tensor, tol: float, seed: int) -
     return SeedResult(seed=seed, max_abs_err=float(diff.max()), bad=bad, numel=ok.numel(), passed=bad == 0)
 
 
-def _median(timer: evaluate._Timer, fn, reps: int) -> float:
-    fn()
-    fn()
-    return statistics.median(timer(fn) for _ in range(reps))
+def _device_variant(inputs: list, seed: int, device: str) -> list:
+    """evaluate._variant's recipe (seed 0 as drawn; later seeds signed normal, x8 on even seeds) drawn
+    on the device: the same distribution, not the gate's bit-identical values."""
+    if seed == 0:
+        return inputs
+    g = torch.Generator(device=device).manual_seed(seed)
+    scale = 1.0 if seed % 2 else 8.0
+    return [
+        (torch.randn(x.shape, generator=g, device=device) * scale).to(x.dtype)
+        if isinstance(x, torch.Tensor) and x.is_floating_point()
+        else x
+        for x in inputs
+    ]
+
+
+def _median(timer: evaluate._Timer, fn, reps: int, calls: int) -> float:
+    return statistics.median(timer(fn, calls) for _ in range(reps))
 
 
 def _sync(device: str) -> None:
@@ -148,6 +166,7 @@ def check_shape(
     problem: evaluate.Problem,
     shape: dict,
     kind: str,
+    draw: str,
     cands: list[tuple[Variant, Any]],
     args: argparse.Namespace,
     log,
@@ -162,6 +181,7 @@ def check_shape(
             shape=label,
             dtype=dtype,
             shape_kind=kind,
+            draw=draw,
             variant="eager",
             role="eager",
             expect="-",
@@ -175,6 +195,7 @@ def check_shape(
             shape=label,
             dtype=dtype,
             shape_kind=kind,
+            draw=draw,
             variant=v.name,
             role=v.role,
             expect=v.expect,
@@ -190,8 +211,11 @@ def check_shape(
     with torch.no_grad():
         for seed in range(args.seeds):
             t0 = time.perf_counter()
-            # the gate's inputs: the problem's own draw, then the signed (x8 on even seeds) variants
-            inputs = [evaluate._to(x, dev) for x in evaluate._variant(problem.inputs(shape, seed, dev), seed)]
+            # the problem's own draw, then the signed (x8 on even seeds) variants: the gate's, or its recipe
+            drawn = problem.inputs(shape, seed, dev)
+            varied = evaluate._variant(drawn, seed) if draw == "gate" else _device_variant(drawn, seed, dev)
+            inputs = [evaluate._to(x, dev) for x in varied]
+            del drawn, varied
             expected = evaluate._outputs(ref64(*[evaluate._to(x, dev, torch.float64) for x in inputs]))[0]
             _sync(dev)
             log(f"  {label} seed {seed}: inputs + float64 reference {time.perf_counter() - t0:.1f}s")
@@ -220,16 +244,25 @@ def check_shape(
         if args.reps > 0:
             timer = evaluate._Timer(dev)
             inputs = problem.inputs(shape, 100, dev)  # what the benchmarker times on
-            eager_s = _median(timer, lambda: ref(*inputs), args.reps)
-            for name, row in rows.items():
-                row.eager_median_s = eager_s
-                if name == "eager":
-                    row.median_s = eager_s
-                elif not row.error:
-                    row.median_s = _median(timer, lambda m=models[name]: m(*inputs), args.reps)
+            fns = {"eager": lambda: ref(*inputs)}
+            fns |= {n: (lambda m=m: m(*inputs)) for n, m in models.items() if not rows[n].error}
+            for name, fn in list(fns.items()):  # warm-up (and any compile left)
+                try:
+                    fn()
+                except Exception as e:
+                    rows[name].error = f"timing: {type(e).__name__}: {e}"[:500]
+                    del fns[name]
+            calls = timer.calls_for(*fns.values())  # batched calls where one is launch-jitter short
+            for name, fn in fns.items():
+                try:
+                    rows[name].median_s = _median(timer, fn, args.reps, calls)
+                except Exception as e:
+                    rows[name].error = f"timing: {type(e).__name__}: {e}"[:500]
+            for row in rows.values():
+                row.eager_median_s = rows["eager"].median_s
                 if row.median_s:
-                    row.speedup = eager_s / row.median_s
-            del inputs
+                    row.speedup = row.eager_median_s / row.median_s
+            del inputs, fns
     for row in rows.values():
         row.passed = None if row.error else all(s.passed for s in row.seeds)
     return list(rows.values())
@@ -282,7 +315,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seeds", type=int, default=3, help="gate seeds (default 3, as the gate)")
     ap.add_argument("--reps", type=int, default=5, help="timed calls per render and shape (0: no timing)")
     ap.add_argument(
-        "--shapes", default="all", choices=("all", "ladder", "gate"), help="KB_SHAPES, KB_GATE_SHAPES or both"
+        "--shapes",
+        default="all",
+        choices=("all", "gate", "ladder"),
+        help="the gate's shapes, KB_SHAPES or both",
+    )
+    ap.add_argument(
+        "--draw",
+        default="device",
+        choices=("device", "gate"),
+        help="seed variants at the KB_SHAPES: drawn on the device (default) or the gate's host-side draw",
     )
     ap.add_argument("--all-round0", action="store_true", help="also the round-0 sets infeasible at the spec")
     ap.add_argument("--no-controls", action="store_true", help="only the round-0 renders")
@@ -326,15 +368,15 @@ def main(argv: list[str] | None = None) -> int:
     ]
     log(f"spec {spec}; {len(cands)} renders: {', '.join(v.name for v, _ in cands)}")
     if args.device == "cpu":
-        shapes = [(s, "cpu") for s in problem.gate_shapes("cpu")]
+        shapes = [(s, "cpu", "gate") for s in problem.gate_shapes("cpu")]
     else:
-        gate = [dict(s) for s in getattr(problem.module, "KB_GATE_SHAPES", None) or []]
-        shapes = [(s, "ladder") for s in problem.shapes if args.shapes in {"all", "ladder"}]
-        shapes += [(s, "gate") for s in gate if args.shapes in {"all", "gate"}]
+        # the gate's own shapes first: cheap, and exactly what a kb run checks
+        shapes = [(s, "gate", "gate") for s in problem.gate_shapes("cuda") if args.shapes in {"all", "gate"}]
+        shapes += [(s, "ladder", args.draw) for s in problem.shapes if args.shapes in {"all", "ladder"}]
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    for shape, kind in shapes:
-        log(f"shape {shape_label(shape)} ({kind})")
-        report.rows += check_shape(problem, shape, kind, cands, args, log)
+    for shape, kind, draw in shapes:
+        log(f"shape {shape_label(shape)} ({kind}, {draw} draw)")
+        report.rows += check_shape(problem, shape, kind, draw, cands, args, log)
         report.wall_s = time.perf_counter() - t_start
         args.out.write_text(report.model_dump_json(indent=1))  # partial results survive a time limit
     print(table(report.rows))
