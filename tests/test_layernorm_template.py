@@ -181,7 +181,7 @@ def test_model_new_holds_models_parameters_under_the_same_names(analyses, proble
 
 # every round-0 knob set on every variant; the multi-tile ones on two irregular variants
 CASES = [(v, k) for v in _variants() for k in row_norm.ROUND0] + [
-    (v, k) for v in ("seed", "functional_bf16") for k in MULTI_TILE
+    (v, k) for v in ("seed", "decomposed") for k in MULTI_TILE
 ]
 
 
