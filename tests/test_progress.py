@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import re
+import sqlite3
 from pathlib import Path
 
 import pytest
@@ -12,10 +13,8 @@ from rich.console import Console
 
 from kernelbrain import progress
 from kernelbrain.describe import QUIET_TYPES, status_dict
-from kernelbrain.events import RunConfig
-from kernelbrain.runner import DEFAULT_RUNGS, start_run
 from kernelbrain.state import RunState
-from store import EventStore
+from store import EventStore, NewEvent
 from tests.kbcli import SOFTMAX, kb
 from tests.runs import SyntheticRun
 
@@ -99,19 +98,60 @@ def test_run_json_prints_every_event_then_the_result(tmp_path: Path) -> None:
     assert last["progress"]["proposed"] == 1 and last["progress"]["finished"] is True
 
 
-def test_resume_json_shows_only_what_the_session_adds(tmp_path: Path) -> None:
-    """A run recorded as started but never driven (as after a crash at once) resumes to its end."""
+def cut_before_the_end(fixture: Path, db: Path) -> tuple[str, int]:
+    """A copy of the recorded run as if killed just before its final decisions (the Pruned and RunFinished
+    batch): its events up to there and its blobs, written through the store. (run id, last seq kept)"""
+    with EventStore(fixture, create=False) as src, EventStore(db, create=True) as dst:
+        (run_id,) = src.run_ids()
+        events = src.read(run_id=run_id)
+        last = max(e.seq for e in events if e.type not in ("Pruned", "RunFinished"))
+        blobs = sqlite3.connect(f"{fixture.as_uri()}?immutable=1", uri=True)
+        try:
+            for (data,) in blobs.execute("SELECT data FROM blobs"):
+                dst.put_blob(data)
+        finally:
+            blobs.close()
+        kept = [e for e in events if e.seq <= last]
+        dst.append(
+            [
+                NewEvent(
+                    run_id=e.run_id,
+                    type=e.type,
+                    version=e.version,
+                    key=e.key,
+                    payload=e.payload,
+                    actor=e.actor,
+                    subject=e.subject,
+                    stage=e.stage,
+                )
+                for e in kept
+            ]
+        )
+        return run_id, dst.last_seq(run_id)
+
+
+@pytest.mark.parametrize("as_json", [True, False], ids=["json", "plain"])
+def test_resume_shows_only_what_the_session_adds(tmp_path: Path, as_json: bool) -> None:
     db = tmp_path / "kb.db"
-    config = RunConfig(device="cpu", max_candidates=1, rungs=DEFAULT_RUNGS["cpu"])
-    with EventStore(db, create=True) as store:
-        run_id = start_run(store, str(SOFTMAX), config)
-        started = store.last_seq(run_id)
-    r = kb("resume", run_id, "--db", str(db), "--inprocess", "--json")
+    run_id, kept = cut_before_the_end(FIXTURE, db)
+    r = kb("resume", run_id, "--db", str(db), "--inprocess", *(["--json"] if as_json else []))
     assert r.returncode == 0, r.stderr
-    *events, last = _json_lines(r.stdout)
-    assert events[0]["type"] == "RunResumed" and all(o["seq"] > started for o in events)
-    assert events[-1]["type"] == "RunFinished"
-    assert last["kind"] == "result" and last["status"] == "finished" and last["run_id"] == run_id
+    with EventStore(db, create=False) as store:
+        added = store.read(after=kept, run_id=run_id)
+    assert [e.type for e in added][:1] == ["RunResumed"] and added[-1].type == "RunFinished"
+    if as_json:
+        *events, last = _json_lines(r.stdout)
+        assert [o["seq"] for o in events] == [e.seq for e in added]
+        assert last["kind"] == "result" and last["status"] == "finished" and last["run_id"] == run_id
+        assert last["winner"] == "2631602c44e7be1a"  # the recorded run's winner, decided again
+    else:
+        lines = r.stdout.splitlines()
+        assert lines[0] == f"run {run_id} resumed at event #{added[0].seq}: 8 candidates, 5 unfinished"
+        shown = [line for line in lines if line.startswith("  #")]
+        assert shown == [progress.event_text(e) for e in added if e.type not in QUIET_TYPES]
+        assert (
+            lines[-2] == f"run {run_id} finished: candidate budget reached (8) and every candidate evaluated"
+        )
 
 
 # --- the views on a recorded run -------------------------------------------------------------------
@@ -241,3 +281,15 @@ def test_outside_a_terminal_the_view_is_plain(
         assert type(progress.make_view(reader, run_id)) is progress.PlainView
         assert type(progress.make_view(reader, run_id, as_json=True)) is progress.JsonView
         assert type(progress.make_view(reader, run_id, quiet=True)) is progress.View
+
+
+def test_the_result_of_an_interrupted_session(recorded: tuple[Path, str]) -> None:
+    db, run_id = recorded
+    state = fold(db, run_id, until=60)
+    out = progress.result(state, None)
+    assert (out.status, out.reason, out.winner, out.speedups) == ("interrupted", None, None, {})
+    assert out.progress.finished is False and out.progress.proposed == len(state.candidates)
+    done = progress.result(fold(db, run_id), fold(db, run_id).finished)
+    assert done.status == "finished" and done.speedups == {
+        "batch_size=8,dim=200": pytest.approx(0.26, abs=0.005)
+    }
