@@ -92,7 +92,7 @@ class KbGroup(click.Group):
             click.echo("Aborted!", err=True)
             sys.exit(1)
         # non-standalone click returns the exit code of --help/--version/ctx.exit, else the command's None
-        sys.exit(rv if isinstance(rv, int) else 0)
+        sys.exit(rv if type(rv) is int else 0)
 
 
 def _device(device: str) -> str:
