@@ -3,7 +3,7 @@
 Everything below HARNESS_START is copied verbatim into the exported file, after the candidate's
 source and the reference problem's source (kept as a string), so it must import nothing from
 kernelbrain and define nothing whose name could clash with a candidate's: every name starts with
-`_kb_`, and imports are local to the functions. It re-states, in a few lines, what kb's gate and
+`_kb_` or `_Kb`, and imports are local to the functions. It re-states, in a few lines, what kb's gate and
 ladder do (kernelbrain.evaluate): same shapes, same tolerances, the reference in float64 as the
 judge, CUDA events with an L2 flush on a GPU, the wall clock under the Triton interpreter.
 """
@@ -30,7 +30,7 @@ def _kb_shape_label(shape):
 
 
 class _KbProblem:
-    """A KernelBench problem plus kb's optional KB_SHAPES, KB_SMOKE_SHAPE and KB_TOLERANCE."""
+    """A KernelBench problem plus kb's optional KB_SHAPES, KB_SMOKE_SHAPE, KB_GATE_SHAPES, KB_TOLERANCE."""
 
     def __init__(self, module, default_tolerance):
         self.module = module
@@ -38,6 +38,7 @@ class _KbProblem:
         self.shapes = [dict(s) for s in (getattr(module, "KB_SHAPES", None) or [{}])]
         smoke = getattr(module, "KB_SMOKE_SHAPE", None)
         self.smoke = dict(smoke) if smoke else None
+        self.gate = [dict(s) for s in (getattr(module, "KB_GATE_SHAPES", None) or [])]
         self.tolerance = {**default_tolerance, **(getattr(module, "KB_TOLERANCE", None) or {})}
 
     def use(self, shape):
@@ -61,10 +62,25 @@ class _KbProblem:
         return sum(x.numel() for x in self.inputs(shape, 0, "meta") if isinstance(x, torch.Tensor))
 
     def shapes_for(self, device, every):
-        """On a GPU the primary shape (or every shape); on the CPU the smoke shape, as kb's ladder does."""
+        """Timed: on a GPU the primary shape (or every shape); on the CPU the smoke shape, as kb's ladder."""
         if device == "cpu":
             return [self.smoke if self.smoke is not None else min(self.shapes, key=self.size)]
         return self.shapes if every else self.shapes[:1]
+
+    def check_shapes(self, device):
+        """Checked, as kb's gate: the CPU shape; on a GPU KB_GATE_SHAPES, else the smallest shape of each
+        input-dtype group (a float64 reference at a large benchmark shape can take longer than a run)."""
+        import torch
+
+        if device == "cpu":
+            return self.shapes_for("cpu", False)
+        if self.gate:
+            return self.gate
+        groups = {}
+        for s in self.shapes:
+            key = tuple(str(x.dtype) for x in self.inputs(s, 0, "meta") if isinstance(x, torch.Tensor))
+            groups.setdefault(key, []).append(s)
+        return [min(g, key=self.size) for g in groups.values()]
 
     def build(self, model_new, shape, device):
         import torch
@@ -219,21 +235,26 @@ def _kb_main(model_new, reference_source, default_tolerance, argv=None):
     timer = "CUDA events" if device == "cuda" else "wall clock, Triton interpreter"
     problem = _KbProblem(_kb_load_reference(reference_source), default_tolerance)
     failed = False
-    for shape in problem.shapes_for(device, args.all_shapes):
+    for shape in problem.check_shapes(device):
         label = _kb_shape_label(shape)
         ref, new = problem.build(model_new, shape, device)
         passed, err, tol, detail = _kb_check(problem, ref, new, shape, device, args.seeds)
         if not passed:
             print(f"FAIL {label}: {detail} (max abs err {err:.3g}, tolerance {tol:g})")
             failed = True
-            continue
-        print(
-            f"PASS {label}: matches the reference on {args.seeds} seeds "
-            f"(max abs err {err:.3g}, tolerance {tol:g})"
-        )
+        else:
+            print(
+                f"PASS {label}: matches the reference on {args.seeds} seeds "
+                f"(max abs err {err:.3g}, tolerance {tol:g})"
+            )
+    if failed:
+        return 1  # a wrong kernel's speed means nothing
+    for shape in problem.shapes_for(device, args.all_shapes):
+        label = _kb_shape_label(shape)
+        ref, new = problem.build(model_new, shape, device)
         cand_s, ref_s = _kb_bench(problem, ref, new, shape, device, repeats, warmup)
         print(
             f"speedup {ref_s / cand_s:.3g}x at {label}: ModelNew {_kb_fmt_s(cand_s)} vs reference "
             f"{_kb_fmt_s(ref_s)} (median of {repeats}, {timer})"
         )
-    return 1 if failed else 0
+    return 0
