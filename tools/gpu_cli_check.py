@@ -64,10 +64,16 @@ def main() -> int:
     findings: dict = {"exports": []}
     ok = True
 
+    def save() -> None:  # after every step: a timeout still leaves what was seen
+        if args.out:
+            args.out.write_text(json.dumps(findings, indent=2))
+
     r = kb("doctor", "--json")
     doctor = json.loads(r.stdout)
     findings["doctor"] = doctor
-    print(kb("doctor").stdout)
+    save()
+    for c in doctor["checks"]:
+        print(f"{c['status']:<5} {c['name']:<7} {c['detail']}", flush=True)
     checks = {c["name"]: c for c in doctor["checks"]}
     if checks["gpu"]["status"] != "ok" and args.device == "cuda":
         print("FAIL: doctor sees no GPU")
@@ -94,7 +100,7 @@ def main() -> int:
                 timeout=900,
             )
             print(f"== {recorded.name} {run_id}: python kernel.py --all-shapes (exit {run.returncode})")
-            print(run.stdout + run.stderr)
+            print(run.stdout + run.stderr, flush=True)
             passed = run.returncode == 0 and "speedup" in run.stdout
             # the kernelbench file, loaded as KernelBench loads it, gated by the standalone file's check
             standalone = load(kernel, f"kb_standalone_{run_id.replace('-', '_')}")
@@ -121,8 +127,7 @@ def main() -> int:
                     "kernelbench": kb_ok,
                 }
             )
-    if args.out:
-        args.out.write_text(json.dumps(findings, indent=2))
+            save()
     print("ALL PASSED" if ok else "SOME FAILED")
     return 0 if ok else 1
 
