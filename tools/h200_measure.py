@@ -162,16 +162,15 @@ def _run_of(db: Path):
 
 
 def _winner_source(db: Path) -> tuple[str | None, str | None]:
-    from kernelbrain.export import export_source
-    from kernelbrain.runner import RunError
-
+    """The run's winner (or, unfinished, its leader) as the candidate source the run measured."""
     store, state = _run_of(db)
-    try:
-        with store:
-            cid = state.finished.winner if state.finished else None
-            return (export_source(store, state, cid), cid or (state.leader().id if state.leader() else None))
-    except RunError:
-        return None, None
+    with store:
+        cid = state.finished.winner if state.finished and state.finished.winner else None
+        if cid is None and state.leader() is not None:
+            cid = state.leader().id
+        if cid is None:
+            return None, None
+        return store.get_blob(state.candidates[cid].proposal.source).decode(), cid
 
 
 # --- compare -------------------------------------------------------------------------------------
