@@ -29,7 +29,7 @@ search)
   ;;
 compare)
   rm -rf "$W"; mkdir -p "$W"
-  tar -xzf "${2:?name the search phase's work.tgz}" -C "$W" --strip-components=1
+  tar -xzf "${2:?name the work.tgz of the search phase}" -C "$W" --strip-components=1
   CUDA_VISIBLE_DEVICES=0 $M compare --out "$W" --problems softmax,rmsnorm,matvec,group_conv > "$W/compare0.log" 2>&1 &
   CUDA_VISIBLE_DEVICES=1 $M compare --out "$W" --problems linear_relu_div,sdp_attn > "$W/compare1.log" 2>&1 &
   wait
