@@ -514,10 +514,18 @@ def audit(run_id: str, db: str, candidate: str | None) -> None:
 def export(run_id: str, db: str, output: str, candidate: str | None, fmt: str) -> None:
     """Write the winner as a standalone module defining ModelNew."""
     from kernelbrain.export import export as do_export
+    from kernelbrain.export import kernelbench_flags
 
     with open_store(db) as store:
         path = do_export(store, load_state(store, run_id), output, candidate, fmt)  # type: ignore[arg-type]
     click.echo(f"wrote {path}")
+    flags = kernelbench_flags(path.read_text(encoding="utf-8")) if fmt == "kernelbench" else []
+    if flags:
+        click.echo(
+            f"kb: note: KernelBench's static checker (kernel_static_checker.py) would reject {path} for "
+            f"{', '.join(flags)}; it reads docstrings too",
+            err=True,
+        )
 
 
 @main.command()

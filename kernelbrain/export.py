@@ -12,6 +12,7 @@ Two formats:
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 from typing import Literal
 
@@ -33,6 +34,13 @@ HARNESS_START = "# --- HARNESS_START ---\n"
 # through inspect), takes the module's ModelNew and builds it as ModelNew(*get_init_inputs()) with the
 # reference's init inputs, then compares forward() outputs with Model's at the precision's tolerance.
 # So the file holds ModelNew and the imports it needs, and neither the reference Model nor a harness.
+# KernelBench's static checker (src/kernelbench/kernel_static_checker.py, check_code_bypass) rejects a
+# custom model whose text, '#' comments removed but docstrings kept, has a try/except or the word pass.
+KERNELBENCH_BYPASS = {
+    "try/except": re.compile(r"\btry\s*:|\bexcept\b"),
+    "the word 'pass'": re.compile(r"\bpass\b"),
+}
+
 KERNELBENCH_NOTE = """\
 # Format: a KernelBench custom model (ScalingIntelligence/KernelBench, src/kernelbench/eval.py,
 # eval_kernel_against_ref(original_model_src, custom_model_src, backend="triton")). KernelBench imports
@@ -137,6 +145,17 @@ def export_source(
         + '\n\n\nif __name__ == "__main__":\n'
         + "    raise SystemExit(_kb_main(ModelNew, _KB_REFERENCE_SOURCE, _KB_DEFAULT_TOLERANCE))\n"
     )
+
+
+def kernelbench_flags(source: str) -> list[str]:
+    """What KernelBench's static bypass check would flag in source, as 'what (line n)'."""
+    flags = []
+    for n, line in enumerate(source.splitlines(), 1):
+        code = line.split("#")[0]
+        flags += [
+            f"{what} (line {n})" for what, pattern in KERNELBENCH_BYPASS.items() if pattern.search(code)
+        ]
+    return flags
 
 
 def export(

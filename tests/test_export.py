@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from kernelbrain.events import CandidateProposed
-from kernelbrain.export import _string_literal, export_source
+from kernelbrain.export import _string_literal, export_source, kernelbench_flags
 from kernelbrain.runner import RunError
 from store import EventStore
 from tests.kbcli import kb
@@ -35,6 +35,7 @@ def exported(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str, str]:
         r = kb("export", run_id, "--db", str(db), "-o", str(work / name), "--format", fmt)
         assert r.returncode == 0, r.stderr
         assert r.stdout.strip() == f"wrote {work / name}"
+        assert r.stderr == ""  # nothing in the softmax winner that KernelBench's static checker rejects
     # a kernelbrain and a store that fail on import, first on the path: the files must need neither
     for pkg in ("kernelbrain", "store"):
         (work / "blocked" / pkg).mkdir(parents=True)
@@ -152,3 +153,16 @@ def test_a_candidate_that_imports_kernelbrain_is_refused(tmp_path: Path) -> None
         run.bench("c1", 0, 1.5)
         with pytest.raises(RunError, match=r"candidate c1 imports kernelbrain.templates \(line 2\)"):
             export_source(store, run.state())
+
+
+def test_what_kernelbenchs_static_checker_would_reject_is_named() -> None:
+    """Its bypass check reads the text with '#' comments removed, docstrings kept (a GEMV template's
+    docstring once said 'second-pass sum')."""
+    assert kernelbench_flags('"""Split over K with a deterministic second-pass sum."""\n') == [
+        "the word 'pass' (line 1)"
+    ]
+    assert kernelbench_flags("try:\n    x = 1\nexcept ValueError:\n    x = 2\n") == [
+        "try/except (line 1)",
+        "try/except (line 3)",
+    ]
+    assert kernelbench_flags("single_pass = 1  # pass, try: except\nbypassed = 2\n") == []
