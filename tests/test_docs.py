@@ -1,0 +1,200 @@
+"""The documentation cannot drift from the code: the event catalogue in docs/architecture.md is what
+tools/event_catalogue.py prints from the models; every `kb` command and flag the docs show exists;
+every option of every command is documented in docs/configuration.md; every KB_* variable named is
+read by the code; and the README's test command is the one .ci/run runs."""
+
+from __future__ import annotations
+
+import re
+import shutil
+from pathlib import Path
+
+import click
+import pytest
+
+from kernelbrain import events
+from kernelbrain.cli import main as kb_cli
+from tools import event_catalogue as ec
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+CONFIGURATION = ROOT / "docs" / "configuration.md"
+# flags the docs name that belong to other programs, and the file that must define each
+FOREIGN = {
+    "--index-url": None,  # pip's
+    "--all-shapes": "kernelbrain/export_harness.py",  # the exported kernel.py's harness
+    "--seeds": "kernelbrain/export_harness.py",
+    "--repeats": "kernelbrain/export_harness.py",
+    "--warmup": "kernelbrain/export_harness.py",
+    "--csv": "kernelbrain/ncu.py",  # ncu's, as kb runs it
+    "--clock-control": "kernelbrain/ncu.py",
+    "--write": "tools/event_catalogue.py",
+}
+LONG = re.compile(r"(?<![\w-])--[a-z][a-z0-9-]*")
+SHORT = re.compile(r"(?<![\w-])-[a-zA-Z](?![\w-])")
+KB_CALL = re.compile(r"(?:^|[\s/(])kb\s+(--[a-z-]+|[a-z]+)(.*)$")
+
+
+def _options(cmd: click.Command) -> set[str]:
+    return {o for p in cmd.params if isinstance(p, click.Option) for o in (*p.opts, *p.secondary_opts)}
+
+
+COMMANDS: dict[str | None, set[str]] = {name: _options(c) for name, c in kb_cli.commands.items()}
+COMMANDS[None] = {"--help", "--version"}  # `kb --help`, `kb --version`
+
+
+FENCE = re.compile(r"^([ \t]*)```(\w*)\n(.*?)^\1```", re.M | re.S)
+
+
+def _blocks(text: str) -> list[tuple[str, list[str]]]:
+    """(language, lines) of every fenced code block, an indented one (in a list item) dedented."""
+    return [(m[2], [line.removeprefix(m[1]) for line in m[3].splitlines()]) for m in FENCE.finditer(text)]
+
+
+def kb_invocations(text: str) -> list[str]:
+    """Every `kb ...` command line the text shows: sh blocks (comments dropped, indented continuation
+    lines joined), `$ ` lines of text blocks, and inline code spans that start with `kb `."""
+    calls: list[str] = []
+    for lang, lines in _blocks(text):
+        for line in lines:
+            if lang == "sh":
+                line = line.split("#", 1)[0]
+                if line[:1].isspace() and calls and line.strip():
+                    calls[-1] += " " + line.strip()
+                    continue
+            elif line.startswith("$ "):
+                line = line[2:]
+            else:
+                continue
+            if KB_CALL.search(line):
+                calls.append(line)
+    prose = FENCE.sub("", text)
+    calls += [
+        span for span in re.findall(r"`([^`\n]+)`", prose) if span.startswith("kb ") and KB_CALL.search(span)
+    ]
+    return calls
+
+
+def _check_call(line: str) -> list[str]:
+    m = KB_CALL.search(line)
+    assert m is not None
+    word, rest = m[1], m[2]
+    if word.startswith("--"):
+        name, rest = None, f"{word} {rest}"
+    else:
+        name = word
+    if name not in COMMANDS:
+        return [f"`{line.strip()}`: kb has no command {name!r}"]
+    allowed = COMMANDS[name] | {"--help"}
+    return [
+        f"`{line.strip()}`: kb {name or ''} has no option {flag}"
+        for flag in LONG.findall(rest) + SHORT.findall(rest)
+        if flag not in allowed
+    ]
+
+
+def test_the_catalogue_in_architecture_md_is_the_one_the_models_give():
+    doc = ec.DOC.read_text(encoding="utf-8")
+    assert ec.embedded(doc) == ec.catalogue(), (
+        "docs/architecture.md's event catalogue is stale: run `python tools/event_catalogue.py --write`"
+    )
+
+
+def test_the_catalogue_has_every_event_and_field_with_its_writer():
+    text = ec.catalogue()
+    sections = dict(re.findall(r"^### (\w+) \(v\d+\)\n(.*?)(?=^### )", text + "### end", flags=re.M | re.S))
+    assert list(sections) == list(events.EVENT_TYPES)
+    for name, cls in events.EVENT_TYPES.items():
+        assert f"### {name} (v{cls.VERSION})" in text
+        for field in cls.model_fields:
+            assert f"| `{field}` |" in sections[name], (name, field)
+        assert re.search(r"^Written by: .+\.", sections[name], re.M), name
+    for nested in (events.RunConfig, events.RungSpec, events.ShapeTiming):
+        assert f"`{nested.__name__}`:" in text
+    # no row without a meaning: every field is commented in events.py or explained in NOTES
+    assert "|  |" not in text
+
+
+def test_writers_are_read_from_where_the_code_builds_each_event():
+    who = ec.writers()
+    assert set(who) == set(events.EVENT_TYPES)
+    assert who["RunStarted"] == ["`kb run`"] and who["RunResumed"] == ["`kb resume`"]
+    assert who["RungBenchmarked"] == ["benchmarker"] and who["Adjudicated"] == ["benchmarker"]
+    assert who["GatePassed"] == who["GateFailed"] == ["gatekeeper"]
+    assert who["ProblemAnalysed"] == who["CandidateProposed"] == ["generator"]
+    for decision in events.DECISION_TYPES:
+        assert who[decision] == ["scheduler"], decision
+
+
+def test_write_refreshes_a_stale_catalogue_and_keeps_the_rest(tmp_path):
+    doc = tmp_path / "architecture.md"
+    shutil.copy(ec.DOC, doc)
+    original = doc.read_text(encoding="utf-8")
+    stale = original.replace("### RunStarted (v1)", "### RunStarted (v0)")
+    assert stale != original
+    doc.write_text(stale, encoding="utf-8")
+    ec.write(doc)
+    assert doc.read_text(encoding="utf-8") == original
+
+
+@pytest.mark.parametrize("path", DOCS, ids=lambda p: p.name)
+def test_every_kb_command_and_flag_shown_exists(path):
+    calls = kb_invocations(path.read_text(encoding="utf-8"))
+    problems = [p for line in calls for p in _check_call(line)]
+    assert not problems, "\n".join(problems)
+
+
+def test_the_invocation_parser_sees_commands_and_catches_a_wrong_flag():
+    text = "```sh\nkb run p.py --db x.db \\\n   --bogus-flag 1  # a comment\n```\nand `kb frobnicate RUN`\n"
+    calls = kb_invocations(text)
+    assert len(calls) == 2
+    assert _check_call(calls[0]) == [f"`{calls[0].strip()}`: kb run has no option --bogus-flag"]
+    assert _check_call(calls[1]) == ["`kb frobnicate RUN`: kb has no command 'frobnicate'"]
+    readme = kb_invocations((ROOT / "README.md").read_text(encoding="utf-8"))
+    assert len(readme) > 20 and any("--external-workers" in c for c in readme)
+
+
+def test_every_flag_named_anywhere_belongs_to_kb_or_to_a_named_program():
+    known = set().union(*COMMANDS.values())
+    for path in DOCS:
+        for flag in set(LONG.findall(path.read_text(encoding="utf-8"))) - known:
+            assert flag in FOREIGN, f"{path.name} names {flag}, which no kb command has"
+            owner = FOREIGN[flag]
+            if owner is not None:
+                assert f'"{flag}"' in (ROOT / owner).read_text(encoding="utf-8"), (flag, owner)
+
+
+def test_configuration_md_documents_every_option_of_every_command():
+    text = CONFIGURATION.read_text(encoding="utf-8")
+    missing = [
+        f"kb {name} {param.opts}"
+        for name, cmd in kb_cli.commands.items()
+        for param in cmd.params
+        if isinstance(param, click.Option)
+        and not any(re.search(rf"(?<![\w-]){re.escape(o)}(?![\w-])", text) for o in param.opts)
+    ]
+    assert not missing, f"docs/configuration.md does not mention: {missing}"
+
+
+def test_every_kb_variable_named_is_read_by_the_code():
+    code = "\n".join(
+        p.read_text(encoding="utf-8") for d in ("kernelbrain", "store") for p in (ROOT / d).rglob("*.py")
+    )
+    for path in DOCS:
+        for var in set(re.findall(r"\bKB_[A-Z_]+[A-Z]\b", path.read_text(encoding="utf-8"))):
+            assert var in code, f"{path.name} names {var}, which no code reads"
+
+
+def test_the_readme_test_command_is_the_one_ci_runs():
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    blocks = [lines for lang, lines in _blocks(readme) if lang == "sh"]
+    install, test = blocks[0], blocks[1]
+    assert install == [
+        "python3 -m venv .venv && .venv/bin/pip install -e '.[dev]' && "
+        ".venv/bin/kb run benchmarks/problems/softmax.py"
+    ]
+    assert test == [".venv/bin/python -m pytest"]
+    ci = [
+        line for line in (ROOT / ".ci" / "run").read_text().splitlines() if line and not line.startswith("#")
+    ]
+    assert ci[-1] == test[0]
