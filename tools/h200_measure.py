@@ -35,8 +35,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 PROBLEMS = ("softmax", "rmsnorm", "matvec", "linear_relu_div", "sdp_attn", "group_conv")
-# the flat arm: one rung, every shape at the top rung's fidelity (kb's default cuda ladder ends so)
-FLAT_LADDER = "all:100:10"
+# the ablation's arms: kb's default ladder (no --ladder); flat: one rung, every shape at the top
+# rung's fidelity (the default ladder ends so); ladder_primary: rung 0 on the primary shape with few
+# repeats instead of the smallest shape (which is launch-bound for some problems)
+LADDERS = {"ladder": None, "flat": "all:100:10", "ladder_primary": "primary:5:2,primary:30:5,all:100:10"}
 # issue 5, section 2: large shapes (the problem's primary shape), speedup over eager / torch.compile
 TARGETS: dict[str, dict[str, float]] = {
     "group_conv": {"eager": 10.0},
@@ -139,8 +141,8 @@ def search(
             str(gpu),
             "--quiet",
         ]
-        if arm == "flat":
-            cmd += ["--ladder", FLAT_LADDER]
+        if LADDERS[arm] is not None:
+            cmd += ["--ladder", LADDERS[arm]]
         t = time.perf_counter()
         try:
             p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
@@ -409,7 +411,7 @@ def report(problems: list[str], outdir: Path, ceil_path: Path, results: Path, co
         cmp_path = outdir / "compare" / f"{name}.json"
         if cmp_path.exists():
             entry["compare"] = _load(cmp_path)
-        for arm in ("ladder", "flat"):
+        for arm in LADDERS:
             db = outdir / arm / f"{name}.db"
             if not db.exists():
                 continue
@@ -551,7 +553,7 @@ def _markdown(doc: dict) -> str:
         "| --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for name, e in doc["problems"].items():
-        for arm in ("ladder", "flat"):
+        for arm in LADDERS:
             if arm not in e:
                 continue
             a, b = e[arm]["ablation"], e[arm]["busy"]
@@ -579,7 +581,7 @@ def main() -> None:
     ap.add_argument("phase", choices=["ceilings", "search", "compare", "report"])
     ap.add_argument("--out", type=Path, required=True, help="working folder (databases, compare JSON)")
     ap.add_argument("--problems", default=",".join(PROBLEMS))
-    ap.add_argument("--arm", choices=["ladder", "flat"], default="ladder")
+    ap.add_argument("--arm", choices=list(LADDERS), default="ladder")
     ap.add_argument("--budget-gpu-s", type=float, default=90.0)
     ap.add_argument("--max-candidates", type=int, default=12)
     ap.add_argument("--seed", type=int, default=0)
