@@ -165,14 +165,16 @@ def _run_of(db: Path):
 
 def _winner_source(db: Path) -> tuple[str | None, str | None]:
     """The run's winner (or, unfinished, its leader) as the candidate source the run measured."""
+    from kernelbrain.export import pick
+    from kernelbrain.runner import RunError
+
     store, state = _run_of(db)
     with store:
-        cid = state.finished.winner if state.finished and state.finished.winner else None
-        if cid is None and state.leader() is not None:
-            cid = state.leader().id
-        if cid is None:
+        try:
+            c = pick(state)
+        except RunError:  # nothing measured yet
             return None, None
-        return store.get_blob(state.candidates[cid].proposal.source).decode(), cid
+        return store.get_blob(c.proposal.source).decode(), c.id
 
 
 # --- compare -------------------------------------------------------------------------------------
