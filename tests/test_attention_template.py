@@ -35,6 +35,13 @@ SMOKE = """KB_SMOKE_SHAPE = {
 }"""
 
 
+def _first(strategy: str) -> dict:
+    return next(k for k in at.ROUND0 if k["strategy"] == strategy)
+
+
+FULL, TILED, MAT = _first("full_d"), _first("d_tiled"), _first("materialized")
+
+
 def _smoke(b: int, h: int, seq: int, d: int, dtype: str) -> str:
     return (
         f'KB_SMOKE_SHAPE = {{"batch_size": {b}, "num_heads": {h}, "sequence_length": {seq}, '
@@ -46,6 +53,7 @@ VARIANTS = {
     # the sequence a multiple of no block, the head dim of no power of two: every edge tile masked
     "irregular": _smoke(2, 1, 37, 40, "float32"),
     # padded head 512 > FULL_D_MAX: full_d is infeasible (and falls back at run time), d_tiled loops
+    # over several ragged D chunks, materialized runs its three kernels (elsewhere it runs full_d)
     # over several ragged D chunks
     "wide_head": _smoke(1, 2, 23, 300, "float32"),
     "fp16": _smoke(1, 2, 48, 64, "float16"),
@@ -103,7 +111,7 @@ def test_matches_sdpa_and_nothing_else(analyses):
     with pytest.raises(ValueError, match="qk32='tf32'"):
         at.render(at.matches(ops), {**at.ROUND0[0], "qk32": "tf32"}, analyses["seed"]["signature"])
     # a knob set recorded before the precision knobs existed renders with the defaults
-    legacy = {k: v for k, v in at.ROUND0[2].items() if k not in at.PRECISION}
+    legacy = {k: v for k, v in TILED.items() if k not in at.PRECISION}
     assert 'QK32 = "fp64"' in at.render(at.matches(ops), legacy, analyses["seed"]["signature"])
 
 
@@ -113,7 +121,7 @@ def test_round0_candidates_pass_the_gate(box, problems, analyses, variant, knobs
     analysis = analyses[variant]
     spec = at.matches(analysis["ops"])
     # the wide head is beyond full_d: the generator would not propose it, yet its run-time fallback works
-    assert at.feasible(spec, knobs) is (variant != "wide_head" or knobs["strategy"] == "d_tiled")
+    assert at.feasible(spec, knobs) is (variant != "wide_head" or knobs["strategy"] != "full_d")
     source = at.render(spec, knobs, analysis["signature"])
     args = {"problem_source": problems[variant], "cand_source": source, "device": "cpu", "seeds": 3}
     r = box.call("gate", args, timeout_s=300)[0]
@@ -126,7 +134,7 @@ def test_one_rounded_p_fails_bf16_at_the_x8_seed(box, problems, analyses):
     """Why p16 defaults to "split" (which passes this shape above): P rounded once to bf16 before P V
     misses 1e-2 where weighted values cancel, and the gate's seed 2 (signed, x8) finds it."""
     analysis = analyses["bf16"]
-    single = {**at.ROUND0[2], "p16": "single"}
+    single = {**TILED, "p16": "single"}
     source = at.render(at.matches(analysis["ops"]), single, analysis["signature"])
     args = {"problem_source": problems["bf16"], "cand_source": source, "device": "cpu", "seeds": 3}
     r = box.call("gate", args, timeout_s=300)[0]
@@ -180,14 +188,14 @@ def test_every_dot_on_fp32_inputs_asks_for_fp32_accuracy():
     spec16 = {"bh": 2, "lq": 32, "d": 16, "dtype": "float32"}
     cases = []
     for i, knobs in enumerate(at.ROUND0):
-        for d in (16, 300):  # 300: too wide for full_d, which falls back to d_tiled
+        for d in (16, 300):  # 300: too wide for full_d (which falls back to d_tiled): materialized's GEMMs
             cases.append({"name": f"r0-{i}-d{d}", "knobs": knobs, "spec": spec16, "shape": [1, 2, 20, d]})
     for qk in ("ieee", "tf32x3"):
-        cases.append({"name": f"qk-{qk}", "knobs": {**at.ROUND0[2], "qk32": qk}, "spec": spec16})
+        cases.append({"name": f"qk-{qk}", "knobs": {**TILED, "qk32": qk}, "spec": spec16})
         cases[-1]["shape"] = [1, 2, 20, 40]
     for c in cases:
         c["dtype"] = "float32"
-    cases.append({"name": "fp16", "knobs": at.ROUND0[2], "spec": spec16, "shape": [1, 2, 20, 40]})
+    cases.append({"name": "fp16", "knobs": TILED, "spec": spec16, "shape": [1, 2, 20, 40]})
     cases[-1]["dtype"] = "float16"
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
     proc = subprocess.run(
@@ -212,7 +220,7 @@ def test_every_dot_on_fp32_inputs_asks_for_fp32_accuracy():
                 knobs,
                 d,
             )
-    assert at.ROUND0[2]["pv32"] == "ieee"
+    assert TILED["pv32"] == "ieee"
     assert seen["qk-ieee"] == [[f32, f32, "IEEE"]]
     assert seen["qk-tf32x3"] == sorted([[f32, f32, "IEEE"], [f32, f32, "TF32x3"]])
     assert seen["fp16"] == [[f16, f16, "TF32"]]  # P split into two fp16 dots; precision is moot at 16 bits
@@ -225,8 +233,7 @@ def test_mutations_move_knobs_and_feasibility_refuses_what_does_not_fit():
             for move, why in moves:
                 child = at.mutate(knobs, move)
                 assert why and (child is None or child != knobs), (knobs, move)
-    full, tiled = at.ROUND0[0], at.ROUND0[2]
-    assert full["strategy"] == "full_d" and tiled["strategy"] == "d_tiled"
+    full, tiled = FULL, TILED
     assert at.mutate(full, "full_d") is None
     assert at.mutate(tiled, "full_d") == {
         k: v for k, v in tiled.items() if k not in {"block_d", "block_dv"}
@@ -253,12 +260,29 @@ def test_mutations_move_knobs_and_feasibility_refuses_what_does_not_fit():
     with pytest.raises(ValueError):
         at.mutate(full, "no_such_move")
 
-    # the ladder's shapes: D = 1024 (fp32, fp16) only d_tiled; D = 128 (bf16) both
+    # materialize: from either other strategy, keeping the tiles it shares; never from itself
+    assert at.mutate(tiled, "materialize") == {**tiled, "strategy": "materialized"}
+    assert at.mutate(full, "materialize") == {
+        **full,
+        "strategy": "materialized",
+        "block_d": 16,
+        "block_dv": 128,
+    }
+    assert at.mutate(MAT, "materialize") is None
+    assert at.mutate(MAT, "full_d")["strategy"] == "full_d"
+    assert at.mutate(MAT, "wider_dv") == {**MAT, "block_dv": 256}
+
+    # the ladder's shapes: D = 1024 (fp32, fp16) d_tiled and materialized; D = 128 (bf16) all (there
+    # materialized runs full_d, and full_d's limits decide)
     d1024 = {"bh": 1024, "lq": 512, "d": 1024, "dtype": "float32"}
     d128 = {"bh": 128, "lq": 4096, "d": 128, "dtype": "bfloat16"}
     for knobs in at.ROUND0:
-        assert at.feasible(d1024, knobs) is (knobs["strategy"] == "d_tiled"), knobs
+        assert at.feasible(d1024, knobs) is (knobs["strategy"] != "full_d"), knobs
         assert at.feasible(d128, knobs), knobs
+    assert at.feasible(d128, {**MAT, "block_m": 256, "num_warps": 1}) is False  # full_d's acc spills
+    assert not at.feasible(d1024, {**MAT, "strategy": "no_such"})
+    # fp64 score tiles of 128 x 128 on 128 threads: 256 registers a thread for the accumulator alone
+    assert not at.feasible(d1024, {**MAT, "block_m": 128, "block_n": 128, "num_warps": 4})
     assert not at.feasible(d128, {**full, "block_m": 256, "num_warps": 1})  # acc spills
     assert not at.feasible(d128, {**full, "block_n": 24})  # not a power of two
     assert not at.feasible(d128, {**full, "block_n": 8})  # tl.dot needs >= 16
@@ -270,7 +294,7 @@ def test_mutations_move_knobs_and_feasibility_refuses_what_does_not_fit():
     assert not at.feasible(d1024, wide_chunks) and at.feasible(d1024, {**wide_chunks, "qk32": "ieee"})
     # full_d's fp64-widened Q block is staged in shared memory: fits at D = 64, not at D = 128
     d128_fp32 = {**d128, "dtype": "float32"}
-    big = at.ROUND0[1]
+    big = [k for k in at.ROUND0 if k["strategy"] == "full_d"][1]
     assert at.feasible({**d128_fp32, "d": 64}, big) and not at.feasible(d128_fp32, big)
 
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import copy
 import gc
+import json
 import os
 import platform
 import statistics
@@ -58,7 +59,7 @@ class Row(BaseModel):
     shape_kind: str  # "gate" (what the GPU gate checks), "ladder" (KB_SHAPES) or "cpu"
     draw: str  # "gate" (the gate's inputs) or "device" (its recipe, drawn on the device)
     variant: str
-    role: str  # "round0", "control" (expected to fail where noted) or "eager"
+    role: str  # "round0", "extra" (--extra), "control" (expected to fail where noted) or "eager"
     expect: str
     knobs: dict[str, Any]
     tolerance: float
@@ -91,12 +92,19 @@ class Variant(BaseModel):
     expect: str
 
 
-def variants(spec: dict, include_infeasible: bool, controls: bool) -> list[Variant]:
-    """Round-0 knob sets (those the expert generator proposes for this spec) and the controls."""
+def variants(
+    spec: dict, include_infeasible: bool, controls: bool, extra: list[dict[str, Any]] | None = None
+) -> list[Variant]:
+    """Round-0 knob sets (those the expert generator proposes for this spec), the controls and any
+    extra knob sets (tuning candidates: round-0 sets with some knobs overridden)."""
     out = [
         Variant(name=f"r0-{i}", role="round0", knobs=k, dtypes=set(at.FLOAT_DTYPES), expect="pass")
         for i, k in enumerate(at.ROUND0)
         if include_infeasible or at.feasible(spec, k)
+    ]
+    out += [
+        Variant(name=f"x-{i}", role="extra", knobs=k, dtypes=set(at.FLOAT_DTYPES), expect="pass")
+        for i, k in enumerate(extra or [])
     ]
     if controls and out:
         base = out[0].knobs
@@ -120,6 +128,12 @@ def variants(spec: dict, include_infeasible: bool, controls: bool) -> list[Varia
             )
         )
     return out
+
+
+def _extra(text: str) -> dict[str, Any]:
+    over = json.loads(text)
+    base = next(k for k in at.ROUND0 if k["strategy"] == over.get("strategy", at.ROUND0[0]["strategy"]))
+    return {**base, **over}
 
 
 def _dtype(problem: evaluate.Problem, shape: dict) -> str:
@@ -328,6 +342,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--all-round0", action="store_true", help="also the round-0 sets infeasible at the spec")
     ap.add_argument("--no-controls", action="store_true", help="only the round-0 renders")
+    ap.add_argument(
+        "--extra",
+        action="append",
+        default=[],
+        metavar="JSON",
+        help='an extra knob set: overrides on the first round-0 set of its strategy, e.g. \'{"strategy": '
+        '"full_d", "block_m": 128}\' (repeatable)',
+    )
     args = ap.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
         print("attn_check: no CUDA device; run it on the GPU machine, or pass --device cpu", file=sys.stderr)
@@ -364,7 +386,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     cands = [
         (v, evaluate.load_module(at.render(spec, v.knobs, analysis["signature"]), "cand"))
-        for v in variants(spec, args.all_round0, not args.no_controls)
+        for v in variants(spec, args.all_round0, not args.no_controls, [_extra(e) for e in args.extra])
     ]
     log(f"spec {spec}; {len(cands)} renders: {', '.join(v.name for v, _ in cands)}")
     if args.device == "cpu":

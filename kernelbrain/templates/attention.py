@@ -45,6 +45,14 @@ Strategies:
   to a power of two). One pass, minimal FLOPs; only for heads small enough (feasible() decides: acc
   within registers, one stage of K/V tiles within shared memory). At run time a head too wide for it
   falls back to `d_tiled` (the ladder's shapes may differ from the traced one).
+- `materialized`: for heads too wide for `full_d` (padded D > FULL_D_MAX), three kernels: the scores
+  S = Q K^T as a batched GEMM tile by tile (fp64 for the fp64 recipe, else fp32) into a scratch
+  buffer, a row softmax of S into P (fp32, normalised), and O = P V as a batched GEMM. Q K^T and P V
+  each cost their FLOPs once, on large tiles, at the price of writing and reading S and P (bh is
+  processed in chunks so the scratch stays under SCRATCH_BYTES). Where the head fits `full_d`, the
+  same candidate runs `full_d` with its block_m/block_n: there the one-pass kernel needs no scratch.
+  Knobs: block_m x block_n score tiles stepping block_d over D; block_m x block_dv output tiles
+  stepping block_n over the keys.
 - `d_tiled`: the head dim is tiled twice. The output is split into BLOCK_DV-wide column chunks, one per
   program (a third grid axis), each holding only acc [BLOCK_M, BLOCK_DV]; S_j is built as
   sum over BLOCK_D chunks c of Q_blk[:, c] K_j[:, c]^T. Every output chunk recomputes the scores:
@@ -63,6 +71,9 @@ MAX_SMEM = 227 * 1024
 MAX_REGS_PER_THREAD = 128
 # widest (padded) head the full_d kernel is ever launched with
 FULL_D_MAX = 256
+# scratch for materialized's S and P per chunk of bh (the chunk shrinks to fit, down to one bh)
+SCRATCH_BYTES = 1 << 30
+STRATEGIES = ("full_d", "d_tiled", "materialized")
 _ELT = {"float32": 4, "float16": 2, "bfloat16": 2}
 
 # precision knobs (module docstring): the values each may take, the first the default
@@ -74,6 +85,30 @@ PRECISION = {"qk32": QK32, "pv32": PV32, "p16": P16}
 # the d_tiled tiles compile without spills at fp32 (fp64 scores, either P V) and fp16 on sm90 (Triton 3.6,
 # ptxas -v); round 0 spreads pv32 over both values
 ROUND0: list[dict[str, Any]] = [
+    {
+        "strategy": "materialized",
+        "block_m": 64,
+        "block_n": 64,
+        "block_d": 16,
+        "block_dv": 128,
+        "num_warps": 4,
+        "num_stages": 3,
+        "qk32": "fp64",
+        "pv32": "tf32x3",
+        "p16": "split",
+    },
+    {
+        "strategy": "materialized",
+        "block_m": 128,
+        "block_n": 64,
+        "block_d": 16,
+        "block_dv": 128,
+        "num_warps": 8,
+        "num_stages": 2,
+        "qk32": "fp64",
+        "pv32": "ieee",
+        "p16": "split",
+    },
     {
         "strategy": "full_d",
         "block_m": 64,
@@ -137,6 +172,7 @@ MUTATIONS: dict[str, list[tuple[str, str]]] = {
     "compute-bound": [
         ("wider_dv", "wider output chunks recompute Q K^T fewer times"),
         ("full_d", "one pass over the whole head: no recomputed scores"),
+        ("materialize", "scores computed once into scratch and reused by every output chunk"),
         ("tf32x3_pv", "fp32 P V as three TF32 tensor-core dots instead of FMAs on the CUDA cores"),
     ],
     "memory-bound near peak": [
@@ -203,7 +239,10 @@ def feasible(spec: dict, knobs: dict[str, Any]) -> bool:
     tiles of every pipeline stage (at least one) fit in shared memory; d_tiled's chunks likewise.
     fp64 scores (qk32=fp64 on fp32 inputs) take two registers an element, and so do d_tiled's widened
     Q/K chunks; full_d's widened Q block is staged in shared memory (as ptxas shows on sm90)."""
-    keys = ("block_m", "block_n") + (("block_d", "block_dv") if knobs["strategy"] == "d_tiled" else ())
+    if knobs["strategy"] not in STRATEGIES:
+        return False
+    tiled = knobs["strategy"] in {"d_tiled", "materialized"}
+    keys = ("block_m", "block_n") + (("block_d", "block_dv") if tiled else ())
     if any(knobs[k] < 16 or knobs[k] & (knobs[k] - 1) for k in keys) or knobs["num_stages"] < 1:
         return False
     try:
@@ -222,17 +261,29 @@ def feasible(spec: dict, knobs: dict[str, Any]) -> bool:
             return False
         regs = bm * d + scores + (0 if wide else bm * d * elt // 4)  # acc, scores, Q block
         smem = knobs["num_stages"] * 2 * bn * d * elt + (bm * d * 8 if wide else 0)
-    else:
+    elif knobs["strategy"] == "d_tiled":
         bd = min(knobs["block_d"], d)
         dv = min(knobs["block_dv"], d)
         regs = bm * dv + scores + (2 * (bm * bd + bd * bn) if wide else 0)
         smem = knobs["num_stages"] * (bm * bd + bn * bd + bn * dv) * elt
+    else:
+        if d <= FULL_D_MAX:  # runs full_d at this head: that kernel's limits apply
+            return feasible(spec, {**knobs, "strategy": "full_d"})
+        bd = min(knobs["block_d"], d)
+        dv = min(knobs["block_dv"], d)
+        # the larger of the two GEMMs' needs: scores (fp64-widened operands) and P V (fp32 P tile)
+        regs = max(scores + (2 * (bm * bd + bd * bn) if wide else 0), bm * dv + bm * bn)
+        smem = knobs["num_stages"] * max((bm + bn) * bd * elt, bm * bn * 4 + bn * dv * elt)
     return regs <= MAX_REGS_PER_THREAD * threads and smem <= MAX_SMEM
 
 
 def mutate(knobs: dict[str, Any], move: str) -> dict[str, Any] | None:
     k = dict(knobs)
-    tiled = k["strategy"] == "d_tiled"
+    tiled = k["strategy"] in {"d_tiled", "materialized"}
+    if move == "materialize":
+        if k["strategy"] == "materialized":
+            return None
+        return {"block_d": 16, "block_dv": 128} | k | {"strategy": "materialized"}
     if move == "full_d":
         if not tiled:
             return None
@@ -387,6 +438,107 @@ def _attn_d_tiled(q_ptr, k_ptr, v_ptr, o_ptr, Lq, Lk, D, DV, qk_scale,
     tl.store(o, out.to(o_ptr.dtype.element_ty), mask=m_mask & (rdv[None, :] < DV))
 
 
+@triton.jit
+def _scores(q_ptr, k_ptr, s_ptr, Lq, Lk, D, QK: tl.constexpr, UPCAST: tl.constexpr,
+            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+    # S[bh] = Q[bh] K[bh]^T, raw (unscaled): one [BLOCK_M, BLOCK_N] tile, BLOCK_D steps over the head
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    bh = tl.program_id(2).to(tl.int64)
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rd = tl.arange(0, BLOCK_D)
+    q_base = q_ptr + bh * Lq * D
+    k_base = k_ptr + bh * Lk * D
+    s = tl.zeros([BLOCK_M, BLOCK_N], tl.float64 if QK == "fp64" else tl.float32)
+    for d0 in range(0, D, BLOCK_D):
+        dd = d0 + rd
+        q_mask = (rm[:, None] < Lq) & (dd[None, :] < D)
+        q = tl.load(q_base + rm[:, None] * D + dd[None, :], mask=q_mask, other=0.0)
+        k_mask = (rn[None, :] < Lk) & (dd[:, None] < D)
+        kt = tl.load(k_base + rn[None, :] * D + dd[:, None], mask=k_mask, other=0.0)
+        s = _qk(q, kt, s, QK, UPCAST)
+    out = s_ptr + bh * Lq * Lk + rm[:, None].to(tl.int64) * Lk + rn[None, :]
+    tl.store(out, s.to(s_ptr.dtype.element_ty), mask=(rm[:, None] < Lq) & (rn[None, :] < Lk))
+
+
+@triton.jit
+def _softmax_rows(s_ptr, p_ptr, rows, Lk, qk_scale, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr):
+    # P: the softmax of S * scale along each row of S, in S's precision up to the exponent (as in the flash
+    # kernels): an online max/sum pass, then a pass that writes normalised fp32 P
+    rr = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
+    rk = tl.arange(0, BLOCK_K)
+    r_mask = rr[:, None] < rows
+    base = rr[:, None] * Lk
+    m = tl.full([BLOCK_R], -float("inf"), s_ptr.dtype.element_ty)
+    l = tl.zeros([BLOCK_R], tl.float32)
+    for k0 in range(0, Lk, BLOCK_K):
+        cols = k0 + rk
+        s = tl.load(s_ptr + base + cols[None, :], mask=r_mask & (cols[None, :] < Lk), other=-float("inf"))
+        m_new = tl.maximum(m, tl.max(s, axis=1))
+        # rows past the end stay at -inf: keep their shift finite (their P is never stored)
+        m_safe = tl.where(m_new == -float("inf"), 0.0, m_new)
+        alpha = tl.exp2(((m - m_safe) * qk_scale).to(tl.float32))
+        l = l * alpha + tl.sum(tl.exp2(((s - m_safe[:, None]) * qk_scale).to(tl.float32)), axis=1)
+        m = m_new
+    m = tl.where(m == -float("inf"), 0.0, m)
+    inv = 1.0 / l
+    for k0 in range(0, Lk, BLOCK_K):
+        cols = k0 + rk
+        mask = r_mask & (cols[None, :] < Lk)
+        s = tl.load(s_ptr + base + cols[None, :], mask=mask, other=-float("inf"))
+        p = tl.exp2(((s - m[:, None]) * qk_scale).to(tl.float32)) * inv[:, None]
+        tl.store(p_ptr + base + cols[None, :], p, mask=mask)
+
+
+@triton.jit
+def _pv_gemm(p_ptr, v_ptr, o_ptr, Lq, Lk, DV, PV: tl.constexpr, UPCAST: tl.constexpr,
+             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_DV: tl.constexpr):
+    # O[bh] = P[bh] V[bh]: one [BLOCK_M, BLOCK_DV] tile, BLOCK_N steps over the keys
+    pid_m = tl.program_id(0)
+    pid_dv = tl.program_id(1)
+    bh = tl.program_id(2).to(tl.int64)
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = tl.arange(0, BLOCK_N)
+    rdv = pid_dv * BLOCK_DV + tl.arange(0, BLOCK_DV)
+    p_base = p_ptr + bh * Lq * Lk + rm[:, None].to(tl.int64) * Lk
+    v_base = v_ptr + bh * Lk * DV
+    acc = tl.zeros([BLOCK_M, BLOCK_DV], tl.float32)
+    for n0 in range(0, Lk, BLOCK_N):
+        cols = n0 + rn
+        p = tl.load(p_base + cols[None, :], mask=(rm[:, None] < Lq) & (cols[None, :] < Lk), other=0.0)
+        v_mask = (cols[:, None] < Lk) & (rdv[None, :] < DV)
+        v = tl.load(v_base + cols[:, None] * DV + rdv[None, :], mask=v_mask, other=0.0)
+        acc = _pv(p, v, acc, PV, UPCAST)
+    o = o_ptr + bh * Lq * DV + rm[:, None] * DV + rdv[None, :]
+    tl.store(o, acc.to(o_ptr.dtype.element_ty), mask=(rm[:, None] < Lq) & (rdv[None, :] < DV))
+
+
+def _materialized(q, k, v, o, qk, pv, upcast, qk_scale, bm, bn):
+    BH, Lq, D = q.shape
+    Lk, DV = k.shape[1], v.shape[2]
+    s_dtype = torch.float64 if qk == "fp64" else torch.float32
+    per_bh = Lq * Lk * (torch.finfo(s_dtype).bits // 8 + 4)
+    chunk = max(1, min(BH, SCRATCH_BYTES // max(1, per_bh)))
+    s = torch.empty((chunk, Lq, Lk), dtype=s_dtype, device=q.device)
+    p = torch.empty((chunk, Lq, Lk), dtype=torch.float32, device=q.device)
+    bd = min(BLOCK_D, max(16, triton.next_power_of_2(D)))
+    bdv = min(BLOCK_DV, max(16, triton.next_power_of_2(DV)))
+    block_k = min(1024, max(16, triton.next_power_of_2(Lk)))
+    block_r = max(1, 2048 // block_k)
+    for b0 in range(0, BH, chunk):
+        b1 = min(BH, b0 + chunk)
+        n = b1 - b0
+        _scores[(triton.cdiv(Lq, bm), triton.cdiv(Lk, bn), n)](
+            q[b0:b1], k[b0:b1], s, Lq, Lk, D, QK=qk, UPCAST=upcast, BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=bd,
+            num_warps=NUM_WARPS, num_stages=NUM_STAGES)
+        _softmax_rows[(triton.cdiv(n * Lq, block_r),)](s, p, n * Lq, Lk, qk_scale, BLOCK_R=block_r,
+                                                      BLOCK_K=block_k, num_warps=4)
+        _pv_gemm[(triton.cdiv(Lq, bm), triton.cdiv(DV, bdv), n)](
+            p, v[b0:b1], o[b0:b1], Lq, Lk, DV, PV=pv, UPCAST=upcast, BLOCK_M=bm, BLOCK_N=bn, BLOCK_DV=bdv,
+            num_warps=NUM_WARPS, num_stages=NUM_STAGES)
+
+
 def _launch(q, k, v, o):
     BH, Lq, D = q.shape
     Lk, DV = k.shape[1], v.shape[2]
@@ -401,7 +553,11 @@ def _launch(q, k, v, o):
     else:
         qk, pv = "mma", P16
     upcast = q.dtype == torch.bfloat16 and os.environ.get("TRITON_INTERPRET") == "1"
-    if STRATEGY == "full_d" and max(d_pad, dv_pad) <= FULL_D_MAX:
+    fits = max(d_pad, dv_pad) <= FULL_D_MAX
+    if STRATEGY == "materialized" and not fits:
+        _materialized(q, k, v, o, qk, pv, upcast, qk_scale, bm, bn)
+        return
+    if STRATEGY in ("full_d", "materialized") and fits:
         grid = (triton.cdiv(Lq, bm), BH)
         _attn_full_d[grid](q, k, v, o, Lq, Lk, D, DV, qk_scale, QK=qk, PV=pv, UPCAST=upcast,
                            BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=d_pad, BLOCK_DV=dv_pad,
@@ -436,6 +592,7 @@ def render(spec: dict, knobs: dict[str, Any], signature: dict[str, list[str]]) -
         f'PV32 = "{prec["pv32"]}"',
         f'P16 = "{prec["p16"]}"',
         f"FULL_D_MAX = {FULL_D_MAX}",
+        f"SCRATCH_BYTES = {SCRATCH_BYTES}",
         "LOG2E = 1.4426950408889634",
     ]
     knob_text = ", ".join(f"{a}={b}" for a, b in knobs.items())
