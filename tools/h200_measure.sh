@@ -36,7 +36,7 @@ compare)
   cat "$W"/compare*.log | grep -v -i warn
   mkdir -p "$OUT/results"
   $M report --out "$W" --results "$OUT/results" --command "bash tools/h200_measure.sh search; bash tools/h200_measure.sh compare work.tgz"
-  CUDA_VISIBLE_DEVICES=0 timeout 150 python3 tools/gpu_row_norm_check.py --out "$W/row_norm_check.json" > "$W/row_norm_check.log" 2>&1 &
+  CUDA_VISIBLE_DEVICES=0 timeout 150 python3 tools/gpu_template_check.py --out "$W/row_norm_check.json" > "$W/row_norm_check.log" 2>&1 &
   CUDA_VISIBLE_DEVICES=1 timeout 400 python3 tools/gpu_cli_check.py --out "$W/gpu_cli_check.json" > "$W/gpu_cli_check.log" 2>&1 &
   wait
   tail -n 15 "$W/row_norm_check.log" "$W/gpu_cli_check.log"

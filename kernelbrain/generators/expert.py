@@ -17,7 +17,7 @@ def _describe(ops: list[dict]) -> str:
 class ExpertGenerator(Generator):
     name = "expert"
 
-    def _family(
+    def match_family(
         self, analysis: ProblemAnalysed, name: str | None = None, problem_source: str | None = None
     ) -> tuple[ModuleType, dict]:
         for family in FAMILIES:
@@ -51,7 +51,7 @@ class ExpertGenerator(Generator):
         )
 
     def first_round(self, analysis: ProblemAnalysed, *, problem_source: str | None = None) -> list[Proposal]:
-        family, spec = self._family(analysis, problem_source=problem_source)
+        family, spec = self.match_family(analysis, problem_source=problem_source)
         return [
             self._proposal(family, spec, knobs, analysis, f"strategy axis {knobs['strategy']}")
             for knobs in family.ROUND0
@@ -69,7 +69,7 @@ class ExpertGenerator(Generator):
         numbers: str | None = None,
         problem_source: str | None = None,
     ) -> list[Proposal]:
-        family, spec = self._family(analysis, family_name, problem_source)
+        family, spec = self.match_family(analysis, family_name, problem_source)
         out = []
         for label in labels:
             for move, why in family.MUTATIONS.get(label, []):
