@@ -75,7 +75,7 @@ def test_split_row_is_offered_only_for_rows_it_can_split():
 def test_split_row_source_waits_only_on_the_gpu_and_boundedly():
     src = rs.render({"log": False, "dim": -1, "ndim": 2, "n_cols": 393216}, SPLIT[0], SIGNATURE)
     compile(src, "<split_row>", "exec")
-    assert "CTAS_PER_SM = 2" in src
+    assert f"CTAS_PER_SM = {SPLIT[0]['ctas_per_sm']}" in src and SPLIT[0]["ctas_per_sm"] == 4
     assert 'sem="release"' in src and 'sem="acquire"' in src
     assert "spins < " in src  # a violated co-residency assumption ends as a wrong result, not a hang
     assert "if x2.is_cuda" in src  # the interpreter never takes the waiting path

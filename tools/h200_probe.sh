@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Session 3's tuning probe on a 2-GPU H200 (device tool, kind nvidia-h200-x2, .whl carried): what the
+# new attention strategy, RMSNorm/softmax knob variants and the conv strategies do at the seed
+# problems' large shapes, before a full tools/h200_measure.sh run. Everything lands in one tar.
+#
+#   bash tools/h200_probe.sh        # writes $OUT/probe.tgz (the JSON reports and logs)
+set -uo pipefail
+python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
+export PYTHONPATH=$PWD:/tmp/site
+W=$(mktemp -d)
+P=benchmarks/problems
+
+# GPU 0: attention, every round-0 render and tuning variants at the gate and ladder shapes
+CUDA_VISIBLE_DEVICES=0 timeout 420 python3 tools/attn_check.py --out "$W/attn.json" --reps 5 \
+  --extra '{"strategy": "materialized", "block_m": 64, "block_n": 64, "block_d": 32, "num_warps": 4, "num_stages": 2}' \
+  --extra '{"strategy": "materialized", "block_m": 128, "block_n": 64, "num_warps": 8, "num_stages": 3, "pv32": "tf32x3"}' \
+  --extra '{"strategy": "materialized", "block_m": 64, "block_n": 128, "num_warps": 8, "num_stages": 2}' \
+  --extra '{"strategy": "materialized", "block_dv": 256, "num_warps": 8}' \
+  --extra '{"strategy": "full_d", "block_m": 128, "block_n": 64, "num_warps": 8, "num_stages": 3}' \
+  --extra '{"strategy": "full_d", "block_m": 128, "block_n": 128, "num_warps": 8, "num_stages": 2}' \
+  > "$W/attn.log" 2>&1 &
+
+# GPU 1: RMSNorm and softmax knob variants, then the conv strategies
+(
+  export CUDA_VISIBLE_DEVICES=1
+  timeout 150 python3 tools/gpu_template_check.py $P/rmsnorm.py --out "$W/rmsnorm.json" \
+    --knobs '{"strategy": "registers", "block_s": 256, "num_warps": 4}' \
+    --knobs '{"strategy": "registers", "block_s": 256, "num_warps": 8}' \
+    --knobs '{"strategy": "registers", "block_s": 512, "num_warps": 8}' \
+    --knobs '{"strategy": "registers", "block_s": 512, "num_warps": 16}' \
+    --knobs '{"strategy": "registers", "block_s": 1024, "num_warps": 16}' \
+    > "$W/rmsnorm.log" 2>&1
+  timeout 150 python3 tools/gpu_template_check.py $P/softmax.py --out "$W/softmax.json" \
+    --knobs '{"strategy": "split_row", "block_n": 8192, "ctas_per_sm": 3, "num_warps": 8}' \
+    --knobs '{"strategy": "split_row", "block_n": 8192, "ctas_per_sm": 4, "num_warps": 4}' \
+    --knobs '{"strategy": "split_row", "block_n": 8192, "ctas_per_sm": 4, "num_warps": 8}' \
+    --knobs '{"strategy": "split_row", "block_n": 16384, "ctas_per_sm": 2, "num_warps": 8}' \
+    --knobs '{"strategy": "online", "block_n": 16384, "num_warps": 16}' \
+    > "$W/softmax.log" 2>&1
+  if [ -f tools/gpu_conv_probe.py ]; then
+    timeout 240 python3 tools/gpu_conv_probe.py --out "$W/conv.json" > "$W/conv.log" 2>&1
+  fi
+) &
+wait
+nvidia-smi --query-gpu=name,driver_version --format=csv > "$W/gpu.txt" 2>&1
+tar -czf "$OUT/probe.tgz" -C "$W" .
+tail -n 40 "$W/attn.log"
+tail -n 12 "$W/rmsnorm.log" "$W/softmax.log"
+[ -f "$W/conv.log" ] && tail -n 40 "$W/conv.log"
+exit 0

@@ -1,0 +1,94 @@
+"""Where a candidate's time goes: per-kernel GPU time of expert-template renders at one problem shape.
+
+Renders each knob set (overrides on the family's first round-0 set of the same strategy, as
+tools/gpu_template_check.py takes them), runs it and eager PyTorch a few times at one of the problem's
+KB_SHAPES under torch.profiler, and prints each kernel's total and per-call GPU time: the split a
+multi-kernel strategy (attention's materialized, split_row's launches) needs before it can be tuned.
+
+    python3 tools/kernel_breakdown.py benchmarks/problems/sdp_attn.py --shape 0 \\
+        --knobs '{"strategy": "materialized"}' [--calls 5] [--out $OUT/breakdown.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+from torch.profiler import ProfilerActivity, profile  # noqa: E402
+
+from kernelbrain import evaluate  # noqa: E402
+from kernelbrain.events import ProblemAnalysed  # noqa: E402
+from kernelbrain.generators.expert import ExpertGenerator  # noqa: E402
+from kernelbrain.problem import read_problem, shape_label  # noqa: E402
+
+
+def _kernels(fn, calls: int) -> list[dict]:
+    """Per-kernel GPU time over `calls` calls of fn (after one untimed call that compiles)."""
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    rows = [
+        {
+            "kernel": e.key[:90],
+            "count": e.count,
+            "total_ms": e.device_time_total / 1e3,
+            "per_call_ms": e.device_time_total / 1e3 / calls,
+        }
+        for e in prof.key_averages()
+        if e.device_time_total > 0
+    ]
+    return sorted(rows, key=lambda r: -r["total_ms"])
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("problem", type=Path)
+    ap.add_argument("--shape", type=int, default=0, help="index into the problem's KB_SHAPES (default 0)")
+    ap.add_argument("--knobs", action="append", default=[], metavar="JSON", help="a knob set (repeatable)")
+    ap.add_argument("--calls", type=int, default=5)
+    ap.add_argument("--out", type=Path, default=None)
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        print("kernel_breakdown: needs a CUDA device (torch.profiler's CUDA activity)", file=sys.stderr)
+        return 2
+    source = read_problem(args.problem)
+    problem = evaluate.Problem(source)
+    analysis = evaluate.analyse(source, "cuda")
+    gen = ExpertGenerator()
+    family, spec = gen.match_family(ProblemAnalysed(**analysis, families=[]), problem_source=source)
+    shape = problem.shapes[args.shape]
+    report = {"problem": args.problem.name, "shape": shape_label(shape), "renders": []}
+    with torch.no_grad():
+        ref, _ = evaluate._build(problem, None, shape, "cuda")
+        inputs = problem.inputs(shape, 100, "cuda")
+        entries = [("eager", None, ref)]
+        for text in args.knobs:
+            over = json.loads(text)
+            strategy = over.get("strategy", family.ROUND0[0]["strategy"])
+            knobs = {**next(k for k in family.ROUND0 if k["strategy"] == strategy), **over}
+            cand = evaluate.load_module(family.render(spec, knobs, analysis["signature"]), "cand")
+            _, new = evaluate._build(problem, cand, shape, "cuda")
+            entries.append((json.dumps(knobs), knobs, new))
+        for name, knobs, model in entries:
+            rows = _kernels(lambda m=model: m(*inputs), args.calls)
+            total = sum(r["per_call_ms"] for r in rows)
+            report["renders"].append({"name": name, "knobs": knobs, "per_call_ms": total, "kernels": rows})
+            print(f"\n{report['shape']}  {name}: {total:.3f} ms a call")
+            for r in rows[:8]:
+                print(f"  {r['per_call_ms']:9.3f} ms  x{r['count'] // args.calls:<3d} {r['kernel']}")
+    if args.out:
+        args.out.write_text(json.dumps(report, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
