@@ -40,9 +40,13 @@ def get_init_inputs():
 
 
 SPLIT = [k for k in rs.ROUND0 if k["strategy"] == "split_row"]
+# the prefetching form: on CPU its two-launch path, and its source is checked below
+PREFETCHED = rs.mutate(SPLIT[0], "prefetch")
 
 
-@pytest.mark.parametrize("knobs", SPLIT, ids=lambda k: f"block{k['block_n']}")
+@pytest.mark.parametrize(
+    "knobs", [*SPLIT, PREFETCHED], ids=lambda k: f"block{k['block_n']}-prefetch{k.get('prefetch', False)}"
+)
 @pytest.mark.parametrize("op", ["softmax", "log_softmax"])
 def test_split_row_passes_the_gate(box, op, knobs):
     spec = {"log": op == "log_softmax", "dim": 1, "ndim": 2, "n_cols": 20000}
@@ -70,6 +74,13 @@ def test_split_row_is_offered_only_for_rows_it_can_split():
     assert rs.mutate(child, "split_row") is None
     assert rs.mutate(child, "larger_tiles")["block_n"] == 16384
     assert rs.mutate({**child, "block_n": rs.MAX_BLOCK}, "larger_tiles") is None
+    # prefetch holds two chunks: half the programs per SM; once only, and only for split_row
+    assert rs.mutate(child, "prefetch") == {
+        **child,
+        "prefetch": True,
+        "ctas_per_sm": child["ctas_per_sm"] // 2,
+    }
+    assert rs.mutate(PREFETCHED, "prefetch") is None and rs.mutate(online, "prefetch") is None
 
 
 def test_split_row_source_waits_only_on_the_gpu_and_boundedly():
@@ -79,3 +90,13 @@ def test_split_row_source_waits_only_on_the_gpu_and_boundedly():
     assert 'sem="release"' in src and 'sem="acquire"' in src
     assert "spins < " in src  # a violated co-residency assumption ends as a wrong result, not a hang
     assert "if x2.is_cuda" in src  # the interpreter never takes the waiting path
+
+
+def test_split_row_prefetch_loads_the_next_chunk_before_waiting():
+    spec = {"log": False, "dim": -1, "ndim": 2, "n_cols": 393216}
+    plain, pre = rs.render(spec, SPLIT[0], SIGNATURE), rs.render(spec, PREFETCHED, SIGNATURE)
+    assert "PREFETCH = False" in plain and "PREFETCH = True" in pre
+    body = pre[pre.index("def _softmax_kernel") :]
+    # the next chunk's load sits between this chunk's release and the wait
+    release, load, wait = (body.index(t) for t in ('sem="release"', "item + step", "while ("))
+    assert release < load < wait

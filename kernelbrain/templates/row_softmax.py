@@ -13,7 +13,9 @@ program may only wait for programs that are running, so the grid is persistent a
 the GPU holds at once (CTAS_PER_SM programs per multiprocessor), in rounds that each cover whole
 rows; the wait is bounded, so a violated assumption shows as a wrong result (the gate rejects it),
 never as a hang. Under the interpreter programs run one after another and cannot wait for each
-other: there the same kernel runs in two launches (chunk statistics, then normalisation).
+other: there the same kernel runs in two launches (chunk statistics, then normalisation). Knob
+`prefetch`: load the program's next chunk before waiting on the current row (twice the registers, so
+fewer programs fit an SM, but the SM keeps reading while it waits).
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ MUTATIONS: dict[str, list[tuple[str, str]]] = {
         ("split_row", "rows too long for one program: split each over co-resident programs, read once"),
     ],
     "latency or occupancy-limited": [
+        ("prefetch", "split_row: load the next chunk before waiting on this row's other chunks"),
         ("more_warps", "more warps per row hide more load latency"),
         ("more_rows", "more rows per program keep more loads in flight"),
     ],
@@ -95,6 +98,9 @@ def mutate(knobs: dict[str, Any], move: str) -> dict[str, Any] | None:
         if k["strategy"] == "split_row":
             return None
         return {"strategy": "split_row", "block_n": 8192, "ctas_per_sm": 4, "num_warps": 8}
+    if move == "prefetch":
+        ok = k["strategy"] == "split_row" and not k.get("prefetch", False)
+        return {**k, "prefetch": True, "ctas_per_sm": max(1, k["ctas_per_sm"] // 2)} if ok else None
     if move == "more_warps":
         return {**k, "num_warps": min(16, k["num_warps"] * 2)} if k["num_warps"] < 16 else None
     if move == "fewer_warps":
@@ -194,16 +200,34 @@ def _launch(x2, y2):
 """,
     "split_row": """
 @triton.jit
+def _chunk(x_ptr, item, n_chunks, n_cols, n_items, stride_x, cols, BLOCK: tl.constexpr):
+    # one BLOCK chunk of a row, in fp32; columns past the row and items past the end read as -inf
+    row = item // n_chunks
+    c = (item % n_chunks) * BLOCK + cols
+    mask = (c < n_cols) & (cols < (n_items - item) * BLOCK)  # all false once item >= n_items
+    return tl.load(x_ptr + row.to(tl.int64) * stride_x + c, mask=mask, other=-float("inf")).to(tl.float32)
+
+
+@triton.jit
 def _softmax_kernel(x_ptr, y_ptr, pm_ptr, ps_ptr, cnt_ptr, n_cols, n_chunks, n_items, stride_x, stride_y,
-                    CHUNKS_P2: tl.constexpr, BLOCK: tl.constexpr, LOG: tl.constexpr, PHASE: tl.constexpr):
-    # PHASE 0: the whole job in one launch (GPU); 1: chunk statistics only; 2: normalisation only
+                    CHUNKS_P2: tl.constexpr, BLOCK: tl.constexpr, LOG: tl.constexpr, PHASE: tl.constexpr,
+                    PREFETCH: tl.constexpr):
+    # PHASE 0: the whole job in one launch (GPU); 1: chunk statistics only; 2: normalisation only.
+    # PREFETCH (PHASE 0): the next item's chunk is loaded before the wait for this row's other chunks,
+    # so the SM keeps reading while it waits instead of draining its loads once per round
     cols = tl.arange(0, BLOCK)
     parts = tl.arange(0, CHUNKS_P2)
-    for item in range(tl.program_id(0), n_items, tl.num_programs(0)):
+    step = tl.num_programs(0)
+    if PREFETCH and PHASE == 0:
+        x_next = _chunk(x_ptr, tl.program_id(0), n_chunks, n_cols, n_items, stride_x, cols, BLOCK)
+    for item in range(tl.program_id(0), n_items, step):
         row = item // n_chunks
         c = (item % n_chunks) * BLOCK + cols
         mask = c < n_cols
-        x = tl.load(x_ptr + row.to(tl.int64) * stride_x + c, mask=mask, other=-float("inf")).to(tl.float32)
+        if PREFETCH and PHASE == 0:
+            x = x_next
+        else:
+            x = _chunk(x_ptr, item, n_chunks, n_cols, n_items, stride_x, cols, BLOCK)
         if PHASE != 2:
             m = tl.max(x, axis=0)
             tl.store(pm_ptr + item, m)
@@ -211,6 +235,8 @@ def _softmax_kernel(x_ptr, y_ptr, pm_ptr, ps_ptr, cnt_ptr, n_cols, n_chunks, n_i
         if PHASE == 0:
             tl.debug_barrier()  # the chunk's statistics are written before the count says so
             tl.atomic_add(cnt_ptr + row, 1, sem="release")
+            if PREFETCH:
+                x_next = _chunk(x_ptr, item + step, n_chunks, n_cols, n_items, stride_x, cols, BLOCK)
             spins = 0
             while (tl.atomic_add(cnt_ptr + row, 0, sem="acquire") < n_chunks) & (spins < 1000000):
                 spins += 1
@@ -234,7 +260,8 @@ def _launch(x2, y2):
     pm = torch.empty(n_items, device=x2.device, dtype=torch.float32)
     ps = torch.empty(n_items, device=x2.device, dtype=torch.float32)
     args = (x2, y2, pm, ps)
-    meta = dict(CHUNKS_P2=triton.next_power_of_2(n_chunks), BLOCK=block, LOG=LOG, num_warps=NUM_WARPS)
+    meta = dict(CHUNKS_P2=triton.next_power_of_2(n_chunks), BLOCK=block, LOG=LOG, PREFETCH=PREFETCH,
+                num_warps=NUM_WARPS)
     sms = torch.cuda.get_device_properties(x2.device).multi_processor_count if x2.is_cuda else 0
     slots = sms * CTAS_PER_SM
     if n_chunks <= slots:  # every chunk of a round's rows runs at once: one launch, one read of x
@@ -261,6 +288,8 @@ def render(spec: dict, knobs: dict[str, Any], signature: dict[str, list[str]]) -
         consts.append(f"ROWS = {knobs['rows']}")
     if "ctas_per_sm" in knobs:
         consts.append(f"CTAS_PER_SM = {knobs['ctas_per_sm']}")
+        # knob sets recorded before the prefetch knob existed ran without it
+        consts.append(f"PREFETCH = {bool(knobs.get('prefetch', False))}")
     knob_text = ", ".join(f"{k}={v}" for k, v in knobs.items())
     title = f"Row {'log-' if spec['log'] else ''}softmax over dim {spec['dim']}"
     return f'''"""{title}: kernelbrain row_softmax template ({knob_text})."""
