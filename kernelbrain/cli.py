@@ -65,6 +65,11 @@ def open_store(db: str, *, create: bool = False) -> EventStore:
     return EventStore(db, create=create)
 
 
+def read_store(db: str) -> EventStore:
+    """For commands that only read: recorded databases (benchmarks/results) keep their bytes."""
+    return EventStore(db, readonly=True)
+
+
 def _echo_json(obj: Any) -> None:
     click.echo(orjson.dumps(obj, option=orjson.OPT_INDENT_2).decode())
 
@@ -321,7 +326,9 @@ def check(problem: str, candidate: str, device: str, bench: bool, as_json: bool)
 )
 @json_option
 def doctor(llm_base_url: str | None, llm_model: str | None, timeout_s: float, as_json: bool) -> None:
-    """Check what this machine gives kb: GPU, torch, Triton, ncu, SQLite, the LLM endpoint."""
+    """Check what this machine gives kb: GPU, torch, Triton, ncu, SQLite, the LLM endpoint.
+
+    Every check is shown; the exit status is 1 when any check fails (a warning does not)."""
     from kernelbrain import doctor as doc
 
     report = doc.run(llm_base_url, llm_model, timeout_s)
@@ -329,6 +336,8 @@ def doctor(llm_base_url: str | None, llm_model: str | None, timeout_s: float, as
         _echo_json(report.model_dump())
     else:
         click.echo(doc.render(report))
+    if report.failed:
+        sys.exit(1)
 
 
 @main.command()
@@ -383,7 +392,7 @@ def ls(db: str, as_json: bool) -> None:
     """List the runs in the database."""
     from kernelbrain.describe import status_dict
 
-    with open_store(db) as store:
+    with read_store(db) as store:
         rows = [status_dict(load_state(store, rid)) for rid in store.run_ids()]
     if as_json:
         _echo_json(rows)
@@ -407,7 +416,7 @@ def status(run_id: str, db: str, as_json: bool) -> None:
     """Where a run stands: candidates per state, the leader, budget spent."""
     from kernelbrain.describe import status_dict
 
-    with open_store(db) as store:
+    with read_store(db) as store:
         d = status_dict(load_state(store, run_id))
     if as_json:
         _echo_json(d)
@@ -442,7 +451,7 @@ def events(run_id: str, db: str, follow: bool, as_json: bool, show_all: bool) ->
     from kernelbrain.describe import QUIET_TYPES, event_line
     from kernelbrain.progress import event_dict, json_line
 
-    with open_store(db) as store:
+    with read_store(db) as store:
         state = load_state(store, run_id)
         after = 0
         while True:
@@ -467,7 +476,7 @@ def replay(run_id: str, db: str, as_json: bool) -> None:
     """Recompute every scheduler decision from the log; exit 1 on any divergence."""
     from kernelbrain.replay import replay as do_replay
 
-    with open_store(db) as store:
+    with read_store(db) as store:
         require_run(store, run_id)  # not load_state: a damaged log is what replay reports, not an error
         report = do_replay(store, run_id)
     if as_json:
@@ -492,7 +501,7 @@ def audit(run_id: str, db: str, candidate: str | None) -> None:
     """Explain why the winner won: lineage, gate, ladder numbers, promotions, runners-up."""
     from kernelbrain.audit import audit as do_audit
 
-    with open_store(db) as store:
+    with read_store(db) as store:
         click.echo(do_audit(load_state(store, run_id), candidate))
 
 
@@ -516,7 +525,7 @@ def export(run_id: str, db: str, output: str, candidate: str | None, fmt: str) -
     from kernelbrain.export import export as do_export
     from kernelbrain.export import kernelbench_flags
 
-    with open_store(db) as store:
+    with read_store(db) as store:
         path = do_export(store, load_state(store, run_id), output, candidate, fmt)  # type: ignore[arg-type]
     click.echo(f"wrote {path}")
     flags = kernelbench_flags(path.read_text(encoding="utf-8")) if fmt == "kernelbench" else []
@@ -538,6 +547,6 @@ def report(run_id: str, db: str, output: str) -> None:
     the winner's roofline and its diff against its parent."""
     from kernelbrain.report import write_report
 
-    with open_store(db) as store:
+    with read_store(db) as store:
         path = write_report(store, run_id, output)
     click.echo(f"wrote {path}")

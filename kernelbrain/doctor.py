@@ -1,7 +1,8 @@
 """`kb doctor`: what this machine gives kb, checked one item at a time, each with what to do about it.
 
 Every check returns a Check (ok, warn, fail or skip, one line of detail, facts for --json) and never
-raises: a broken item is itself the finding. The command always exits 0 and shows every check.
+raises: a broken item is itself the finding. The command shows every check, then exits 1 when any
+failed (a warning or a skip leaves it 0), so a script can gate on it.
 """
 
 from __future__ import annotations
@@ -37,6 +38,11 @@ class Check(BaseModel):
 
 class Report(BaseModel):
     checks: list[Check]
+
+    @property
+    def failed(self) -> list[str]:
+        """The checks that failed: `kb doctor` exits 1 when there is any (warn and skip do not count)."""
+        return [c.name for c in self.checks if c.status == "fail"]
 
 
 def _version(text: str) -> tuple[int, ...]:
@@ -237,10 +243,8 @@ def check_sqlite() -> Check:
 
 def check_llm(base_url: str | None, model: str | None, timeout_s: float = 5.0) -> Check:
     """Does the configured OpenAI-compatible endpoint answer GET {base}/models?"""
-    import httpx
-
     from kernelbrain.generators import GenerationError
-    from kernelbrain.generators.llm import LLMGenerator
+    from kernelbrain.generators.llm import EndpointError, LLMGenerator
 
     base_url = base_url or os.environ.get("KB_LLM_BASE_URL")
     model = model or os.environ.get("KB_LLM_MODEL")
@@ -256,46 +260,15 @@ def check_llm(base_url: str | None, model: str | None, timeout_s: float = 5.0) -
         gen = LLMGenerator(base_url=base_url, model=model or "-", timeout_s=timeout_s)
     except GenerationError as e:
         return Check(name="llm", status="fail", detail=str(e), facts={"base_url": base_url})
-    url = f"{gen.base_url}/models"
     facts: dict[str, Any] = {"base_url": gen.base_url, "model": model}
     try:
-        with gen._client() as client:
-            r = client.get(url)
-    except httpx.TimeoutException:
-        return Check(
-            name="llm", status="fail", detail=f"{url} did not answer within {timeout_s:g} s", facts=facts
-        )
-    except httpx.TransportError as e:
-        return Check(
-            name="llm",
-            status="fail",
-            detail=f"cannot reach {url} ({type(e).__name__}: {e}): is the server running? "
-            "check KB_LLM_BASE_URL",
-            facts=facts,
-        )
-    facts["status"] = r.status_code
-    if r.status_code in (401, 403):
-        what = "set KB_LLM_API_KEY (or OPENAI_API_KEY)" if gen._api_key is None else "check KB_LLM_API_KEY"
-        return Check(name="llm", status="fail", detail=f"{url} answered {r.status_code}: {what}", facts=facts)
-    if r.status_code == 404:
-        return Check(
-            name="llm",
-            status="fail",
-            detail=f"{url} answered 404: check KB_LLM_BASE_URL "
-            "(an OpenAI-compatible base usually ends in /v1)",
-            facts=facts,
-        )
-    if r.status_code != 200:
-        return Check(
-            name="llm", status="warn", detail=f"{url} answered {r.status_code} {r.reason_phrase}", facts=facts
-        )
-    try:
-        ids = [str(m["id"]) for m in r.json()["data"]]
-    except (ValueError, KeyError, TypeError):
-        return Check(
-            name="llm", status="warn", detail=f"{url} answered 200 but not a model list", facts=facts
-        )
-    facts["models"] = ids
+        ids = gen.list_models()
+    except EndpointError as e:
+        facts["status"] = e.status
+        # no answer, or one that says the URL or the key is wrong, fails; an odd answer only warns
+        failed = e.status is None or e.status in (401, 403, 404)
+        return Check(name="llm", status="fail" if failed else "warn", detail=str(e), facts=facts)
+    facts.update(status=200, models=ids)
     listed = f"{len(ids)} model(s): {', '.join(ids[:5])}{', ...' if len(ids) > 5 else ''}"
     if model and model not in ids:
         return Check(

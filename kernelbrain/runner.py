@@ -18,7 +18,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from pydantic import ValidationError
@@ -177,14 +177,37 @@ def supervise(
     """Drive the run until RunFinished (returned) or a stop signal (returns None; the run is resumable)."""
     if inprocess:
         return _supervise_inprocess(db, run_id, gpu, progress)
-    store = EventStore(db, create=False)
-    state = RunState(run_id)
+    with _stop_signals() as stop:
+        return _supervise_processes(db, run_id, gpu, external, progress, stop)
+
+
+@contextlib.contextmanager
+def _stop_signals() -> Iterator[list[int]]:
+    """SIGINT/SIGTERM are only noted: the supervisor stops after the work in flight, leaving the run
+    resumable (the caller exits 130), rather than dying mid-task."""
     stop: list[int] = []
 
     def on_signal(signum: int, frame: object) -> None:
         stop.append(signum)
 
     old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield stop
+    finally:
+        for s, handler in old.items():
+            signal.signal(s, handler)
+
+
+def _supervise_processes(
+    db: str,
+    run_id: str,
+    gpu: int | None,
+    external: bool,
+    progress: Callable[[RunState, int], None] | None,
+    stop: list[int],
+) -> RunFinished | None:
+    store = EventStore(db, create=False)
+    state = RunState(run_id)
     # external: `kb worker` processes started elsewhere (other GPUs, other shells) drive the run
     procs = {} if external else {role: _spawn(db, role, run_id, gpu) for role in ROLES}
     restarts = dict.fromkeys(ROLES, 0)
@@ -212,8 +235,6 @@ def supervise(
         return None
     finally:
         _stop_workers(procs)
-        for s, handler in old.items():
-            signal.signal(s, handler)
         store.close()
 
 
@@ -237,17 +258,21 @@ def _supervise_inprocess(
 ) -> RunFinished | None:
     workers = [Worker(db, role, run_id, gpu=gpu) for role in ROLES]
     try:
-        while True:
-            did = False
-            for w in workers:
-                did |= w.step()
-            state = workers[-1].states.get(run_id)
-            if progress and state is not None:
-                progress(state, 0)
-            if state is not None and state.finished is not None:
-                return state.finished
-            if not did:
-                time.sleep(0.05)
+        with _stop_signals() as stop:
+            while not stop:
+                did = False
+                for w in workers:
+                    if stop:  # the step in flight has finished; start no other
+                        break
+                    did |= w.step()
+                state = workers[-1].states.get(run_id)
+                if progress and state is not None:
+                    progress(state, 0)
+                if state is not None and state.finished is not None:
+                    return state.finished
+                if not did and not stop:
+                    time.sleep(0.05)
+            return None
     finally:
         for w in workers:
             w.close()

@@ -152,7 +152,9 @@ class EventStore:
     - Blobs are content-addressed by sha256 and immutable.
     - Opening never writes to bad input: a missing file (create=False), a non-SQLite file, a schema
       newer than this code, or another program's database is refused with the file untouched.
-      Otherwise pending migrations are applied (never with readonly=True, which never writes).
+      Otherwise the file is switched to WAL and pending migrations are applied.
+    - readonly=True never writes: no journal-mode switch, no migration. The file keeps its bytes and
+      mtime, and a closed file gets no -wal/-shm left beside it (for committed result databases).
     - Every sqlite3 error leaving a public method is a StoreError (CorruptDatabase for unreadable
       files). "database is locked" does not escape under normal contention: busy_timeout and
       BEGIN IMMEDIATE, plus a retry of the whole transaction.
@@ -193,14 +195,23 @@ class EventStore:
             raise
 
     def _uri(self) -> str:
-        # mode=rw never creates the file (closing the exists/connect race); ro never writes.
-        mode = "ro" if self._readonly else ("rw" if os.path.exists(self._path) else "rwc")
+        # mode=rw never creates the file (closing the exists/connect race); a read never creates it.
+        mode = "rw" if self._readonly or os.path.exists(self._path) else "rwc"
+        if self._readonly and any(os.path.exists(self._path + s) for s in ("-wal", "-journal")):
+            # Someone's log beside it (a live writer, or one killed): a rw connection closing last
+            # would checkpoint it into the file, or roll the journal back. mode=ro cannot.
+            mode = "ro"
+        # Otherwise readonly is rw + query_only: mode=ro beside a WAL file with no -wal yet leaves an
+        # empty -wal and -shm behind (a read-only connection cannot delete them); a rw connection
+        # that never writes leaves the file's bytes and mtime alone and removes both on close.
         return f"{Path(self._path).absolute().as_uri()}?mode={mode}"
 
     def _open(self) -> None:
         """Checks in an order that guarantees a refused file is left byte-identical."""
         c = self._conn
         c.execute(f"PRAGMA busy_timeout = {int(self._busy_timeout_s * 1000)}")  # connection-only
+        if self._readonly:
+            c.execute("PRAGMA query_only = ON")  # before the first read: nothing below can write
         try:
             c.execute("BEGIN")  # deferred: one read snapshot for all the checks, no lock taken yet
             try:
@@ -224,13 +235,14 @@ class EventStore:
             )
         todo = [m for m in self._migrations if m.version not in done]
         if self._readonly:
+            if not objects:
+                raise StoreError(f"{self._path} is an empty database: nothing has been recorded in it")
             if todo:
                 names = ", ".join(m.name for m in todo)
                 raise StoreError(
                     f"{self._path} needs migrations {names} and is opened read-only;"
                     " open it once without read-only to upgrade it"
                 )
-            c.execute("PRAGMA query_only = ON")  # belt and braces on top of mode=ro
             return
         try:
             # journal_mode=WAL writes the file header, hence only after the checks above.

@@ -23,7 +23,7 @@ The error paths, command by command, and where each is tested:
 | audit, export | unknown --candidate; a run with nothing measured yet | CASES |
 | export | unknown run; output folder missing | test_bad_input |
 | export | output path a directory; its folder a file (unwritable); bad --format | USAGE, CASES |
-| doctor | bad --timeout-s (everything else is a finding, shown, exit 0) | USAGE; test_doctor |
+| doctor | bad --timeout-s (the rest are findings, all shown; a failed one exits 1) | USAGE; test_doctor |
 """
 
 from __future__ import annotations

@@ -127,3 +127,28 @@ def test_stop_signal_leaves_a_resumable_run(tmp_path, sig):
     _finish(db, run_id, env)
     check_run(db, run_id, log)
     assert bench_done, "the run was stopped before it measured anything"
+
+
+def test_ctrl_c_stops_an_inprocess_run_resumably(tmp_path):
+    """--inprocess steps the workers in kb's own process: Ctrl-C there must end like the supervised run
+    (the task in flight finished and recorded, exit 130, `kb resume` named), not as an abort mid-task."""
+    db, log = tmp_path / "kb.db", tmp_path / "exec.log"
+    env = kb_env(KB_EXEC_LOG=str(log))
+    args = ["--db", str(db), "--quiet", "--inprocess"]
+    one = ["--max-candidates", "1", "--device", "cpu", "--ladder", "smallest:1:0"]  # quick: one rung
+    proc, run_id = kb_start(["run", str(SOFTMAX), *one, *args], env)
+    claim = _wait_for_claim(db, run_id, "gate")
+    os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C in a terminal does: the whole foreground group
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    assert err.strip().splitlines()[-1] == (
+        f"kb: run {run_id} interrupted; everything recorded is kept. Continue with: kb resume {run_id}"
+    )
+    with EventStore(db, create=False) as store:
+        state = store.fold(RunState(run_id), run_id=run_id)
+        assert store.is_done(claim.task), "the gate task in flight was abandoned, not finished"
+    assert state.finished is None
+    r = kb("resume", run_id, *args, env=env)
+    assert r.returncode == 0, r.stderr
+    assert f"run {run_id} finished" in r.stdout
+    check_run(db, run_id, log)

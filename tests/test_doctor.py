@@ -3,6 +3,8 @@ OpenAI-compatible server on 127.0.0.1 and a dead port."""
 
 from __future__ import annotations
 
+import ast
+import inspect
 import json
 import os
 import stat
@@ -13,6 +15,7 @@ from click.testing import CliRunner
 
 from kernelbrain import doctor
 from kernelbrain.cli import main
+from kernelbrain.generators.llm import EndpointError, LLMGenerator
 from kernelbrain.runner import detect_device
 from store._sqlite import sqlite3
 from tests.kbcli import kb, kb_env
@@ -31,9 +34,10 @@ def bare_env(tmp_path: Path, **extra: str) -> dict[str, str]:
     return env
 
 
-def doctor_json(env: dict[str, str], *args: str) -> dict[str, dict]:
+def doctor_json(env: dict[str, str], *args: str, code: int = 0) -> dict[str, dict]:
+    """The checks `kb doctor --json` prints; its exit status is 1 when any failed, else 0."""
     r = kb("doctor", "--json", *args, env=env)
-    assert r.returncode == 0, r.stderr
+    assert r.returncode == code, r.stderr
     checks = json.loads(r.stdout)["checks"]
     assert [c["name"] for c in checks] == NAMES
     return {c["name"]: c for c in checks}
@@ -70,9 +74,34 @@ def test_an_answering_endpoint_and_a_dead_port(tmp_path: Path) -> None:
     assert checks["llm"]["status"] == "ok", checks["llm"]
     assert checks["llm"]["detail"] == f"{server.base_url} answers with 2 model(s): m1, m2"
     dead = f"http://127.0.0.1:{closed_port()}/v1"
-    checks = doctor_json(bare_env(tmp_path, KB_LLM_BASE_URL=dead))  # from the environment this time
+    env = bare_env(tmp_path, KB_LLM_BASE_URL=dead)  # from the environment this time
+    checks = doctor_json(env, code=1)  # a failed check: exit 1, with every check still shown
     assert checks["llm"]["status"] == "fail"
     assert checks["llm"]["detail"].startswith(f"cannot reach {dead}/models (ConnectError")
+    assert [c["status"] for c in checks.values()].count("fail") == 1
+    text = kb("doctor", env=env)
+    assert text.returncode == 1, text.stderr
+    lines = text.stdout.splitlines()
+    assert [line.split()[1] for line in lines] == NAMES and lines[-1].startswith("fail  llm     cannot reach")
+    assert text.stderr == ""
+
+
+def test_the_generator_lists_the_models_itself() -> None:
+    """doctor asks the LLM client through its public list_models(), never through its private parts."""
+    with LLMServer(models=("m1", "m2")) as server:
+        gen = LLMGenerator(base_url=server.base_url, model="m1", timeout_s=5, env={"KB_LLM_API_KEY": "k-9"})
+        assert gen.list_models() == ["m1", "m2"]
+        assert server.requests[-1].headers["authorization"] == "Bearer k-9"
+    with LLMServer(models_status=403) as server:
+        with pytest.raises(EndpointError, match=r"answered 403: check KB_LLM_API_KEY$") as info:
+            LLMGenerator(base_url=server.base_url, model="m", env={"KB_LLM_API_KEY": "k"}).list_models()
+        assert info.value.status == 403
+    with pytest.raises(EndpointError, match="cannot reach") as info:
+        LLMGenerator(base_url=f"http://127.0.0.1:{closed_port()}/v1", model="m", env={}).list_models()
+    assert info.value.status is None
+    tree = ast.parse(inspect.getsource(doctor))
+    private = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute) and n.attr.startswith("_")}
+    assert not {a for a in private if not a.startswith("__")}, private
 
 
 def test_llm_answers_judged(monkeypatch: pytest.MonkeyPatch) -> None:

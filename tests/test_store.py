@@ -415,7 +415,8 @@ def test_create_false_does_not_create(tmp_path: Path) -> None:
 
 
 def test_readonly_store_never_writes(db: Path, tmp_path: Path) -> None:
-    before = db.read_bytes()  # (SQLite may add empty -wal/-shm beside it to read a WAL file)
+    d = migrations_with(tmp_path, **{"0002_notes": "CREATE TABLE notes (x TEXT);"})
+    before = snapshot(db)  # bytes and listing: no -wal/-shm left beside it either
     with EventStore(db, readonly=True) as s:
         assert [e.key for e in s.read()] == ["seed"] and s.schema_version() == 1
         assert s.fold(Counter()).position == 1
@@ -426,12 +427,11 @@ def test_readonly_store_never_writes(db: Path, tmp_path: Path) -> None:
         ):
             with pytest.raises(StoreError, match="read-only"):
                 write()
-    assert db.read_bytes() == before
+    assert snapshot(db) == before
     # A database that needs migrating is refused read-only, naming the migration, untouched.
-    d = migrations_with(tmp_path, **{"0002_notes": "CREATE TABLE notes (x TEXT);"})
     with pytest.raises(StoreError, match="needs migrations 0002_notes"):
         EventStore(db, readonly=True, migrations_dir=d)
-    assert db.read_bytes() == before
+    assert snapshot(db) == before
 
 
 def test_duplicate_migration_numbers_are_refused(tmp_path: Path) -> None:

@@ -24,7 +24,7 @@ from store import EventStore  # noqa: E402
 
 
 def summarise(db: Path, run_id: str) -> dict:
-    with EventStore(db, create=False) as store:
+    with EventStore(db, readonly=True) as store:
         state = store.fold(RunState(run_id), run_id=run_id)
     passed = [c for c in state.candidates.values() if isinstance(c.gate, GatePassed)]
     mutations = [

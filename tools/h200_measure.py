@@ -156,7 +156,7 @@ def _run_of(db: Path):
     from kernelbrain.runner import load_state
     from store import EventStore
 
-    store = EventStore(str(db))
+    store = EventStore(str(db), readonly=True)  # results are committed: reading must not touch them
     run_ids = store.run_ids()
     if not run_ids:
         raise SystemExit(f"{db} holds no run")

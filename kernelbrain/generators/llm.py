@@ -65,6 +65,15 @@ class _Fatal(GenerationError):
     """A failure no retry can fix (bad key, wrong URL or model): the round stops."""
 
 
+class EndpointError(GenerationError):
+    """`GET {base}/models` gave no model list. `status` is the HTTP status, None when nothing answered;
+    the message says what to fix."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+
+
 class _Transient(Exception):
     """A failure worth retrying; `retry_after` is the server's Retry-After in seconds, if any."""
 
@@ -241,6 +250,35 @@ class LLMGenerator(Generator):
         if not isinstance(tokens, int):
             tokens = int(usage.get("prompt_tokens") or 0) + int(usage.get("completion_tokens") or 0)
         return Reply(text, content or "", tokens, choice.get("finish_reason"))
+
+    def list_models(self) -> list[str]:
+        """The model ids `GET {base}/models` lists: one request with this generator's key, headers and
+        timeout, not retried (a probe, as `kb doctor` makes). EndpointError when there is no list."""
+        url = f"{self.base_url}/models"
+        try:
+            with self._client() as client:
+                r = client.get(url)
+        except httpx.TimeoutException:
+            raise EndpointError(f"{url} did not answer within {self.timeout_s:g} s") from None
+        except httpx.TransportError as e:
+            raise EndpointError(
+                f"cannot reach {url} ({type(e).__name__}: {e}): is the server running? check KB_LLM_BASE_URL"
+            ) from None
+        status = r.status_code
+        if status in (401, 403):
+            what = "check KB_LLM_API_KEY" if self._api_key else "set KB_LLM_API_KEY (or OPENAI_API_KEY)"
+            raise EndpointError(f"{url} answered {status}: {what}", status)
+        if status == 404:
+            raise EndpointError(
+                f"{url} answered 404: check KB_LLM_BASE_URL (an OpenAI-compatible base usually ends in /v1)",
+                status,
+            )
+        if status != 200:
+            raise EndpointError(f"{url} answered {status} {r.reason_phrase}", status)
+        try:
+            return [str(m["id"]) for m in r.json()["data"]]
+        except (ValueError, KeyError, TypeError):
+            raise EndpointError(f"{url} answered 200 but not a model list", status) from None
 
     def _client(self) -> httpx.Client:
         headers = {"Authorization": f"Bearer {self._api_key}"} if self._api_key else {}
