@@ -29,6 +29,7 @@ FOREIGN = {
     "--csv": "kernelbrain/ncu.py",  # ncu's, as kb runs it
     "--clock-control": "kernelbrain/ncu.py",
     "--write": "tools/event_catalogue.py",
+    "--knobs": "tools/gpu_template_check.py",  # a tuning variant for the GPU check
 }
 LONG = re.compile(r"(?<![\w-])--[a-z][a-z0-9-]*")
 SHORT = re.compile(r"(?<![\w-])-[a-zA-Z](?![\w-])")
