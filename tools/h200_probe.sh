@@ -3,12 +3,49 @@
 # new attention strategy, RMSNorm/softmax knob variants and the conv strategies do at the seed
 # problems' large shapes, before a full tools/h200_measure.sh run. Everything lands in one tar.
 #
-#   bash tools/h200_probe.sh        # writes $OUT/probe.tgz (the JSON reports and logs)
+#   bash tools/h200_probe.sh [1|2]     # writes $OUT/probe.tgz (the JSON reports and logs)
+#
+# 1: the first call (results in benchmarks/results/h200/probe3/); 2: the second, after it: where the
+# materialized attention's time goes, softmax split_row with prefetch; conv: the conv strategies.
 set -uo pipefail
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
 export PYTHONPATH=$PWD:/tmp/site
 W=$(mktemp -d)
 P=benchmarks/problems
+
+if [ "${1:-1}" = 2 ]; then
+  (
+    export CUDA_VISIBLE_DEVICES=0
+    M='"strategy": "materialized"'
+    timeout 200 python3 tools/kernel_breakdown.py $P/sdp_attn.py --shape 0 --out "$W/attn_breakdown.json" \
+      --knobs "{$M, \"block_m\": 128, \"block_n\": 64, \"num_warps\": 8, \"num_stages\": 3, \"pv32\": \"tf32x3\"}" \
+      --knobs "{$M, \"block_m\": 128, \"block_n\": 64, \"num_warps\": 8, \"num_stages\": 3, \"pv32\": \"ieee\"}" \
+      --knobs "{$M, \"block_m\": 64, \"block_n\": 64, \"block_d\": 32, \"num_warps\": 4, \"num_stages\": 2}" \
+      > "$W/attn_breakdown.log" 2>&1
+    timeout 120 python3 tools/kernel_breakdown.py $P/softmax.py --shape 0 --out "$W/softmax_breakdown.json" \
+      --knobs '{"strategy": "split_row", "block_n": 8192, "ctas_per_sm": 4, "num_warps": 8}' \
+      > "$W/softmax_breakdown.log" 2>&1
+    timeout 150 python3 tools/gpu_template_check.py $P/softmax.py --no-round0 --out "$W/softmax.json" \
+      --knobs '{"strategy": "split_row", "block_n": 8192, "ctas_per_sm": 4, "num_warps": 8}' \
+      --knobs '{"strategy": "split_row", "block_n": 8192, "ctas_per_sm": 2, "num_warps": 8, "prefetch": true}' \
+      --knobs '{"strategy": "split_row", "block_n": 8192, "ctas_per_sm": 3, "num_warps": 8, "prefetch": true}' \
+      --knobs '{"strategy": "split_row", "block_n": 8192, "ctas_per_sm": 2, "num_warps": 16, "prefetch": true}' \
+      --knobs '{"strategy": "split_row", "block_n": 16384, "ctas_per_sm": 1, "num_warps": 16, "prefetch": true}' \
+      --knobs '{"strategy": "split_row", "block_n": 16384, "ctas_per_sm": 2, "num_warps": 8}' \
+      > "$W/softmax.log" 2>&1
+  ) &
+  wait
+  tar -czf "$OUT/probe.tgz" -C "$W" .
+  tail -n 30 "$W/attn_breakdown.log" "$W/softmax_breakdown.log"
+  tail -n 12 "$W/softmax.log"
+  exit 0
+fi
+if [ "${1:-1}" = conv ]; then
+  CUDA_VISIBLE_DEVICES=0 timeout 400 python3 tools/gpu_conv_probe.py --out "$W/conv.json" > "$W/conv.log" 2>&1
+  tar -czf "$OUT/probe.tgz" -C "$W" .
+  tail -n 60 "$W/conv.log"
+  exit 0
+fi
 
 # GPU 0: attention, every round-0 render and tuning variants at the gate and ladder shapes
 CUDA_VISIBLE_DEVICES=0 timeout 420 python3 tools/attn_check.py --out "$W/attn.json" --reps 5 \
