@@ -105,7 +105,7 @@ def test_matches_sdpa_and_nothing_else(analyses):
     src = at.render(at.matches(ops), at.ROUND0[0], analyses["seed"]["signature"])
     assert "def forward(self, Q, K, V):" in src and "def __init__(self):" in src
     assert "scaled_dot_product_attention" not in src and "softmax(" not in src
-    assert 'QK32 = "fp64"' in src and 'PV32 = "tf32x3"' in src and 'P16 = "split"' in src
+    assert 'QK32 = "fp64"' in src and f'PV32 = "{at.ROUND0[0]["pv32"]}"' in src and 'P16 = "split"' in src
     with pytest.raises(ValueError):
         at.render(at.matches(ops), at.ROUND0[0], {"init": [], "forward": ["x"]})
     with pytest.raises(ValueError, match="qk32='tf32'"):
@@ -146,6 +146,7 @@ def test_one_rounded_p_fails_bf16_at_the_x8_seed(box, problems, analyses):
 # (its own @jit helpers are decorated then). Records every tl.dot the interpreter executes.
 DOT_SPY = """
 import json, sys
+import numpy as np
 import torch
 import triton
 import triton.language as tl
@@ -157,7 +158,13 @@ seen = []
 real = interpreter.InterpreterBuilder.create_dot
 
 def spy(self, a, b, d, input_precision, max_num_imprecise_acc):
-    seen.append((str(a.dtype), str(b.dtype), input_precision.name))
+    name = input_precision.name
+    if name == "TF32" and str(a.dtype) == str(b.dtype) == "fp32":
+        # operands already rounded to TF32 (low 13 mantissa bits zero): the tensor core takes them exactly
+        bits = [np.ascontiguousarray(t.data, dtype=np.float32).view(np.uint32) for t in (a, b)]
+        if all(((x & 0x1FFF) == 0).all() for x in bits):
+            name = "TF32-exact"
+    seen.append((str(a.dtype), str(b.dtype), name))
     return real(self, a, b, d, input_precision, max_num_imprecise_acc)
 
 interpreter.InterpreterBuilder.create_dot = spy
@@ -183,8 +190,10 @@ print(json.dumps(out))
 
 def test_every_dot_on_fp32_inputs_asks_for_fp32_accuracy():
     """fp32 inputs: Q K^T in fp64 (or ieee/3xTF32 where the knob says so) and P V in ieee or 3xTF32 on
-    every dot executed, both kernels; never TF32, the default a plain tl.dot gets (the control shows
-    the interpreter records it). 16-bit inputs stay on 16-bit tensor-core dots."""
+    every dot executed, every kernel; never TF32 on operands TF32 would round (the default a plain
+    tl.dot gets: the control shows the interpreter records it). presplit's TF32 dots take operands
+    already rounded to TF32 (hi and lo parts), which the spy checks bit by bit. 16-bit inputs stay on
+    16-bit tensor-core dots."""
     spec16 = {"bh": 2, "lq": 32, "d": 16, "dtype": "float32"}
     cases = []
     for i, knobs in enumerate(at.ROUND0):
@@ -209,17 +218,19 @@ def test_every_dot_on_fp32_inputs_asks_for_fp32_accuracy():
     assert proc.returncode == 0, proc.stderr[-3000:]
     seen = json.loads(proc.stdout.strip().splitlines()[-1])
     f32, f64, f16 = "fp32", "fp64", "fp16"
-    name = {"ieee": "IEEE", "tf32x3": "TF32x3"}  # the interpreter's InputPrecision names
+    name = {"ieee": "IEEE", "tf32x3": "TF32x3", "presplit": "TF32x3"}  # the interpreter's names
     assert seen["plain"] == [[f32, f32, "TF32"]]
     for case in cases[:-1]:  # every fp32 case: no dot may fall back to TF32
         assert all(prec != "TF32" for _, _, prec in seen[case["name"]]), (case, seen[case["name"]])
     for i, knobs in enumerate(at.ROUND0):
         for d in (16, 300):
-            # Q K^T on widened fp64 tiles, P V in the knob's precision: nothing else
-            assert seen[f"r0-{i}-d{d}"] == sorted([[f64, f64, "IEEE"], [f32, f32, name[knobs["pv32"]]]]), (
-                knobs,
-                d,
-            )
+            # Q K^T on widened fp64 tiles, P V in the knob's precision: nothing else. presplit runs in
+            # materialized's GEMM only (at d = 300); in the one-pass kernels it is tf32x3
+            pv = name[knobs["pv32"]]
+            if knobs["pv32"] == "presplit" and d == 300:
+                pv = "TF32-exact"
+            assert seen[f"r0-{i}-d{d}"] == sorted([[f64, f64, "IEEE"], [f32, f32, pv]]), (knobs, d)
+    assert any(k["pv32"] == "presplit" and k["strategy"] == "materialized" for k in at.ROUND0)
     assert TILED["pv32"] == "ieee"
     assert seen["qk-ieee"] == [[f32, f32, "IEEE"]]
     assert seen["qk-tf32x3"] == sorted([[f32, f32, "IEEE"], [f32, f32, "TF32x3"]])
@@ -271,6 +282,9 @@ def test_mutations_move_knobs_and_feasibility_refuses_what_does_not_fit():
     assert at.mutate(MAT, "materialize") is None
     assert at.mutate(MAT, "full_d")["strategy"] == "full_d"
     assert at.mutate(MAT, "wider_dv") == {**MAT, "block_dv": 256}
+    ieee_mat = next(k for k in at.ROUND0 if k["strategy"] == "materialized" and k["pv32"] == "ieee")
+    assert at.mutate(ieee_mat, "presplit_pv") == {**ieee_mat, "pv32": "presplit"}
+    assert at.mutate(full, "presplit_pv") is None and at.mutate(tiled, "presplit_pv") is None
 
     # the ladder's shapes: D = 1024 (fp32, fp16) d_tiled and materialized; D = 128 (bf16) all (there
     # materialized runs full_d, and full_d's limits decide)

@@ -30,6 +30,12 @@ Precision (the knobs qk32, pv32, p16; one candidate serves every dtype of a prob
 - fp32 P V (`pv32`): P in [0, 1] and V exact; products good to 2^-21 leave ~|V| * 1e-6, so both "ieee"
   (FMA on the CUDA cores) and "tf32x3" (three TF32 tensor-core dots) pass 1e-4; round 0 spreads both
   and the search keeps the faster. Plain TF32 rounds P to 10 bits: errors ~1e-2, never used.
+  "presplit" (materialized only; elsewhere it runs as tf32x3) is 3xTF32 with the splits done before
+  the GEMM: the softmax kernel writes P as hi + lo and a pass writes V likewise, each part rounded to
+  TF32's 10 mantissa bits (so the TF32 tensor cores take it exactly), and the GEMM sums
+  hi*hi + hi*lo + lo*hi in three plain TF32 dots of operands loaded straight from memory. The same
+  products as tf32x3 (the dropped lo*lo is ~2^-22 relative), but no per-tile splitting in registers:
+  on the H200 an in-register tf32x3 (or ieee) P V ran at ~40 TFLOP/s, slower than the fp64 scores.
 - 16-bit P V (`p16`). The tensor-core dot wants P in V's dtype. Rounding P to bf16 (8 bits) perturbs
   each weight by 2^-9 relative; where weighted V values cancel (output near 0, |V| ~ 20) that leaves
   ~0.04 > 1e-2 (bf16 fails the x8 seed; fp16's 11 bits come within 1e-3 of the tolerance). "split"
@@ -78,23 +84,26 @@ _ELT = {"float32": 4, "float16": 2, "bfloat16": 2}
 
 # precision knobs (module docstring): the values each may take, the first the default
 QK32 = ("fp64", "ieee", "tf32x3")
-PV32 = ("ieee", "tf32x3")
+PV32 = ("ieee", "tf32x3", "presplit")
 P16 = ("split", "single")
 PRECISION = {"qk32": QK32, "pv32": PV32, "p16": P16}
 
 # the d_tiled tiles compile without spills at fp32 (fp64 scores, either P V) and fp16 on sm90 (Triton 3.6,
 # ptxas -v); round 0 spreads pv32 over both values
 ROUND0: list[dict[str, Any]] = [
+    # materialized: the H200 probe's fastest tiles (128 x 64 scores, 8 warps, 3 stages: 12.8 ms of fp64
+    # scores at the fp32 seed shape); presplit P V steps 32 keys (two planes of both operands per stage)
     {
         "strategy": "materialized",
-        "block_m": 64,
+        "block_m": 128,
         "block_n": 64,
         "block_d": 16,
         "block_dv": 128,
-        "num_warps": 4,
+        "block_k": 32,
+        "num_warps": 8,
         "num_stages": 3,
         "qk32": "fp64",
-        "pv32": "tf32x3",
+        "pv32": "presplit",
         "p16": "split",
     },
     {
@@ -104,7 +113,7 @@ ROUND0: list[dict[str, Any]] = [
         "block_d": 16,
         "block_dv": 128,
         "num_warps": 8,
-        "num_stages": 2,
+        "num_stages": 3,
         "qk32": "fp64",
         "pv32": "ieee",
         "p16": "split",
@@ -174,6 +183,7 @@ MUTATIONS: dict[str, list[tuple[str, str]]] = {
         ("full_d", "one pass over the whole head: no recomputed scores"),
         ("materialize", "scores computed once into scratch and reused by every output chunk"),
         ("tf32x3_pv", "fp32 P V as three TF32 tensor-core dots instead of FMAs on the CUDA cores"),
+        ("presplit_pv", "fp32 P V as three TF32 dots of operands split once before the GEMM, not per tile"),
     ],
     "memory-bound near peak": [
         ("larger_m", "more query rows per program re-read each K/V tile fewer times"),
@@ -243,6 +253,7 @@ def feasible(spec: dict, knobs: dict[str, Any]) -> bool:
         return False
     tiled = knobs["strategy"] in {"d_tiled", "materialized"}
     keys = ("block_m", "block_n") + (("block_d", "block_dv") if tiled else ())
+    keys += ("block_k",) if "block_k" in knobs else ()
     if any(knobs[k] < 16 or knobs[k] & (knobs[k] - 1) for k in keys) or knobs["num_stages"] < 1:
         return False
     try:
@@ -271,9 +282,12 @@ def feasible(spec: dict, knobs: dict[str, Any]) -> bool:
             return feasible(spec, {**knobs, "strategy": "full_d"})
         bd = min(knobs["block_d"], d)
         dv = min(knobs["block_dv"], d)
-        # the larger of the two GEMMs' needs: scores (fp64-widened operands) and P V (fp32 P tile)
-        regs = max(scores + (2 * (bm * bd + bd * bn) if wide else 0), bm * dv + bm * bn)
-        smem = knobs["num_stages"] * max((bm + bn) * bd * elt, bm * bn * 4 + bn * dv * elt)
+        bk = knobs.get("block_k", bn)
+        # presplit P V loads a hi and a lo tile of both operands
+        parts = 2 if dtype == "float32" and prec["pv32"] == "presplit" else 1
+        # the larger of the two GEMMs' needs: scores (fp64-widened operands) and P V (fp32 P tiles)
+        regs = max(scores + (2 * (bm * bd + bd * bn) if wide else 0), bm * dv + parts * bm * bk)
+        smem = knobs["num_stages"] * max((bm + bn) * bd * elt, parts * (bm * bk * 4 + bk * dv * elt))
     return regs <= MAX_REGS_PER_THREAD * threads and smem <= MAX_SMEM
 
 
@@ -288,8 +302,10 @@ def mutate(knobs: dict[str, Any], move: str) -> dict[str, Any] | None:
         if not tiled:
             return None
         return {a: b for a, b in k.items() if a not in {"block_d", "block_dv"}} | {"strategy": "full_d"}
-    if move in {"tf32x3_pv", "ieee_pv"}:
+    if move in {"tf32x3_pv", "ieee_pv", "presplit_pv"}:
         v = move.removesuffix("_pv")
+        if v == "presplit" and k["strategy"] != "materialized":
+            return None  # only materialized's GEMM takes pre-split operands
         return {**k, "pv32": v} if precision(k)["pv32"] != v else None
     if move in {"wider_dv", "narrower_dv", "longer_d"}:
         if not tiled:
@@ -345,7 +361,7 @@ def _pv(p, v, acc, PV: tl.constexpr, UPCAST: tl.constexpr):
     # takes P in V's dtype; "split" adds the rounding remainder lo = p - hi as a second dot
     if PV == "ieee":
         acc = tl.dot(p, v, acc, input_precision="ieee")
-    elif PV == "tf32x3":
+    elif PV == "tf32x3" or PV == "presplit":  # presplit's pre-split operands exist only in materialized
         acc = tl.dot(p, v, acc, input_precision="tf32x3")
     else:
         hi = p.to(v.dtype)
@@ -463,7 +479,32 @@ def _scores(q_ptr, k_ptr, s_ptr, Lq, Lk, D, QK: tl.constexpr, UPCAST: tl.constex
 
 
 @triton.jit
-def _softmax_rows(s_ptr, p_ptr, rows, Lk, qk_scale, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr):
+def _tf32(x):
+    # x rounded (to nearest, ties away) to TF32's 10 explicit mantissa bits: a TF32 dot takes it exactly
+    return ((x.to(tl.uint32, bitcast=True) + 0x1000) & 0xFFFFE000).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _split_store(ptr, plane, x, mask, SPLIT: tl.constexpr):
+    # x itself, or (SPLIT) its TF32 hi part at ptr and its TF32-rounded remainder one plane further
+    if SPLIT:
+        hi = _tf32(x)
+        tl.store(ptr, hi, mask=mask)
+        tl.store(ptr + plane, _tf32(x - hi), mask=mask)
+    else:
+        tl.store(ptr, x.to(ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _split_v(v_ptr, out_ptr, n, plane, BLOCK: tl.constexpr):
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    _split_store(out_ptr + offs, plane, tl.load(v_ptr + offs, mask=mask, other=0.0), mask, True)
+
+
+@triton.jit
+def _softmax_rows(s_ptr, p_ptr, rows, Lk, qk_scale, plane, SPLIT: tl.constexpr, BLOCK_R: tl.constexpr,
+                  BLOCK_K: tl.constexpr):
     # P: the softmax of S * scale along each row of S, in S's precision up to the exponent (as in the flash
     # kernels): an online max/sum pass, then a pass that writes normalised fp32 P
     rr = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
@@ -488,13 +529,14 @@ def _softmax_rows(s_ptr, p_ptr, rows, Lk, qk_scale, BLOCK_R: tl.constexpr, BLOCK
         mask = r_mask & (cols[None, :] < Lk)
         s = tl.load(s_ptr + base + cols[None, :], mask=mask, other=-float("inf"))
         p = tl.exp2(((s - m[:, None]) * qk_scale).to(tl.float32)) * inv[:, None]
-        tl.store(p_ptr + base + cols[None, :], p, mask=mask)
+        _split_store(p_ptr + base + cols[None, :], plane, p, mask, SPLIT)
 
 
 @triton.jit
-def _pv_gemm(p_ptr, v_ptr, o_ptr, Lq, Lk, DV, PV: tl.constexpr, UPCAST: tl.constexpr,
+def _pv_gemm(p_ptr, v_ptr, o_ptr, Lq, Lk, DV, p_plane, v_plane, PV: tl.constexpr, UPCAST: tl.constexpr,
              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_DV: tl.constexpr):
-    # O[bh] = P[bh] V[bh]: one [BLOCK_M, BLOCK_DV] tile, BLOCK_N steps over the keys
+    # O[bh] = P[bh] V[bh]: one [BLOCK_M, BLOCK_DV] tile, BLOCK_N steps over the keys. presplit: P and V
+    # are hi/lo plane pairs (p_plane, v_plane apart), three exact TF32 dots
     pid_m = tl.program_id(0)
     pid_dv = tl.program_id(1)
     bh = tl.program_id(2).to(tl.int64)
@@ -506,10 +548,18 @@ def _pv_gemm(p_ptr, v_ptr, o_ptr, Lq, Lk, DV, PV: tl.constexpr, UPCAST: tl.const
     acc = tl.zeros([BLOCK_M, BLOCK_DV], tl.float32)
     for n0 in range(0, Lk, BLOCK_N):
         cols = n0 + rn
-        p = tl.load(p_base + cols[None, :], mask=(rm[:, None] < Lq) & (cols[None, :] < Lk), other=0.0)
+        p_mask = (rm[:, None] < Lq) & (cols[None, :] < Lk)
+        p = tl.load(p_base + cols[None, :], mask=p_mask, other=0.0)
         v_mask = (cols[:, None] < Lk) & (rdv[None, :] < DV)
         v = tl.load(v_base + cols[:, None] * DV + rdv[None, :], mask=v_mask, other=0.0)
-        acc = _pv(p, v, acc, PV, UPCAST)
+        if PV == "presplit":
+            p_lo = tl.load(p_base + p_plane + cols[None, :], mask=p_mask, other=0.0)
+            v_lo = tl.load(v_base + v_plane + cols[:, None] * DV + rdv[None, :], mask=v_mask, other=0.0)
+            acc = tl.dot(p_lo, v, acc, input_precision="tf32")
+            acc = tl.dot(p, v_lo, acc, input_precision="tf32")
+            acc = tl.dot(p, v, acc, input_precision="tf32")
+        else:
+            acc = _pv(p, v, acc, PV, UPCAST)
     o = o_ptr + bh * Lq * DV + rm[:, None] * DV + rdv[None, :]
     tl.store(o, acc.to(o_ptr.dtype.element_ty), mask=(rm[:, None] < Lq) & (rdv[None, :] < DV))
 
@@ -518,12 +568,17 @@ def _materialized(q, k, v, o, qk, pv, upcast, qk_scale, bm, bn):
     BH, Lq, D = q.shape
     Lk, DV = k.shape[1], v.shape[2]
     s_dtype = torch.float64 if qk == "fp64" else torch.float32
-    per_bh = Lq * Lk * (torch.finfo(s_dtype).bits // 8 + 4)
+    split = pv == "presplit"  # fp32 inputs only: 16-bit ones take P16's recipes
+    parts = 2 if split else 1
+    per_bh = Lq * Lk * (torch.finfo(s_dtype).bits // 8 + 4 * parts) + (Lk * DV * 4 * parts if split else 0)
     chunk = max(1, min(BH, SCRATCH_BYTES // max(1, per_bh)))
     s = torch.empty((chunk, Lq, Lk), dtype=s_dtype, device=q.device)
-    p = torch.empty((chunk, Lq, Lk), dtype=torch.float32, device=q.device)
+    # P (and for presplit V) as hi/lo planes: plane = the offset from a hi element to its lo
+    p = torch.empty((parts, chunk, Lq, Lk), dtype=torch.float32, device=q.device)
+    vs = torch.empty((parts, chunk, Lk, DV), dtype=torch.float32, device=q.device) if split else None
     bd = min(BLOCK_D, max(16, triton.next_power_of_2(D)))
     bdv = min(BLOCK_DV, max(16, triton.next_power_of_2(DV)))
+    bk = min(BLOCK_K, max(16, triton.next_power_of_2(Lk)))
     block_k = min(1024, max(16, triton.next_power_of_2(Lk)))
     block_r = max(1, 2048 // block_k)
     for b0 in range(0, BH, chunk):
@@ -532,11 +587,15 @@ def _materialized(q, k, v, o, qk, pv, upcast, qk_scale, bm, bn):
         _scores[(triton.cdiv(Lq, bm), triton.cdiv(Lk, bn), n)](
             q[b0:b1], k[b0:b1], s, Lq, Lk, D, QK=qk, UPCAST=upcast, BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=bd,
             num_warps=NUM_WARPS, num_stages=NUM_STAGES)
-        _softmax_rows[(triton.cdiv(n * Lq, block_r),)](s, p, n * Lq, Lk, qk_scale, BLOCK_R=block_r,
-                                                      BLOCK_K=block_k, num_warps=4)
+        _softmax_rows[(triton.cdiv(n * Lq, block_r),)](s, p, n * Lq, Lk, qk_scale, p[0].numel(), SPLIT=split,
+                                                      BLOCK_R=block_r, BLOCK_K=block_k, num_warps=4)
+        vv, v_plane = v[b0:b1], 0
+        if split:
+            _split_v[(triton.cdiv(vv.numel(), 4096),)](vv, vs, vv.numel(), vs[0].numel(), BLOCK=4096)
+            vv, v_plane = vs, vs[0].numel()
         _pv_gemm[(triton.cdiv(Lq, bm), triton.cdiv(DV, bdv), n)](
-            p, v[b0:b1], o[b0:b1], Lq, Lk, DV, PV=pv, UPCAST=upcast, BLOCK_M=bm, BLOCK_N=bn, BLOCK_DV=bdv,
-            num_warps=NUM_WARPS, num_stages=NUM_STAGES)
+            p, vv, o[b0:b1], Lq, Lk, DV, p[0].numel(), v_plane, PV=pv, UPCAST=upcast, BLOCK_M=bm, BLOCK_N=bk,
+            BLOCK_DV=bdv, num_warps=NUM_WARPS, num_stages=NUM_STAGES)
 
 
 def _launch(q, k, v, o):
@@ -586,6 +645,8 @@ def render(spec: dict, knobs: dict[str, Any], signature: dict[str, list[str]]) -
         f"BLOCK_N = {knobs['block_n']}",
         f"BLOCK_D = {knobs.get('block_d', 64)}",
         f"BLOCK_DV = {knobs.get('block_dv', 128)}",
+        # materialized's P V step over the keys; knob sets recorded before it existed stepped block_n
+        f"BLOCK_K = {knobs.get('block_k', knobs['block_n'])}",
         f"NUM_WARPS = {knobs['num_warps']}",
         f"NUM_STAGES = {knobs['num_stages']}",
         f'QK32 = "{prec["qk32"]}"',
