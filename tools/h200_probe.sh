@@ -6,7 +6,8 @@
 #   bash tools/h200_probe.sh [1|2]     # writes $OUT/probe.tgz (the JSON reports and logs)
 #
 # 1: the first call (results in benchmarks/results/h200/probe3/); 2: the second, after it: where the
-# materialized attention's time goes, softmax split_row with prefetch; conv: the conv strategies.
+# materialized attention's time goes, softmax split_row with prefetch; 3: attention's presplit P V;
+# conv: the conv strategies.
 set -uo pipefail
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
 export PYTHONPATH=$PWD:/tmp/site
@@ -38,6 +39,23 @@ if [ "${1:-1}" = 2 ]; then
   tar -czf "$OUT/probe.tgz" -C "$W" .
   tail -n 30 "$W/attn_breakdown.log" "$W/softmax_breakdown.log"
   tail -n 12 "$W/softmax.log"
+  exit 0
+fi
+if [ "${1:-1}" = 3 ]; then
+  # materialized attention with presplit P V: per-kernel split, then accuracy and speed at every shape
+  M='"strategy": "materialized", "pv32": "presplit"'
+  K=(--knobs "{$M}" --knobs "{$M, \"block_k\": 64, \"num_stages\": 2}"
+     --knobs "{$M, \"block_dv\": 256, \"block_k\": 32, \"num_stages\": 2}"
+     --knobs "{$M, \"block_m\": 64, \"block_k\": 64, \"num_warps\": 4}")
+  CUDA_VISIBLE_DEVICES=0 timeout 200 python3 tools/kernel_breakdown.py $P/sdp_attn.py --shape 0 \
+    --out "$W/attn_breakdown.json" "${K[@]}" > "$W/attn_breakdown.log" 2>&1 &
+  CUDA_VISIBLE_DEVICES=1 timeout 400 python3 tools/attn_check.py --out "$W/attn.json" --reps 5 --no-controls \
+    "${K[@]/--knobs/--extra}" > "$W/attn.log" 2>&1 &
+  wait
+  tar -czf "$OUT/probe.tgz" -C "$W" .
+  grep -v Warn "$W/attn_breakdown.log" | tail -n 30
+  grep -E "^(32x32|2x32|4x32|2x2x512)" "$W/attn.log" | cut -c1-60,150-210
+  tail -n 3 "$W/attn.log"
   exit 0
 fi
 if [ "${1:-1}" = conv ]; then
