@@ -79,7 +79,12 @@ def main() -> int:
             _, new = evaluate._build(problem, cand, shape, "cuda")
             entries.append((json.dumps(knobs), knobs, new))
         for name, knobs, model in entries:
-            rows = _kernels(lambda m=model: m(*inputs), args.calls)
+            try:
+                rows = _kernels(lambda m=model: m(*inputs), args.calls)
+            except Exception as e:  # one render out of resources must not hide the others' numbers
+                print(f"\n{report['shape']}  {name}: failed: {type(e).__name__}: {str(e)[:200]}")
+                report["renders"].append({"name": name, "knobs": knobs, "error": f"{type(e).__name__}: {e}"})
+                continue
             total = sum(r["per_call_ms"] for r in rows)
             report["renders"].append({"name": name, "knobs": knobs, "per_call_ms": total, "kernels": rows})
             print(f"\n{report['shape']}  {name}: {total:.3f} ms a call")

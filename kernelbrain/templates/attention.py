@@ -496,10 +496,15 @@ def _split_store(ptr, plane, x, mask, SPLIT: tl.constexpr):
 
 
 @triton.jit
-def _split_v(v_ptr, out_ptr, n, plane, BLOCK: tl.constexpr):
-    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < n
-    _split_store(out_ptr + offs, plane, tl.load(v_ptr + offs, mask=mask, other=0.0), mask, True)
+def _split_v(v_ptr, out_ptr, Lk, DV, plane, BLOCK_K: tl.constexpr, BLOCK_DV: tl.constexpr):
+    # V[bh] (Lk x DV) split into TF32 hi/lo planes stored transposed (DV x Lk): the P V GEMM then reads
+    # its B operand K-major, the layout Hopper's TF32 tensor-core instructions take from shared memory
+    bh = tl.program_id(2).to(tl.int64)
+    rk = tl.program_id(0) * BLOCK_K + tl.arange(0, BLOCK_K)
+    rdv = tl.program_id(1) * BLOCK_DV + tl.arange(0, BLOCK_DV)
+    mask = (rk[:, None] < Lk) & (rdv[None, :] < DV)
+    v = tl.load(v_ptr + bh * Lk * DV + rk[:, None] * DV + rdv[None, :], mask=mask, other=0.0)
+    _split_store(out_ptr + bh * Lk * DV + rdv[None, :] * Lk + rk[:, None], plane, v, mask, True)
 
 
 @triton.jit
@@ -551,10 +556,14 @@ def _pv_gemm(p_ptr, v_ptr, o_ptr, Lq, Lk, DV, p_plane, v_plane, PV: tl.constexpr
         p_mask = (rm[:, None] < Lq) & (cols[None, :] < Lk)
         p = tl.load(p_base + cols[None, :], mask=p_mask, other=0.0)
         v_mask = (cols[:, None] < Lk) & (rdv[None, :] < DV)
-        v = tl.load(v_base + cols[:, None] * DV + rdv[None, :], mask=v_mask, other=0.0)
+        if PV == "presplit":  # V's planes are stored transposed (DV x Lk)
+            v_offs = rdv[None, :] * Lk + cols[:, None]
+        else:
+            v_offs = cols[:, None] * DV + rdv[None, :]
+        v = tl.load(v_base + v_offs, mask=v_mask, other=0.0)
         if PV == "presplit":
             p_lo = tl.load(p_base + p_plane + cols[None, :], mask=p_mask, other=0.0)
-            v_lo = tl.load(v_base + v_plane + cols[:, None] * DV + rdv[None, :], mask=v_mask, other=0.0)
+            v_lo = tl.load(v_base + v_plane + v_offs, mask=v_mask, other=0.0)
             acc = tl.dot(p_lo, v, acc, input_precision="tf32")
             acc = tl.dot(p, v_lo, acc, input_precision="tf32")
             acc = tl.dot(p, v, acc, input_precision="tf32")
@@ -591,7 +600,8 @@ def _materialized(q, k, v, o, qk, pv, upcast, qk_scale, bm, bn):
                                                       BLOCK_R=block_r, BLOCK_K=block_k, num_warps=4)
         vv, v_plane = v[b0:b1], 0
         if split:
-            _split_v[(triton.cdiv(vv.numel(), 4096),)](vv, vs, vv.numel(), vs[0].numel(), BLOCK=4096)
+            _split_v[(triton.cdiv(Lk, 64), triton.cdiv(DV, 64), n)](vv, vs, Lk, DV, vs[0].numel(), BLOCK_K=64,
+                                                                   BLOCK_DV=64)
             vv, v_plane = vs, vs[0].numel()
         _pv_gemm[(triton.cdiv(Lq, bm), triton.cdiv(DV, bdv), n)](
             p, vv, o[b0:b1], Lq, Lk, DV, p[0].numel(), v_plane, PV=pv, UPCAST=upcast, BLOCK_M=bm, BLOCK_N=bk,
