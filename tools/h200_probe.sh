@@ -3,7 +3,7 @@
 # new attention strategy, RMSNorm/softmax knob variants and the conv strategies do at the seed
 # problems' large shapes, before a full tools/h200_measure.sh run. Everything lands in one tar.
 #
-#   bash tools/h200_probe.sh [1|2]     # writes $OUT/probe.tgz (the JSON reports and logs)
+#   bash tools/h200_probe.sh [1|2]     # writes $OUT/probe-STAGE.tgz (the JSON reports and logs)
 #
 # 1: the first call (results in benchmarks/results/h200/probe3/); 2: the second, after it: where the
 # materialized attention's time goes, softmax split_row with prefetch; 3: attention's presplit P V;
@@ -36,7 +36,7 @@ if [ "${1:-1}" = 2 ]; then
       > "$W/softmax.log" 2>&1
   ) &
   wait
-  tar -czf "$OUT/probe.tgz" -C "$W" .
+  tar -czf "$OUT/probe-${1:-1}.tgz" -C "$W" .
   tail -n 30 "$W/attn_breakdown.log" "$W/softmax_breakdown.log"
   tail -n 12 "$W/softmax.log"
   exit 0
@@ -52,7 +52,7 @@ if [ "${1:-1}" = 3 ]; then
   CUDA_VISIBLE_DEVICES=1 timeout 400 python3 tools/attn_check.py --out "$W/attn.json" --reps 5 --no-controls \
     "${K[@]/--knobs/--extra}" > "$W/attn.log" 2>&1 &
   wait
-  tar -czf "$OUT/probe.tgz" -C "$W" .
+  tar -czf "$OUT/probe-${1:-1}.tgz" -C "$W" .
   grep -v Warn "$W/attn_breakdown.log" | tail -n 30
   grep -E "^(32x32|2x32|4x32|2x2x512)" "$W/attn.log" | cut -c1-60,150-210
   tail -n 3 "$W/attn.log"
@@ -60,7 +60,7 @@ if [ "${1:-1}" = 3 ]; then
 fi
 if [ "${1:-1}" = conv ]; then
   CUDA_VISIBLE_DEVICES=0 timeout 400 python3 tools/gpu_conv_probe.py --out "$W/conv.json" > "$W/conv.log" 2>&1
-  tar -czf "$OUT/probe.tgz" -C "$W" .
+  tar -czf "$OUT/probe-${1:-1}.tgz" -C "$W" .
   tail -n 60 "$W/conv.log"
   exit 0
 fi
@@ -98,7 +98,7 @@ CUDA_VISIBLE_DEVICES=0 timeout 420 python3 tools/attn_check.py --out "$W/attn.js
 ) &
 wait
 nvidia-smi --query-gpu=name,driver_version --format=csv > "$W/gpu.txt" 2>&1
-tar -czf "$OUT/probe.tgz" -C "$W" .
+tar -czf "$OUT/probe-${1:-1}.tgz" -C "$W" .
 tail -n 40 "$W/attn.log"
 tail -n 12 "$W/rmsnorm.log" "$W/softmax.log"
 [ -f "$W/conv.log" ] && tail -n 40 "$W/conv.log"
