@@ -19,7 +19,7 @@ extra=${EXTRA_CHECKS:-1}
 case "$phase" in
 search)
   rm -rf "$W"; mkdir -p "$W"
-  budget=${2:-60}
+  budget=${2:-60}  # compare's report names it: pass the same as SEARCH_BUDGET there
   nvidia-smi --query-gpu=index,name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv > "$W/machine.txt"
   $M ceilings --out "$W" 2>&1 | tee "$W/ceilings.log"
   to="--timeout-s ${KB_RUN_TIMEOUT_S:-100}"
@@ -38,7 +38,7 @@ compare)
   wait
   cat "$W"/compare*.log | grep -v -i warn
   mkdir -p "$OUT/results"
-  $M report --out "$W" --results "$OUT/results" --command "bash tools/h200_measure.sh search; bash tools/h200_measure.sh compare work.tgz"
+  $M report --out "$W" --results "$OUT/results" --command "${EXTRA_CHECKS:+EXTRA_CHECKS=$EXTRA_CHECKS }bash tools/h200_measure.sh search ${SEARCH_BUDGET:-60}; bash tools/h200_measure.sh compare work.tgz"
   if [ "$extra" != 0 ]; then
     CUDA_VISIBLE_DEVICES=0 timeout 150 python3 tools/gpu_template_check.py --out "$W/row_norm_check.json" > "$W/row_norm_check.log" 2>&1 &
     CUDA_VISIBLE_DEVICES=1 timeout 400 python3 tools/gpu_cli_check.py --out "$W/gpu_cli_check.json" > "$W/gpu_cli_check.log" 2>&1 &
