@@ -1,10 +1,15 @@
 """The conv_transpose template family: matched from the traced conv_transpose2d (and nothing else),
 every round-0 candidate passes the gate (the seed problem's smoke shape and an irregular variant with
-other stride/padding/dilation/groups, a bias and output sizes no block divides), mutations move knobs,
+other stride/padding/dilation/groups, a bias and output sizes no block divides), `rows_dense` matches
+torch on convolutions that reach every corner of its phase and offset arithmetic, mutations move knobs,
 feasibility refuses tiles that do not fit, and a whole in-process run ends with a conv_transpose winner."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -52,6 +57,10 @@ def get_inputs():
 def get_init_inputs():
     return [in_channels, out_channels, kernel_size, stride, padding, dilation, groups, bias]
 """
+
+
+def _first(strategy: str) -> dict:
+    return next(k for k in ct.ROUND0 if k["strategy"] == strategy)
 
 
 @pytest.fixture(scope="module")
@@ -110,7 +119,7 @@ def test_render_keeps_the_module_and_calls_no_torch_conv():
     assert "conv_transpose2d(x" not in src and "F.conv" not in src
     # KernelBench's positional order when the names are not ConvTranspose2d's
     src = ct.render(
-        {"conv_attr": "up"}, ct.ROUND0[3], {"init": ["cin", "cout", "k", "s"], "forward": ["inp"]}
+        {"conv_attr": "up"}, _first("phase_dot"), {"init": ["cin", "cout", "k", "s"], "forward": ["inp"]}
     )
     assert "self.up = nn.ConvTranspose2d(in_channels=cin, out_channels=cout, kernel_size=k, stride=s)" in src
     assert "def forward(self, inp):" in src and "tl.dot(" in src
@@ -129,6 +138,104 @@ def test_round0_candidates_pass_the_gate(box, problems, analyses, variant, knobs
     assert r["max_abs_err"] < 1e-4
 
 
+# Runs in a fresh interpreter (TRITON_INTERPRET must be set before triton is imported): each knob set's
+# ModelNew against torch's own ConvTranspose2d in float64, over convolutions that reach every corner of
+# rows_dense's index arithmetic.
+EDGE_RUN = """
+import json, sys
+import torch
+from kernelbrain.evaluate import load_module
+from kernelbrain.templates import conv_transpose as ct
+
+sig = {"init": ["in_channels", "out_channels", "kernel_size", "stride", "padding", "output_padding",
+                "groups", "bias", "dilation"], "forward": ["x"]}
+out = []
+for knobs in json.loads(sys.argv[1]):
+    mod = load_module(ct.render({}, knobs, sig), "cand")
+    for case in json.loads(sys.argv[2]):
+        torch.manual_seed(0)
+        n, h, w = case.pop("x")
+        case.setdefault("bias", False)  # ModelNew's default is KernelBench's, not nn.ConvTranspose2d's
+        new = mod.ModelNew(**case)
+        ref = torch.nn.ConvTranspose2d(**case).double()
+        ref.load_state_dict({k: v.double() for k, v in new.conv_transpose2d.state_dict().items()})
+        x = torch.randn(n, case["in_channels"], h, w) * 8
+        got = new(x)
+        want = ref(x.double())
+        err = float((got.double() - want).abs().max()) if want.numel() else 0.0
+        out.append({"knobs": knobs, "case": case, "shape": list(got.shape), "want": list(want.shape),
+                    "err": err, "finite": bool(torch.isfinite(got).all())})
+print(json.dumps(out))
+"""
+# in, out, kernel, stride, padding, output_padding, groups, bias, dilation; x = (n, h, w)
+EDGE_CASES = [
+    # the seed problem's conv at a tiny size: row phases without taps, 1 or 2 taps per column phase
+    dict(
+        in_channels=32,
+        out_channels=64,
+        kernel_size=(3, 5),
+        stride=(2, 3),
+        padding=(1, 2),
+        groups=4,
+        dilation=(2, 1),
+        x=(1, 3, 5),
+    ),
+    # stride 5 (phase axis padded to 8), dilation 2 coprime with it, output_padding, bias, 3 output
+    # channels per group (a channel block partly masked)
+    dict(
+        in_channels=4,
+        out_channels=6,
+        kernel_size=(2, 7),
+        stride=(2, 5),
+        padding=(0, 4),
+        output_padding=(1, 3),
+        groups=2,
+        bias=True,
+        dilation=(3, 2),
+        x=(2, 3, 4),
+    ),
+    # dilation 4 sharing a factor 2 with stride 6: half the column phases take no tap at all
+    dict(
+        in_channels=4,
+        out_channels=4,
+        kernel_size=(1, 6),
+        stride=(1, 6),
+        padding=(0, 1),
+        dilation=(1, 4),
+        bias=True,
+        x=(1, 3, 4),
+    ),
+    # stride 1 (one phase, nothing padded), padding past the kernel's reach on one side
+    dict(in_channels=3, out_channels=5, kernel_size=3, stride=1, padding=(2, 1), x=(1, 5, 6)),
+    # kernel smaller than the stride (columns no tap reaches), 1x1 input
+    dict(in_channels=2, out_channels=3, kernel_size=(2, 2), stride=(3, 4), x=(2, 1, 1)),
+    # a single output column
+    dict(in_channels=2, out_channels=2, kernel_size=(3, 1), stride=(2, 2), padding=(1, 0), x=(1, 2, 1)),
+]
+DENSE_KNOBS = [
+    *[k for k in ct.ROUND0 if k["strategy"] == "rows_dense"],
+    # narrow tiles: several column blocks per row and several channel blocks per group
+    {"strategy": "rows_dense", "block_p": 16, "block_c": 4, "block_k": 1, "num_warps": 1},
+]
+
+
+def test_rows_dense_matches_torch_on_edge_cases():
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run(
+        [sys.executable, "-c", EDGE_RUN, json.dumps(DENSE_KNOBS), json.dumps(EDGE_CASES)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert len(results) == len(DENSE_KNOBS) * len(EDGE_CASES)
+    for r in results:
+        assert r["shape"] == r["want"] and r["finite"] and r["err"] < 1e-4, r
+
+
 def test_mutations_move_knobs_and_feasibility_refuses_tiles_that_do_not_fit():
     assert set(ct.MUTATIONS) == set(LABELS)
     for knobs in ct.ROUND0:
@@ -136,31 +243,39 @@ def test_mutations_move_knobs_and_feasibility_refuses_tiles_that_do_not_fit():
             for move, why in moves:
                 child = ct.mutate(knobs, move)
                 assert why and (child is None or child != knobs), (knobs, move)
-    direct = ct.ROUND0[0]
-    assert direct["strategy"] == "direct"
+    direct = _first("direct")
     assert ct.mutate(direct, "phase") == {**direct, "strategy": "phase"}
     assert ct.mutate(ct.mutate(direct, "phase"), "phase") is None
     assert ct.mutate(direct, "dot") == {**direct, "strategy": "phase_dot", "block_k": 16}
-    assert ct.mutate(ct.ROUND0[3], "dot") is None
+    assert ct.mutate(_first("phase_dot"), "dot") is None
     assert ct.mutate(direct, "larger_tiles") == {**direct, "block_p": 512}
     assert ct.mutate(direct, "smaller_tiles") == {**direct, "block_p": 128}
     assert ct.mutate(direct, "wider_channels") == {**direct, "block_c": 32}
     assert ct.mutate({**direct, "num_warps": 16}, "more_warps") is None
     rows = ct.mutate(direct, "rows")
     assert rows == {**direct, "strategy": "rows", "block_k": 1} and ct.mutate(rows, "rows") is None
+    dense = ct.mutate(rows, "rows_dense")
+    assert (
+        dense == {**rows, "strategy": "rows_dense", "block_k": 8} and ct.mutate(dense, "rows_dense") is None
+    )
+    assert ct.mutate(dense, "longer_k") == {**dense, "block_k": 16}
     assert {k["strategy"] for k in ct.ROUND0} == set(ct.STRATEGIES)
+    assert ct.ROUND0[0]["strategy"] == "rows_dense"  # measured first under a short budget
     with pytest.raises(ValueError):
         ct.mutate(direct, "no_such_move")
 
     spec = {"n": 16, "c_in": 32, "h": 128, "w": 256, "dtype": "float32"}
     assert all(ct.feasible(spec, k) for k in ct.ROUND0)
-    dot = ct.ROUND0[3]
+    dot = _first("phase_dot")
     assert not ct.feasible(spec, {**dot, "block_k": 8})  # tl.dot needs >= 16
     assert not ct.feasible(spec, {**dot, "block_p": 48})  # not a power of two
     assert not ct.feasible(spec, {**dot, "block_p": 512, "block_c": 128, "num_warps": 4})  # 512 acc/thread
     assert not ct.feasible(spec, {**direct, "block_k": 64, "num_warps": 4})  # the K x C x P product spills
     assert not ct.feasible(spec, {**direct, "strategy": "winograd"})
     assert not ct.feasible(spec, {**rows, "block_p": 1024, "block_c": 64})  # one phase's acc spills
+    assert not ct.feasible(spec, {**dense, "block_p": 1024, "block_c": 64, "num_warps": 4})  # acc spills
+    assert ct.feasible(spec, {**dense, "block_c": 4})  # widened to tl.dot's 16 rows at launch
+    assert not ct.feasible(spec, {**dense, "block_p": 8})
 
 
 def test_kb_run_picks_a_conv_transpose_winner(tmp_path):

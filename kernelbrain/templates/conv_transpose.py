@@ -32,8 +32,19 @@ Strategy axes:
   after another, so their interleaved (stride-sw) stores complete the same L2 lines at once instead
   of leaving them partially written, as `phase`'s grid of phases does (there the phases of a line are
   written by programs far apart in time).
-Knobs: BLOCK_P (output pixels per program; for `rows`, columns per phase), BLOCK_C (output channels
-per program), BLOCK_K (dot's K; unused by `rows`), num_warps.
+- `rows_dense`: one output row per program, like `rows`, but the row's phases are one implicit GEMM
+  per valid kh: rows (output channel, phase p), columns the periods j (ow = j*sw + p), K (input
+  channel, input-column offset d), the weight of phase p at offset d being tap kw = (p + pw - d*sw)/dw
+  where that is exact (zero elsewhere), so every (phase, tap) pair that meets is in one tl.dot (ieee
+  for fp32) over contiguous input rows x[c, ih, j + d]. The phase axis is padded to a power of two
+  (4 at stride 3). The tile is then gathered in registers into contiguous columns and stored once:
+  every warp writes whole 32-byte sectors. (On group_conv at an H200, this kernel storing each
+  phase at stride 3, as `rows` does, kept the L2 busy with partly written sectors: its stores alone,
+  with no computation, took 1.3 ms; gathered into contiguous columns, 0.23 ms.) Rows with no valid
+  kh (half of them at stride 2) load nothing.
+Knobs: BLOCK_P (output pixels per program; for `rows`, columns per phase; for `rows_dense`, column
+slots, BLOCK_P / next_pow2(sw) periods of sw columns), BLOCK_C (output channels per program), BLOCK_K
+(dot's K in input channels; unused by `rows`), num_warps.
 
 ModelNew builds the same nn.ConvTranspose2d under Model's attribute name (`conv_transpose2d`, the
 KernelBench name, unless the spec says otherwise), from Model's constructor parameters, so the
@@ -49,9 +60,14 @@ FAMILY = "conv_transpose"
 FLOAT_DTYPES = {"float32", "float16", "bfloat16"}
 # fp32 accumulator elements per thread; past this the accumulator spills
 MAX_ACC_PER_THREAD = 128
-STRATEGIES = ("direct", "phase", "phase_dot", "rows")
+STRATEGIES = ("direct", "phase", "phase_dot", "rows", "rows_dense")
 
 ROUND0: list[dict[str, Any]] = [
+    # first, so a short budget measures them first: the fastest on group_conv at an H200 (tools/
+    # gpu_conv_probe.py: 0.78-0.84 ms at the primary shape against eager's 5.8 and `rows`' 1.7)
+    {"strategy": "rows_dense", "block_p": 128, "block_c": 16, "block_k": 8, "num_warps": 2},
+    {"strategy": "rows_dense", "block_p": 128, "block_c": 16, "block_k": 8, "num_warps": 4},
+    {"strategy": "rows_dense", "block_p": 256, "block_c": 16, "block_k": 8, "num_warps": 4},
     {"strategy": "direct", "block_p": 256, "block_c": 16, "block_k": 8, "num_warps": 8},
     {"strategy": "phase", "block_p": 128, "block_c": 16, "block_k": 4, "num_warps": 4},
     {"strategy": "phase", "block_p": 64, "block_c": 32, "block_k": 8, "num_warps": 8},
@@ -72,10 +88,12 @@ MUTATIONS: dict[str, list[tuple[str, str]]] = {
         ("wider_channels", "more output channels per program re-read each input pixel fewer times"),
     ],
     "memory-bound with poor coalescing": [
+        ("rows_dense", "every phase of a row block in one GEMM, stored as one contiguous run of columns"),
         ("rows", "all stride phases of a row from one program: interleaved stores fill L2 lines together"),
         ("larger_tiles", "longer pixel blocks make longer contiguous row loads and stores"),
     ],
     "latency or occupancy-limited": [
+        ("rows_dense", "rows as small GEMMs over the valid taps only; zero rows store without loading"),
         ("rows", "no phase grid: one row per program, each tap on its compile-time phase, no masked taps"),
         ("more_warps", "more warps keep more loads in flight"),
         ("smaller_tiles", "smaller pixel blocks make more programs to fill the SMs"),
@@ -120,6 +138,9 @@ def feasible(spec: dict, knobs: dict[str, Any]) -> bool:
         return min(bp, bc, bk) >= 16 and bp * bc <= MAX_ACC_PER_THREAD * threads
     if knobs["strategy"] == "rows":  # one phase's [BLOCK_C, BLOCK_P] accumulator live at a time
         return bp >= 16 and bc >= 16 and bp * bc <= MAX_ACC_PER_THREAD * threads
+    if knobs["strategy"] == "rows_dense":  # a [BLOCK_C x phases, BLOCK_P / phases] accumulator
+        # narrower blocks than tl.dot's 16 are widened (and masked) at launch, so they stay allowed
+        return bp >= 16 and bc >= 4 and bp * bc <= MAX_ACC_PER_THREAD * threads
     return bp >= 16 and bc >= 16 and bp * bc * (1 + bk) <= 2 * MAX_ACC_PER_THREAD * threads
 
 
@@ -127,6 +148,12 @@ def mutate(knobs: dict[str, Any], move: str) -> dict[str, Any] | None:
     k = dict(knobs)
     if move == "phase":
         return {**k, "strategy": "phase"} if k["strategy"] == "direct" else None
+    if move == "rows_dense":  # its K step covers BLOCK_K input channels: at least 8 of them
+        return (
+            None
+            if k["strategy"] == "rows_dense"
+            else {**k, "strategy": "rows_dense", "block_k": max(8, k["block_k"])}
+        )
     if move == "rows":
         return None if k["strategy"] == "rows" else {**k, "strategy": "rows", "block_k": 1}
     if move == "dot":
@@ -299,6 +326,78 @@ def _convt_rows_kernel(x_ptr, w_ptr, b_ptr, y_ptr, C_IN, H, W, C_OUT, OH, OW, C_
         tl.store(y_row + ow[None, :], acc.to(y_ptr.dtype.element_ty), mask=c_mask[:, None] & o_mask[None, :])
 
 
+@triton.jit
+def _convt_dense_kernel(x_ptr, w_ptr, b_ptr, y_ptr, C_IN, H, W, C_OUT, OH, OW, C_OUT_G, N_CB, N_JB,
+                        C_IN_G: tl.constexpr, SH: tl.constexpr, SW: tl.constexpr, PH: tl.constexpr,
+                        PW: tl.constexpr, DH: tl.constexpr, DW: tl.constexpr, KH: tl.constexpr,
+                        KW: tl.constexpr, HAS_BIAS: tl.constexpr, SWP: tl.constexpr, DMIN: tl.constexpr,
+                        NDP: tl.constexpr, IEEE: tl.constexpr, BLOCK_J: tl.constexpr, BLOCK_C: tl.constexpr,
+                        BLOCK_K: tl.constexpr):
+    # one program: output row oh, BLOCK_C channels, columns ow = j*SW + p for BLOCK_J periods j and every
+    # phase p < SW. Column-block fastest in the grid: neighbouring programs write neighbouring columns.
+    pid = tl.program_id(0)
+    jb = pid % N_JB
+    t = pid // N_JB
+    oh = t % OH
+    t = t // OH
+    cb = t % N_CB
+    ng = t // N_CB
+    G = C_IN // C_IN_G
+    g = ng % G
+    n = ng // G
+    # an implicit GEMM per tap row kh: rows m = (channel, phase p), K = (input channel, column offset d),
+    # columns j. The tap of phase p at offset d is kw = (p + PW - d*SW) / DW when exact: the weights
+    # become a [m, K] matrix (zero where no tap) and the input a [K, j] one, x[c, ih, j + d]
+    m = tl.arange(0, BLOCK_C * SWP)
+    ocl = cb * BLOCK_C + m // SWP
+    p = m % SWP
+    k = tl.arange(0, BLOCK_K * NDP)
+    kc = k // NDP
+    d = DMIN + k % NDP
+    tw = p[:, None] + PW - d[None, :] * SW
+    twp = tl.where(tw >= 0, tw, 0)
+    kw = twp // DW
+    a_ok = (p < SW)[:, None] & (tw >= 0) & (twp % DW == 0) & (kw < KW) & (ocl < C_OUT_G)[:, None]
+    j = jb * BLOCK_J + tl.arange(0, BLOCK_J)
+    iw = j[None, :] + d[:, None]
+    b_ok = (iw >= 0) & (iw < W)
+    HW = H * W
+    W_STRIDE = C_OUT_G * KH * KW
+    x_n = x_ptr + (n.to(tl.int64) * C_IN + g * C_IN_G) * HW
+    w_g = w_ptr + (g * C_IN_G).to(tl.int64) * W_STRIDE + ocl[:, None] * (KH * KW) + kw
+    acc = tl.zeros([BLOCK_C * SWP, BLOCK_J], dtype=tl.float32)
+    for kh in tl.static_range(KH):
+        th = oh + PH - kh * DH
+        ih = th // SH
+        if (th >= 0) & (th % SH == 0) & (ih < H):  # rows taking no kh skip every load: zeros
+            for c0 in range(0, C_IN_G, BLOCK_K):
+                c = c0 + kc
+                c_ok = c < C_IN_G
+                a = tl.load(w_g + (c * W_STRIDE + kh * KW)[None, :], mask=a_ok & c_ok[None, :], other=0.0)
+                b = tl.load(x_n + (c * HW + ih * W)[:, None] + iw, mask=b_ok & c_ok[:, None], other=0.0)
+                if IEEE:
+                    acc = tl.dot(a, b, acc, input_precision="ieee")
+                else:
+                    acc = tl.dot(a, b, acc)
+    # [channel, phase, j] -> [channel, j*SWP + p], then gathered into contiguous columns w = j*SW + p:
+    # one store of BLOCK_J*SW adjacent columns per channel (the phases' stride-SW stores would leave
+    # every 32-byte sector partly written, which costs more L2 time than the whole computation)
+    acc = tl.permute(tl.reshape(acc, [BLOCK_C, SWP, BLOCK_J]), (0, 2, 1))
+    acc = tl.reshape(acc, [BLOCK_C, BLOCK_J * SWP])
+    ocb = cb * BLOCK_C + tl.arange(0, BLOCK_C)
+    cb_ok = ocb < C_OUT_G
+    oc = g * C_OUT_G + ocb
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + oc, mask=cb_ok, other=0.0).to(tl.float32)[:, None]
+    w = tl.arange(0, BLOCK_J * SWP)
+    src = tl.minimum((w // SW) * SWP + w % SW, BLOCK_J * SWP - 1)
+    vals = tl.gather(acc, tl.broadcast_to(src[None, :], (BLOCK_C, BLOCK_J * SWP)), axis=1)
+    ow = jb * BLOCK_J * SW + w
+    y_row = y_ptr + (n.to(tl.int64) * C_OUT + oc[:, None]) * (OH * OW) + oh * OW
+    tl.store(y_row + ow[None, :], vals.to(y_ptr.dtype.element_ty),
+             mask=cb_ok[:, None] & ((w < BLOCK_J * SW) & (ow < OW))[None, :])
+
+
 def _pair(v):
     return (int(v[0]), int(v[1])) if isinstance(v, (tuple, list)) else (int(v), int(v))
 
@@ -337,6 +436,25 @@ def _launch(x, conv):
             x, weight, bias if bias is not None else weight, y, c_in, h, w, c_out, oh, ow, c_out_g, n_cb,
             C_IN_G=c_in_g, SH=sh, SW=sw, PH=ph, PW=pw, DH=dh, DW=dw, KH=kh, KW=kw,
             HAS_BIAS=bias is not None, BLOCK_J=BLOCK_P, BLOCK_C=block_c, num_warps=NUM_WARPS,
+        )
+        return y
+    if DENSE:
+        swp = triton.next_power_of_2(sw)
+        # input-column offsets d = (p + pw - kw*dw)/sw of the (phase, tap) pairs that meet: K's second axis
+        offs = [(p + pw - t * dw) // sw for p in range(sw) for t in range(kw) if (p + pw - t * dw) % sw == 0]
+        dmin = min(offs, default=0)
+        ndp = triton.next_power_of_2(max(offs, default=0) - dmin + 1)
+        # tl.dot's 16 per dimension: channel (and K) blocks widened, the extra rows masked
+        block_c = max(min(BLOCK_C, triton.next_power_of_2(c_out_g)), triton.cdiv(16, swp))
+        block_k = max(min(BLOCK_K, triton.next_power_of_2(c_in_g)), triton.cdiv(16, ndp))
+        block_j = max(16, BLOCK_P // swp)
+        n_cb = triton.cdiv(c_out_g, block_c)
+        n_jb = triton.cdiv(triton.cdiv(ow, sw), block_j)
+        _convt_dense_kernel[(n * groups * n_cb * oh * n_jb,)](
+            x, weight, bias if bias is not None else weight, y, c_in, h, w, c_out, oh, ow, c_out_g, n_cb,
+            n_jb, C_IN_G=c_in_g, SH=sh, SW=sw, PH=ph, PW=pw, DH=dh, DW=dw, KH=kh, KW=kw,
+            HAS_BIAS=bias is not None, SWP=swp, DMIN=dmin, NDP=ndp, IEEE=x.dtype == torch.float32,
+            BLOCK_J=block_j, BLOCK_C=block_c, BLOCK_K=block_k, num_warps=NUM_WARPS,
         )
         return y
     if PHASE:
@@ -404,6 +522,7 @@ def render(spec: dict, knobs: dict[str, Any], signature: dict[str, list[str]]) -
         f"PHASE = {strategy in ('phase', 'phase_dot')}",
         f"DOT = {strategy == 'phase_dot'}",
         f"ROWS = {strategy == 'rows'}",
+        f"DENSE = {strategy == 'rows_dense'}",
         f"BLOCK_P = {knobs['block_p']}",
         f"BLOCK_C = {knobs['block_c']}",
         f"BLOCK_K = {knobs['block_k']}",
