@@ -30,6 +30,7 @@ FOREIGN = {
     "--clock-control": "kernelbrain/ncu.py",
     "--write": "tools/event_catalogue.py",
     "--knobs": "tools/gpu_template_check.py",  # a tuning variant for the GPU check
+    "--extra": "tools/attn_check.py",
 }
 LONG = re.compile(r"(?<![\w-])--[a-z][a-z0-9-]*")
 SHORT = re.compile(r"(?<![\w-])-[a-zA-Z](?![\w-])")
