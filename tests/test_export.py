@@ -166,3 +166,22 @@ def test_what_kernelbenchs_static_checker_would_reject_is_named() -> None:
         "try/except (line 3)",
     ]
     assert kernelbench_flags("single_pass = 1  # pass, try: except\nbypassed = 2\n") == []
+
+
+@pytest.mark.parametrize(
+    "problem", sorted((ROOT / "benchmarks" / "problems").glob("*.py")), ids=lambda p: p.stem
+)
+def test_every_round0_render_of_the_seed_problems_passes_kernelbenchs_static_check(
+    box, problem: Path
+) -> None:
+    """`kb export --format kernelbench` warns about what KernelBench would reject: no template's
+    rendered text (docstrings included) should give it cause, at any round-0 knob set."""
+    from kernelbrain.events import ProblemAnalysed
+    from kernelbrain.generators.expert import ExpertGenerator
+
+    source = problem.read_text()
+    analysis, _ = box.call("analyse", {"problem_source": source, "device": "cpu"}, timeout_s=120)
+    proposals = ExpertGenerator().first_round(ProblemAnalysed(**analysis, families=[]), problem_source=source)
+    assert proposals
+    for p in proposals:
+        assert kernelbench_flags(p.source) == [], (p.family, p.knobs, kernelbench_flags(p.source))

@@ -293,7 +293,7 @@ def render(spec: dict, knobs: dict[str, Any], signature: dict[str, list[str]]) -
     return f'''"""Matrix-vector product y = A @ x: kernelbrain gemv template ({knob_text}).
 
 Blocked fp32 accumulation ([BLOCK_M, BLOCK_K] lanes, one tree reduction at the end){
-        ", split over K with a deterministic second-pass sum" if knobs["strategy"] == "split_k" else ""
+        ", split over K with a deterministic second reduction" if knobs["strategy"] == "split_k" else ""
     }.
 """
 
