@@ -54,7 +54,6 @@ VARIANTS = {
     "irregular": _smoke(2, 1, 37, 40, "float32"),
     # padded head 512 > FULL_D_MAX: full_d is infeasible (and falls back at run time), d_tiled loops
     # over several ragged D chunks, materialized runs its three kernels (elsewhere it runs full_d)
-    # over several ragged D chunks
     "wide_head": _smoke(1, 2, 23, 300, "float32"),
     "fp16": _smoke(1, 2, 48, 64, "float16"),
     # long enough rows that P rounded once to bf16 fails the x8 seed (see the p16 test)
@@ -341,3 +340,24 @@ def test_attn_check_tool_runs_end_to_end_on_cpu(tmp_path):
     worst = max(r["seeds"][2]["max_abs_err"] for r in round0)
     assert rows["ctl-qk-ieee"]["seeds"][2]["max_abs_err"] > 10 * worst
     assert "r0-0" in proc.stdout and "max abs err per seed" in proc.stdout  # the table
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_materialized_chunks_over_bh_and_serves_16_bit_wide_heads(box, tmp_path, dtype):
+    """A wide head (D = 300) runs materialized's three kernels; with the scratch budget cut to one bh
+    the batch-heads go through in chunks (two of one here), and at fp16 P V takes the split 16-bit
+    recipe. Each materialized round-0 set passes the gate (x8 seed included) both ways."""
+    path = tmp_path / f"wide_{dtype}.py"
+    path.write_text(SDPA.read_text().replace(SMOKE, _smoke(1, 2, 23, 300, dtype)))
+    source = read_problem(path)
+    analysis = box.call("analyse", {"problem_source": source, "device": "cpu"}, timeout_s=120)[0]
+    spec = at.matches(analysis["ops"])
+    for knobs in [k for k in at.ROUND0 if k["strategy"] == "materialized"]:
+        assert at.feasible(spec, knobs)
+        whole = at.render(spec, knobs, analysis["signature"])
+        chunked = whole.replace(f"SCRATCH_BYTES = {at.SCRATCH_BYTES}", "SCRATCH_BYTES = 1")
+        assert chunked != whole
+        for cand in (whole, chunked):
+            args = {"problem_source": source, "cand_source": cand, "device": "cpu", "seeds": 3}
+            r = box.call("gate", args, timeout_s=300)[0]
+            assert r["passed"] is True, (knobs, r)

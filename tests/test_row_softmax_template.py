@@ -1,13 +1,22 @@
 """The row_softmax family's split_row strategy: a row too long for one program's registers is split
 over programs that exchange their chunk's max and sum. On CPU the interpreter runs the two-launch form
 of the same kernel (programs there cannot wait for each other); the gate checks its numbers, and the
-feasibility and mutation rules decide when the strategy is offered."""
+feasibility and mutation rules decide when the strategy is offered. The one-launch form (with and
+without prefetch) runs here too, with its waits preset to pass."""
 
 from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
 from kernelbrain.templates import row_softmax as rs
+
+ROOT = Path(__file__).resolve().parents[1]
 
 SIGNATURE = {"init": [], "forward": ["x"]}
 
@@ -100,3 +109,47 @@ def test_split_row_prefetch_loads_the_next_chunk_before_waiting():
     # the next chunk's load sits between this chunk's release and the wait
     release, load, wait = (body.index(t) for t in ('sem="release"', "item + step", "while ("))
     assert release < load < wait
+
+
+# The waiting path (PHASE 0) runs only on a GPU in kb; here it runs through the interpreter with every
+# row's count preset to "all chunks published" (by a PHASE 1 launch's statistics), so no program waits,
+# on a grid smaller than the work: each program takes several items, and prefetches past the last one.
+PHASE0 = """
+import json, sys, torch
+from kernelbrain.evaluate import load_module
+from kernelbrain.templates import row_softmax as rs
+
+prefetch = sys.argv[1] == "1"
+knobs = {"strategy": "split_row", "block_n": 256, "ctas_per_sm": 1, "num_warps": 4, "prefetch": prefetch}
+m = load_module(rs.render({"log": False, "dim": -1, "ndim": 2, "n_cols": 1000}, knobs,
+                          {"init": [], "forward": ["x"]}), "cand")
+torch.manual_seed(0)
+x = torch.randn(5, 1000) * 4
+y = torch.full_like(x, float("nan"))
+n_chunks, n_items = 4, 20
+pm, ps = torch.empty(n_items), torch.empty(n_items)
+meta = dict(CHUNKS_P2=4, BLOCK=256, LOG=False, num_warps=4)
+args = (x, y, pm, ps)
+m._softmax_kernel[(n_items,)](*args, pm, 1000, n_chunks, n_items, 1000, 1000, PHASE=1, PREFETCH=False, **meta)
+cnt = torch.full((5,), n_chunks, dtype=torch.int32)
+m._softmax_kernel[(3,)](*args, cnt, 1000, n_chunks, n_items, 1000, 1000, PHASE=0, PREFETCH=prefetch, **meta)
+err = (y.double() - torch.softmax(x.double(), -1)).abs().max().item()
+print(json.dumps({"err": err, "cnt": cnt.tolist()}))
+"""
+
+
+@pytest.mark.parametrize("prefetch", [False, True])
+def test_split_row_one_launch_path_with_and_without_prefetch(prefetch):
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run(
+        [sys.executable, "-c", PHASE0, "1" if prefetch else "0"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["err"] < 1e-6, out  # every row normalised (NaN would fail too)
+    assert out["cnt"] == [8] * 5, out  # each of a row's 4 chunks published once, in the one launch

@@ -41,6 +41,7 @@ from pydantic import BaseModel  # noqa: E402
 from kernelbrain import evaluate  # noqa: E402
 from kernelbrain.problem import read_problem, shape_label  # noqa: E402
 from kernelbrain.templates import attention as at  # noqa: E402
+from kernelbrain.templates import knobs_with  # noqa: E402
 
 DEFAULT_PROBLEM = ROOT / "benchmarks" / "problems" / "sdp_attn.py"
 
@@ -131,9 +132,7 @@ def variants(
 
 
 def _extra(text: str) -> dict[str, Any]:
-    over = json.loads(text)
-    base = next(k for k in at.ROUND0 if k["strategy"] == over.get("strategy", at.ROUND0[0]["strategy"]))
-    return {**base, **over}
+    return knobs_with(at, json.loads(text))
 
 
 def _dtype(problem: evaluate.Problem, shape: dict) -> str:

@@ -39,6 +39,7 @@ import torch  # noqa: E402
 from kernelbrain import evaluate  # noqa: E402
 from kernelbrain.problem import read_problem, shape_label  # noqa: E402
 from kernelbrain.templates import conv_transpose as ct  # noqa: E402
+from kernelbrain.templates import knobs_with  # noqa: E402
 
 DEFAULT_PROBLEM = ROOT / "benchmarks" / "problems" / "group_conv.py"
 # a tiny shape for a CPU run through the interpreter (slow: one program per output row and block)
@@ -255,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     keep = set(filter(None, args.only.split(",")))
     cands = []
-    for name, knobs in variants([json.loads(k) for k in args.knobs]):
+    for name, knobs in variants([knobs_with(ct, json.loads(k)) for k in args.knobs]):
         if keep and knobs["strategy"] not in keep:
             continue
         if not ct.feasible(spec, knobs):

@@ -28,6 +28,7 @@ sys.path.insert(0, str(ROOT))
 from kernelbrain.events import ProblemAnalysed  # noqa: E402
 from kernelbrain.generators.expert import ExpertGenerator  # noqa: E402
 from kernelbrain.sandbox import Sandbox, SandboxFault  # noqa: E402
+from kernelbrain.templates import knobs_with  # noqa: E402
 
 DEFAULT = [
     ROOT / "tests" / "problems" / f"{name}.py"
@@ -65,8 +66,7 @@ def _candidates(source: str, analysis: dict, extra: list[dict], round0: bool) ->
     if extra:
         family, spec = gen.match_family(analysed, problem_source=source)
         for over in extra:
-            strategy = over.get("strategy", family.ROUND0[0]["strategy"])
-            knobs = {**next(k for k in family.ROUND0 if k["strategy"] == strategy), **over}
+            knobs = knobs_with(family, over)
             if not family.feasible(spec, knobs):
                 print(f"skipped (infeasible at the traced shape): {json.dumps(knobs)}", flush=True)
                 continue

@@ -29,7 +29,9 @@ problems=${PROBLEMS:-$all}
 # the search budget (GPU s a run); the compare phase's report names it: pass it there as SEARCH_BUDGET
 budget=${SEARCH_BUDGET:-60}
 [ "$phase" = compare ] || budget=${2:-$budget}
-gpus=$(nvidia-smi -L | wc -l)
+gpus=$(nvidia-smi --query-gpu=index --format=csv,noheader | wc -l)
+[ "$gpus" -ge 1 ] || gpus=1
+[ "${MEASURE_DEVICE:-cuda}" = cuda ] || extra=0  # the extra checks are GPU-only
 
 do_search() {
   rm -rf "$W"; mkdir -p "$W"
@@ -63,11 +65,12 @@ do_compare() {
   env_text="${EXTRA_CHECKS:+EXTRA_CHECKS=$EXTRA_CHECKS }${PROBLEMS:+PROBLEMS=$PROBLEMS }${ARMS:+ARMS=\"$ARMS\" }"
   $M report --out "$W" --results "$OUT/results" --problems "$problems" \
     --command "${env_text}bash tools/h200_measure.sh all $budget"
-  if [ "$extra" != 0 ]; then
-    CUDA_VISIBLE_DEVICES=0 timeout 150 python3 tools/gpu_template_check.py --out "$W/row_norm_check.json" > "$W/row_norm_check.log" 2>&1 &
+  if [ "$extra" != 0 ]; then  # side by side on two GPUs; one after the other on one (both time kernels)
+    CUDA_VISIBLE_DEVICES=0 timeout 150 python3 tools/gpu_template_check.py --out "$W/template_check.json" > "$W/template_check.log" 2>&1 &
+    [ "$gpus" -gt 1 ] || wait
     CUDA_VISIBLE_DEVICES=$((gpus - 1)) timeout 400 python3 tools/gpu_cli_check.py --out "$W/gpu_cli_check.json" > "$W/gpu_cli_check.log" 2>&1 &
     wait
-    tail -n 15 "$W/row_norm_check.log" "$W/gpu_cli_check.log"
+    tail -n 15 "$W/template_check.log" "$W/gpu_cli_check.log"
   fi
 }
 

@@ -3,13 +3,14 @@
 # new attention strategy, RMSNorm/softmax knob variants and the conv strategies do at the seed
 # problems' large shapes, before a full tools/h200_measure.sh run. Everything lands in one tar.
 #
-#   bash tools/h200_probe.sh [1|2]     # writes $OUT/probe-STAGE.tgz (the JSON reports and logs)
+#   bash tools/h200_probe.sh [1|2|3|conv]   # writes $OUT/probe-STAGE.tgz (the JSON reports and logs)
 #
 # 1: the first call (results in benchmarks/results/h200/probe3/); 2: the second, after it: where the
 # materialized attention's time goes, softmax split_row with prefetch; 3: attention's presplit P V;
-# conv: the conv strategies.
+# conv: the conv strategies. Stages 1-3 use two GPUs (kind nvidia-h200-x2).
 set -uo pipefail
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
+: "${OUT:?set OUT to the folder the results go to}"
+python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=$PWD:/tmp/site
 W=$(mktemp -d)
 P=benchmarks/problems

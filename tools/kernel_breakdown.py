@@ -26,6 +26,7 @@ from kernelbrain import evaluate  # noqa: E402
 from kernelbrain.events import ProblemAnalysed  # noqa: E402
 from kernelbrain.generators.expert import ExpertGenerator  # noqa: E402
 from kernelbrain.problem import read_problem, shape_label  # noqa: E402
+from kernelbrain.templates import knobs_with  # noqa: E402
 
 
 def _kernels(fn, calls: int) -> list[dict]:
@@ -72,11 +73,16 @@ def main() -> int:
         inputs = problem.inputs(shape, 100, "cuda")
         entries = [("eager", None, ref)]
         for text in args.knobs:
-            over = json.loads(text)
-            strategy = over.get("strategy", family.ROUND0[0]["strategy"])
-            knobs = {**next(k for k in family.ROUND0 if k["strategy"] == strategy), **over}
-            cand = evaluate.load_module(family.render(spec, knobs, analysis["signature"]), "cand")
-            _, new = evaluate._build(problem, cand, shape, "cuda")
+            knobs = knobs_with(family, json.loads(text))
+            if not family.feasible(spec, knobs):
+                print(f"skipped (infeasible at the traced shape): {json.dumps(knobs)}", flush=True)
+                continue
+            try:
+                cand = evaluate.load_module(family.render(spec, knobs, analysis["signature"]), "cand")
+                _, new = evaluate._build(problem, cand, shape, "cuda")
+            except Exception as e:  # one bad knob set must not hide the others' numbers
+                print(f"render failed: {json.dumps(knobs)}: {type(e).__name__}: {str(e)[:200]}", flush=True)
+                continue
             entries.append((json.dumps(knobs), knobs, new))
         for name, knobs, model in entries:
             try:

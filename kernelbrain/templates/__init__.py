@@ -12,6 +12,9 @@ Shared, not families: `row_norm` (the row-normalisation kernels and knobs of lay
 `model_source` (what a template reads from the problem's source).
 """
 
+from types import ModuleType
+from typing import Any
+
 from kernelbrain.templates import (
     attention,
     conv_transpose,
@@ -26,3 +29,14 @@ from kernelbrain.templates import (
 # each matcher wants its own op sequence, so the order only breaks ties; gemv last: the trace records only
 # matmul's first operand, so any lone matmul would match it
 FAMILIES = (row_softmax, rmsnorm, layernorm, l2norm, gemm_epilogue, attention, conv_transpose, gemv)
+
+
+def knobs_with(family: ModuleType, over: dict[str, Any]) -> dict[str, Any]:
+    """A tuning variant: `over` laid on the family's first round-0 knob set of the strategy it names (of
+    the family's first strategy when it names none), as the GPU tools in tools/ take their --knobs."""
+    strategy = over.get("strategy", family.ROUND0[0]["strategy"])
+    base = next((k for k in family.ROUND0 if k["strategy"] == strategy), None)
+    if base is None:
+        known = ", ".join(dict.fromkeys(k["strategy"] for k in family.ROUND0))
+        raise ValueError(f"{family.FAMILY} has no round-0 strategy {strategy!r}; round 0 has {known}")
+    return {**base, **over}

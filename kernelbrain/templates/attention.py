@@ -88,8 +88,8 @@ PV32 = ("ieee", "tf32x3", "presplit")
 P16 = ("split", "single")
 PRECISION = {"qk32": QK32, "pv32": PV32, "p16": P16}
 
-# the d_tiled tiles compile without spills at fp32 (fp64 scores, either P V) and fp16 on sm90 (Triton 3.6,
-# ptxas -v); round 0 spreads pv32 over both values
+# round 0 spreads pv32 over its three values; every set passes the gate on the H200 at every shape
+# (benchmarks/results/h200/probe3)
 ROUND0: list[dict[str, Any]] = [
     # materialized: the H200 probe's fastest tiles (128 x 64 scores, 8 warps, 3 stages: 12.8 ms of fp64
     # scores at the fp32 seed shape); presplit P V steps 32 keys (two planes of both operands per stage)
@@ -138,6 +138,8 @@ ROUND0: list[dict[str, Any]] = [
         "pv32": "ieee",
         "p16": "split",
     },
+    # the d_tiled tiles compile without spills at fp32 (fp64 scores, either P V) and fp16 on sm90
+    # (Triton 3.6, ptxas -v)
     {
         "strategy": "d_tiled",
         "block_m": 64,
@@ -479,18 +481,28 @@ def _scores(q_ptr, k_ptr, s_ptr, Lq, Lk, D, QK: tl.constexpr, UPCAST: tl.constex
 
 
 @triton.jit
+def _finite(x):
+    return (x.to(tl.uint32, bitcast=True) & 0x7F800000) != 0x7F800000
+
+
+@triton.jit
 def _tf32(x):
-    # x rounded (to nearest, ties away) to TF32's 10 explicit mantissa bits: a TF32 dot takes it exactly
-    return ((x.to(tl.uint32, bitcast=True) + 0x1000) & 0xFFFFE000).to(tl.float32, bitcast=True)
+    # x rounded (to nearest, ties away) to TF32's 10 explicit mantissa bits: a TF32 dot takes it exactly.
+    # Within one rounding step of FLT_MAX it truncates instead (rounding up would give inf); inf and NaN
+    # pass unchanged (the carry of a rounded NaN could reach the sign bit)
+    b = x.to(tl.uint32, bitcast=True)
+    r = tl.where((b & 0x7FFFFFFF) < 0x7F7FF000, (b + 0x1000) & 0xFFFFE000, b & 0xFFFFE000)
+    return tl.where(_finite(x), r.to(tl.float32, bitcast=True), x)
 
 
 @triton.jit
 def _split_store(ptr, plane, x, mask, SPLIT: tl.constexpr):
     # x itself, or (SPLIT) its TF32 hi part at ptr and its TF32-rounded remainder one plane further
+    # (a non-finite x is all hi: its lo is 0, so inf stays inf and NaN stays NaN in the products)
     if SPLIT:
         hi = _tf32(x)
         tl.store(ptr, hi, mask=mask)
-        tl.store(ptr + plane, _tf32(x - hi), mask=mask)
+        tl.store(ptr + plane, tl.where(_finite(x), _tf32(x - hi), 0.0), mask=mask)
     else:
         tl.store(ptr, x.to(ptr.dtype.element_ty), mask=mask)
 
@@ -588,8 +600,8 @@ def _materialized(q, k, v, o, qk, pv, upcast, qk_scale, bm, bn):
     bd = min(BLOCK_D, max(16, triton.next_power_of_2(D)))
     bdv = min(BLOCK_DV, max(16, triton.next_power_of_2(DV)))
     bk = min(BLOCK_K, max(16, triton.next_power_of_2(Lk)))
-    block_k = min(1024, max(16, triton.next_power_of_2(Lk)))
-    block_r = max(1, 2048 // block_k)
+    row_block = min(1024, max(16, triton.next_power_of_2(Lk)))  # the softmax kernel's columns a step
+    block_r = max(1, 2048 // row_block)
     for b0 in range(0, BH, chunk):
         b1 = min(BH, b0 + chunk)
         n = b1 - b0
@@ -597,7 +609,7 @@ def _materialized(q, k, v, o, qk, pv, upcast, qk_scale, bm, bn):
             q[b0:b1], k[b0:b1], s, Lq, Lk, D, QK=qk, UPCAST=upcast, BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=bd,
             num_warps=NUM_WARPS, num_stages=NUM_STAGES)
         _softmax_rows[(triton.cdiv(n * Lq, block_r),)](s, p, n * Lq, Lk, qk_scale, p[0].numel(), SPLIT=split,
-                                                      BLOCK_R=block_r, BLOCK_K=block_k, num_warps=4)
+                                                      BLOCK_R=block_r, BLOCK_K=row_block, num_warps=4)
         vv, v_plane = v[b0:b1], 0
         if split:
             _split_v[(triton.cdiv(Lk, 64), triton.cdiv(DV, 64), n)](vv, vs, Lk, DV, vs[0].numel(), BLOCK_K=64,

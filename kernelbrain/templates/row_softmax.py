@@ -204,7 +204,8 @@ def _chunk(x_ptr, item, n_chunks, n_cols, n_items, stride_x, cols, BLOCK: tl.con
     # one BLOCK chunk of a row, in fp32; columns past the row and items past the end read as -inf
     row = item // n_chunks
     c = (item % n_chunks) * BLOCK + cols
-    mask = (c < n_cols) & (cols < (n_items - item) * BLOCK)  # all false once item >= n_items
+    # all false once item >= n_items (clamped first: (n_items - item) * BLOCK would overflow int32)
+    mask = (c < n_cols) & (cols < tl.minimum(n_items - item, 1) * BLOCK)
     return tl.load(x_ptr + row.to(tl.int64) * stride_x + c, mask=mask, other=-float("inf")).to(tl.float32)
 
 
