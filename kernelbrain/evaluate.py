@@ -13,6 +13,7 @@ import hashlib
 import importlib.util
 import inspect
 import math
+import os
 import shutil
 import statistics
 import sys
@@ -48,7 +49,16 @@ def load_module(source: str, prefix: str) -> ModuleType:
     if name in _MODULES:
         return _MODULES[name]
     path = Path(tempfile.gettempdir()) / f"{name}.py"
-    path.write_text(source, encoding="utf-8")
+    # written under a private name, then renamed into place: another process loading the same source
+    # at the same moment (test workers share /tmp) reads the whole file, never a half-written one
+    fd, part = tempfile.mkstemp(prefix=f".{name}.", suffix=".part", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(source)
+        os.replace(part, path)
+    except BaseException:
+        Path(part).unlink(missing_ok=True)
+        raise
     spec = importlib.util.spec_from_file_location(name, path)
     assert spec and spec.loader
     module = importlib.util.module_from_spec(spec)

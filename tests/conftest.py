@@ -1,5 +1,8 @@
-"""Make the in-tree packages importable when the distribution is not pip-installed."""
+"""Make the in-tree packages importable when the distribution is not pip-installed; one warm sandbox per
+module; and, under pytest-xdist, tests marked `exclusive` run with no other test beside them."""
 
+import fcntl
+import os
 import sys
 from pathlib import Path
 
@@ -20,3 +23,35 @@ def box():
         yield sb
     finally:
         sb.close()
+
+
+def _session_dir(config: pytest.Config) -> Path | None:
+    """The folder all xdist workers of this session share (each one's basetemp is a folder in it)."""
+    basetemp = getattr(config.option, "basetemp", None)
+    if not basetemp or not os.environ.get("PYTEST_XDIST_WORKER"):
+        return None
+    return Path(basetemp).resolve().parent
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
+    """Every test holds a shared lock while it runs (setup to teardown); an `exclusive` one (a timing
+    that another worker's load would distort) holds it exclusively. A test waiting for the exclusive lock
+    first takes the turnstile, which every test passes on its way in, so it is not starved."""
+    folder = _session_dir(item.config)
+    if folder is None:  # not under xdist: nothing runs beside this test anyway
+        return (yield)
+    exclusive = item.get_closest_marker("exclusive") is not None
+    with open(folder / "kb-tests.turnstile", "a") as turnstile, open(folder / "kb-tests.lock", "a") as lock:
+        fcntl.flock(turnstile, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        finally:
+            if not exclusive:
+                fcntl.flock(turnstile, fcntl.LOCK_UN)
+        try:
+            return (yield)
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+            if exclusive:
+                fcntl.flock(turnstile, fcntl.LOCK_UN)

@@ -32,6 +32,7 @@ def duel(box: Sandbox, a: str, b: str, repeats: int) -> list[float]:
     return result["ratios"]
 
 
+@pytest.mark.exclusive  # wall-clock timings: another test's load beside them is noise they must not see
 @pytest.mark.parametrize("attempt", range(5))
 def test_identical_kernels_are_never_reported_as_different(box, attempt):
     ratios = duel(box, GOOD, TWIN, repeats=20)

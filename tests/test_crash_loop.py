@@ -1,9 +1,11 @@
 """Crashes at random moments never lose or duplicate work.
 
 20 runs whose whole `kb run` process group is SIGKILLed at a random moment and then finished with
-`kb resume`; single workers SIGKILLed in the middle of a task; SIGTERM and SIGINT stopping a run that
-then resumes. After each: every candidate terminal, one effect per identity, no completed benchmark
-executed again (the sandbox children log every execution), and `kb replay` agrees with the log.
+`kb resume` (five lanes of four runs, each lane its own test and database, so that pytest-xdist runs
+them side by side); single workers SIGKILLed in the middle of a task; SIGTERM and SIGINT stopping a run
+that then resumes. After each: every candidate terminal, one effect per identity, no completed
+benchmark executed again (the sandbox children log every execution), and `kb replay` agrees with the
+log.
 """
 
 from __future__ import annotations
@@ -22,6 +24,10 @@ from tests.invariants import check_run, read_exec_log
 from tests.kbcli import SOFTMAX, kb, kb_env, kb_start
 
 CRASHES = 20
+LANES = 5
+# one seeded draw of all the kill moments, the same whichever lane runs crash i
+_rng = random.Random(20261129)
+KILL_AFTER_S = [_rng.uniform(0.2, 7.0) for _ in range(CRASHES)]
 
 
 def _finish(db, run_id, env) -> None:
@@ -32,12 +38,13 @@ def _finish(db, run_id, env) -> None:
         assert f"run {run_id} finished" in r.stdout
 
 
-def test_kill_the_whole_run_at_random_moments_then_resume(tmp_path):
+@pytest.mark.parametrize("lane", range(LANES))
+def test_kill_the_whole_run_at_random_moments_then_resume(tmp_path, lane):
+    crashes = range(lane, CRASHES, LANES)  # lanes interleave, spreading the short and long kill moments
     db, log = tmp_path / "kb.db", tmp_path / "exec.log"
     env = kb_env(KB_EXEC_LOG=str(log))
-    rng = random.Random(20261129)
     interrupted = 0
-    for i in range(CRASHES):
+    for i in crashes:
         proc, run_id = kb_start(
             [
                 "run",
@@ -54,16 +61,19 @@ def test_kill_the_whole_run_at_random_moments_then_resume(tmp_path):
             ],
             env,
         )
-        time.sleep(rng.uniform(0.2, 7.0))
+        time.sleep(KILL_AFTER_S[i])
         still_running = proc.poll() is None
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
         interrupted += still_running
         _finish(db, run_id, env)
         check_run(db, run_id, log)
-    assert interrupted >= CRASHES * 3 // 4, f"only {interrupted} of {CRASHES} runs were killed mid-flight"
+    # at least three in four killed mid-flight in every lane, so at least 15 of the 20 in all
+    assert 4 * interrupted >= 3 * len(crashes), (
+        f"only {interrupted} of {len(crashes)} runs were killed mid-flight"
+    )
     with EventStore(db, create=False) as store:
-        assert len(store.run_ids()) == CRASHES
+        assert len(store.run_ids()) == len(crashes)
 
 
 def _wait_for_claim(db, run_id, kind: str, timeout: float = 60.0):

@@ -50,6 +50,18 @@ def alive(pid: int) -> bool:
     return state != "Z"
 
 
+def exited(pid: int) -> bool:
+    """True once our child pid has exited whole (every thread gone) and can be reaped; reaps nothing.
+
+    A child killed from one of its threads shows as a zombie ("Z") while its other threads are still
+    exiting; until they are gone the child cannot be waited for, so it is not dead to its parent yet.
+    """
+    try:
+        return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+    except ChildProcessError:
+        return True  # already reaped
+
+
 @pytest.fixture(scope="module")
 def box():
     with pytest.MonkeyPatch.context() as mp:
@@ -191,9 +203,9 @@ def test_a_child_that_died_between_requests_is_not_blamed_on_the_next_candidate(
     try:
         assert_passes(box, "delayed_exit")  # passes, and leaves a thread that calls os._exit(7) 1.5 s later
         deadline = time.monotonic() + 10
-        while alive(warm) and time.monotonic() < deadline:
+        while not exited(warm) and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert not alive(warm)
+        assert not alive(warm) and exited(warm)
         assert_passes(box)  # an innocent candidate
     finally:
         box.close()
