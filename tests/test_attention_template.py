@@ -342,17 +342,30 @@ def test_attn_check_tool_runs_end_to_end_on_cpu(tmp_path):
     assert "r0-0" in proc.stdout and "max abs err per seed" in proc.stdout  # the table
 
 
-@pytest.mark.parametrize("dtype", ["float32", "float16"])
+# 16-bit tiles of their own (narrow ones: several programs and key steps at the smoke shapes)
+OWN16 = {
+    "block_m16": 16,
+    "block_n16": 32,
+    "block_d16": 64,
+    "block_k16": 16,
+    "num_warps16": 2,
+    "num_stages16": 1,
+}
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
 def test_materialized_chunks_over_bh_and_serves_16_bit_wide_heads(box, tmp_path, dtype):
     """A wide head (D = 300) runs materialized's three kernels; with the scratch budget cut to one bh
-    the batch-heads go through in chunks (two of one here), and at fp16 P V takes the split 16-bit
-    recipe. Each materialized round-0 set passes the gate (x8 seed included) both ways."""
+    the batch-heads go through in chunks (two of one here), and at 16 bits the softmax writes P as hi
+    and lo planes in V's dtype for the P V GEMM's two dots. Each materialized round-0 set, and one with
+    16-bit tiles of its own, passes the gate (x8 seed included) both ways."""
     path = tmp_path / f"wide_{dtype}.py"
     path.write_text(SDPA.read_text().replace(SMOKE, _smoke(1, 2, 23, 300, dtype)))
     source = read_problem(path)
     analysis = box.call("analyse", {"problem_source": source, "device": "cpu"}, timeout_s=120)[0]
     spec = at.matches(analysis["ops"])
-    for knobs in [k for k in at.ROUND0 if k["strategy"] == "materialized"]:
+    mats = [k for k in at.ROUND0 if k["strategy"] == "materialized"]
+    for knobs in [*mats, {**mats[0], **OWN16}]:
         assert at.feasible(spec, knobs)
         whole = at.render(spec, knobs, analysis["signature"])
         chunked = whole.replace(f"SCRATCH_BYTES = {at.SCRATCH_BYTES}", "SCRATCH_BYTES = 1")
@@ -361,3 +374,24 @@ def test_materialized_chunks_over_bh_and_serves_16_bit_wide_heads(box, tmp_path,
             args = {"problem_source": source, "cand_source": cand, "device": "cpu", "seeds": 3}
             r = box.call("gate", args, timeout_s=300)[0]
             assert r["passed"] is True, (knobs, r)
+
+
+def test_16_bit_inputs_take_their_own_tiles_where_set():
+    """tiles(): fp32 inputs always take the fp32 knobs; 16-bit ones the *16 knobs where set, each
+    falling back to its fp32 knob; the render carries both tile sets; feasible() refuses 16-bit tiles
+    that are no tiles (not a power of two) or that overflow shared memory at the traced head."""
+    base = next(k for k in at.ROUND0 if k["strategy"] == "materialized")
+    assert at.tiles(base, "float16") == at.tiles(base, "float32")
+    own = {**base, "block_d16": 64, "num_warps16": 4}
+    t16, t32 = at.tiles(own, "bfloat16"), at.tiles(own, "float32")
+    assert t32 == at.tiles(base, "float32") and t32["bd"] == base["block_d"]
+    assert t16 == {**t32, "bd": 64, "warps": 4}
+    spec = {"bh": 1024, "lq": 512, "d": 1024, "dtype": "float32"}
+    src = at.render(spec, own, {"init": [], "forward": ["Q", "K", "V"]})
+    assert f"TILES32 = {t32!r}" in src and f"TILES16 = {t16!r}" in src
+    assert at.feasible(spec, {**base, **OWN16})
+    assert not at.feasible(spec, {**base, "block_d16": 48})
+    assert not at.feasible(spec, {**base, "num_warps16": 3})
+    # 256 x 256 score tiles stepping 128 of the head, 3 stages: 256 scores a thread, 384 KiB of operands
+    assert not at.feasible(spec, {**base, "block_m16": 256, "block_n16": 256, "block_d16": 128})
+    assert at.feasible(spec, {**base, "block_m16": 128, "block_n16": 128, "block_d16": 64})

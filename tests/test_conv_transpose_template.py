@@ -216,6 +216,16 @@ DENSE_KNOBS = [
     *[k for k in ct.ROUND0 if k["strategy"] == "rows_dense"],
     # narrow tiles: several column blocks per row and several channel blocks per group
     {"strategy": "rows_dense", "block_p": 16, "block_c": 4, "block_k": 1, "num_warps": 1},
+    # the three-TF32-dot path (the interpreter computes it in fp32: this checks the indexing, the GPU
+    # gate its precision)
+    {
+        "strategy": "rows_dense",
+        "block_p": 64,
+        "block_c": 8,
+        "block_k": 4,
+        "num_warps": 2,
+        "fp32_dot": "tf32x3",
+    },
 ]
 
 
@@ -259,6 +269,11 @@ def test_mutations_move_knobs_and_feasibility_refuses_tiles_that_do_not_fit():
         dense == {**rows, "strategy": "rows_dense", "block_k": 8} and ct.mutate(dense, "rows_dense") is None
     )
     assert ct.mutate(dense, "longer_k") == {**dense, "block_k": 16}
+    tf32 = ct.mutate(dense, "tf32x3_dot")
+    assert tf32 == {**dense, "fp32_dot": "tf32x3"} and ct.mutate(tf32, "tf32x3_dot") is None
+    assert ct.mutate(tf32, "ieee_dot") == {**dense, "fp32_dot": "ieee"}
+    assert ct.mutate(dense, "ieee_dot") is None  # ieee is the default
+    assert ct.mutate(direct, "tf32x3_dot") is None  # FMA outer products take no dot precision
     assert {k["strategy"] for k in ct.ROUND0} == set(ct.STRATEGIES)
     assert ct.ROUND0[0]["strategy"] == "rows_dense"  # measured first under a short budget
     with pytest.raises(ValueError):
@@ -276,6 +291,7 @@ def test_mutations_move_knobs_and_feasibility_refuses_tiles_that_do_not_fit():
     assert not ct.feasible(spec, {**dense, "block_p": 1024, "block_c": 64, "num_warps": 4})  # acc spills
     assert ct.feasible(spec, {**dense, "block_c": 4})  # widened to tl.dot's 16 rows at launch
     assert not ct.feasible(spec, {**dense, "block_p": 8})
+    assert not ct.feasible(spec, {**dense, "fp32_dot": "tf32"})  # plain TF32 misses 1e-4
 
 
 def test_kb_run_picks_a_conv_transpose_winner(tmp_path):

@@ -435,19 +435,31 @@ def report(problems: list[str], outdir: Path, ceil_path: Path, results: Path, co
             compiled = [t[k]["median_s"] for k in t if k.startswith("compile_") and "median_s" in t[k]]
             s["kb_vs_eager"] = t["eager"]["median_s"] / kb
             s["kb_vs_best_compile"] = min(compiled) / kb if compiled else None
+            default = t.get("compile_default", {}).get("median_s")
+            s["kb_vs_compile_default"] = default / kb if default else None
             if s["primary"]:
                 primaries.append(s["kb_vs_eager"])
                 for what, need in TARGETS.get(name, {}).items():
-                    got = s["kb_vs_eager"] if what == "eager" else s["kb_vs_best_compile"]
                     if what == "eager_every_shape":
                         continue
-                    verdicts.append(
-                        {
-                            "target": f">= {need}x {what} ({s['shape']})",
-                            "got": got,
-                            "met": got is not None and got >= need,
-                        }
+                    # the compile target names torch.compile (default); the stricter reading,
+                    # against the faster of both compile modes, is reported beside it
+                    rows = (
+                        [("eager", s["kb_vs_eager"])]
+                        if what == "eager"
+                        else [
+                            ("torch.compile (default)", s["kb_vs_compile_default"]),
+                            ("best compile mode (stricter, not the issue's)", s["kb_vs_best_compile"]),
+                        ]
                     )
+                    for label, got in rows:
+                        verdicts.append(
+                            {
+                                "target": f">= {need}x {label} ({s['shape']})",
+                                "got": got,
+                                "met": got is not None and got >= need,
+                            }
+                        )
             if "eager_every_shape" in TARGETS.get(name, {}):
                 need = TARGETS[name]["eager_every_shape"]
                 verdicts.append(
@@ -503,8 +515,8 @@ def _markdown(doc: dict) -> str:
         "measured matmul rate of the dtype; `of floor` is floor time over kb's time.",
         "",
         "| problem | shape | eager | compile | compile max-autotune | kb (ladder) | kb (flat) | kb vs eager "
-        "| kb vs best compile | of floor |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| kb vs compile | kb vs best compile | of floor |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for name, e in doc["problems"].items():
         for s in e.get("compare", {}).get("shapes", []):
@@ -523,6 +535,7 @@ def _markdown(doc: dict) -> str:
                 f"{cell('compile_default')} | {cell('compile_max-autotune-no-cudagraphs')} | "
                 f"{cell('kb_ladder')} | {cell('kb_flat')} | "
                 f"{s.get('kb_vs_eager', 0):.2f}x | "
+                f"{(s.get('kb_vs_compile_default') or 0):.2f}x | "
                 f"{(s.get('kb_vs_best_compile') or 0):.2f}x | "
                 f"{kbl.get('floor_fraction', 0) * 100:.0f}% |"
             )

@@ -46,6 +46,14 @@ Precision (the knobs qk32, pv32, p16; one candidate serves every dtype of a prob
   (one rounded P) remains as a knob value, never proposed. Q K^T in 16 bits is a tensor-core dot of
   exact products with fp32 accumulation, which the 1e-2 tolerance absorbs.
 
+Tiles by dtype: one candidate serves every dtype of a problem's shapes, and the tiles that suit fp64
+scores on fp32 inputs (narrow head-dim steps, DMMA's small K) starve the 16-bit tensor cores (whose
+instructions step 16 elements of K at a time and want long K loops over wide tiles). The optional
+knobs block_m16, block_n16, block_d16, block_k16, num_warps16, num_stages16 set the 16-bit inputs'
+tiles apart (each falling back to its fp32 knob), and `tiles()` says what a knob set launches with.
+For 16-bit inputs the materialized softmax writes P directly in V's dtype, as hi and lo planes for
+p16="split" (the P V GEMM then loads both and runs two tensor-core dots, with no rounding in its loop).
+
 Strategies:
 - `full_d`: the Q block [BLOCK_M, D], K/V tiles [BLOCK_N, D] and acc [BLOCK_M, Dv] live whole (D padded
   to a power of two). One pass, minimal FLOPs; only for heads small enough (feasible() decides: acc
@@ -246,50 +254,109 @@ def precision(knobs: dict[str, Any]) -> dict[str, str]:
     return out
 
 
+# knobs that set 16-bit inputs' tiles apart from fp32's (module docstring, "Tiles by dtype")
+TILE16_KNOBS = {
+    "block_m16": "block_m",
+    "block_n16": "block_n",
+    "block_d16": "block_d",
+    "block_k16": "block_k",
+    "num_warps16": "num_warps",
+    "num_stages16": "num_stages",
+}
+
+
+def tiles(knobs: dict[str, Any], dtype: str) -> dict[str, int]:
+    """The tiles a knob set launches inputs of this dtype with: bm x bn score tiles (and full_d/d_tiled
+    blocks), bd the head-dim step, bk materialized's P V key step, warps, stages. 16-bit inputs take the
+    *16 knobs where set, else the fp32 values."""
+    base = {
+        "bm": knobs["block_m"],
+        "bn": knobs["block_n"],
+        "bd": knobs.get("block_d", 64),
+        # knob sets recorded before block_k existed stepped block_n
+        "bk": knobs.get("block_k", knobs["block_n"]),
+        "warps": knobs["num_warps"],
+        "stages": knobs["num_stages"],
+    }
+    if dtype == "float32":
+        return base
+    short = {
+        "block_m": "bm",
+        "block_n": "bn",
+        "block_d": "bd",
+        "block_k": "bk",
+        "num_warps": "warps",
+        "num_stages": "stages",
+    }
+    return base | {short[k32]: int(knobs[k16]) for k16, k32 in TILE16_KNOBS.items() if k16 in knobs}
+
+
 def feasible(spec: dict, knobs: dict[str, Any]) -> bool:
     """Power-of-two tiles >= 16; full_d only where acc + Q block + scores fit in registers and the K/V
     tiles of every pipeline stage (at least one) fit in shared memory; d_tiled's chunks likewise.
     fp64 scores (qk32=fp64 on fp32 inputs) take two registers an element, and so do d_tiled's widened
-    Q/K chunks; full_d's widened Q block is staged in shared memory (as ptxas shows on sm90)."""
+    Q/K chunks; full_d's widened Q block is staged in shared memory (as ptxas shows on sm90). The tiles
+    are those of the traced dtype; a knob set with 16-bit tiles of its own must also fit the traced
+    head at 16 bits (the problems whose shapes change dtype keep the head dims of the traced one's
+    family: sdp_attn's fp16 rung has the fp32 head)."""
     if knobs["strategy"] not in STRATEGIES:
-        return False
-    tiled = knobs["strategy"] in {"d_tiled", "materialized"}
-    keys = ("block_m", "block_n") + (("block_d", "block_dv") if tiled else ())
-    keys += ("block_k",) if "block_k" in knobs else ()
-    if any(knobs[k] < 16 or knobs[k] & (knobs[k] - 1) for k in keys) or knobs["num_stages"] < 1:
         return False
     try:
         prec = precision(knobs)
     except ValueError:
         return False
-    bm, bn = _blocks(spec, knobs)
     dtype = spec.get("dtype", "float32")
+    own16 = dtype == "float32" and any(k in knobs for k in TILE16_KNOBS)
+    if own16 and not _fits(spec | {"dtype": "float16"}, knobs, prec):
+        return False
+    return _fits(spec, knobs, prec)
+
+
+def _fits(spec: dict, knobs: dict[str, Any], prec: dict[str, str]) -> bool:
+    dtype = spec.get("dtype", "float32")
+    t = tiles(knobs, dtype)
+    tiled = knobs["strategy"] in {"d_tiled", "materialized"}
+    sizes = [t["bm"], t["bn"]] + ([t["bd"], knobs["block_dv"]] if tiled else [])
+    sizes += [t["bk"]] if "block_k" in knobs or "block_k16" in knobs else []
+    if any(b < 16 or b & (b - 1) for b in sizes) or t["stages"] < 1:
+        return False
+    if t["warps"] not in (1, 2, 4, 8, 16):
+        return False
+    bm, bn = _blocks(spec, {"block_m": t["bm"], "block_n": t["bn"]})
     elt = _ELT.get(dtype, 4)
     wide = dtype == "float32" and prec["qk32"] == "fp64"
-    threads = 32 * knobs["num_warps"]
+    threads = 32 * t["warps"]
     d = max(16, _next_pow2(spec.get("d") or 16))
     scores = bm * bn * (2 if wide else 1)
-    if knobs["strategy"] == "full_d":
+    strategy = knobs["strategy"]
+    if strategy == "materialized" and d <= FULL_D_MAX:  # runs full_d at this head: its limits apply
+        strategy = "full_d"
+    if strategy == "full_d":
         if d > FULL_D_MAX:
             return False
         regs = bm * d + scores + (0 if wide else bm * d * elt // 4)  # acc, scores, Q block
-        smem = knobs["num_stages"] * 2 * bn * d * elt + (bm * d * 8 if wide else 0)
-    elif knobs["strategy"] == "d_tiled":
-        bd = min(knobs["block_d"], d)
+        smem = t["stages"] * 2 * bn * d * elt + (bm * d * 8 if wide else 0)
+    elif strategy == "d_tiled":
+        bd = min(t["bd"], d)
         dv = min(knobs["block_dv"], d)
         regs = bm * dv + scores + (2 * (bm * bd + bd * bn) if wide else 0)
-        smem = knobs["num_stages"] * (bm * bd + bn * bd + bn * dv) * elt
+        smem = t["stages"] * (bm * bd + bn * bd + bn * dv) * elt
     else:
-        if d <= FULL_D_MAX:  # runs full_d at this head: that kernel's limits apply
-            return feasible(spec, {**knobs, "strategy": "full_d"})
-        bd = min(knobs["block_d"], d)
+        bd = min(t["bd"], d)
         dv = min(knobs["block_dv"], d)
-        bk = knobs.get("block_k", bn)
-        # presplit P V loads a hi and a lo tile of both operands
-        parts = 2 if dtype == "float32" and prec["pv32"] == "presplit" else 1
-        # the larger of the two GEMMs' needs: scores (fp64-widened operands) and P V (fp32 P tiles)
+        bk = t["bk"]
+        # presplit P V loads a hi and a lo tile of both operands (fp32); 16-bit P V a hi and a lo P tile
+        # in V's dtype
+        if dtype == "float32":
+            parts, p_elt = (2 if prec["pv32"] == "presplit" else 1), 4
+        else:
+            parts, p_elt = (2 if prec["p16"] == "split" else 1), elt
+        # the larger of the two GEMMs' needs: scores (fp64-widened operands) and P V
         regs = max(scores + (2 * (bm * bd + bd * bn) if wide else 0), bm * dv + parts * bm * bk)
-        smem = knobs["num_stages"] * max((bm + bn) * bd * elt, parts * (bm * bk * 4 + bk * dv * elt))
+        smem = t["stages"] * max(
+            (bm + bn) * bd * elt,
+            parts * bm * bk * p_elt + bk * dv * elt * (parts if dtype == "float32" else 1),
+        )
     return regs <= MAX_REGS_PER_THREAD * threads and smem <= MAX_SMEM
 
 
@@ -497,12 +564,17 @@ def _tf32(x):
 
 @triton.jit
 def _split_store(ptr, plane, x, mask, SPLIT: tl.constexpr):
-    # x itself, or (SPLIT) its TF32 hi part at ptr and its TF32-rounded remainder one plane further
-    # (a non-finite x is all hi: its lo is 0, so inf stays inf and NaN stays NaN in the products)
-    if SPLIT:
+    # x itself (SPLIT "none"); or its hi part at ptr and its remainder one plane further, each rounded to
+    # TF32's 10 mantissa bits ("tf32": fp32 planes a TF32 dot takes exactly; a non-finite x is all hi, so
+    # inf stays inf and NaN NaN) or to the planes' 16-bit dtype ("half": P for a 16-bit V, x in [0, 1])
+    if SPLIT == "tf32":
         hi = _tf32(x)
         tl.store(ptr, hi, mask=mask)
         tl.store(ptr + plane, tl.where(_finite(x), _tf32(x - hi), 0.0), mask=mask)
+    elif SPLIT == "half":
+        hi = x.to(ptr.dtype.element_ty)
+        tl.store(ptr, hi, mask=mask)
+        tl.store(ptr + plane, (x - hi.to(tl.float32)).to(ptr.dtype.element_ty), mask=mask)
     else:
         tl.store(ptr, x.to(ptr.dtype.element_ty), mask=mask)
 
@@ -516,7 +588,7 @@ def _split_v(v_ptr, out_ptr, Lk, DV, plane, BLOCK_K: tl.constexpr, BLOCK_DV: tl.
     rdv = tl.program_id(1) * BLOCK_DV + tl.arange(0, BLOCK_DV)
     mask = (rk[:, None] < Lk) & (rdv[None, :] < DV)
     v = tl.load(v_ptr + bh * Lk * DV + rk[:, None] * DV + rdv[None, :], mask=mask, other=0.0)
-    _split_store(out_ptr + bh * Lk * DV + rdv[None, :] * Lk + rk[:, None], plane, v, mask, True)
+    _split_store(out_ptr + bh * Lk * DV + rdv[None, :] * Lk + rk[:, None], plane, v, mask, "tf32")
 
 
 @triton.jit
@@ -579,27 +651,41 @@ def _pv_gemm(p_ptr, v_ptr, o_ptr, Lq, Lk, DV, p_plane, v_plane, PV: tl.constexpr
             acc = tl.dot(p_lo, v, acc, input_precision="tf32")
             acc = tl.dot(p, v_lo, acc, input_precision="tf32")
             acc = tl.dot(p, v, acc, input_precision="tf32")
+        elif PV == "split16" or PV == "single16":  # P already in V's dtype: hi (and lo) planes
+            acc = _dot16(p, v, acc, UPCAST)
+            if PV == "split16":
+                p_lo = tl.load(p_base + p_plane + cols[None, :], mask=p_mask, other=0.0)
+                acc = _dot16(p_lo, v, acc, UPCAST)
         else:
             acc = _pv(p, v, acc, PV, UPCAST)
     o = o_ptr + bh * Lq * DV + rm[:, None] * DV + rdv[None, :]
     tl.store(o, acc.to(o_ptr.dtype.element_ty), mask=(rm[:, None] < Lq) & (rdv[None, :] < DV))
 
 
-def _materialized(q, k, v, o, qk, pv, upcast, qk_scale, bm, bn):
+def _materialized(q, k, v, o, qk, pv, upcast, qk_scale, t):
     BH, Lq, D = q.shape
     Lk, DV = k.shape[1], v.shape[2]
     s_dtype = torch.float64 if qk == "fp64" else torch.float32
-    split = pv == "presplit"  # fp32 inputs only: 16-bit ones take P16's recipes
-    parts = 2 if split else 1
-    per_bh = Lq * Lk * (torch.finfo(s_dtype).bits // 8 + 4 * parts) + (Lk * DV * 4 * parts if split else 0)
+    split = pv == "presplit"  # fp32 inputs only
+    # 16-bit inputs: the softmax writes P in V's dtype, as hi + lo planes ("split") or rounded once
+    half = q.dtype != torch.float32
+    if half:
+        pv = pv + "16"
+    parts = 2 if split or pv == "split16" else 1
+    p_dtype = v.dtype if half else torch.float32
+    p_bytes = torch.finfo(p_dtype).bits // 8
+    per_bh = Lq * Lk * (torch.finfo(s_dtype).bits // 8 + p_bytes * parts)
+    per_bh += Lk * DV * 4 * parts if split else 0
     chunk = max(1, min(BH, SCRATCH_BYTES // max(1, per_bh)))
     s = torch.empty((chunk, Lq, Lk), dtype=s_dtype, device=q.device)
     # P (and for presplit V) as hi/lo planes: plane = the offset from a hi element to its lo
-    p = torch.empty((parts, chunk, Lq, Lk), dtype=torch.float32, device=q.device)
+    p = torch.empty((parts, chunk, Lq, Lk), dtype=p_dtype, device=q.device)
     vs = torch.empty((parts, chunk, Lk, DV), dtype=torch.float32, device=q.device) if split else None
-    bd = min(BLOCK_D, max(16, triton.next_power_of_2(D)))
+    bm, bn = t["bm"], t["bn"]
+    bd = min(t["bd"], max(16, triton.next_power_of_2(D)))
     bdv = min(BLOCK_DV, max(16, triton.next_power_of_2(DV)))
-    bk = min(BLOCK_K, max(16, triton.next_power_of_2(Lk)))
+    bk = min(t["bk"], max(16, triton.next_power_of_2(Lk)))
+    p_split = "tf32" if split else ("half" if pv == "split16" else "none")
     row_block = min(1024, max(16, triton.next_power_of_2(Lk)))  # the softmax kernel's columns a step
     block_r = max(1, 2048 // row_block)
     for b0 in range(0, BH, chunk):
@@ -607,9 +693,10 @@ def _materialized(q, k, v, o, qk, pv, upcast, qk_scale, bm, bn):
         n = b1 - b0
         _scores[(triton.cdiv(Lq, bm), triton.cdiv(Lk, bn), n)](
             q[b0:b1], k[b0:b1], s, Lq, Lk, D, QK=qk, UPCAST=upcast, BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=bd,
-            num_warps=NUM_WARPS, num_stages=NUM_STAGES)
-        _softmax_rows[(triton.cdiv(n * Lq, block_r),)](s, p, n * Lq, Lk, qk_scale, p[0].numel(), SPLIT=split,
-                                                      BLOCK_R=block_r, BLOCK_K=row_block, num_warps=4)
+            num_warps=t["warps"], num_stages=t["stages"])
+        _softmax_rows[(triton.cdiv(n * Lq, block_r),)](s, p, n * Lq, Lk, qk_scale, p[0].numel(),
+                                                      SPLIT=p_split, BLOCK_R=block_r, BLOCK_K=row_block,
+                                                      num_warps=4)
         vv, v_plane = v[b0:b1], 0
         if split:
             _split_v[(triton.cdiv(Lk, 64), triton.cdiv(DV, 64), n)](vv, vs, Lk, DV, vs[0].numel(), BLOCK_K=64,
@@ -617,16 +704,17 @@ def _materialized(q, k, v, o, qk, pv, upcast, qk_scale, bm, bn):
             vv, v_plane = vs, vs[0].numel()
         _pv_gemm[(triton.cdiv(Lq, bm), triton.cdiv(DV, bdv), n)](
             p, vv, o[b0:b1], Lq, Lk, DV, p[0].numel(), v_plane, PV=pv, UPCAST=upcast, BLOCK_M=bm, BLOCK_N=bk,
-            BLOCK_DV=bdv, num_warps=NUM_WARPS, num_stages=NUM_STAGES)
+            BLOCK_DV=bdv, num_warps=t["warps"], num_stages=t["stages"])
 
 
 def _launch(q, k, v, o):
     BH, Lq, D = q.shape
     Lk, DV = k.shape[1], v.shape[2]
     qk_scale = LOG2E / math.sqrt(D)
+    t = TILES32 if q.dtype == torch.float32 else TILES16
     cap = max(16, triton.next_power_of_2(max(Lq, Lk)))
-    bm = min(BLOCK_M, max(16, triton.next_power_of_2(Lq)))
-    bn = min(BLOCK_N, cap)
+    bm = min(t["bm"], max(16, triton.next_power_of_2(Lq)))
+    bn = min(t["bn"], cap)
     d_pad = max(16, triton.next_power_of_2(D))
     dv_pad = max(16, triton.next_power_of_2(DV))
     if q.dtype == torch.float32:
@@ -636,20 +724,20 @@ def _launch(q, k, v, o):
     upcast = q.dtype == torch.bfloat16 and os.environ.get("TRITON_INTERPRET") == "1"
     fits = max(d_pad, dv_pad) <= FULL_D_MAX
     if STRATEGY == "materialized" and not fits:
-        _materialized(q, k, v, o, qk, pv, upcast, qk_scale, bm, bn)
+        _materialized(q, k, v, o, qk, pv, upcast, qk_scale, {**t, "bm": bm, "bn": bn})
         return
     if STRATEGY in ("full_d", "materialized") and fits:
         grid = (triton.cdiv(Lq, bm), BH)
         _attn_full_d[grid](q, k, v, o, Lq, Lk, D, DV, qk_scale, QK=qk, PV=pv, UPCAST=upcast,
                            BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=d_pad, BLOCK_DV=dv_pad,
-                           num_warps=NUM_WARPS, num_stages=NUM_STAGES)
+                           num_warps=t["warps"], num_stages=t["stages"])
         return
-    bd = min(BLOCK_D, d_pad)
+    bd = min(t["bd"], d_pad)
     bdv = min(BLOCK_DV, dv_pad)
     grid = (triton.cdiv(Lq, bm), BH, triton.cdiv(DV, bdv))
     _attn_d_tiled[grid](q, k, v, o, Lq, Lk, D, DV, qk_scale, QK=qk, PV=pv, UPCAST=upcast,
                         BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=bd, BLOCK_DV=bdv,
-                        num_warps=NUM_WARPS, num_stages=NUM_STAGES)
+                        num_warps=t["warps"], num_stages=t["stages"])
 """
 
 
@@ -661,16 +749,13 @@ def render(spec: dict, knobs: dict[str, Any], signature: dict[str, list[str]]) -
     q, k, v = fwd[:3]
     rest = "".join(f", {a}" for a in fwd[3:])
     prec = precision(knobs)
+    t32, t16 = tiles(knobs, "float32"), tiles(knobs, "float16")
     consts = [
         f'STRATEGY = "{knobs["strategy"]}"',
-        f"BLOCK_M = {knobs['block_m']}",
-        f"BLOCK_N = {knobs['block_n']}",
-        f"BLOCK_D = {knobs.get('block_d', 64)}",
         f"BLOCK_DV = {knobs.get('block_dv', 128)}",
-        # materialized's P V step over the keys; knob sets recorded before it existed stepped block_n
-        f"BLOCK_K = {knobs.get('block_k', knobs['block_n'])}",
-        f"NUM_WARPS = {knobs['num_warps']}",
-        f"NUM_STAGES = {knobs['num_stages']}",
+        "# the launch tiles by input dtype (16-bit inputs take the *16 knobs where set)",
+        f"TILES32 = {t32!r}",
+        f"TILES16 = {t16!r}",
         f'QK32 = "{prec["qk32"]}"',
         f'PV32 = "{prec["pv32"]}"',
         f'P16 = "{prec["p16"]}"',

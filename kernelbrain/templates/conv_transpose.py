@@ -11,7 +11,9 @@ and the gather form of the transposed convolution (input channel c in group g = 
     where  ih = (oh + ph - kh*dh) / sh,  iw = (ow + pw - kw*dw) / sw,
 
 a tap contributing only when both divisions are exact and 0 <= ih < H, 0 <= iw < W. Accumulation is
-in fp32 (the 1e-4 tolerance rules out TF32 dots for fp32 inputs).
+in fp32. The dot forms' fp32 products (knob `fp32_dot`) are "ieee" (FMA units, the default) or
+"tf32x3" (three TF32 tensor-core dots, hi*hi + hi*lo + lo*hi of operands split in registers: products
+good to ~2^-21 relative, against 1e-4; plain TF32's 2^-11 is ruled out by the 1e-4 tolerance).
 
 Strategy axes:
 - `direct`: one program per (n, group, output-channel block, output-pixel block); every tap (kh, kw)
@@ -44,7 +46,8 @@ Strategy axes:
   kh (half of them at stride 2) load nothing.
 Knobs: BLOCK_P (output pixels per program; for `rows`, columns per phase; for `rows_dense`, column
 slots, BLOCK_P / next_pow2(sw) periods of sw columns), BLOCK_C (output channels per program), BLOCK_K
-(dot's K in input channels; unused by `rows`), num_warps.
+(dot's K in input channels; unused by `rows`), num_warps, and `fp32_dot` (above; only the tl.dot forms,
+phase_dot and rows_dense, take it: the others are FMA outer products).
 
 ModelNew builds the same nn.ConvTranspose2d under Model's attribute name (`conv_transpose2d`, the
 KernelBench name, unless the spec says otherwise), from Model's constructor parameters, so the
@@ -61,6 +64,9 @@ FLOAT_DTYPES = {"float32", "float16", "bfloat16"}
 # fp32 accumulator elements per thread; past this the accumulator spills
 MAX_ACC_PER_THREAD = 128
 STRATEGIES = ("direct", "phase", "phase_dot", "rows", "rows_dense")
+# fp32 products of the tl.dot forms (module docstring), the first the default
+FP32_DOTS = ("ieee", "tf32x3")
+DOT_STRATEGIES = ("phase_dot", "rows_dense")
 
 ROUND0: list[dict[str, Any]] = [
     # first, so a short budget measures them first: the fastest on group_conv at an H200 (tools/
@@ -83,6 +89,7 @@ MUTATIONS: dict[str, list[tuple[str, str]]] = {
         ("phase", "stride phases visit only the taps that contribute: sh*sw times fewer tap visits"),
         ("dot", "an implicit-GEMM tl.dot over the group's input channels instead of outer products"),
         ("longer_k", "more input channels per step: fewer loop trips, more independent FMAs"),
+        ("tf32x3_dot", "fp32 dots as three TF32 tensor-core dots instead of FMAs on the CUDA cores"),
     ],
     "memory-bound near peak": [
         ("wider_channels", "more output channels per program re-read each input pixel fewer times"),
@@ -97,11 +104,13 @@ MUTATIONS: dict[str, list[tuple[str, str]]] = {
         ("rows", "no phase grid: one row per program, each tap on its compile-time phase, no masked taps"),
         ("more_warps", "more warps keep more loads in flight"),
         ("smaller_tiles", "smaller pixel blocks make more programs to fill the SMs"),
+        ("tf32x3_dot", "tensor-core dots finish each program's few FMAs-worth of work sooner"),
     ],
     "launch-bound": [("larger_tiles", "fewer, fatter programs amortise launch and scheduling cost")],
     "register spills": [
         ("more_warps", "spread the accumulator over more threads"),
         ("smaller_tiles", "a smaller pixel block holds a smaller accumulator"),
+        ("ieee_dot", "an FMA dot keeps no TF32 hi/lo copies of its operands live"),
     ],
 }
 
@@ -125,6 +134,14 @@ def matches(ops: list[dict]) -> dict | None:
     return {"n": n, "c_in": c_in, "h": h, "w": w, "dtype": op["dtype"]}
 
 
+def fp32_dot(knobs: dict[str, Any]) -> str:
+    """The fp32 dot precision of a knob set (knob sets recorded before the knob existed: ieee)."""
+    v = str(knobs.get("fp32_dot", FP32_DOTS[0]))
+    if v not in FP32_DOTS:
+        raise ValueError(f"conv_transpose knob fp32_dot={v!r}: expected one of {', '.join(FP32_DOTS)}")
+    return v
+
+
 def feasible(spec: dict, knobs: dict[str, Any]) -> bool:
     """Power-of-two blocks (>= 16 per tl.dot dim), the accumulator (and, for the FMA forms, the
     BLOCK_K x BLOCK_C x BLOCK_P product summed over K) within registers."""
@@ -132,6 +149,8 @@ def feasible(spec: dict, knobs: dict[str, Any]) -> bool:
         return False
     bp, bc, bk, warps = knobs["block_p"], knobs["block_c"], knobs["block_k"], knobs["num_warps"]
     if any(b < 1 or b & (b - 1) for b in (bp, bc, bk)) or warps not in (1, 2, 4, 8, 16):
+        return False
+    if knobs.get("fp32_dot", FP32_DOTS[0]) not in FP32_DOTS:
         return False
     threads = 32 * warps
     if knobs["strategy"] == "phase_dot":
@@ -160,6 +179,10 @@ def mutate(knobs: dict[str, Any], move: str) -> dict[str, Any] | None:
         if k["strategy"] == "phase_dot":
             return None
         return {**k, "strategy": "phase_dot", "block_k": max(16, k["block_k"])}
+    if move in {"tf32x3_dot", "ieee_dot"}:
+        v = move.removesuffix("_dot")
+        ok = k["strategy"] in DOT_STRATEGIES and fp32_dot(k) != v
+        return {**k, "fp32_dot": v} if ok else None
     if move == "wider_channels":
         return {**k, "block_c": k["block_c"] * 2} if k["block_c"] < 128 else None
     if move == "larger_tiles":
@@ -175,7 +198,17 @@ def mutate(knobs: dict[str, Any], move: str) -> dict[str, Any] | None:
 
 _KERNEL = """
 @triton.jit
-def _taps(acc, x_tap, w_tap, valid, c_mask, rk, C_IN_G, HW, W_STRIDE, DOT: tl.constexpr, IEEE: tl.constexpr,
+def _dot(a, b, acc, PREC: tl.constexpr):
+    # fp32 operands: PREC is "ieee" (FMA units) or "tf32x3" (three TF32 tensor-core dots); 16-bit: "native"
+    if PREC == "native":
+        acc = tl.dot(a, b, acc)
+    else:
+        acc = tl.dot(a, b, acc, input_precision=PREC)
+    return acc
+
+
+@triton.jit
+def _taps(acc, x_tap, w_tap, valid, c_mask, rk, C_IN_G, HW, W_STRIDE, DOT: tl.constexpr, PREC: tl.constexpr,
           BLOCK_K: tl.constexpr):
     # one tap (kh, kw): acc += x[pixels, group channels] @ w[group channels, output channels]
     for c0 in range(0, C_IN_G, BLOCK_K):
@@ -185,10 +218,7 @@ def _taps(acc, x_tap, w_tap, valid, c_mask, rk, C_IN_G, HW, W_STRIDE, DOT: tl.co
             a = tl.load(x_tap[:, None] + kc[None, :] * HW, mask=valid[:, None] & k_mask[None, :], other=0.0)
             b = tl.load(w_tap[None, :] + kc[:, None] * W_STRIDE, mask=k_mask[:, None] & c_mask[None, :],
                         other=0.0)
-            if IEEE:
-                acc = tl.dot(a, b, acc, input_precision="ieee")
-            else:
-                acc = tl.dot(a, b, acc)
+            acc = _dot(a, b, acc, PREC)
         else:
             # BLOCK_K outer products w[c, C block] x x[c, pixel block] at once, on FMA units
             a = tl.load(x_tap[None, :] + kc[:, None] * HW, mask=k_mask[:, None] & valid[None, :], other=0.0)
@@ -201,7 +231,7 @@ def _taps(acc, x_tap, w_tap, valid, c_mask, rk, C_IN_G, HW, W_STRIDE, DOT: tl.co
 @triton.jit
 def _convt_kernel(x_ptr, w_ptr, b_ptr, y_ptr, C_IN, H, W, C_OUT, OH, OW, C_IN_G, C_OUT_G, N_CB,
                   SH, SW, PH, PW, DH, DW, KH: tl.constexpr, KW: tl.constexpr, HAS_BIAS: tl.constexpr,
-                  PHASE: tl.constexpr, DOT: tl.constexpr, IEEE: tl.constexpr, BLOCK_P: tl.constexpr,
+                  PHASE: tl.constexpr, DOT: tl.constexpr, PREC: tl.constexpr, BLOCK_P: tl.constexpr,
                   BLOCK_C: tl.constexpr, BLOCK_K: tl.constexpr):
     # axis 0: (n, group, output-channel block); axis 1: output-pixel block; axis 2: stride phase
     pid0 = tl.program_id(0)
@@ -250,7 +280,7 @@ def _convt_kernel(x_ptr, w_ptr, b_ptr, y_ptr, C_IN, H, W, C_OUT, OH, OW, C_IN_G,
                     iw = tw // SW + pj
                     valid = p_mask & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
                     acc = _taps(acc, x_n + ih * W + iw, w_g + kh * KW + kw, valid, c_mask, rk, C_IN_G, HW,
-                                W_STRIDE, DOT, IEEE, BLOCK_K)
+                                W_STRIDE, DOT, PREC, BLOCK_K)
             else:
                 th = oh + PH - kh * DH
                 tw = ow + PW - kw * DW
@@ -261,7 +291,7 @@ def _convt_kernel(x_ptr, w_ptr, b_ptr, y_ptr, C_IN, H, W, C_OUT, OH, OW, C_IN_G,
                 valid = p_mask & (th >= 0) & (tw >= 0) & (thp % SH == 0) & (twp % SW == 0)
                 valid = valid & (ih < H) & (iw < W)
                 acc = _taps(acc, x_n + ih * W + iw, w_g + kh * KW + kw, valid, c_mask, rk, C_IN_G, HW,
-                            W_STRIDE, DOT, IEEE, BLOCK_K)
+                            W_STRIDE, DOT, PREC, BLOCK_K)
     oc = g * C_OUT_G + ocl
     y_n = y_ptr + n.to(tl.int64) * C_OUT * OH * OW
     if DOT:
@@ -331,7 +361,7 @@ def _convt_dense_kernel(x_ptr, w_ptr, b_ptr, y_ptr, C_IN, H, W, C_OUT, OH, OW, C
                         C_IN_G: tl.constexpr, SH: tl.constexpr, SW: tl.constexpr, PH: tl.constexpr,
                         PW: tl.constexpr, DH: tl.constexpr, DW: tl.constexpr, KH: tl.constexpr,
                         KW: tl.constexpr, HAS_BIAS: tl.constexpr, SWP: tl.constexpr, DMIN: tl.constexpr,
-                        NDP: tl.constexpr, IEEE: tl.constexpr, BLOCK_J: tl.constexpr, BLOCK_C: tl.constexpr,
+                        NDP: tl.constexpr, PREC: tl.constexpr, BLOCK_J: tl.constexpr, BLOCK_C: tl.constexpr,
                         BLOCK_K: tl.constexpr):
     # one program: output row oh, BLOCK_C channels, columns ow = j*SW + p for BLOCK_J periods j and every
     # phase p < SW. Column-block fastest in the grid: neighbouring programs write neighbouring columns.
@@ -375,10 +405,7 @@ def _convt_dense_kernel(x_ptr, w_ptr, b_ptr, y_ptr, C_IN, H, W, C_OUT, OH, OW, C
                 c_ok = c < C_IN_G
                 a = tl.load(w_g + (c * W_STRIDE + kh * KW)[None, :], mask=a_ok & c_ok[None, :], other=0.0)
                 b = tl.load(x_n + (c * HW + ih * W)[:, None] + iw, mask=b_ok & c_ok[:, None], other=0.0)
-                if IEEE:
-                    acc = tl.dot(a, b, acc, input_precision="ieee")
-                else:
-                    acc = tl.dot(a, b, acc)
+                acc = _dot(a, b, acc, PREC)
     # [channel, phase, j] -> [channel, j*SWP + p], then gathered into contiguous columns w = j*SW + p:
     # one store of BLOCK_J*SW adjacent columns per channel (the phases' stride-SW stores would leave
     # every 32-byte sector partly written, which costs more L2 time than the whole computation)
@@ -424,6 +451,7 @@ def _launch(x, conv):
     if x.numel() == 0:
         return y.zero_() if bias is None else y.copy_(bias.view(1, -1, 1, 1).expand_as(y))
     x = x.contiguous()
+    prec = FP32_DOT if x.dtype == torch.float32 else "native"
     block_c = min(BLOCK_C, max(16, triton.next_power_of_2(c_out_g)))
     n_cb = triton.cdiv(c_out_g, block_c)
     c_in_g = c_in // groups
@@ -453,7 +481,7 @@ def _launch(x, conv):
         _convt_dense_kernel[(n * groups * n_cb * oh * n_jb,)](
             x, weight, bias if bias is not None else weight, y, c_in, h, w, c_out, oh, ow, c_out_g, n_cb,
             n_jb, C_IN_G=c_in_g, SH=sh, SW=sw, PH=ph, PW=pw, DH=dh, DW=dw, KH=kh, KW=kw,
-            HAS_BIAS=bias is not None, SWP=swp, DMIN=dmin, NDP=ndp, IEEE=x.dtype == torch.float32,
+            HAS_BIAS=bias is not None, SWP=swp, DMIN=dmin, NDP=ndp, PREC=prec,
             BLOCK_J=block_j, BLOCK_C=block_c, BLOCK_K=block_k, num_warps=NUM_WARPS,
         )
         return y
@@ -465,7 +493,7 @@ def _launch(x, conv):
     _convt_kernel[grid](
         x, weight, bias if bias is not None else weight, y, c_in, h, w, c_out, oh, ow, c_in // groups,
         c_out_g, n_cb, sh, sw, ph, pw, dh, dw, KH=kh, KW=kw, HAS_BIAS=bias is not None, PHASE=PHASE,
-        DOT=DOT, IEEE=x.dtype == torch.float32, BLOCK_P=BLOCK_P, BLOCK_C=block_c, BLOCK_K=block_k,
+        DOT=DOT, PREC=prec, BLOCK_P=BLOCK_P, BLOCK_C=block_c, BLOCK_K=block_k,
         num_warps=NUM_WARPS,
     )
     return y
@@ -527,6 +555,7 @@ def render(spec: dict, knobs: dict[str, Any], signature: dict[str, list[str]]) -
         f"BLOCK_C = {knobs['block_c']}",
         f"BLOCK_K = {knobs['block_k']}",
         f"NUM_WARPS = {knobs['num_warps']}",
+        f'FP32_DOT = "{fp32_dot(knobs)}"',
     ]
     knob_text = ", ".join(f"{k}={v}" for k, v in knobs.items())
     return f'''"""Transposed 2-D convolution: kernelbrain conv_transpose template ({knob_text})."""
