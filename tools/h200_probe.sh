@@ -3,11 +3,12 @@
 # new attention strategy, RMSNorm/softmax knob variants and the conv strategies do at the seed
 # problems' large shapes, before a full tools/h200_measure.sh run. Everything lands in one tar.
 #
-#   bash tools/h200_probe.sh [1|2|3|conv]   # writes $OUT/probe-STAGE.tgz (the JSON reports and logs)
+#   bash tools/h200_probe.sh [1|2|3|4|conv]   # writes $OUT/probe-STAGE.tgz (the JSON reports and logs)
 #
 # 1: the first call (results in benchmarks/results/h200/probe3/); 2: the second, after it: where the
 # materialized attention's time goes, softmax split_row with prefetch; 3: attention's presplit P V;
-# conv: the conv strategies. Stages 1-3 use two GPUs (kind nvidia-h200-x2).
+# conv: the conv strategies; 4 (session 4, one GPU): attention's 16-bit tiles, conv's tf32x3 dots.
+# Stages 1-3 use two GPUs (kind nvidia-h200-x2).
 set -uo pipefail
 : "${OUT:?set OUT to the folder the results go to}"
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
@@ -57,6 +58,42 @@ if [ "${1:-1}" = 3 ]; then
   grep -v Warn "$W/attn_breakdown.log" | tail -n 30
   grep -E "^(32x32|2x32|4x32|2x2x512)" "$W/attn.log" | cut -c1-60,150-210
   tail -n 3 "$W/attn.log"
+  exit 0
+fi
+if [ "${1:-1}" = 4 ]; then
+  # session 4, one GPU: attention's 16-bit tiles (overrides on the first materialized round-0 set; the
+  # fp16 rung runs materialized, the bf16 one full_d), then conv's tf32x3 dots
+  M='"strategy": "materialized"'
+  T16=('"block_m16": 128, "block_n16": 128, "block_d16": 64, "block_k16": 64, "num_warps16": 8, "num_stages16": 3'
+       '"block_m16": 128, "block_n16": 64, "block_d16": 64, "block_k16": 64, "num_warps16": 8, "num_stages16": 3'
+       '"block_m16": 64, "block_n16": 64, "block_d16": 64, "block_k16": 64, "num_warps16": 4, "num_stages16": 3'
+       '"block_m16": 128, "block_n16": 64, "block_d16": 64, "block_k16": 32, "num_warps16": 4, "num_stages16": 3'
+       '"block_m16": 64, "block_n16": 64, "block_d16": 128, "block_k16": 64, "num_warps16": 4, "num_stages16": 2'
+       '"block_m16": 128, "block_n16": 128, "block_d16": 32, "block_k16": 64, "num_warps16": 8, "num_stages16": 4'
+       '"block_m16": 64, "block_n16": 32, "block_d16": 64, "block_k16": 64, "num_warps16": 4, "num_stages16": 3')
+  X=()
+  for t in "${T16[@]}"; do X+=(--extra "{$M, $t}"); done
+  timeout 330 python3 tools/attn_check.py --out "$W/attn.json" --reps 5 --no-controls "${X[@]}" \
+    > "$W/attn.log" 2>&1
+  timeout 60 python3 tools/kernel_breakdown.py $P/sdp_attn.py --shape 1 --out "$W/attn16_breakdown.json" \
+    --knobs "{$M}" --knobs "{$M, ${T16[1]}}" > "$W/attn16_breakdown.log" 2>&1
+  D='"strategy": "rows_dense", "block_c": 16, "block_k": 8'
+  timeout 150 python3 tools/gpu_template_check.py $P/group_conv.py --no-round0 --out "$W/conv.json" \
+    --knobs "{$D, \"block_p\": 128, \"num_warps\": 2}" \
+    --knobs "{$D, \"block_p\": 128, \"num_warps\": 2, \"fp32_dot\": \"tf32x3\"}" \
+    --knobs "{$D, \"block_p\": 128, \"num_warps\": 4, \"fp32_dot\": \"tf32x3\"}" \
+    --knobs "{$D, \"block_p\": 256, \"num_warps\": 4, \"fp32_dot\": \"tf32x3\"}" \
+    --knobs "{$D, \"block_p\": 512, \"num_warps\": 4, \"fp32_dot\": \"tf32x3\"}" \
+    --knobs "{$D, \"block_p\": 512, \"num_warps\": 8, \"fp32_dot\": \"tf32x3\"}" \
+    --knobs '{"strategy": "phase_dot", "block_p": 64, "block_c": 16, "block_k": 16, "num_warps": 4, "fp32_dot": "tf32x3"}' \
+    --knobs '{"strategy": "phase_dot", "block_p": 128, "block_c": 16, "block_k": 16, "num_warps": 4, "fp32_dot": "tf32x3"}' \
+    > "$W/conv.log" 2>&1
+  nvidia-smi --query-gpu=name,driver_version --format=csv > "$W/gpu.txt" 2>&1
+  tar -czf "$OUT/probe-4.tgz" -C "$W" .
+  grep -E "^(2x32|4x32|32x32)" "$W/attn.log" | cut -c1-16,46-60,100-125,170-215
+  tail -n 3 "$W/attn.log"
+  grep -v Warn "$W/attn16_breakdown.log" | tail -n 20
+  grep -v Warn "$W/conv.log" | tail -n 24
   exit 0
 fi
 if [ "${1:-1}" = conv ]; then
