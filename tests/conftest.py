@@ -1,5 +1,6 @@
 """Make the in-tree packages importable when the distribution is not pip-installed; one warm sandbox per
-module; and, under pytest-xdist, tests marked `exclusive` run with no other test beside them."""
+module; a template test module's problem variants and their traces; and, under pytest-xdist, tests marked
+`exclusive` run with no other test beside them."""
 
 import fcntl
 import os
@@ -23,6 +24,31 @@ def box():
         yield sb
     finally:
         sb.close()
+
+
+@pytest.fixture(scope="module")
+def problems(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """The test module's `problem_variants()` (name -> problem source) written to files and read back
+    through the static check, as kb reads them."""
+    from kernelbrain.problem import read_problem
+
+    tmp = tmp_path_factory.mktemp(request.module.__name__.rsplit(".", 1)[-1])
+    out = {}
+    for name, text in request.module.problem_variants().items():
+        (tmp / f"{name}.py").write_text(text)
+        out[name] = read_problem(tmp / f"{name}.py")
+    return out
+
+
+@pytest.fixture(scope="module")
+def analyses(request: pytest.FixtureRequest, box, problems: dict[str, str]) -> dict[str, dict]:
+    """Each problem variant traced on CPU, and each of the module's OTHER_PROBLEMS (name -> path: other
+    families' problems, which its family must not match)."""
+    others = {name: path.read_text() for name, path in getattr(request.module, "OTHER_PROBLEMS", {}).items()}
+    return {
+        name: box.call("analyse", {"problem_source": src, "device": "cpu"}, timeout_s=120)[0]
+        for name, src in {**problems, **others}.items()
+    }
 
 
 def _session_dir(config: pytest.Config) -> Path | None:

@@ -1,8 +1,14 @@
-"""Builders for synthetic runs: real events in a real store, folded the way workers fold them."""
+"""Builders for synthetic runs: real events in a real store, folded the way workers fold them; an
+in-process run of the expert generator; and a script run in a fresh Triton-interpreter process."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
+from typing import Any
 
 from kernelbrain.events import (
     BudgetCharged,
@@ -25,6 +31,7 @@ from kernelbrain.workers import decision_key
 from store import EventStore
 
 RUN = "r-test"
+ROOT = Path(__file__).resolve().parents[1]
 
 
 class SyntheticRun:
@@ -134,3 +141,24 @@ def run_inprocess(problem: str | Path, db: Path, max_candidates: int) -> RunStat
     assert supervise(str(db), run_id, inprocess=True) is not None
     with EventStore(db, create=False) as store:
         return store.fold(RunState(run_id), run_id=run_id)
+
+
+def interpreter_env() -> dict[str, str]:
+    """The environment of a child that runs Triton kernels through the interpreter, the repository
+    importable. A child: Triton reads TRITON_INTERPRET when it is first imported, too late to set here."""
+    return {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
+
+
+def run_interpreted(script: str, *args: str, timeout: float = 300) -> Any:
+    """Run the Python source `script` with `args` (its sys.argv[1:]) in a fresh interpreter under
+    interpreter_env(); assert it exits 0 and return the JSON its last stdout line holds."""
+    proc = subprocess.run(
+        [sys.executable, "-c", script, *args],
+        env=interpreter_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])

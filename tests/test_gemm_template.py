@@ -10,15 +10,11 @@ from pathlib import Path
 import pytest
 
 from kernelbrain.diagnosis import LABELS
-from kernelbrain.problem import read_problem
-from kernelbrain.sandbox import Sandbox
 from kernelbrain.templates import gemm_epilogue as ge
 from tests.runs import run_inprocess
 
 ROOT = Path(__file__).resolve().parents[1]
 LINEAR = ROOT / "benchmarks" / "problems" / "linear_relu_div.py"
-SOFTMAX = ROOT / "benchmarks" / "problems" / "softmax.py"
-RMSNORM = ROOT / "benchmarks" / "problems" / "rmsnorm.py"
 SMOKE = 'KB_SMOKE_SHAPE = {"batch_size": 16, "in_features": 64, "out_features": 32}'
 # no dim a multiple of 16 nor of any block: every edge tile is masked
 IRREGULAR = 'KB_SMOKE_SHAPE = {"batch_size": 19, "in_features": 75, "out_features": 41}'
@@ -50,27 +46,17 @@ def get_init_inputs():
     return [d_in, d_out]
 """
 
+# problem_variants() and OTHER_PROBLEMS (other families' problems) feed conftest's problems/analyses fixtures
+OTHER_PROBLEMS = {
+    "softmax": ROOT / "benchmarks" / "problems" / "softmax.py",
+    "rmsnorm": ROOT / "benchmarks" / "problems" / "rmsnorm.py",
+}
 
-@pytest.fixture(scope="module")
-def problems(tmp_path_factory) -> dict[str, str]:
-    tmp = tmp_path_factory.mktemp("gemm_problems")
+
+def problem_variants() -> dict[str, str]:
     source = LINEAR.read_text()
     assert SMOKE in source
-    variants = {"seed": source, "irregular": source.replace(SMOKE, IRREGULAR), "const_div": CONST_DIV}
-    out = {}
-    for name, text in variants.items():
-        (tmp / f"{name}.py").write_text(text)
-        out[name] = read_problem(tmp / f"{name}.py")
-    return out
-
-
-@pytest.fixture(scope="module")
-def analyses(box: Sandbox, problems: dict[str, str]) -> dict[str, dict]:
-    sources = {**problems, "softmax": SOFTMAX.read_text(), "rmsnorm": RMSNORM.read_text()}
-    return {
-        name: box.call("analyse", {"problem_source": src, "device": "cpu"}, timeout_s=120)[0]
-        for name, src in sources.items()
-    }
+    return {"seed": source, "irregular": source.replace(SMOKE, IRREGULAR), "const_div": CONST_DIV}
 
 
 def test_matches_linear_relu_div_and_nothing_else(analyses):

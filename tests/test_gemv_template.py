@@ -11,15 +11,11 @@ from pathlib import Path
 import pytest
 
 from kernelbrain.diagnosis import LABELS
-from kernelbrain.problem import read_problem
-from kernelbrain.sandbox import Sandbox
 from kernelbrain.templates import FAMILIES, gemv
 from tests.runs import run_inprocess
 
 ROOT = Path(__file__).resolve().parents[1]
 MATVEC = ROOT / "benchmarks" / "problems" / "matvec.py"
-SOFTMAX = ROOT / "benchmarks" / "problems" / "softmax.py"
-RMSNORM = ROOT / "benchmarks" / "problems" / "rmsnorm.py"
 BMV = ROOT / "tests" / "problems" / "bmv_small.py"
 SMOKE = 'KB_SMOKE_SHAPE = {"M": 64, "K": 4096}'
 # M = 37 rows is no multiple of any BLOCK_M; K = 3001 is no multiple of any BLOCK_K (nor of 16)
@@ -49,16 +45,19 @@ def get_init_inputs():
     return []
 """
 
+# problem_variants() and OTHER_PROBLEMS (other families' problems) feed conftest's problems/analyses fixtures
+OTHER_PROBLEMS = {
+    "softmax": ROOT / "benchmarks" / "problems" / "softmax.py",
+    "rmsnorm": ROOT / "benchmarks" / "problems" / "rmsnorm.py",
+}
 
-@pytest.fixture(scope="module")
-def problems(tmp_path_factory) -> dict[str, str]:
-    """Problem variants written to files and read back through the static check, as kb reads them."""
-    tmp = tmp_path_factory.mktemp("gemv_problems")
+
+def problem_variants() -> dict[str, str]:
     source = MATVEC.read_text()
     assert SMOKE in source
     bmv = BMV.read_text()
     assert "return torch.bmm(A, x)" in bmv and "torch.rand(batch, K, 1)" in bmv
-    variants = {
+    return {
         "seed": source,
         "irregular": source.replace(SMOKE, IRREGULAR),
         "vector": VECTOR,
@@ -72,20 +71,6 @@ def problems(tmp_path_factory) -> dict[str, str]:
         "broadcast": bmv.replace("torch.rand(batch, K, 1)", "torch.rand(K)").replace(
             "torch.bmm", "torch.matmul"
         ),
-    }
-    out = {}
-    for name, text in variants.items():
-        (tmp / f"{name}.py").write_text(text)
-        out[name] = read_problem(tmp / f"{name}.py")
-    return out
-
-
-@pytest.fixture(scope="module")
-def analyses(box: Sandbox, problems: dict[str, str]) -> dict[str, dict]:
-    sources = {**problems, "softmax": SOFTMAX.read_text(), "rmsnorm": RMSNORM.read_text()}
-    return {
-        name: box.call("analyse", {"problem_source": src, "device": "cpu"}, timeout_s=120)[0]
-        for name, src in sources.items()
     }
 
 

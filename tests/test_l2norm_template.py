@@ -9,8 +9,6 @@ from pathlib import Path
 
 import pytest
 
-from kernelbrain.problem import read_problem
-from kernelbrain.sandbox import Sandbox
 from kernelbrain.templates import FAMILIES, l2norm, row_norm
 from tests.runs import run_inprocess
 
@@ -18,7 +16,8 @@ ROOT = Path(__file__).resolve().parents[1]
 PROBLEMS = ROOT / "tests" / "problems"
 L2NORM = PROBLEMS / "l2norm_small.py"
 SMOKE = 'KB_SMOKE_SHAPE = {"batch_size": 5, "dim": 300}'
-SEEDS = {
+# problem_variants() and OTHER_PROBLEMS (other families' problems) feed conftest's problems/analyses fixtures
+OTHER_PROBLEMS = {
     "softmax": ROOT / "benchmarks" / "problems" / "softmax.py",
     "rmsnorm": ROOT / "benchmarks" / "problems" / "rmsnorm.py",
     "layernorm": PROBLEMS / "layernorm_small.py",
@@ -54,7 +53,7 @@ MULTI_TILE = [
 ]
 
 
-def _variants() -> dict[str, str]:
+def problem_variants() -> dict[str, str]:
     seed = L2NORM.read_text()
     assert SMOKE in seed
     return {
@@ -65,31 +64,12 @@ def _variants() -> dict[str, str]:
     }
 
 
-@pytest.fixture(scope="module")
-def problems(tmp_path_factory) -> dict[str, str]:
-    tmp = tmp_path_factory.mktemp("l2norm_problems")
-    out = {}
-    for name, text in _variants().items():
-        (tmp / f"{name}.py").write_text(text)
-        out[name] = read_problem(tmp / f"{name}.py")
-    return out
-
-
-@pytest.fixture(scope="module")
-def analyses(box: Sandbox, problems: dict[str, str]) -> dict[str, dict]:
-    sources = {**problems, **{k: p.read_text() for k, p in SEEDS.items()}}
-    return {
-        name: box.call("analyse", {"problem_source": src, "device": "cpu"}, timeout_s=120)[0]
-        for name, src in sources.items()
-    }
-
-
 def test_matches_l2_normalisations_and_nothing_else(analyses):
-    for name in _variants():
+    for name in problem_variants():
         assert [f.FAMILY for f in FAMILIES if f.matches(analyses[name]["ops"]) is not None] == ["l2norm"], (
             name
         )
-    for name in SEEDS:
+    for name in OTHER_PROBLEMS:
         assert l2norm.matches(analyses[name]["ops"]) is None, name
     assert l2norm.matches(analyses["seed"]["ops"]) == {
         "dim": 1,
@@ -132,7 +112,7 @@ def test_spellings_and_near_misses(ops, why):
 
 
 # every round-0 knob set on every variant; the multi-tile ones on two irregular variants
-CASES = [(v, k) for v in _variants() for k in row_norm.ROUND0] + [
+CASES = [(v, k) for v in problem_variants() for k in row_norm.ROUND0] + [
     (v, k) for v in ("seed", "inner") for k in MULTI_TILE
 ]
 

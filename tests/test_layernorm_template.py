@@ -12,8 +12,6 @@ import pytest
 
 from kernelbrain.diagnosis import LABELS
 from kernelbrain.evaluate import load_module
-from kernelbrain.problem import read_problem
-from kernelbrain.sandbox import Sandbox
 from kernelbrain.templates import FAMILIES, layernorm, row_norm
 from tests.runs import run_inprocess
 
@@ -25,7 +23,8 @@ AFFINE_INIT = """        with torch.no_grad():
             self.ln.weight.uniform_(0.5, 1.5)
             self.ln.bias.uniform_(-0.5, 0.5)
 """
-SEEDS = {
+# problem_variants() and OTHER_PROBLEMS (other families' problems) feed conftest's problems/analyses fixtures
+OTHER_PROBLEMS = {
     "softmax": ROOT / "benchmarks" / "problems" / "softmax.py",
     "rmsnorm": ROOT / "benchmarks" / "problems" / "rmsnorm.py",
     "l2norm": PROBLEMS / "l2norm_small.py",
@@ -37,7 +36,7 @@ MULTI_TILE = [
 ]
 
 
-def _variants() -> dict[str, str]:
+def problem_variants() -> dict[str, str]:
     seed = LAYERNORM.read_text()
     assert SMOKE in seed and AFFINE_INIT in seed
     plain = seed.replace(AFFINE_INIT, "").replace(
@@ -55,26 +54,6 @@ def _variants() -> dict[str, str]:
     }
 
 
-@pytest.fixture(scope="module")
-def problems(tmp_path_factory) -> dict[str, str]:
-    """Problem variants written to files and read back through the static check, as kb reads them."""
-    tmp = tmp_path_factory.mktemp("layernorm_problems")
-    out = {}
-    for name, text in _variants().items():
-        (tmp / f"{name}.py").write_text(text)
-        out[name] = read_problem(tmp / f"{name}.py")
-    return out
-
-
-@pytest.fixture(scope="module")
-def analyses(box: Sandbox, problems: dict[str, str]) -> dict[str, dict]:
-    sources = {**problems, **{k: p.read_text() for k, p in SEEDS.items()}}
-    return {
-        name: box.call("analyse", {"problem_source": src, "device": "cpu"}, timeout_s=120)[0]
-        for name, src in sources.items()
-    }
-
-
 def _spec(analyses: dict, problems: dict, variant: str) -> dict:
     spec = layernorm.refine(layernorm.matches(analyses[variant]["ops"]), problems[variant])
     assert spec is not None, variant
@@ -82,11 +61,11 @@ def _spec(analyses: dict, problems: dict, variant: str) -> dict:
 
 
 def test_matches_layer_norms_and_nothing_else(analyses):
-    for name in _variants():
+    for name in problem_variants():
         assert [f.FAMILY for f in FAMILIES if f.matches(analyses[name]["ops"]) is not None] == [
             "layernorm"
         ], name
-    for name in SEEDS:
+    for name in OTHER_PROBLEMS:
         assert layernorm.matches(analyses[name]["ops"]) is None, name
     assert analyses["seed"]["ops"] == [
         {"op": "layer_norm", "ndim": 3, "shape": [3, 5, 48], "dtype": "float32", "eps": 1e-5}
@@ -180,7 +159,7 @@ def test_model_new_holds_models_parameters_under_the_same_names(analyses, proble
 
 
 # every round-0 knob set on every variant; the multi-tile ones on two irregular variants
-CASES = [(v, k) for v in _variants() for k in row_norm.ROUND0] + [
+CASES = [(v, k) for v in problem_variants() for k in row_norm.ROUND0] + [
     (v, k) for v in ("seed", "decomposed") for k in MULTI_TILE
 ]
 

@@ -12,14 +12,11 @@ from pathlib import Path
 import pytest
 
 from kernelbrain.diagnosis import LABELS
-from kernelbrain.problem import read_problem
-from kernelbrain.sandbox import Sandbox
 from kernelbrain.templates import FAMILIES, rmsnorm
 from tests.kbcli import kb
 
 ROOT = Path(__file__).resolve().parents[1]
 RMSNORM = ROOT / "benchmarks" / "problems" / "rmsnorm.py"
-SOFTMAX = ROOT / "benchmarks" / "problems" / "softmax.py"
 SMOKE = 'KB_SMOKE_SHAPE = {"batch_size": 2, "features": 64, "dim1": 8, "dim2": 16}'
 # C = 20 is not a power of two; H*W = 63 is not a multiple of any BLOCK_S
 IRREGULAR = 'KB_SMOKE_SHAPE = {"batch_size": 3, "features": 20, "dim1": 7, "dim2": 9}'
@@ -49,28 +46,14 @@ def get_init_inputs():
     return [hidden]
 """
 
+# problem_variants() and OTHER_PROBLEMS (other families' problems) feed conftest's problems/analyses fixtures
+OTHER_PROBLEMS = {"softmax": ROOT / "benchmarks" / "problems" / "softmax.py"}
 
-@pytest.fixture(scope="module")
-def problems(tmp_path_factory) -> dict[str, str]:
-    """Problem variants written to files and read back through the static check, as kb reads them."""
-    tmp = tmp_path_factory.mktemp("rmsnorm_problems")
+
+def problem_variants() -> dict[str, str]:
     source = RMSNORM.read_text()
     assert SMOKE in source
-    variants = {"seed": source, "irregular": source.replace(SMOKE, IRREGULAR), "last_dim_fp16": LAST_DIM_FP16}
-    out = {}
-    for name, text in variants.items():
-        (tmp / f"{name}.py").write_text(text)
-        out[name] = read_problem(tmp / f"{name}.py")
-    return out
-
-
-@pytest.fixture(scope="module")
-def analyses(box: Sandbox, problems: dict[str, str]) -> dict[str, dict]:
-    sources = {**problems, "softmax": SOFTMAX.read_text()}
-    return {
-        name: box.call("analyse", {"problem_source": src, "device": "cpu"}, timeout_s=120)[0]
-        for name, src in sources.items()
-    }
+    return {"seed": source, "irregular": source.replace(SMOKE, IRREGULAR), "last_dim_fp16": LAST_DIM_FP16}
 
 
 def test_matches_the_traced_rmsnorm_and_nothing_else(analyses):

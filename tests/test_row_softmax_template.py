@@ -6,17 +6,10 @@ without prefetch) runs here too, with its waits preset to pass."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
 from kernelbrain.templates import row_softmax as rs
-
-ROOT = Path(__file__).resolve().parents[1]
+from tests.runs import run_interpreted
 
 SIGNATURE = {"init": [], "forward": ["x"]}
 
@@ -140,16 +133,6 @@ print(json.dumps({"err": err, "cnt": cnt.tolist()}))
 
 @pytest.mark.parametrize("prefetch", [False, True])
 def test_split_row_one_launch_path_with_and_without_prefetch(prefetch):
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run(
-        [sys.executable, "-c", PHASE0, "1" if prefetch else "0"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    out = run_interpreted(PHASE0, "1" if prefetch else "0")
     assert out["err"] < 1e-6, out  # every row normalised (NaN would fail too)
     assert out["cnt"] == [8] * 5, out  # each of a row's 4 chunks published once, in the one launch

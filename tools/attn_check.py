@@ -24,8 +24,6 @@ import argparse
 import copy
 import gc
 import json
-import os
-import platform
 import statistics
 import sys
 import time
@@ -39,9 +37,10 @@ import torch  # noqa: E402
 from pydantic import BaseModel  # noqa: E402
 
 from kernelbrain import evaluate  # noqa: E402
-from kernelbrain.problem import read_problem, shape_label  # noqa: E402
+from kernelbrain.problem import shape_label  # noqa: E402
 from kernelbrain.templates import attention as at  # noqa: E402
 from kernelbrain.templates import knobs_with  # noqa: E402
+from tools.gpu_setup import Log, compare, device_name, device_ok, sync, trace  # noqa: E402
 
 DEFAULT_PROBLEM = ROOT / "benchmarks" / "problems" / "sdp_attn.py"
 
@@ -141,14 +140,8 @@ def _dtype(problem: evaluate.Problem, shape: dict) -> str:
 
 
 def _compare(got: torch.Tensor, expected: torch.Tensor, tol: float, seed: int) -> SeedResult:
-    """The gate's comparison: isclose(atol = rtol = tol) against float64, NaN/Inf only where the
-    reference has them."""
-    g64 = got.detach().to(torch.float64)
-    bad_e = ~torch.isfinite(expected)
-    ok = bad_e | torch.isclose(g64, expected, rtol=tol, atol=tol)  # NaN/Inf against a finite value: bad
-    diff = (g64 - expected).abs().masked_fill(bad_e, 0).nan_to_num(nan=float("inf"))
-    bad = int((~ok).sum())
-    return SeedResult(seed=seed, max_abs_err=float(diff.max()), bad=bad, numel=ok.numel(), passed=bad == 0)
+    max_abs_err, bad, numel = compare(got, expected, tol)
+    return SeedResult(seed=seed, max_abs_err=max_abs_err, bad=bad, numel=numel, passed=bad == 0)
 
 
 def _device_variant(inputs: list, seed: int, device: str) -> list:
@@ -168,11 +161,6 @@ def _device_variant(inputs: list, seed: int, device: str) -> list:
 
 def _median(timer: evaluate._Timer, fn, reps: int, calls: int) -> float:
     return statistics.median(timer(fn, calls) for _ in range(reps))
-
-
-def _sync(device: str) -> None:
-    if device == "cuda":
-        torch.cuda.synchronize()
 
 
 def check_shape(
@@ -230,7 +218,7 @@ def check_shape(
             inputs = [evaluate._to(x, dev) for x in varied]
             del drawn, varied
             expected = evaluate._outputs(ref64(*[evaluate._to(x, dev, torch.float64) for x in inputs]))[0]
-            _sync(dev)
+            sync(dev)
             log(f"  {label} seed {seed}: inputs + float64 reference {time.perf_counter() - t0:.1f}s")
             rows["eager"].seeds.append(_compare(evaluate._outputs(ref(*inputs))[0], expected, tol, seed))
             for name, model in models.items():
@@ -239,7 +227,7 @@ def check_shape(
                 t0 = time.perf_counter()
                 try:
                     got = evaluate._outputs(model(*inputs))[0]
-                    _sync(dev)
+                    sync(dev)
                 except Exception as e:
                     rows[name].error = f"seed {seed}: {type(e).__name__}: {e}"[:500]
                     continue
@@ -350,21 +338,10 @@ def main(argv: list[str] | None = None) -> int:
         '"full_d", "block_m": 128}\' (repeatable)',
     )
     args = ap.parse_args(argv)
-    if args.device == "cuda" and not torch.cuda.is_available():
-        print("attn_check: no CUDA device; run it on the GPU machine, or pass --device cpu", file=sys.stderr)
+    if not device_ok("attn_check", args.device):
         return 2
-    if args.device == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
-        # Triton reads it at import: setting it here would be too late
-        print("attn_check: --device cpu needs TRITON_INTERPRET=1 in the environment", file=sys.stderr)
-        return 2
-    t_start = time.perf_counter()
-
-    def log(msg: str) -> None:
-        print(f"[{time.perf_counter() - t_start:6.1f}s] {msg}", flush=True)
-
-    source = read_problem(args.problem)
-    problem = evaluate.Problem(source)
-    analysis = evaluate.analyse(source, args.device)
+    log = Log()
+    _, problem, analysis = trace(args.problem, args.device)
     spec = at.matches(analysis["ops"])
     if spec is None:
         print(
@@ -376,7 +353,7 @@ def main(argv: list[str] | None = None) -> int:
     report = Report(
         problem=str(args.problem.relative_to(ROOT) if args.problem.is_relative_to(ROOT) else args.problem),
         device=args.device,
-        gpu=torch.cuda.get_device_name() if args.device == "cuda" else platform.processor() or "cpu",
+        gpu=device_name(args.device),
         torch=torch.__version__,
         triton=triton.__version__,
         spec=spec,
@@ -398,7 +375,7 @@ def main(argv: list[str] | None = None) -> int:
     for shape, kind, draw in shapes:
         log(f"shape {shape_label(shape)} ({kind}, {draw} draw)")
         report.rows += check_shape(problem, shape, kind, draw, cands, args, log)
-        report.wall_s = time.perf_counter() - t_start
+        report.wall_s = log.elapsed()
         args.out.write_text(report.model_dump_json(indent=1))  # partial results survive a time limit
     print(table(report.rows))
     failed = [r.variant for r in report.rows if r.role == "round0" and r.passed is not True]

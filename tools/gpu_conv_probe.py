@@ -23,8 +23,6 @@ import argparse
 import copy
 import gc
 import json
-import os
-import platform
 import statistics
 import sys
 import time
@@ -37,9 +35,10 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 from kernelbrain import evaluate  # noqa: E402
-from kernelbrain.problem import read_problem, shape_label  # noqa: E402
+from kernelbrain.problem import shape_label  # noqa: E402
 from kernelbrain.templates import conv_transpose as ct  # noqa: E402
 from kernelbrain.templates import knobs_with  # noqa: E402
+from tools.gpu_setup import Log, compare, device_name, device_ok, sync, trace  # noqa: E402
 
 DEFAULT_PROBLEM = ROOT / "benchmarks" / "problems" / "group_conv.py"
 # a tiny shape for a CPU run through the interpreter (slow: one program per output row and block)
@@ -81,20 +80,9 @@ def _short(knobs: dict[str, Any]) -> str:
     return f"{k['strategy']} p{k['block_p']} c{k['block_c']} k{k['block_k']} w{k['num_warps']}"
 
 
-def _sync(device: str) -> None:
-    if device == "cuda":
-        torch.cuda.synchronize()
-
-
 def _compare(got: torch.Tensor, expected: torch.Tensor, tol: float) -> dict[str, Any]:
-    """The gate's rule: isclose(atol = rtol = tol) against float64; NaN/Inf only where the reference
-    has it."""
-    g64 = got.detach().to(torch.float64)
-    bad_e = ~torch.isfinite(expected)
-    ok = bad_e | torch.isclose(g64, expected, rtol=tol, atol=tol)
-    diff = (g64 - expected).abs().masked_fill(bad_e, 0).nan_to_num(nan=float("inf"))
-    bad = int((~ok).sum())
-    return {"max_abs_err": float(diff.max()), "bad": bad, "passed": bad == 0}
+    max_abs_err, bad, _ = compare(got, expected, tol)
+    return {"max_abs_err": max_abs_err, "bad": bad, "passed": bad == 0}
 
 
 def probe_shape(
@@ -128,7 +116,7 @@ def probe_shape(
             tol = problem.tolerance.get(str(inputs[0].dtype).removeprefix("torch."), 1e-4)
             in_bytes = sum(x.numel() * x.element_size() for x in inputs if isinstance(x, torch.Tensor))
             out_bytes = expected.numel() * inputs[0].element_size()
-            _sync(dev)
+            sync(dev)
             log(f"  {label} seed {seed}: inputs + float64 reference {time.perf_counter() - t0:.1f}s")
             rows["eager"]["seeds"].append(_compare(evaluate._outputs(ref(*inputs))[0], expected, tol))
             for name, model in models.items():
@@ -137,7 +125,7 @@ def probe_shape(
                 t0 = time.perf_counter()
                 try:
                     got = evaluate._outputs(model(*inputs))[0]
-                    _sync(dev)
+                    sync(dev)
                 except Exception as e:
                     rows[name]["error"] = f"seed {seed}: {type(e).__name__}: {e}"[:500]
                     continue
@@ -164,7 +152,7 @@ def probe_shape(
                 try:
                     for _ in range(args.warmup):
                         fn()
-                    _sync(dev)
+                    sync(dev)
                 except Exception as e:
                     rows[name]["error"] = f"timing: {type(e).__name__}: {e}"[:500]
                     del fns[name]
@@ -232,24 +220,12 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.reps is None:
         args.reps = 20 if args.device == "cuda" else 1
-    if args.device == "cuda" and not torch.cuda.is_available():
-        print(
-            "gpu_conv_probe: no CUDA device; run it on the GPU machine, or pass --device cpu", file=sys.stderr
-        )
-        return 2
-    if args.device == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
-        print("gpu_conv_probe: --device cpu needs TRITON_INTERPRET=1 in the environment", file=sys.stderr)
+    if not device_ok("gpu_conv_probe", args.device):
         return 2
     import triton
 
-    t_start = time.perf_counter()
-
-    def log(msg: str) -> None:
-        print(f"[{time.perf_counter() - t_start:6.1f}s] {msg}", flush=True)
-
-    source = read_problem(args.problem)
-    problem = evaluate.Problem(source)
-    analysis = evaluate.analyse(source, args.device)
+    log = Log()
+    _, problem, analysis = trace(args.problem, args.device)
     spec = ct.matches(analysis["ops"])
     if spec is None:
         print(f"gpu_conv_probe: {args.problem} does not trace to a lone conv_transpose2d", file=sys.stderr)
@@ -269,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
     report: dict[str, Any] = {
         "problem": str(args.problem),
         "device": args.device,
-        "gpu": torch.cuda.get_device_name() if args.device == "cuda" else platform.processor() or "cpu",
+        "gpu": device_name(args.device),
         "torch": torch.__version__,
         "triton": triton.__version__,
         "spec": spec,
@@ -283,7 +259,7 @@ def main(argv: list[str] | None = None) -> int:
     for shape in shapes:
         log(f"shape {shape_label(shape)}")
         report["rows"] += probe_shape(problem, shape, cands, args, log)
-        report["wall_s"] = time.perf_counter() - t_start
+        report["wall_s"] = log.elapsed()
         args.out.write_text(json.dumps(report, indent=1))  # partial results survive a time limit
     print(table(report["rows"]))
     failed = sorted({r["name"] for r in report["rows"] if r["name"] != "eager" and r["passed"] is not True})

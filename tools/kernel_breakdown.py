@@ -23,10 +23,9 @@ import torch  # noqa: E402
 from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
 from kernelbrain import evaluate  # noqa: E402
-from kernelbrain.events import ProblemAnalysed  # noqa: E402
-from kernelbrain.generators.expert import ExpertGenerator  # noqa: E402
-from kernelbrain.problem import read_problem, shape_label  # noqa: E402
+from kernelbrain.problem import shape_label  # noqa: E402
 from kernelbrain.templates import knobs_with  # noqa: E402
+from tools.gpu_setup import match_family, trace  # noqa: E402
 
 
 def _kernels(fn, calls: int) -> list[dict]:
@@ -61,11 +60,8 @@ def main() -> int:
     if not torch.cuda.is_available():
         print("kernel_breakdown: needs a CUDA device (torch.profiler's CUDA activity)", file=sys.stderr)
         return 2
-    source = read_problem(args.problem)
-    problem = evaluate.Problem(source)
-    analysis = evaluate.analyse(source, "cuda")
-    gen = ExpertGenerator()
-    family, spec = gen.match_family(ProblemAnalysed(**analysis, families=[]), problem_source=source)
+    source, problem, analysis = trace(args.problem, "cuda")
+    family, spec = match_family(source, analysis)
     shape = problem.shapes[args.shape]
     report = {"problem": args.problem.name, "shape": shape_label(shape), "renders": []}
     with torch.no_grad():
