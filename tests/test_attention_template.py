@@ -292,7 +292,9 @@ def test_mutations_move_knobs_and_feasibility_refuses_what_does_not_fit():
     for knobs in at.ROUND0:
         assert at.feasible(d1024, knobs) is (knobs["strategy"] != "full_d"), knobs
         assert at.feasible(d128, knobs), knobs
-    assert at.feasible(d128, {**MAT, "block_m": 256, "num_warps": 1}) is False  # full_d's acc spills
+    assert at.feasible(d128, {**MAT, "narrow16_m": 256, "narrow16_warps": 1}) is False  # full_d's acc spills
+    fp32_tiles = {k: v for k, v in MAT.items() if k not in at.TILE16_KNOBS}
+    assert at.feasible(d128, {**fp32_tiles, "block_m": 256, "num_warps": 1}) is False  # the same, fp32 knobs
     assert not at.feasible(d1024, {**MAT, "strategy": "no_such"})
     # fp64 score tiles of 128 x 128 on 128 threads: 256 registers a thread for the accumulator alone
     assert not at.feasible(d1024, {**MAT, "block_m": 128, "block_n": 128, "num_warps": 4})
@@ -344,12 +346,12 @@ def test_attn_check_tool_runs_end_to_end_on_cpu(tmp_path):
 
 # 16-bit tiles of their own (narrow ones: several programs and key steps at the smoke shapes)
 OWN16 = {
-    "block_m16": 16,
-    "block_n16": 32,
-    "block_d16": 64,
-    "block_k16": 16,
-    "num_warps16": 2,
-    "num_stages16": 1,
+    "wide16_m": 16,
+    "wide16_n": 32,
+    "wide16_d": 64,
+    "wide16_k": 16,
+    "wide16_warps": 2,
+    "wide16_stages": 1,
 }
 
 
@@ -377,21 +379,27 @@ def test_materialized_chunks_over_bh_and_serves_16_bit_wide_heads(box, tmp_path,
 
 
 def test_16_bit_inputs_take_their_own_tiles_where_set():
-    """tiles(): fp32 inputs always take the fp32 knobs; 16-bit ones the *16 knobs where set, each
-    falling back to its fp32 knob; the render carries both tile sets; feasible() refuses 16-bit tiles
-    that are no tiles (not a power of two) or that overflow shared memory at the traced head."""
-    base = next(k for k in at.ROUND0 if k["strategy"] == "materialized")
-    assert at.tiles(base, "float16") == at.tiles(base, "float32")
-    own = {**base, "block_d16": 64, "num_warps16": 4}
-    t16, t32 = at.tiles(own, "bfloat16"), at.tiles(own, "float32")
-    assert t32 == at.tiles(base, "float32") and t32["bd"] == base["block_d"]
-    assert t16 == {**t32, "bd": 64, "warps": 4}
+    """tiles(): fp32 inputs always take the fp32 knobs; 16-bit ones their head group's knobs (wide16_*
+    past FULL_D_MAX, narrow16_* up to it) where set, each falling back to its fp32 knob; the render
+    carries every tile set; feasible() refuses 16-bit tiles that are no tiles (not a power of two) or
+    that overflow registers or shared memory at the traced wide head."""
+    base = {k: v for k, v in at.ROUND0[0].items() if k not in at.TILE16_KNOBS}
+    assert at.tiles(base, "float16", 1024) == at.tiles(base, "float32", 1024)
+    own = {**base, "wide16_d": 64, "wide16_warps": 4, "narrow16_m": 32}
+    t32 = at.tiles(own, "float32", 1024)
+    assert (
+        t32 == at.tiles(base, "float32", 1024) and t32["d"] == base["block_d"] and t32["m"] == base["block_m"]
+    )
+    assert at.tiles(own, "bfloat16", 1024) == {**t32, "d": 64, "warps": 4}
+    assert at.tiles(own, "float16", 128) == {**t32, "m": 32}
     spec = {"bh": 1024, "lq": 512, "d": 1024, "dtype": "float32"}
     src = at.render(spec, own, {"init": [], "forward": ["Q", "K", "V"]})
-    assert f"TILES32 = {t32!r}" in src and f"TILES16 = {t16!r}" in src
-    assert at.feasible(spec, {**base, **OWN16})
-    assert not at.feasible(spec, {**base, "block_d16": 48})
-    assert not at.feasible(spec, {**base, "num_warps16": 3})
+    assert f"'wide16': {at.tiles(own, 'float16', 1024)!r}" in src
+    assert f"'narrow16': {at.tiles(own, 'float16', 128)!r}" in src
+    assert at.feasible(spec, {**base, **OWN16}) and at.feasible(spec, at.ROUND0[0])
+    assert not at.feasible(spec, {**base, "wide16_d": 48})
+    assert not at.feasible(spec, {**base, "wide16_warps": 3})
+    assert not at.feasible(spec, {**base, "narrow16_n": 48})
     # 256 x 256 score tiles stepping 128 of the head, 3 stages: 256 scores a thread, 384 KiB of operands
-    assert not at.feasible(spec, {**base, "block_m16": 256, "block_n16": 256, "block_d16": 128})
-    assert at.feasible(spec, {**base, "block_m16": 128, "block_n16": 128, "block_d16": 64})
+    assert not at.feasible(spec, {**base, "wide16_m": 256, "wide16_n": 256, "wide16_d": 128})
+    assert at.feasible(spec, {**base, "wide16_m": 128, "wide16_n": 128, "wide16_d": 64})

@@ -49,8 +49,12 @@ Precision (the knobs qk32, pv32, p16; one candidate serves every dtype of a prob
 Tiles by dtype: one candidate serves every dtype of a problem's shapes, and the tiles that suit fp64
 scores on fp32 inputs (narrow head-dim steps, DMMA's small K) starve the 16-bit tensor cores (whose
 instructions step 16 elements of K at a time and want long K loops over wide tiles). The optional
-knobs block_m16, block_n16, block_d16, block_k16, num_warps16, num_stages16 set the 16-bit inputs'
-tiles apart (each falling back to its fp32 knob), and `tiles()` says what a knob set launches with.
+knobs wide16_{m,n,d,k,warps,stages} set the 16-bit inputs' tiles apart for heads too wide for full_d
+(materialized's GEMMs, d_tiled), narrow16_{m,n,warps,stages} for heads that fit it (full_d; on the
+H200 the fp16 GEMMs and the bf16 flash kernel wanted different tiles), each falling back to its fp32
+knob; `tiles()` says what a knob set launches with. feasible() checks the wide16 tiles at the traced
+head when it is wide; the narrow16 ones only for their form (a set out of resources at a narrow 16-bit
+head fails that shape's gate at run time: wasted budget, not a wrong result).
 For 16-bit inputs the materialized softmax writes P directly in V's dtype, as hi and lo planes for
 p16="split" (the P V GEMM then loads both and runs two tensor-core dots, with no rounding in its loop).
 
@@ -96,6 +100,11 @@ PV32 = ("ieee", "tf32x3", "presplit")
 P16 = ("split", "single")
 PRECISION = {"qk32": QK32, "pv32": PV32, "p16": P16}
 
+WIDE16_FAST = {
+    f"wide16_{f}": v for f, v in {"m": 128, "n": 64, "d": 64, "k": 32, "warps": 4, "stages": 3}.items()
+}
+NARROW16_FAST = {f"narrow16_{f}": v for f, v in {"m": 64, "n": 64, "warps": 4, "stages": 3}.items()}
+
 # round 0 spreads pv32 over its three values; every set passes the gate on the H200 at every shape
 # (benchmarks/results/h200/probe3)
 ROUND0: list[dict[str, Any]] = [
@@ -113,6 +122,10 @@ ROUND0: list[dict[str, Any]] = [
         "qk32": "fp64",
         "pv32": "presplit",
         "p16": "split",
+        # 16-bit tiles, the H200's fastest of seven (benchmarks/results/h200/probe4): fp16 at D = 1024
+        # 0.110 ms against eager's 0.120; bf16 at D = 128 (full_d) 3.10 ms
+        **WIDE16_FAST,
+        **NARROW16_FAST,
     },
     {
         "strategy": "materialized",
@@ -125,6 +138,12 @@ ROUND0: list[dict[str, Any]] = [
         "qk32": "fp64",
         "pv32": "ieee",
         "p16": "split",
+        # the probe's runner-up 16-bit tiles (fp16 0.115 ms; bf16 3.44 ms)
+        **{
+            f"wide16_{f}": v
+            for f, v in {"m": 64, "n": 64, "d": 128, "k": 64, "warps": 4, "stages": 2}.items()
+        },
+        **{f"narrow16_{f}": v for f, v in {"m": 64, "n": 64, "warps": 4, "stages": 2}.items()},
     },
     {
         "strategy": "full_d",
@@ -254,41 +273,34 @@ def precision(knobs: dict[str, Any]) -> dict[str, str]:
     return out
 
 
-# knobs that set 16-bit inputs' tiles apart from fp32's (module docstring, "Tiles by dtype")
-TILE16_KNOBS = {
-    "block_m16": "block_m",
-    "block_n16": "block_n",
-    "block_d16": "block_d",
-    "block_k16": "block_k",
-    "num_warps16": "num_warps",
-    "num_stages16": "num_stages",
+# the tile fields and the fp32 knob each falls back to
+TILE_FIELDS = {
+    "m": "block_m",
+    "n": "block_n",
+    "d": "block_d",
+    "k": "block_k",
+    "warps": "num_warps",
+    "stages": "num_stages",
 }
+# 16-bit inputs' own tiles (module docstring, "Tiles by dtype"): knobs f"{group}_{field}", one group for
+# heads too wide for full_d (materialized's GEMMs, d_tiled) and one for those that fit it (full_d)
+TILE16_GROUPS = ("wide16", "narrow16")
+TILE16_KNOBS = {f"{g}_{f}": f for g in TILE16_GROUPS for f in TILE_FIELDS}
 
 
-def tiles(knobs: dict[str, Any], dtype: str) -> dict[str, int]:
-    """The tiles a knob set launches inputs of this dtype with: bm x bn score tiles (and full_d/d_tiled
-    blocks), bd the head-dim step, bk materialized's P V key step, warps, stages. 16-bit inputs take the
-    *16 knobs where set, else the fp32 values."""
-    base = {
-        "bm": knobs["block_m"],
-        "bn": knobs["block_n"],
-        "bd": knobs.get("block_d", 64),
-        # knob sets recorded before block_k existed stepped block_n
-        "bk": knobs.get("block_k", knobs["block_n"]),
-        "warps": knobs["num_warps"],
-        "stages": knobs["num_stages"],
-    }
+def tiles(knobs: dict[str, Any], dtype: str, d: int) -> dict[str, int]:
+    """The tiles a knob set launches inputs of this dtype and (padded) head width with: m x n score
+    tiles (full_d's and d_tiled's blocks too), d the head-dim step, k materialized's P V key step,
+    warps, stages. 16-bit inputs take their group's knobs (wide16_* past FULL_D_MAX, else narrow16_*)
+    where set, else the fp32 values."""
+    base = {f: knobs[k] for f, k in TILE_FIELDS.items() if k in knobs}
+    base.setdefault("d", 64)
+    # knob sets recorded before block_k existed stepped block_n
+    base.setdefault("k", knobs["block_n"])
     if dtype == "float32":
         return base
-    short = {
-        "block_m": "bm",
-        "block_n": "bn",
-        "block_d": "bd",
-        "block_k": "bk",
-        "num_warps": "warps",
-        "num_stages": "stages",
-    }
-    return base | {short[k32]: int(knobs[k16]) for k16, k32 in TILE16_KNOBS.items() if k16 in knobs}
+    group = "wide16" if d > FULL_D_MAX else "narrow16"
+    return base | {f: int(knobs[f"{group}_{f}"]) for f in TILE_FIELDS if f"{group}_{f}" in knobs}
 
 
 def feasible(spec: dict, knobs: dict[str, Any]) -> bool:
@@ -306,27 +318,37 @@ def feasible(spec: dict, knobs: dict[str, Any]) -> bool:
     except ValueError:
         return False
     dtype = spec.get("dtype", "float32")
+    if not all(_tile_ok(f, knobs[k]) for k, f in TILE16_KNOBS.items() if k in knobs):
+        return False
     own16 = dtype == "float32" and any(k in knobs for k in TILE16_KNOBS)
     if own16 and not _fits(spec | {"dtype": "float16"}, knobs, prec):
         return False
     return _fits(spec, knobs, prec)
 
 
+def _tile_ok(field: str, v: int) -> bool:
+    if field == "stages":
+        return v >= 1
+    if field == "warps":
+        return v in (1, 2, 4, 8, 16)
+    return v >= 16 and not v & (v - 1)  # tl.dot's minimum; power-of-two blocks
+
+
 def _fits(spec: dict, knobs: dict[str, Any], prec: dict[str, str]) -> bool:
     dtype = spec.get("dtype", "float32")
-    t = tiles(knobs, dtype)
+    d = max(16, _next_pow2(spec.get("d") or 16))
+    t = tiles(knobs, dtype, d)
     tiled = knobs["strategy"] in {"d_tiled", "materialized"}
-    sizes = [t["bm"], t["bn"]] + ([t["bd"], knobs["block_dv"]] if tiled else [])
-    sizes += [t["bk"]] if "block_k" in knobs or "block_k16" in knobs else []
+    sizes = [t["m"], t["n"]] + ([t["d"], knobs["block_dv"]] if tiled else [])
+    sizes += [t["k"]] if "block_k" in knobs or any(k.endswith("_k") for k in knobs) else []
     if any(b < 16 or b & (b - 1) for b in sizes) or t["stages"] < 1:
         return False
     if t["warps"] not in (1, 2, 4, 8, 16):
         return False
-    bm, bn = _blocks(spec, {"block_m": t["bm"], "block_n": t["bn"]})
+    bm, bn = _blocks(spec, {"block_m": t["m"], "block_n": t["n"]})
     elt = _ELT.get(dtype, 4)
     wide = dtype == "float32" and prec["qk32"] == "fp64"
     threads = 32 * t["warps"]
-    d = max(16, _next_pow2(spec.get("d") or 16))
     scores = bm * bn * (2 if wide else 1)
     strategy = knobs["strategy"]
     if strategy == "materialized" and d <= FULL_D_MAX:  # runs full_d at this head: its limits apply
@@ -337,22 +359,25 @@ def _fits(spec: dict, knobs: dict[str, Any], prec: dict[str, str]) -> bool:
         regs = bm * d + scores + (0 if wide else bm * d * elt // 4)  # acc, scores, Q block
         smem = t["stages"] * 2 * bn * d * elt + (bm * d * 8 if wide else 0)
     elif strategy == "d_tiled":
-        bd = min(t["bd"], d)
+        bd = min(t["d"], d)
         dv = min(knobs["block_dv"], d)
         regs = bm * dv + scores + (2 * (bm * bd + bd * bn) if wide else 0)
         smem = t["stages"] * (bm * bd + bn * bd + bn * dv) * elt
     else:
-        bd = min(t["bd"], d)
+        bd = min(t["d"], d)
         dv = min(knobs["block_dv"], d)
-        bk = t["bk"]
+        bk = t["k"]
         # presplit P V loads a hi and a lo tile of both operands (fp32); 16-bit P V a hi and a lo P tile
         # in V's dtype
         if dtype == "float32":
             parts, p_elt = (2 if prec["pv32"] == "presplit" else 1), 4
         else:
             parts, p_elt = (2 if prec["p16"] == "split" else 1), elt
-        # the larger of the two GEMMs' needs: scores (fp64-widened operands) and P V
-        regs = max(scores + (2 * (bm * bd + bd * bn) if wide else 0), bm * dv + parts * bm * bk)
+        # the larger of the two GEMMs' needs: scores (fp64-widened operands) and P V. 16-bit P tiles go
+        # to the tensor cores from shared memory as loaded (no conversion in registers): the
+        # accumulator alone counts (the H200 ran 128 x 128 of it on 4 warps fastest, probe4)
+        pv_regs = bm * dv + (parts * bm * bk if dtype == "float32" else 0)
+        regs = max(scores + (2 * (bm * bd + bd * bn) if wide else 0), pv_regs)
         smem = t["stages"] * max(
             (bm + bn) * bd * elt,
             parts * bm * bk * p_elt + bk * dv * elt * (parts if dtype == "float32" else 1),
@@ -681,10 +706,10 @@ def _materialized(q, k, v, o, qk, pv, upcast, qk_scale, t):
     # P (and for presplit V) as hi/lo planes: plane = the offset from a hi element to its lo
     p = torch.empty((parts, chunk, Lq, Lk), dtype=p_dtype, device=q.device)
     vs = torch.empty((parts, chunk, Lk, DV), dtype=torch.float32, device=q.device) if split else None
-    bm, bn = t["bm"], t["bn"]
-    bd = min(t["bd"], max(16, triton.next_power_of_2(D)))
+    bm, bn = t["m"], t["n"]
+    bd = min(t["d"], max(16, triton.next_power_of_2(D)))
     bdv = min(BLOCK_DV, max(16, triton.next_power_of_2(DV)))
-    bk = min(t["bk"], max(16, triton.next_power_of_2(Lk)))
+    bk = min(t["k"], max(16, triton.next_power_of_2(Lk)))
     p_split = "tf32" if split else ("half" if pv == "split16" else "none")
     row_block = min(1024, max(16, triton.next_power_of_2(Lk)))  # the softmax kernel's columns a step
     block_r = max(1, 2048 // row_block)
@@ -711,20 +736,20 @@ def _launch(q, k, v, o):
     BH, Lq, D = q.shape
     Lk, DV = k.shape[1], v.shape[2]
     qk_scale = LOG2E / math.sqrt(D)
-    t = TILES32 if q.dtype == torch.float32 else TILES16
-    cap = max(16, triton.next_power_of_2(max(Lq, Lk)))
-    bm = min(t["bm"], max(16, triton.next_power_of_2(Lq)))
-    bn = min(t["bn"], cap)
     d_pad = max(16, triton.next_power_of_2(D))
     dv_pad = max(16, triton.next_power_of_2(DV))
+    fits = max(d_pad, dv_pad) <= FULL_D_MAX
+    t = TILES["float32" if q.dtype == torch.float32 else "narrow16" if fits else "wide16"]
+    cap = max(16, triton.next_power_of_2(max(Lq, Lk)))
+    bm = min(t["m"], max(16, triton.next_power_of_2(Lq)))
+    bn = min(t["n"], cap)
     if q.dtype == torch.float32:
         qk, pv = QK32, PV32
     else:
         qk, pv = "mma", P16
     upcast = q.dtype == torch.bfloat16 and os.environ.get("TRITON_INTERPRET") == "1"
-    fits = max(d_pad, dv_pad) <= FULL_D_MAX
     if STRATEGY == "materialized" and not fits:
-        _materialized(q, k, v, o, qk, pv, upcast, qk_scale, {**t, "bm": bm, "bn": bn})
+        _materialized(q, k, v, o, qk, pv, upcast, qk_scale, {**t, "m": bm, "n": bn})
         return
     if STRATEGY in ("full_d", "materialized") and fits:
         grid = (triton.cdiv(Lq, bm), BH)
@@ -732,7 +757,7 @@ def _launch(q, k, v, o):
                            BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=d_pad, BLOCK_DV=dv_pad,
                            num_warps=t["warps"], num_stages=t["stages"])
         return
-    bd = min(t["bd"], d_pad)
+    bd = min(t["d"], d_pad)
     bdv = min(BLOCK_DV, dv_pad)
     grid = (triton.cdiv(Lq, bm), BH, triton.cdiv(DV, bdv))
     _attn_d_tiled[grid](q, k, v, o, Lq, Lk, D, DV, qk_scale, QK=qk, PV=pv, UPCAST=upcast,
@@ -749,13 +774,16 @@ def render(spec: dict, knobs: dict[str, Any], signature: dict[str, list[str]]) -
     q, k, v = fwd[:3]
     rest = "".join(f", {a}" for a in fwd[3:])
     prec = precision(knobs)
-    t32, t16 = tiles(knobs, "float32"), tiles(knobs, "float16")
+    by = {
+        "float32": tiles(knobs, "float32", FULL_D_MAX),
+        "narrow16": tiles(knobs, "float16", FULL_D_MAX),
+        "wide16": tiles(knobs, "float16", 2 * FULL_D_MAX),
+    }
     consts = [
         f'STRATEGY = "{knobs["strategy"]}"',
         f"BLOCK_DV = {knobs.get('block_dv', 128)}",
-        "# the launch tiles by input dtype (16-bit inputs take the *16 knobs where set)",
-        f"TILES32 = {t32!r}",
-        f"TILES16 = {t16!r}",
+        "# the launch tiles: fp32 inputs; 16-bit inputs with heads that fit full_d, and wider ones",
+        f"TILES = {by!r}",
         f'QK32 = "{prec["qk32"]}"',
         f'PV32 = "{prec["pv32"]}"',
         f'P16 = "{prec["p16"]}"',
