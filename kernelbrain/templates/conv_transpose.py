@@ -71,6 +71,15 @@ DOT_STRATEGIES = ("phase_dot", "rows_dense")
 ROUND0: list[dict[str, Any]] = [
     # first, so a short budget measures them first: the fastest on group_conv at an H200 (tools/
     # gpu_conv_probe.py: 0.78-0.84 ms at the primary shape against eager's 5.8 and `rows`' 1.7)
+    # tf32x3 dots: 7.54x eager against ieee's 7.11x at the primary shape (probe4, the same call)
+    {
+        "strategy": "rows_dense",
+        "block_p": 128,
+        "block_c": 16,
+        "block_k": 8,
+        "num_warps": 2,
+        "fp32_dot": "tf32x3",
+    },
     {"strategy": "rows_dense", "block_p": 128, "block_c": 16, "block_k": 8, "num_warps": 2},
     {"strategy": "rows_dense", "block_p": 128, "block_c": 16, "block_k": 8, "num_warps": 4},
     {"strategy": "rows_dense", "block_p": 256, "block_c": 16, "block_k": 8, "num_warps": 4},
