@@ -3,11 +3,12 @@
 # new attention strategy, RMSNorm/softmax knob variants and the conv strategies do at the seed
 # problems' large shapes, before a full tools/h200_measure.sh run. Everything lands in one tar.
 #
-#   bash tools/h200_probe.sh [1|2|3|4|conv]   # writes $OUT/probe-STAGE.tgz (the JSON reports and logs)
+#   bash tools/h200_probe.sh [1|2|3|4|5|conv]   # writes $OUT/probe-STAGE.tgz (the JSON reports and logs)
 #
 # 1: the first call (results in benchmarks/results/h200/probe3/); 2: the second, after it: where the
 # materialized attention's time goes, softmax split_row with prefetch; 3: attention's presplit P V;
-# conv: the conv strategies; 4 (session 4, one GPU): attention's 16-bit tiles, conv's tf32x3 dots.
+# conv: the conv strategies; 4 (session 4, one GPU): attention's 16-bit tiles, conv's tf32x3 dots; 5:
+# attention's fuse16.
 # Stages 1-3 use two GPUs (kind nvidia-h200-x2).
 set -uo pipefail
 : "${OUT:?set OUT to the folder the results go to}"
@@ -94,6 +95,20 @@ if [ "${1:-1}" = 4 ]; then
   tail -n 3 "$W/attn.log"
   grep -v Warn "$W/attn16_breakdown.log" | tail -n 20
   grep -v Warn "$W/conv.log" | tail -n 24
+  exit 0
+fi
+if [ "${1:-1}" = 5 ]; then
+  # session 4, one GPU: fuse16 against separate softmax planes, timed as kb's benchmark times (the
+  # evaluate timer, every shape), and where the fused call's time goes at fp16
+  M='"strategy": "materialized"'
+  timeout 300 python3 tools/gpu_template_check.py $P/sdp_attn.py --no-round0 --which all --out "$W/attn.json" \
+    --knobs "{$M}" --knobs "{$M, \"fuse16\": true}" --knobs "{$M, \"fuse16\": true, \"wide16_k\": 64}" \
+    > "$W/attn.log" 2>&1
+  timeout 60 python3 tools/kernel_breakdown.py $P/sdp_attn.py --shape 1 --out "$W/attn16_breakdown.json" \
+    --knobs "{$M}" --knobs "{$M, \"fuse16\": true}" > "$W/attn16_breakdown.log" 2>&1
+  tar -czf "$OUT/probe-5.tgz" -C "$W" .
+  grep -v Warn "$W/attn.log" | tail -n 8
+  grep -v Warn "$W/attn16_breakdown.log" | tail -n 14
   exit 0
 fi
 if [ "${1:-1}" = conv ]; then
