@@ -101,11 +101,13 @@ if [ "${1:-1}" = 5 ]; then
   # session 4, one GPU: fuse16 against separate softmax planes, timed as kb's benchmark times (the
   # evaluate timer, every shape), and where the fused call's time goes at fp16
   M='"strategy": "materialized"'
+  F='"fuse16": true'
   timeout 300 python3 tools/gpu_template_check.py $P/sdp_attn.py --no-round0 --which all --out "$W/attn.json" \
-    --knobs "{$M}" --knobs "{$M, \"fuse16\": true}" --knobs "{$M, \"fuse16\": true, \"wide16_k\": 64}" \
+    --knobs "{$M}" --knobs "{$M, $F, \"wide16_warps\": 8}" --knobs "{$M, $F, \"wide16_m\": 64}" \
+    --knobs "{$M, $F, \"wide16_n\": 128, \"wide16_k\": 64, \"wide16_warps\": 8}" \
     > "$W/attn.log" 2>&1
   timeout 60 python3 tools/kernel_breakdown.py $P/sdp_attn.py --shape 1 --out "$W/attn16_breakdown.json" \
-    --knobs "{$M}" --knobs "{$M, \"fuse16\": true}" > "$W/attn16_breakdown.log" 2>&1
+    --knobs "{$M}" --knobs "{$M, $F, \"wide16_warps\": 8}" > "$W/attn16_breakdown.log" 2>&1
   tar -czf "$OUT/probe-5.tgz" -C "$W" .
   grep -v Warn "$W/attn.log" | tail -n 8
   grep -v Warn "$W/attn16_breakdown.log" | tail -n 14
