@@ -226,6 +226,8 @@ DENSE_KNOBS = [
         "num_warps": 2,
         "fp32_dot": "tf32x3",
     },
+    # packed weight tiles with several channel blocks and K steps (partial tiles zero-filled)
+    {"strategy": "rows_dense", "block_p": 16, "block_c": 4, "block_k": 1, "num_warps": 1, "prepack": True},
 ]
 
 
@@ -274,6 +276,8 @@ def test_mutations_move_knobs_and_feasibility_refuses_tiles_that_do_not_fit():
     assert ct.mutate(tf32, "ieee_dot") == {**dense, "fp32_dot": "ieee"}
     assert ct.mutate(dense, "ieee_dot") is None  # ieee is the default
     assert ct.mutate(direct, "tf32x3_dot") is None  # FMA outer products take no dot precision
+    assert ct.mutate(dense, "prepack") == {**dense, "prepack": True}
+    assert ct.mutate({**dense, "prepack": True}, "prepack") is None and ct.mutate(direct, "prepack") is None
     assert {k["strategy"] for k in ct.ROUND0} == set(ct.STRATEGIES)
     assert ct.ROUND0[0]["strategy"] == "rows_dense"  # measured first under a short budget
     with pytest.raises(ValueError):
@@ -292,6 +296,7 @@ def test_mutations_move_knobs_and_feasibility_refuses_tiles_that_do_not_fit():
     assert ct.feasible(spec, {**dense, "block_c": 4})  # widened to tl.dot's 16 rows at launch
     assert not ct.feasible(spec, {**dense, "block_p": 8})
     assert not ct.feasible(spec, {**dense, "fp32_dot": "tf32"})  # plain TF32 misses 1e-4
+    assert not ct.feasible(spec, {**direct, "prepack": True})  # nothing to pack
 
 
 def test_kb_run_picks_a_conv_transpose_winner(tmp_path):

@@ -3,12 +3,12 @@
 # new attention strategy, RMSNorm/softmax knob variants and the conv strategies do at the seed
 # problems' large shapes, before a full tools/h200_measure.sh run. Everything lands in one tar.
 #
-#   bash tools/h200_probe.sh [1|2|3|4|5|conv]   # writes $OUT/probe-STAGE.tgz (the JSON reports and logs)
+#   bash tools/h200_probe.sh [1|2|3|4|5|6|conv]   # writes $OUT/probe-STAGE.tgz (the JSON reports and logs)
 #
 # 1: the first call (results in benchmarks/results/h200/probe3/); 2: the second, after it: where the
 # materialized attention's time goes, softmax split_row with prefetch; 3: attention's presplit P V;
 # conv: the conv strategies; 4 (session 4, one GPU): attention's 16-bit tiles, conv's tf32x3 dots; 5:
-# attention's fuse16.
+# attention's fuse16; 6: conv's prepacked weights, attention's host time at fp16.
 # Stages 1-3 use two GPUs (kind nvidia-h200-x2).
 set -uo pipefail
 : "${OUT:?set OUT to the folder the results go to}"
@@ -111,6 +111,30 @@ if [ "${1:-1}" = 5 ]; then
   tar -czf "$OUT/probe-5.tgz" -C "$W" .
   grep -v Warn "$W/attn.log" | tail -n 8
   grep -v Warn "$W/attn16_breakdown.log" | tail -n 14
+  exit 0
+fi
+if [ "${1:-1}" = 6 ]; then
+  # session 4, one GPU: conv's prepacked weight tiles; attention's host time a call at fp16
+  D='"strategy": "rows_dense", "block_c": 16, "block_k": 8'
+  timeout 150 python3 tools/gpu_template_check.py $P/group_conv.py --no-round0 --out "$W/conv.json" \
+    --knobs "{$D, \"block_p\": 128, \"num_warps\": 2, \"fp32_dot\": \"tf32x3\"}" \
+    --knobs "{$D, \"block_p\": 128, \"num_warps\": 2, \"fp32_dot\": \"tf32x3\", \"prepack\": true}" \
+    --knobs "{$D, \"block_p\": 128, \"num_warps\": 2, \"prepack\": true}" \
+    --knobs "{$D, \"block_p\": 256, \"num_warps\": 4, \"prepack\": true}" \
+    --knobs "{$D, \"block_p\": 256, \"num_warps\": 4, \"fp32_dot\": \"tf32x3\", \"prepack\": true}" \
+    --knobs "{$D, \"block_p\": 512, \"num_warps\": 4, \"fp32_dot\": \"tf32x3\", \"prepack\": true}" \
+    --knobs "{$D, \"block_p\": 64, \"num_warps\": 1, \"fp32_dot\": \"tf32x3\", \"prepack\": true}" \
+    > "$W/conv.log" 2>&1
+  timeout 60 python3 tools/kernel_breakdown.py $P/group_conv.py --shape 0 --out "$W/conv_breakdown.json" \
+    --knobs "{$D, \"block_p\": 128, \"num_warps\": 2, \"fp32_dot\": \"tf32x3\", \"prepack\": true}" \
+    > "$W/conv_breakdown.log" 2>&1
+  M='"strategy": "materialized"'
+  timeout 90 python3 tools/kernel_breakdown.py $P/sdp_attn.py --shape 1 --host --out "$W/attn16_host.json" \
+    --knobs "{$M}" --knobs "{$M, \"fuse16\": true, \"wide16_m\": 64}" > "$W/attn16_host.log" 2>&1
+  tar -czf "$OUT/probe-6.tgz" -C "$W" .
+  grep -v Warn "$W/conv.log" | grep -E "PASS|FAIL|passed" | cut -c1-30,45-250
+  grep -v Warn "$W/conv_breakdown.log" | tail -n 8
+  grep -v -e Warn -e _warn "$W/attn16_host.log" | tail -n 70
   exit 0
 fi
 if [ "${1:-1}" = conv ]; then

@@ -6,14 +6,18 @@ KB_SHAPES under torch.profiler, and prints each kernel's total and per-call GPU 
 multi-kernel strategy (attention's materialized, split_row's launches) needs before it can be tuned.
 
     python3 tools/kernel_breakdown.py benchmarks/problems/sdp_attn.py --shape 0 \\
-        --knobs '{"strategy": "materialized"}' [--calls 5] [--out $OUT/breakdown.json]
+        --knobs '{"strategy": "materialized"}' [--calls 5] [--host] [--out $OUT/breakdown.json]
 """
 
 from __future__ import annotations
 
 import argparse
+import cProfile
+import io
 import json
+import pstats
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -49,6 +53,28 @@ def _kernels(fn, calls: int) -> list[dict]:
     return sorted(rows, key=lambda r: -r["total_ms"])
 
 
+def _host(fn, calls: int) -> dict:
+    """Host time a call: `calls` calls issued back to back, timed before the closing sync (the GPU's
+    launch queue absorbs them, so the loop's time is what the host spends), and where cProfile sees
+    that time go (the top functions by own time)."""
+    fn()
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    host_s = (time.perf_counter() - t) / calls
+    torch.cuda.synchronize()
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(calls):
+        fn()
+    prof.disable()
+    torch.cuda.synchronize()
+    text = io.StringIO()
+    pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(12)
+    return {"host_us_per_call": host_s * 1e6, "cprofile_top": text.getvalue()}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("problem", type=Path)
@@ -56,6 +82,7 @@ def main() -> int:
     ap.add_argument("--knobs", action="append", default=[], metavar="JSON", help="a knob set (repeatable)")
     ap.add_argument("--calls", type=int, default=5)
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--host", action="store_true", help="also the host time a call, and where it goes")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         print("kernel_breakdown: needs a CUDA device (torch.profiler's CUDA activity)", file=sys.stderr)
@@ -92,6 +119,11 @@ def main() -> int:
             print(f"\n{report['shape']}  {name}: {total:.3f} ms a call")
             for r in rows[:8]:
                 print(f"  {r['per_call_ms']:9.3f} ms  x{r['count'] // args.calls:<3d} {r['kernel']}")
+            if args.host:
+                host = _host(lambda m=model: m(*inputs), 50)
+                report["renders"][-1]["host"] = host
+                print(f"  host: {host['host_us_per_call']:.1f} us a call")
+                print("\n".join(host["cprofile_top"].splitlines()[:30]))
     if args.out:
         args.out.write_text(json.dumps(report, indent=1))
     return 0

@@ -46,8 +46,11 @@ Strategy axes:
   kh (half of them at stride 2) load nothing.
 Knobs: BLOCK_P (output pixels per program; for `rows`, columns per phase; for `rows_dense`, column
 slots, BLOCK_P / next_pow2(sw) periods of sw columns), BLOCK_C (output channels per program), BLOCK_K
-(dot's K in input channels; unused by `rows`), num_warps, and `fp32_dot` (above; only the tl.dot forms,
-phase_dot and rows_dense, take it: the others are FMA outer products).
+(dot's K in input channels; unused by `rows`), num_warps, `fp32_dot` (above; only the tl.dot forms,
+phase_dot and rows_dense, take it: the others are FMA outer products), and `prepack` (rows_dense: a
+small kernel first writes each (group, channel block, kh, K step) weight tile as a dense, zero-filled
+[BLOCK_C x phases, BLOCK_K x offsets] block, so the main kernel loads each with one unmasked load
+instead of building its index and mask tensors, which otherwise stay live across the tap loop).
 
 ModelNew builds the same nn.ConvTranspose2d under Model's attribute name (`conv_transpose2d`, the
 KernelBench name, unless the spec says otherwise), from Model's constructor parameters, so the
@@ -68,18 +71,23 @@ STRATEGIES = ("direct", "phase", "phase_dot", "rows", "rows_dense")
 FP32_DOTS = ("ieee", "tf32x3")
 DOT_STRATEGIES = ("phase_dot", "rows_dense")
 
+TF32_DENSE = {
+    "strategy": "rows_dense",
+    "block_p": 128,
+    "block_c": 16,
+    "block_k": 8,
+    "num_warps": 2,
+    "fp32_dot": "tf32x3",
+}
 ROUND0: list[dict[str, Any]] = [
     # first, so a short budget measures them first: the fastest on group_conv at an H200 (tools/
     # gpu_conv_probe.py: 0.78-0.84 ms at the primary shape against eager's 5.8 and `rows`' 1.7)
+    # prepacked weight tiles (not yet measured on a GPU when added: the unpacked form's index and mask
+    # tensors took most of its 127 registers a thread, at 22% occupancy)
+    {**TF32_DENSE, "prepack": True},
+    {"strategy": "rows_dense", "block_p": 256, "block_c": 16, "block_k": 8, "num_warps": 4, "prepack": True},
     # tf32x3 dots: 7.54x eager against ieee's 7.11x at the primary shape (probe4, the same call)
-    {
-        "strategy": "rows_dense",
-        "block_p": 128,
-        "block_c": 16,
-        "block_k": 8,
-        "num_warps": 2,
-        "fp32_dot": "tf32x3",
-    },
+    TF32_DENSE,
     {"strategy": "rows_dense", "block_p": 128, "block_c": 16, "block_k": 8, "num_warps": 2},
     {"strategy": "rows_dense", "block_p": 128, "block_c": 16, "block_k": 8, "num_warps": 4},
     {"strategy": "rows_dense", "block_p": 256, "block_c": 16, "block_k": 8, "num_warps": 4},
@@ -114,12 +122,14 @@ MUTATIONS: dict[str, list[tuple[str, str]]] = {
         ("more_warps", "more warps keep more loads in flight"),
         ("smaller_tiles", "smaller pixel blocks make more programs to fill the SMs"),
         ("tf32x3_dot", "tensor-core dots finish each program's few FMAs-worth of work sooner"),
+        ("prepack", "weight tiles packed once a call: no per-program index and mask tensors (registers)"),
     ],
     "launch-bound": [("larger_tiles", "fewer, fatter programs amortise launch and scheduling cost")],
     "register spills": [
         ("more_warps", "spread the accumulator over more threads"),
         ("smaller_tiles", "a smaller pixel block holds a smaller accumulator"),
         ("ieee_dot", "an FMA dot keeps no TF32 hi/lo copies of its operands live"),
+        ("prepack", "packed weight tiles need no index or mask tensors held across the tap loop"),
     ],
 }
 
@@ -161,6 +171,8 @@ def feasible(spec: dict, knobs: dict[str, Any]) -> bool:
         return False
     if knobs.get("fp32_dot", FP32_DOTS[0]) not in FP32_DOTS:
         return False
+    if knobs.get("prepack") and knobs["strategy"] != "rows_dense":
+        return False  # only rows_dense has weight tiles to pack
     threads = 32 * warps
     if knobs["strategy"] == "phase_dot":
         return min(bp, bc, bk) >= 16 and bp * bc <= MAX_ACC_PER_THREAD * threads
@@ -188,6 +200,8 @@ def mutate(knobs: dict[str, Any], move: str) -> dict[str, Any] | None:
         if k["strategy"] == "phase_dot":
             return None
         return {**k, "strategy": "phase_dot", "block_k": max(16, k["block_k"])}
+    if move == "prepack":
+        return {**k, "prepack": True} if k["strategy"] == "rows_dense" and not k.get("prepack") else None
     if move in {"tf32x3_dot", "ieee_dot"}:
         v = move.removesuffix("_dot")
         ok = k["strategy"] in DOT_STRATEGIES and fp32_dot(k) != v
@@ -366,12 +380,55 @@ def _convt_rows_kernel(x_ptr, w_ptr, b_ptr, y_ptr, C_IN, H, W, C_OUT, OH, OW, C_
 
 
 @triton.jit
+def _dense_a(w_ptr, g, cb, kh, c0, C_OUT_G, C_IN_G: tl.constexpr, SW: tl.constexpr, PW: tl.constexpr,
+             DW: tl.constexpr, KH: tl.constexpr, KW: tl.constexpr, SWP: tl.constexpr, DMIN: tl.constexpr,
+             NDP: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_K: tl.constexpr):
+    # rows_dense's weight tile of tap row kh and input channels c0.. (module docstring): rows m =
+    # (channel, phase p), K = (input channel, column offset d); the tap of phase p at offset d is
+    # kw = (p + PW - d*SW) / DW when exact, zero where no tap meets
+    m = tl.arange(0, BLOCK_C * SWP)
+    ocl = cb * BLOCK_C + m // SWP
+    p = m % SWP
+    k = tl.arange(0, BLOCK_K * NDP)
+    c = c0 + k // NDP
+    d = DMIN + k % NDP
+    tw = p[:, None] + PW - d[None, :] * SW
+    twp = tl.where(tw >= 0, tw, 0)
+    kw = twp // DW
+    ok = (p < SW)[:, None] & (tw >= 0) & (twp % DW == 0) & (kw < KW) & (ocl < C_OUT_G)[:, None]
+    ok = ok & (c < C_IN_G)[None, :]
+    W_STRIDE = C_OUT_G * KH * KW
+    w = w_ptr + (g * C_IN_G + c[None, :]).to(tl.int64) * W_STRIDE + ocl[:, None] * (KH * KW) + kh * KW + kw
+    return tl.load(w, mask=ok, other=0.0)
+
+
+@triton.jit
+def _pack_dense_w(w_ptr, wp_ptr, C_OUT_G, N_CB, N_C0, C_IN_G: tl.constexpr, SW: tl.constexpr,
+                  PW: tl.constexpr, DW: tl.constexpr, KH: tl.constexpr, KW: tl.constexpr, SWP: tl.constexpr,
+                  DMIN: tl.constexpr, NDP: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_K: tl.constexpr):
+    # one dense weight tile per program, stored contiguously at its (group, channel block, kh, K step)
+    pid = tl.program_id(0)
+    c0i = pid % N_C0
+    t = pid // N_C0
+    kh = t % KH
+    t = t // KH
+    cb = t % N_CB
+    g = t // N_CB
+    a = _dense_a(w_ptr, g, cb, kh, c0i * BLOCK_K, C_OUT_G, C_IN_G, SW, PW, DW, KH, KW, SWP, DMIN, NDP,
+                 BLOCK_C, BLOCK_K)
+    MM: tl.constexpr = BLOCK_C * SWP
+    KK: tl.constexpr = BLOCK_K * NDP
+    dst = wp_ptr + pid.to(tl.int64) * (MM * KK) + tl.arange(0, MM)[:, None] * KK + tl.arange(0, KK)[None, :]
+    tl.store(dst, a)
+
+
+@triton.jit
 def _convt_dense_kernel(x_ptr, w_ptr, b_ptr, y_ptr, C_IN, H, W, C_OUT, OH, OW, C_OUT_G, N_CB, N_JB,
                         C_IN_G: tl.constexpr, SH: tl.constexpr, SW: tl.constexpr, PH: tl.constexpr,
                         PW: tl.constexpr, DH: tl.constexpr, DW: tl.constexpr, KH: tl.constexpr,
                         KW: tl.constexpr, HAS_BIAS: tl.constexpr, SWP: tl.constexpr, DMIN: tl.constexpr,
-                        NDP: tl.constexpr, PREC: tl.constexpr, BLOCK_J: tl.constexpr, BLOCK_C: tl.constexpr,
-                        BLOCK_K: tl.constexpr):
+                        NDP: tl.constexpr, PREC: tl.constexpr, PACKED: tl.constexpr, BLOCK_J: tl.constexpr,
+                        BLOCK_C: tl.constexpr, BLOCK_K: tl.constexpr):
     # one program: output row oh, BLOCK_C channels, columns ow = j*SW + p for BLOCK_J periods j and every
     # phase p < SW. Column-block fastest in the grid: neighbouring programs write neighbouring columns.
     pid = tl.program_id(0)
@@ -385,26 +442,23 @@ def _convt_dense_kernel(x_ptr, w_ptr, b_ptr, y_ptr, C_IN, H, W, C_OUT, OH, OW, C
     g = ng % G
     n = ng // G
     # an implicit GEMM per tap row kh: rows m = (channel, phase p), K = (input channel, column offset d),
-    # columns j. The tap of phase p at offset d is kw = (p + PW - d*SW) / DW when exact: the weights
-    # become a [m, K] matrix (zero where no tap) and the input a [K, j] one, x[c, ih, j + d]
-    m = tl.arange(0, BLOCK_C * SWP)
-    ocl = cb * BLOCK_C + m // SWP
-    p = m % SWP
-    k = tl.arange(0, BLOCK_K * NDP)
+    # columns j: the weights a [m, K] matrix (_dense_a) and the input a [K, j] one, x[c, ih, j + d].
+    # PACKED: the weight tiles come ready from _pack_dense_w, one plain load each (their index and mask
+    # tensors, live across the kh loop, were most of this kernel's registers on the H200: 127 a thread)
+    MM: tl.constexpr = BLOCK_C * SWP
+    KK: tl.constexpr = BLOCK_K * NDP
+    N_C0: tl.constexpr = (C_IN_G + BLOCK_K - 1) // BLOCK_K
+    k = tl.arange(0, KK)
     kc = k // NDP
     d = DMIN + k % NDP
-    tw = p[:, None] + PW - d[None, :] * SW
-    twp = tl.where(tw >= 0, tw, 0)
-    kw = twp // DW
-    a_ok = (p < SW)[:, None] & (tw >= 0) & (twp % DW == 0) & (kw < KW) & (ocl < C_OUT_G)[:, None]
     j = jb * BLOCK_J + tl.arange(0, BLOCK_J)
     iw = j[None, :] + d[:, None]
     b_ok = (iw >= 0) & (iw < W)
     HW = H * W
-    W_STRIDE = C_OUT_G * KH * KW
     x_n = x_ptr + (n.to(tl.int64) * C_IN + g * C_IN_G) * HW
-    w_g = w_ptr + (g * C_IN_G).to(tl.int64) * W_STRIDE + ocl[:, None] * (KH * KW) + kw
-    acc = tl.zeros([BLOCK_C * SWP, BLOCK_J], dtype=tl.float32)
+    wp = w_ptr + ((g * N_CB + cb) * KH * N_C0).to(tl.int64) * (MM * KK)
+    a_offs = tl.arange(0, MM)[:, None] * KK + k[None, :]
+    acc = tl.zeros([MM, BLOCK_J], dtype=tl.float32)
     for kh in tl.static_range(KH):
         th = oh + PH - kh * DH
         ih = th // SH
@@ -412,7 +466,11 @@ def _convt_dense_kernel(x_ptr, w_ptr, b_ptr, y_ptr, C_IN, H, W, C_OUT, OH, OW, C
             for c0 in range(0, C_IN_G, BLOCK_K):
                 c = c0 + kc
                 c_ok = c < C_IN_G
-                a = tl.load(w_g + (c * W_STRIDE + kh * KW)[None, :], mask=a_ok & c_ok[None, :], other=0.0)
+                if PACKED:
+                    a = tl.load(wp + (kh * N_C0 + c0 // BLOCK_K) * (MM * KK) + a_offs)
+                else:
+                    a = _dense_a(w_ptr, g, cb, kh, c0, C_OUT_G, C_IN_G, SW, PW, DW, KH, KW, SWP, DMIN, NDP,
+                                 BLOCK_C, BLOCK_K)
                 b = tl.load(x_n + (c * HW + ih * W)[:, None] + iw, mask=b_ok & c_ok[:, None], other=0.0)
                 acc = _dot(a, b, acc, PREC)
     # [channel, phase, j] -> [channel, j*SWP + p], then gathered into contiguous columns w = j*SW + p:
@@ -487,10 +545,19 @@ def _launch(x, conv):
         block_j = max(16, BLOCK_P // swp)
         n_cb = triton.cdiv(c_out_g, block_c)
         n_jb = triton.cdiv(triton.cdiv(ow, sw), block_j)
+        wt = weight
+        if PREPACK:  # the weights as dense tiles, packed each call (they may change between calls)
+            n_c0 = triton.cdiv(c_in_g, block_k)
+            tiles = groups * n_cb * kh * n_c0
+            wt = torch.empty((tiles, block_c * swp, block_k * ndp), dtype=weight.dtype, device=weight.device)
+            _pack_dense_w[(tiles,)](
+                weight, wt, c_out_g, n_cb, n_c0, C_IN_G=c_in_g, SW=sw, PW=pw, DW=dw, KH=kh, KW=kw, SWP=swp,
+                DMIN=dmin, NDP=ndp, BLOCK_C=block_c, BLOCK_K=block_k, num_warps=4,
+            )
         _convt_dense_kernel[(n * groups * n_cb * oh * n_jb,)](
-            x, weight, bias if bias is not None else weight, y, c_in, h, w, c_out, oh, ow, c_out_g, n_cb,
+            x, wt, bias if bias is not None else weight, y, c_in, h, w, c_out, oh, ow, c_out_g, n_cb,
             n_jb, C_IN_G=c_in_g, SH=sh, SW=sw, PH=ph, PW=pw, DH=dh, DW=dw, KH=kh, KW=kw,
-            HAS_BIAS=bias is not None, SWP=swp, DMIN=dmin, NDP=ndp, PREC=prec,
+            HAS_BIAS=bias is not None, SWP=swp, DMIN=dmin, NDP=ndp, PREC=prec, PACKED=PREPACK,
             BLOCK_J=block_j, BLOCK_C=block_c, BLOCK_K=block_k, num_warps=NUM_WARPS,
         )
         return y
@@ -565,6 +632,7 @@ def render(spec: dict, knobs: dict[str, Any], signature: dict[str, list[str]]) -
         f"BLOCK_K = {knobs['block_k']}",
         f"NUM_WARPS = {knobs['num_warps']}",
         f'FP32_DOT = "{fp32_dot(knobs)}"',
+        f"PREPACK = {bool(knobs.get('prepack', False))}",
     ]
     knob_text = ", ".join(f"{k}={v}" for k, v in knobs.items())
     return f'''"""Transposed 2-D convolution: kernelbrain conv_transpose template ({knob_text})."""
