@@ -50,7 +50,9 @@ slots, BLOCK_P / next_pow2(sw) periods of sw columns), BLOCK_C (output channels 
 phase_dot and rows_dense, take it: the others are FMA outer products), and `prepack` (rows_dense: a
 small kernel first writes each (group, channel block, kh, K step) weight tile as a dense, zero-filled
 [BLOCK_C x phases, BLOCK_K x offsets] block, so the main kernel loads each with one unmasked load
-instead of building its index and mask tensors, which otherwise stay live across the tap loop).
+instead of building its index and mask tensors, which otherwise stay live across the tap loop; on
+group_conv at the H200, where the unpacked kernel holds 127 registers a thread at 22% occupancy, it
+was no faster, so round 0 leaves it to the mutations).
 
 ModelNew builds the same nn.ConvTranspose2d under Model's attribute name (`conv_transpose2d`, the
 KernelBench name, unless the spec says otherwise), from Model's constructor parameters, so the
@@ -82,10 +84,6 @@ TF32_DENSE = {
 ROUND0: list[dict[str, Any]] = [
     # first, so a short budget measures them first: the fastest on group_conv at an H200 (tools/
     # gpu_conv_probe.py: 0.78-0.84 ms at the primary shape against eager's 5.8 and `rows`' 1.7)
-    # prepacked weight tiles (not yet measured on a GPU when added: the unpacked form's index and mask
-    # tensors took most of its 127 registers a thread, at 22% occupancy)
-    {**TF32_DENSE, "prepack": True},
-    {"strategy": "rows_dense", "block_p": 256, "block_c": 16, "block_k": 8, "num_warps": 4, "prepack": True},
     # tf32x3 dots: 7.54x eager against ieee's 7.11x at the primary shape (probe4, the same call)
     TF32_DENSE,
     {"strategy": "rows_dense", "block_p": 128, "block_c": 16, "block_k": 8, "num_warps": 2},
@@ -380,26 +378,26 @@ def _convt_rows_kernel(x_ptr, w_ptr, b_ptr, y_ptr, C_IN, H, W, C_OUT, OH, OW, C_
 
 
 @triton.jit
-def _dense_a(w_ptr, g, cb, kh, c0, C_OUT_G, C_IN_G: tl.constexpr, SW: tl.constexpr, PW: tl.constexpr,
+def _dense_w(w_ptr, g, cb, C_OUT_G, C_IN_G: tl.constexpr, SW: tl.constexpr, PW: tl.constexpr,
              DW: tl.constexpr, KH: tl.constexpr, KW: tl.constexpr, SWP: tl.constexpr, DMIN: tl.constexpr,
              NDP: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_K: tl.constexpr):
-    # rows_dense's weight tile of tap row kh and input channels c0.. (module docstring): rows m =
-    # (channel, phase p), K = (input channel, column offset d); the tap of phase p at offset d is
-    # kw = (p + PW - d*SW) / DW when exact, zero where no tap meets
+    # rows_dense's weight tiles (module docstring): rows m = (channel, phase p), K = (input channel,
+    # column offset d); the tap of phase p at offset d is kw = (p + PW - d*SW) / DW when exact, zero
+    # where no tap meets. Returns the pointers of the tile at kh = 0 and input channels 0.. (a tap row
+    # kh adds kh*KW, a K step c0 adds c0*W_STRIDE), its mask, and K's input channel
     m = tl.arange(0, BLOCK_C * SWP)
     ocl = cb * BLOCK_C + m // SWP
     p = m % SWP
     k = tl.arange(0, BLOCK_K * NDP)
-    c = c0 + k // NDP
+    kc = k // NDP
     d = DMIN + k % NDP
     tw = p[:, None] + PW - d[None, :] * SW
     twp = tl.where(tw >= 0, tw, 0)
     kw = twp // DW
     ok = (p < SW)[:, None] & (tw >= 0) & (twp % DW == 0) & (kw < KW) & (ocl < C_OUT_G)[:, None]
-    ok = ok & (c < C_IN_G)[None, :]
     W_STRIDE = C_OUT_G * KH * KW
-    w = w_ptr + (g * C_IN_G + c[None, :]).to(tl.int64) * W_STRIDE + ocl[:, None] * (KH * KW) + kh * KW + kw
-    return tl.load(w, mask=ok, other=0.0)
+    w = w_ptr + (g * C_IN_G + kc[None, :]).to(tl.int64) * W_STRIDE + ocl[:, None] * (KH * KW) + kw
+    return w, ok, kc
 
 
 @triton.jit
@@ -414,8 +412,9 @@ def _pack_dense_w(w_ptr, wp_ptr, C_OUT_G, N_CB, N_C0, C_IN_G: tl.constexpr, SW: 
     t = t // KH
     cb = t % N_CB
     g = t // N_CB
-    a = _dense_a(w_ptr, g, cb, kh, c0i * BLOCK_K, C_OUT_G, C_IN_G, SW, PW, DW, KH, KW, SWP, DMIN, NDP,
-                 BLOCK_C, BLOCK_K)
+    w, ok, kc = _dense_w(w_ptr, g, cb, C_OUT_G, C_IN_G, SW, PW, DW, KH, KW, SWP, DMIN, NDP, BLOCK_C, BLOCK_K)
+    c0 = c0i * BLOCK_K
+    a = tl.load(w + c0 * (C_OUT_G * KH * KW) + kh * KW, mask=ok & (c0 + kc < C_IN_G)[None, :], other=0.0)
     MM: tl.constexpr = BLOCK_C * SWP
     KK: tl.constexpr = BLOCK_K * NDP
     dst = wp_ptr + pid.to(tl.int64) * (MM * KK) + tl.arange(0, MM)[:, None] * KK + tl.arange(0, KK)[None, :]
@@ -443,14 +442,17 @@ def _convt_dense_kernel(x_ptr, w_ptr, b_ptr, y_ptr, C_IN, H, W, C_OUT, OH, OW, C
     n = ng // G
     # an implicit GEMM per tap row kh: rows m = (channel, phase p), K = (input channel, column offset d),
     # columns j: the weights a [m, K] matrix (_dense_a) and the input a [K, j] one, x[c, ih, j + d].
-    # PACKED: the weight tiles come ready from _pack_dense_w, one plain load each (their index and mask
-    # tensors, live across the kh loop, were most of this kernel's registers on the H200: 127 a thread)
+    # PACKED: the weight tiles come ready from _pack_dense_w, one plain load each, with no index and mask
+    # tensors live across the kh loop (on group_conv at the H200 no faster: probe4, 6.22x against 6.35x)
     MM: tl.constexpr = BLOCK_C * SWP
     KK: tl.constexpr = BLOCK_K * NDP
     N_C0: tl.constexpr = (C_IN_G + BLOCK_K - 1) // BLOCK_K
     k = tl.arange(0, KK)
-    kc = k // NDP
     d = DMIN + k % NDP
+    # the unpacked tiles' pointers and mask, built once and kept across the tap loop
+    w_g, a_ok, kc = _dense_w(w_ptr, g, cb, C_OUT_G, C_IN_G, SW, PW, DW, KH, KW, SWP, DMIN, NDP, BLOCK_C,
+                             BLOCK_K)
+    W_STRIDE = C_OUT_G * KH * KW
     j = jb * BLOCK_J + tl.arange(0, BLOCK_J)
     iw = j[None, :] + d[:, None]
     b_ok = (iw >= 0) & (iw < W)
@@ -469,8 +471,7 @@ def _convt_dense_kernel(x_ptr, w_ptr, b_ptr, y_ptr, C_IN, H, W, C_OUT, OH, OW, C
                 if PACKED:
                     a = tl.load(wp + (kh * N_C0 + c0 // BLOCK_K) * (MM * KK) + a_offs)
                 else:
-                    a = _dense_a(w_ptr, g, cb, kh, c0, C_OUT_G, C_IN_G, SW, PW, DW, KH, KW, SWP, DMIN, NDP,
-                                 BLOCK_C, BLOCK_K)
+                    a = tl.load(w_g + (c0 * W_STRIDE + kh * KW), mask=a_ok & c_ok[None, :], other=0.0)
                 b = tl.load(x_n + (c * HW + ih * W)[:, None] + iw, mask=b_ok & c_ok[:, None], other=0.0)
                 acc = _dot(a, b, acc, PREC)
     # [channel, phase, j] -> [channel, j*SWP + p], then gathered into contiguous columns w = j*SW + p:
