@@ -360,15 +360,17 @@ def test_materialized_chunks_over_bh_and_serves_16_bit_wide_heads(box, tmp_path,
     """A wide head (D = 300) runs materialized's three kernels; with the scratch budget cut to one bh
     the batch-heads go through in chunks (two of one here), and at 16 bits the softmax writes P as hi
     and lo planes in V's dtype for the P V GEMM's two dots (or, fuse16, the P V GEMM makes P from S
-    itself). Each materialized round-0 set, and one with 16-bit tiles of its own with and without
-    fuse16, passes the gate (x8 seed included) both ways."""
+    itself; or, short16, one kernel holds whole score rows: Lk = 23 fits). Each materialized round-0
+    set, and one with 16-bit tiles of its own plain, with fuse16 and with short16, passes the gate (x8
+    seed included) both ways."""
     path = tmp_path / f"wide_{dtype}.py"
     path.write_text(SDPA.read_text().replace(SMOKE, _smoke(1, 2, 23, 300, dtype)))
     source = read_problem(path)
     analysis = box.call("analyse", {"problem_source": source, "device": "cpu"}, timeout_s=120)[0]
     spec = at.matches(analysis["ops"])
     mats = [k for k in at.ROUND0 if k["strategy"] == "materialized"]
-    for knobs in [*mats, {**mats[0], **OWN16}, {**mats[0], **OWN16, "fuse16": True}]:
+    own = {**mats[0], **OWN16}
+    for knobs in [*mats, own, {**own, "fuse16": True}, {**own, "short16": True}]:
         assert at.feasible(spec, knobs)
         whole = at.render(spec, knobs, analysis["signature"])
         chunked = whole.replace(f"SCRATCH_BYTES = {at.SCRATCH_BYTES}", "SCRATCH_BYTES = 1")
@@ -407,3 +409,6 @@ def test_16_bit_inputs_take_their_own_tiles_where_set():
     # 256 x 256 score tiles stepping 128 of the head, 3 stages: 256 scores a thread, 384 KiB of operands
     assert not at.feasible(spec, {**base, "wide16_m": 256, "wide16_n": 256, "wide16_d": 128})
     assert at.feasible(spec, {**base, "wide16_m": 128, "wide16_n": 128, "wide16_d": 64})
+    # short16 at 64 rows on 8 warps: 64 x (256 scores + 128 outputs) in 256 threads; 128 rows do not fit
+    short = {**base, "short16": True, "wide16_m": 64, "wide16_warps": 8}
+    assert at.feasible(spec, short) and not at.feasible(spec, {**short, "wide16_m": 128})

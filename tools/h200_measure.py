@@ -367,6 +367,9 @@ def _ablation_arm(store, state) -> dict:
     win = state.finished.winner if state.finished else None
     charged, first_any, first_top = 0.0, None, None
     top = max(state.candidates[win].results) if win and state.candidates[win].results else None
+    # what the GPU seconds to the winner's first measurement paid for, by task kind (gen, gate, bench,
+    # profile): the arms differ only in bench, so the rest bounds what the ladder can save
+    by_task: dict[str, float] = {}
     # a measurement's own charge is recorded just after it: it is counted in
     pending_any = pending_top = False
     for e in store.iter_events(run_id=state.run_id):
@@ -376,6 +379,9 @@ def _ablation_arm(store, state) -> dict:
             pending_top = pending_top or (p["rung"] == top and first_top is None)
         elif e.type == "BudgetCharged":
             charged += p["gpu_s"]
+            if first_any is None:
+                kind = p["action"].split("/")[1] if p["action"].count("/") else p["action"]
+                by_task[kind] = by_task.get(kind, 0.0) + p["gpu_s"]
             if pending_any:
                 first_any, pending_any = charged, False
             if pending_top:
@@ -387,6 +393,7 @@ def _ablation_arm(store, state) -> dict:
         "winner_rung": top,
         "candidates": len(state.candidates),
         "gpu_s_to_winner_first_measured": first_any,
+        "gpu_s_to_winner_first_by_task": by_task,
         "gpu_s_to_winner_top_measured": first_top,
         "gpu_s_total": state.gpu_s,
         "winner_score": res.score if res else None,
@@ -563,9 +570,9 @@ def _markdown(doc: dict) -> str:
         "GPU seconds are those charged by the run's BudgetCharged events until the winner's "
         "measurement was recorded.",
         "",
-        "| problem | arm | candidates | winner | GPU s to winner (first / top rung) | GPU s total "
-        "| winner at large shape | busy |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| problem | arm | candidates | winner | GPU s to winner (first / top rung) | of the first: by task "
+        "| GPU s total | winner at large shape | busy |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for name, e in doc["problems"].items():
         for arm in LADDERS:
@@ -575,9 +582,11 @@ def _markdown(doc: dict) -> str:
             t = e.get("compare", {}).get("shapes", [{}])[0].get("times", {}).get(f"kb_{arm}", {})
             speed = f"{t['speedup_vs_eager']:.2f}x eager" if "speedup_vs_eager" in t else "-"
             f1, f2 = a["gpu_s_to_winner_first_measured"], a["gpu_s_to_winner_top_measured"]
+            tasks = a.get("gpu_s_to_winner_first_by_task") or {}
+            split = ", ".join(f"{k} {v:.1f}" for k, v in sorted(tasks.items(), key=lambda kv: -kv[1])) or "-"
             out.append(
                 f"| {name} | {arm} | {a['candidates']} | {a['winner'] or '-'} | "
-                f"{'-' if f1 is None else f'{f1:.1f}'} / {'-' if f2 is None else f'{f2:.1f}'} | "
+                f"{'-' if f1 is None else f'{f1:.1f}'} / {'-' if f2 is None else f'{f2:.1f}'} | {split} | "
                 f"{a['gpu_s_total']:.1f} | {speed} | {b['busy_fraction'] * 100:.0f}% |"
             )
     out += ["", "## The winners' profiles", ""]

@@ -59,7 +59,12 @@ For 16-bit inputs the materialized softmax writes P directly in V's dtype, as hi
 p16="split" (the P V GEMM then loads both and runs two tensor-core dots, with no rounding in its loop);
 with the knob fuse16 there is no softmax kernel and no P buffer: the P V GEMM takes its rows' max and
 sum from S and makes each P tile from S in registers (one launch fewer: at fp16 D = 1024 on the H200
-the whole call takes ~0.1 ms, and each launch costs the host tens of microseconds).
+the whole call takes ~0.1 ms, and each launch costs the host tens of microseconds). With the knob
+short16, where the keys fit one tile (padded Lk <= SHORT16_MAX) a 16-bit wide head takes one kernel:
+each program holds its rows' whole scores (Q K^T over the head in wide16_d steps), takes their softmax
+in registers and multiplies P (split hi + lo as above) into each block_dv chunk of V: one launch, no
+scratch (on the H200 the fp16 rung's three-kernel call spent 154 us of host time against 80 us on the
+GPU, eager's one kernel 30 us against 116: benchmarks/results/h200/probe4).
 
 Strategies:
 - `full_d`: the Q block [BLOCK_M, D], K/V tiles [BLOCK_N, D] and acc [BLOCK_M, Dv] live whole (D padded
@@ -92,6 +97,8 @@ MAX_SMEM = 227 * 1024
 MAX_REGS_PER_THREAD = 128
 # widest (padded) head the full_d kernel is ever launched with
 FULL_D_MAX = 256
+# the longest (padded) key range short16 holds whole in one tile
+SHORT16_MAX = 256
 # scratch for materialized's S and P per chunk of bh (the chunk shrinks to fit, down to one bh)
 SCRATCH_BYTES = 1 << 30
 STRATEGIES = ("full_d", "d_tiled", "materialized")
@@ -323,6 +330,11 @@ def feasible(spec: dict, knobs: dict[str, Any]) -> bool:
     dtype = spec.get("dtype", "float32")
     if not all(_tile_ok(f, knobs[k]) for k, f in TILE16_KNOBS.items() if k in knobs):
         return False
+    if knobs.get("short16") and knobs["strategy"] == "materialized":
+        # short16 holds a [m, SHORT16_MAX] score block (P takes its place) and an [m, block_dv] accumulator
+        t16 = tiles(knobs, "float16", 2 * FULL_D_MAX)
+        if t16["m"] * (SHORT16_MAX + knobs["block_dv"]) > MAX_REGS_PER_THREAD * 32 * t16["warps"]:
+            return False
     own16 = dtype == "float32" and any(k in knobs for k in TILE16_KNOBS)
     if own16 and not _fits(spec | {"dtype": "float16"}, knobs, prec):
         return False
@@ -732,6 +744,45 @@ def _pv_softmax(s_ptr, v_ptr, o_ptr, Lq, Lk, DV, qk_scale, PV: tl.constexpr, UPC
     tl.store(o, acc.to(o_ptr.dtype.element_ty), mask=r_mask & (rdv[None, :] < DV))
 
 
+@triton.jit
+def _attn_short16(q_ptr, k_ptr, v_ptr, o_ptr, Lq, Lk, D, DV, qk_scale, PV: tl.constexpr,
+                  UPCAST: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+                  BLOCK_DV: tl.constexpr):
+    # short16 (16-bit inputs, wide heads, every key in one tile): one program holds its BLOCK_M rows'
+    # whole score rows, S = Q K^T stepping BLOCK_D over the head, takes their softmax in registers, then
+    # walks the output in BLOCK_DV column chunks, P (split into V's dtype: hi and lo) times each V chunk.
+    # The materialized recipe's FLOPs and precision in one launch and no scratch
+    pid_m = tl.program_id(0)
+    bh = tl.program_id(1).to(tl.int64)
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = tl.arange(0, BLOCK_N)
+    rd = tl.arange(0, BLOCK_D)
+    rdv = tl.arange(0, BLOCK_DV)
+    q_base = q_ptr + bh * Lq * D
+    k_base = k_ptr + bh * Lk * D
+    v_base = v_ptr + bh * Lk * DV
+    m_mask = rm[:, None] < Lq
+    n_ok = rn < Lk
+    s = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    for d0 in range(0, D, BLOCK_D):
+        dd = d0 + rd
+        q = tl.load(q_base + rm[:, None] * D + dd[None, :], mask=m_mask & (dd[None, :] < D), other=0.0)
+        k_mask = n_ok[None, :] & (dd[:, None] < D)
+        kt = tl.load(k_base + rn[None, :] * D + dd[:, None], mask=k_mask, other=0.0)
+        s = _dot16(q, kt, s, UPCAST)
+    s = tl.where(n_ok[None, :], s, -float("inf"))
+    m = tl.max(s, axis=1)
+    p = tl.exp2((s - m[:, None]) * qk_scale)
+    p = p / tl.sum(p, axis=1)[:, None]
+    for dv0 in range(0, DV, BLOCK_DV):
+        cols = dv0 + rdv
+        v_mask = n_ok[:, None] & (cols[None, :] < DV)
+        v = tl.load(v_base + rn[:, None] * DV + cols[None, :], mask=v_mask, other=0.0)
+        acc = _pv(p, v, tl.zeros([BLOCK_M, BLOCK_DV], tl.float32), PV, UPCAST)
+        o = o_ptr + bh * Lq * DV + rm[:, None] * DV + cols[None, :]
+        tl.store(o, acc.to(o_ptr.dtype.element_ty), mask=m_mask & (cols[None, :] < DV))
+
+
 def _materialized(q, k, v, o, qk, pv, upcast, qk_scale, t):
     BH, Lq, D = q.shape
     Lk, DV = k.shape[1], v.shape[2]
@@ -801,6 +852,14 @@ def _launch(q, k, v, o):
     else:
         qk, pv = "mma", P16
     upcast = q.dtype == torch.bfloat16 and os.environ.get("TRITON_INTERPRET") == "1"
+    lk_pad = max(16, triton.next_power_of_2(Lk))
+    short = SHORT16 and q.dtype != torch.float32 and lk_pad <= SHORT16_MAX
+    if STRATEGY == "materialized" and not fits and short:
+        _attn_short16[(triton.cdiv(Lq, bm), BH)](
+            q, k, v, o, Lq, Lk, D, DV, qk_scale, PV=pv, UPCAST=upcast, BLOCK_M=bm, BLOCK_N=lk_pad,
+            BLOCK_D=min(t["d"], d_pad), BLOCK_DV=min(BLOCK_DV, dv_pad), num_warps=t["warps"],
+            num_stages=t["stages"])
+        return
     if STRATEGY == "materialized" and not fits:
         _materialized(q, k, v, o, qk, pv, upcast, qk_scale, {**t, "m": bm, "n": bn})
         return
@@ -841,6 +900,8 @@ def render(spec: dict, knobs: dict[str, Any], signature: dict[str, list[str]]) -
         f'PV32 = "{prec["pv32"]}"',
         f'P16 = "{prec["p16"]}"',
         f"FUSE16 = {bool(knobs.get('fuse16', False))}",
+        f"SHORT16 = {bool(knobs.get('short16', False))}",
+        f"SHORT16_MAX = {SHORT16_MAX}",
         f"FULL_D_MAX = {FULL_D_MAX}",
         f"SCRATCH_BYTES = {SCRATCH_BYTES}",
         "LOG2E = 1.4426950408889634",
