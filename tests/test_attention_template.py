@@ -386,7 +386,7 @@ def test_16_bit_inputs_take_their_own_tiles_where_set():
     past FULL_D_MAX, narrow16_* up to it) where set, each falling back to its fp32 knob; the render
     carries every tile set; feasible() refuses 16-bit tiles that are no tiles (not a power of two) or
     that overflow registers or shared memory at the traced wide head."""
-    base = {k: v for k, v in at.ROUND0[0].items() if k not in at.TILE16_KNOBS}
+    base = {k: v for k, v in at.ROUND0[0].items() if k not in at.TILE16_KNOBS and k != "short16"}
     assert at.tiles(base, "float16", 1024) == at.tiles(base, "float32", 1024)
     own = {**base, "wide16_d": 64, "wide16_warps": 4, "narrow16_m": 32}
     t32 = at.tiles(own, "float32", 1024)
