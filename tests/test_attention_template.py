@@ -8,7 +8,6 @@ that do not fit, and an in-process run on sdp_attn ends with an attention winner
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -17,9 +16,8 @@ import pytest
 
 from kernelbrain.diagnosis import LABELS
 from kernelbrain.problem import read_problem
-from kernelbrain.sandbox import Sandbox
 from kernelbrain.templates import attention as at
-from tests.runs import run_inprocess
+from tests.runs import interpreter_env, run_inprocess, run_interpreted
 
 ROOT = Path(__file__).resolve().parents[1]
 SDPA = ROOT / "benchmarks" / "problems" / "sdp_attn.py"
@@ -61,31 +59,15 @@ VARIANTS = {
 }
 
 
-@pytest.fixture(scope="module")
-def problems(tmp_path_factory) -> dict[str, str]:
-    tmp = tmp_path_factory.mktemp("attention_problems")
+# other families' problems, which attention must not match (tests/conftest.py's `analyses` traces them)
+OTHER_PROBLEMS = {"softmax": SOFTMAX, "rmsnorm": RMSNORM, "linear": LINEAR}
+
+
+def problem_variants() -> dict[str, str]:
+    """The seed problem and its smoke-shape variants (tests/conftest.py's `problems` reads them)."""
     source = SDPA.read_text()
     assert SMOKE in source
-    variants = {"seed": source, **{k: source.replace(SMOKE, v) for k, v in VARIANTS.items()}}
-    out = {}
-    for name, text in variants.items():
-        (tmp / f"{name}.py").write_text(text)
-        out[name] = read_problem(tmp / f"{name}.py")
-    return out
-
-
-@pytest.fixture(scope="module")
-def analyses(box: Sandbox, problems: dict[str, str]) -> dict[str, dict]:
-    sources = {
-        **problems,
-        "softmax": SOFTMAX.read_text(),
-        "rmsnorm": RMSNORM.read_text(),
-        "linear": LINEAR.read_text(),
-    }
-    return {
-        name: box.call("analyse", {"problem_source": src, "device": "cpu"}, timeout_s=120)[0]
-        for name, src in sources.items()
-    }
+    return {"seed": source, **{k: source.replace(SMOKE, v) for k, v in VARIANTS.items()}}
 
 
 def test_matches_sdpa_and_nothing_else(analyses):
@@ -205,17 +187,7 @@ def test_every_dot_on_fp32_inputs_asks_for_fp32_accuracy():
         c["dtype"] = "float32"
     cases.append({"name": "fp16", "knobs": TILED, "spec": spec16, "shape": [1, 2, 20, 40]})
     cases[-1]["dtype"] = "float16"
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run(
-        [sys.executable, "-c", DOT_SPY, json.dumps(cases)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    seen = json.loads(proc.stdout.strip().splitlines()[-1])
+    seen = run_interpreted(DOT_SPY, json.dumps(cases))
     f32, f64, f16 = "fp32", "fp64", "fp16"
     name = {"ieee": "IEEE", "tf32x3": "TF32x3", "presplit": "TF32x3"}  # the interpreter's names
     assert seen["plain"] == [[f32, f32, "TF32"]]
@@ -325,9 +297,10 @@ def test_attn_check_tool_runs_end_to_end_on_cpu(tmp_path):
     render passes at the problem's tolerance, and at the x8 seed fp32-accumulated scores (the ieee
     control) err far more than the fp64 scores the round-0 renders use."""
     out = tmp_path / "attn.json"
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
     cmd = [sys.executable, str(ROOT / "tools" / "attn_check.py"), "--device", "cpu", "--reps", "1"]
-    proc = subprocess.run([*cmd, "--out", str(out)], env=env, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [*cmd, "--out", str(out)], env=interpreter_env(), capture_output=True, text=True, timeout=300
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads(out.read_text())
     rows = {r["variant"]: r for r in report["rows"]}

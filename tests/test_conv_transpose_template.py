@@ -7,18 +7,13 @@ feasibility refuses tiles that do not fit, and a whole in-process run ends with 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from kernelbrain.diagnosis import LABELS
-from kernelbrain.problem import read_problem
-from kernelbrain.sandbox import Sandbox
 from kernelbrain.templates import conv_transpose as ct
-from tests.runs import run_inprocess
+from tests.runs import run_inprocess, run_interpreted
 
 ROOT = Path(__file__).resolve().parents[1]
 GROUP_CONV = ROOT / "benchmarks" / "problems" / "group_conv.py"
@@ -63,25 +58,13 @@ def _first(strategy: str) -> dict:
     return next(k for k in ct.ROUND0 if k["strategy"] == strategy)
 
 
-@pytest.fixture(scope="module")
-def problems(tmp_path_factory) -> dict[str, str]:
-    tmp = tmp_path_factory.mktemp("conv_problems")
-    (tmp / "irregular.py").write_text(IRREGULAR)
-    return {"seed": read_problem(GROUP_CONV), "irregular": read_problem(tmp / "irregular.py")}
+# other families' problems, which conv_transpose must not match (tests/conftest.py's `analyses` traces them)
+OTHER_PROBLEMS = {"softmax": SOFTMAX, "rmsnorm": RMSNORM, "linear": LINEAR}
 
 
-@pytest.fixture(scope="module")
-def analyses(box: Sandbox, problems: dict[str, str]) -> dict[str, dict]:
-    sources = {
-        **problems,
-        "softmax": SOFTMAX.read_text(),
-        "rmsnorm": RMSNORM.read_text(),
-        "linear": LINEAR.read_text(),
-    }
-    return {
-        name: box.call("analyse", {"problem_source": src, "device": "cpu"}, timeout_s=120)[0]
-        for name, src in sources.items()
-    }
+def problem_variants() -> dict[str, str]:
+    """The seed problem and the irregular variant (tests/conftest.py's `problems` reads them)."""
+    return {"seed": GROUP_CONV.read_text(), "irregular": IRREGULAR}
 
 
 def test_matches_conv_transpose2d_and_nothing_else(analyses):
@@ -232,17 +215,7 @@ DENSE_KNOBS = [
 
 
 def test_rows_dense_matches_torch_on_edge_cases():
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run(
-        [sys.executable, "-c", EDGE_RUN, json.dumps(DENSE_KNOBS), json.dumps(EDGE_CASES)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    results = json.loads(proc.stdout.strip().splitlines()[-1])
+    results = run_interpreted(EDGE_RUN, json.dumps(DENSE_KNOBS), json.dumps(EDGE_CASES), timeout=600)
     assert len(results) == len(DENSE_KNOBS) * len(EDGE_CASES)
     for r in results:
         assert r["shape"] == r["want"] and r["finite"] and r["err"] < 1e-4, r

@@ -779,11 +779,16 @@ def _attn_short16(q_ptr, k_ptr, v_ptr, o_ptr, Lq, Lk, D, DV, qk_scale, PV: tl.co
     m = tl.max(s, axis=1)
     p = tl.exp2((s - m[:, None]) * qk_scale)
     p = p / tl.sum(p, axis=1)[:, None]
+    # P in V's dtype once, before the output chunks (hi, and for "split" the rounding remainder lo)
+    hi = p.to(v_ptr.dtype.element_ty)
+    lo = (p - hi.to(tl.float32)).to(v_ptr.dtype.element_ty)
     for dv0 in range(0, DV, BLOCK_DV):
         cols = dv0 + rdv
         v_mask = n_ok[:, None] & (cols[None, :] < DV)
         v = tl.load(v_base + rn[:, None] * DV + cols[None, :], mask=v_mask, other=0.0)
-        acc = _pv(p, v, tl.zeros([BLOCK_M, BLOCK_DV], tl.float32), PV, UPCAST)
+        acc = _dot16(hi, v, tl.zeros([BLOCK_M, BLOCK_DV], tl.float32), UPCAST)
+        if PV == "split":
+            acc = _dot16(lo, v, acc, UPCAST)
         o = o_ptr + bh * Lq * DV + rm[:, None] * DV + cols[None, :]
         tl.store(o, acc.to(o_ptr.dtype.element_ty), mask=m_mask & (cols[None, :] < DV))
 
