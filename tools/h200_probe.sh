@@ -3,12 +3,12 @@
 # new attention strategy, RMSNorm/softmax knob variants and the conv strategies do at the seed
 # problems' large shapes, before a full tools/h200_measure.sh run. Everything lands in one tar.
 #
-#   bash tools/h200_probe.sh [1|2|3|4|5|6|7|conv]   # writes $OUT/probe-STAGE.tgz (the JSON reports and logs)
+#   bash tools/h200_probe.sh [1|2|3|4|5|6|7|8|conv]   # writes $OUT/probe-STAGE.tgz (the JSON reports and logs)
 #
 # 1: the first call (results in benchmarks/results/h200/probe3/); 2: the second, after it: where the
 # materialized attention's time goes, softmax split_row with prefetch; 3: attention's presplit P V;
 # conv: the conv strategies; 4 (session 4, one GPU): attention's 16-bit tiles, conv's tf32x3 dots; 5:
-# attention's fuse16; 6: conv's prepacked weights, attention's host time at fp16; 7: attention's short16.
+# attention's fuse16; 6: conv's prepacked weights, attention's host time at fp16; 7: attention's short16; 8: short16 with P rounded once.
 # Stages 1-3 use two GPUs (kind nvidia-h200-x2).
 set -uo pipefail
 : "${OUT:?set OUT to the folder the results go to}"
@@ -157,6 +157,20 @@ if [ "${1:-1}" = 7 ]; then
   tar -czf "$OUT/probe-7.tgz" -C "$W" .
   grep -v Warn "$W/attn.log" | grep -E "PASS|FAIL|passed|skipped" | sed -e 's/"block_m".*"p16": "split", //'
   grep -v -e Warn -e _warn "$W/attn16_host.log" | grep -E "ms a call|us a call|  [0-9.]+ ms"
+  exit 0
+fi
+if [ "${1:-1}" = 8 ]; then
+  # session 4, one GPU: short16's GPU and host time a call at fp16 once P is rounded before the output
+  # chunks (stage 7's first two sets again, and two with 128-wide head steps)
+  S='"strategy": "materialized", "short16": true'
+  timeout 120 python3 tools/kernel_breakdown.py $P/sdp_attn.py --shape 1 --host --out "$W/attn16_host.json" \
+    --knobs "{$S, \"wide16_m\": 64, \"wide16_d\": 64, \"wide16_warps\": 8, \"wide16_stages\": 2}" \
+    --knobs "{$S, \"wide16_m\": 32, \"wide16_d\": 64, \"wide16_warps\": 4, \"wide16_stages\": 3}" \
+    --knobs "{$S, \"wide16_m\": 32, \"wide16_d\": 128, \"wide16_warps\": 4, \"wide16_stages\": 2}" \
+    --knobs "{$S, \"wide16_m\": 64, \"wide16_d\": 128, \"wide16_warps\": 8, \"wide16_stages\": 2}" \
+    > "$W/attn16_host.log" 2>&1
+  tar -czf "$OUT/probe-8.tgz" -C "$W" .
+  grep -v -e Warn -e _warn "$W/attn16_host.log" | grep -E "ms a call|us a call|  [0-9.]+ ms" | sed -e 's/"block_m".*"p16": "split", //'
   exit 0
 fi
 if [ "${1:-1}" = conv ]; then
