@@ -332,10 +332,9 @@ OWN16 = {
 def test_materialized_chunks_over_bh_and_serves_16_bit_wide_heads(box, tmp_path, dtype):
     """A wide head (D = 300) runs materialized's three kernels; with the scratch budget cut to one bh
     the batch-heads go through in chunks (two of one here), and at 16 bits the softmax writes P as hi
-    and lo planes in V's dtype for the P V GEMM's two dots (or, fuse16, the P V GEMM makes P from S
-    itself; or, short16, one kernel holds whole score rows: Lk = 23 fits). Each materialized round-0
-    set, and one with 16-bit tiles of its own plain, with fuse16 and with short16, passes the gate (x8
-    seed included) both ways."""
+    and lo planes in V's dtype for the P V GEMM's two dots (or, short16, one kernel holds whole score
+    rows: Lk = 23 fits). Each materialized round-0 set, and one with 16-bit tiles of its own plain and
+    with short16, passes the gate (x8 seed included) both ways."""
     path = tmp_path / f"wide_{dtype}.py"
     path.write_text(SDPA.read_text().replace(SMOKE, _smoke(1, 2, 23, 300, dtype)))
     source = read_problem(path)
@@ -343,7 +342,7 @@ def test_materialized_chunks_over_bh_and_serves_16_bit_wide_heads(box, tmp_path,
     spec = at.matches(analysis["ops"])
     mats = [k for k in at.ROUND0 if k["strategy"] == "materialized"]
     own = {**mats[0], **OWN16}
-    for knobs in [*mats, own, {**own, "fuse16": True}, {**own, "short16": True}]:
+    for knobs in [*mats, own, {**own, "short16": True}]:
         assert at.feasible(spec, knobs)
         whole = at.render(spec, knobs, analysis["signature"])
         chunked = whole.replace(f"SCRATCH_BYTES = {at.SCRATCH_BYTES}", "SCRATCH_BYTES = 1")
@@ -371,9 +370,9 @@ def test_16_bit_inputs_take_their_own_tiles_where_set():
     spec = {"bh": 1024, "lq": 512, "d": 1024, "dtype": "float32"}
     src = at.render(spec, own, {"init": [], "forward": ["Q", "K", "V"]})
     assert f"'wide16': {at.tiles(own, 'float16', 1024)!r}" in src
-    assert f"'narrow16': {at.tiles(own, 'float16', 128)!r}" in src and "FUSE16 = False" in src
-    assert "FUSE16 = True" in at.render(
-        spec, {**own, "fuse16": True}, {"init": [], "forward": ["Q", "K", "V"]}
+    assert f"'narrow16': {at.tiles(own, 'float16', 128)!r}" in src and "SHORT16 = False" in src
+    assert "SHORT16 = True" in at.render(
+        spec, {**own, "short16": True}, {"init": [], "forward": ["Q", "K", "V"]}
     )
     assert at.feasible(spec, {**base, **OWN16}) and at.feasible(spec, at.ROUND0[0])
     assert not at.feasible(spec, {**base, "wide16_d": 48})

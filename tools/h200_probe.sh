@@ -3,12 +3,13 @@
 # new attention strategy, RMSNorm/softmax knob variants and the conv strategies do at the seed
 # problems' large shapes, before a full tools/h200_measure.sh run. Everything lands in one tar.
 #
-#   bash tools/h200_probe.sh [1|2|3|4|5|6|7|8|conv]   # writes $OUT/probe-STAGE.tgz (the JSON reports and logs)
+#   bash tools/h200_probe.sh [1|2|3|4|6|7|8|conv]   # writes $OUT/probe-STAGE.tgz (the JSON reports and logs)
 #
 # 1: the first call (results in benchmarks/results/h200/probe3/); 2: the second, after it: where the
 # materialized attention's time goes, softmax split_row with prefetch; 3: attention's presplit P V;
-# conv: the conv strategies; 4 (session 4, one GPU): attention's 16-bit tiles, conv's tf32x3 dots; 5:
-# attention's fuse16; 6: conv's prepacked weights, attention's host time at fp16; 7: attention's short16; 8: short16 with P rounded once.
+# conv: the conv strategies; 4 (session 4, one GPU): attention's 16-bit tiles, conv's tf32x3 dots; 6:
+# conv's prepacked weights, attention's host time at fp16; 7: attention's short16; 8: short16 with P
+# rounded once. (Stage 5 measured fuse16, a knob since removed: see h200/probe4/README.md.)
 # Stages 1-3 use two GPUs (kind nvidia-h200-x2).
 set -uo pipefail
 : "${OUT:?set OUT to the folder the results go to}"
@@ -97,22 +98,6 @@ if [ "${1:-1}" = 4 ]; then
   grep -v Warn "$W/conv.log" | tail -n 24
   exit 0
 fi
-if [ "${1:-1}" = 5 ]; then
-  # session 4, one GPU: fuse16 against separate softmax planes, timed as kb's benchmark times (the
-  # evaluate timer, every shape), and where the fused call's time goes at fp16
-  M='"strategy": "materialized"'
-  F='"fuse16": true'
-  timeout 300 python3 tools/gpu_template_check.py $P/sdp_attn.py --no-round0 --which all --out "$W/attn.json" \
-    --knobs "{$M}" --knobs "{$M, $F, \"wide16_warps\": 8}" --knobs "{$M, $F, \"wide16_m\": 64}" \
-    --knobs "{$M, $F, \"wide16_n\": 128, \"wide16_k\": 64, \"wide16_warps\": 8}" \
-    > "$W/attn.log" 2>&1
-  timeout 60 python3 tools/kernel_breakdown.py $P/sdp_attn.py --shape 1 --out "$W/attn16_breakdown.json" \
-    --knobs "{$M}" --knobs "{$M, $F, \"wide16_warps\": 8}" > "$W/attn16_breakdown.log" 2>&1
-  tar -czf "$OUT/probe-5.tgz" -C "$W" .
-  grep -v Warn "$W/attn.log" | tail -n 8
-  grep -v Warn "$W/attn16_breakdown.log" | tail -n 14
-  exit 0
-fi
 if [ "${1:-1}" = 6 ]; then
   # session 4, one GPU: conv's prepacked weight tiles; attention's host time a call at fp16
   D='"strategy": "rows_dense", "block_c": 16, "block_k": 8'
@@ -130,7 +115,7 @@ if [ "${1:-1}" = 6 ]; then
     > "$W/conv_breakdown.log" 2>&1
   M='"strategy": "materialized"'
   timeout 90 python3 tools/kernel_breakdown.py $P/sdp_attn.py --shape 1 --host --out "$W/attn16_host.json" \
-    --knobs "{$M}" --knobs "{$M, \"fuse16\": true, \"wide16_m\": 64}" > "$W/attn16_host.log" 2>&1
+    --knobs "{$M}" > "$W/attn16_host.log" 2>&1
   tar -czf "$OUT/probe-6.tgz" -C "$W" .
   grep -v Warn "$W/conv.log" | grep -E "PASS|FAIL|passed" | cut -c1-30,45-250
   grep -v Warn "$W/conv_breakdown.log" | tail -n 8

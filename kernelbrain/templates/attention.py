@@ -56,15 +56,13 @@ knob; `tiles()` says what a knob set launches with. feasible() checks the wide16
 head when it is wide; the narrow16 ones only for their form (a set out of resources at a narrow 16-bit
 head fails that shape's gate at run time: wasted budget, not a wrong result).
 For 16-bit inputs the materialized softmax writes P directly in V's dtype, as hi and lo planes for
-p16="split" (the P V GEMM then loads both and runs two tensor-core dots, with no rounding in its loop);
-with the knob fuse16 there is no softmax kernel and no P buffer: the P V GEMM takes its rows' max and
-sum from S and makes each P tile from S in registers (one launch fewer: at fp16 D = 1024 on the H200
-the whole call takes ~0.1 ms, and each launch costs the host tens of microseconds). With the knob
-short16, where the keys fit one tile (padded Lk <= SHORT16_MAX) a 16-bit wide head takes one kernel:
-each program holds its rows' whole scores (Q K^T over the head in wide16_d steps), takes their softmax
-in registers and multiplies P (split hi + lo as above) into each block_dv chunk of V: one launch, no
-scratch (on the H200 the fp16 rung's three-kernel call spent 154 us of host time against 80 us on the
-GPU, eager's one kernel 30 us against 116: benchmarks/results/h200/probe4).
+p16="split" (the P V GEMM then loads both and runs two tensor-core dots, with no rounding in its loop).
+With the knob short16, where the keys fit one tile (padded Lk <= SHORT16_MAX), a 16-bit wide head takes
+one kernel: each program holds its rows' whole scores (Q K^T over the head in wide16_d steps), takes
+their softmax in registers and multiplies P (split hi + lo as above) into each block_dv chunk of V: one
+launch, no scratch. Host time decides at this size: on the H200 the fp16 rung's three-kernel call spent
+154 us of host time a call against 80 us on the GPU, eager's one kernel 30 us against 116; short16 took
+50-97 us of host time and 108 us on the GPU (benchmarks/results/h200/probe4).
 
 Strategies:
 - `full_d`: the Q block [BLOCK_M, D], K/V tiles [BLOCK_N, D] and acc [BLOCK_M, Dv] live whole (D padded
@@ -396,10 +394,7 @@ def _fits(spec: dict, knobs: dict[str, Any], prec: dict[str, str]) -> bool:
         # the larger of the two GEMMs' needs: scores (fp64-widened operands) and P V. 16-bit P tiles go
         # to the tensor cores from shared memory as loaded (no conversion in registers): the
         # accumulator alone counts (the H200 ran 128 x 128 of it on 4 warps fastest, probe4)
-        # (fuse16 makes them in registers from S: fp32 P and its two 16-bit parts)
-        pv_regs = bm * dv + (
-            parts * bm * bk if dtype == "float32" else 2 * bm * bk if knobs.get("fuse16") else 0
-        )
+        pv_regs = bm * dv + (parts * bm * bk if dtype == "float32" else 0)
         regs = max(scores + (2 * (bm * bd + bd * bn) if wide else 0), pv_regs)
         smem = t["stages"] * max(
             (bm + bn) * bd * elt,
@@ -711,45 +706,6 @@ def _pv_gemm(p_ptr, v_ptr, o_ptr, Lq, Lk, DV, p_plane, v_plane, PV: tl.constexpr
 
 
 @triton.jit
-def _pv_from_scores(s_ptr, v_ptr, o_ptr, Lq, Lk, DV, qk_scale, PV: tl.constexpr, UPCAST: tl.constexpr,
-                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_DV: tl.constexpr):
-    # O[bh] = P V[bh], P the row softmax of S[bh] * scale, for 16-bit V with the softmax fused in (fuse16):
-    # a pass over its rows of S for their max and sum, then P tiles made from S again, rounded to V's
-    # dtype (PV "split": hi and lo) for the tensor-core dots. Every output-column block redoes its rows'
-    # softmax (cheap exp2s on S re-read from L2) instead of a kernel launch and a P buffer
-    pid_m = tl.program_id(0)
-    pid_dv = tl.program_id(1)
-    bh = tl.program_id(2).to(tl.int64)
-    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    rn = tl.arange(0, BLOCK_N)
-    rdv = pid_dv * BLOCK_DV + tl.arange(0, BLOCK_DV)
-    s_base = s_ptr + bh * Lq * Lk + rm[:, None].to(tl.int64) * Lk
-    v_base = v_ptr + bh * Lk * DV
-    r_mask = rm[:, None] < Lq
-    m = tl.full([BLOCK_M], -float("inf"), tl.float32)
-    l = tl.zeros([BLOCK_M], tl.float32)
-    for n0 in range(0, Lk, BLOCK_N):
-        cols = n0 + rn
-        sc = tl.load(s_base + cols[None, :], mask=r_mask & (cols[None, :] < Lk), other=-float("inf"))
-        m_new = tl.maximum(m, tl.max(sc, axis=1))
-        m_safe = tl.where(m_new == -float("inf"), 0.0, m_new)  # rows past Lq stay at -inf
-        l = l * tl.exp2((m - m_safe) * qk_scale) + tl.sum(tl.exp2((sc - m_safe[:, None]) * qk_scale), axis=1)
-        m = m_new
-    m = tl.where(m == -float("inf"), 0.0, m)
-    inv = 1.0 / tl.where(l == 0.0, 1.0, l)
-    acc = tl.zeros([BLOCK_M, BLOCK_DV], tl.float32)
-    for n0 in range(0, Lk, BLOCK_N):
-        cols = n0 + rn
-        sc = tl.load(s_base + cols[None, :], mask=r_mask & (cols[None, :] < Lk), other=-float("inf"))
-        p = tl.exp2((sc - m[:, None]) * qk_scale) * inv[:, None]
-        v_mask = (cols[:, None] < Lk) & (rdv[None, :] < DV)
-        v = tl.load(v_base + cols[:, None] * DV + rdv[None, :], mask=v_mask, other=0.0)
-        acc = _pv(p, v, acc, PV, UPCAST)
-    o = o_ptr + bh * Lq * DV + rm[:, None] * DV + rdv[None, :]
-    tl.store(o, acc.to(o_ptr.dtype.element_ty), mask=r_mask & (rdv[None, :] < DV))
-
-
-@triton.jit
 def _attn_short16(q_ptr, k_ptr, v_ptr, o_ptr, Lq, Lk, D, DV, qk_scale, PV: tl.constexpr,
                   UPCAST: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                   BLOCK_DV: tl.constexpr):
@@ -800,10 +756,9 @@ def _materialized(q, k, v, o, qk, pv, upcast, qk_scale, t):
     split = pv == "presplit"  # fp32 inputs only
     # 16-bit inputs: the softmax writes P in V's dtype, as hi + lo planes ("split") or rounded once
     half = q.dtype != torch.float32
-    fused = half and FUSE16
-    if half and not fused:
+    if half:
         pv = pv + "16"
-    parts = 0 if fused else 2 if split or pv == "split16" else 1
+    parts = 2 if split or pv == "split16" else 1
     p_dtype = v.dtype if half else torch.float32
     p_bytes = torch.finfo(p_dtype).bits // 8
     per_bh = Lq * Lk * (torch.finfo(s_dtype).bits // 8 + p_bytes * parts)
@@ -811,7 +766,7 @@ def _materialized(q, k, v, o, qk, pv, upcast, qk_scale, t):
     chunk = max(1, min(BH, SCRATCH_BYTES // max(1, per_bh)))
     s = torch.empty((chunk, Lq, Lk), dtype=s_dtype, device=q.device)
     # P (and for presplit V) as hi/lo planes: plane = the offset from a hi element to its lo
-    p = torch.empty((parts, chunk, Lq, Lk), dtype=p_dtype, device=q.device) if parts else None
+    p = torch.empty((parts, chunk, Lq, Lk), dtype=p_dtype, device=q.device)
     vs = torch.empty((parts, chunk, Lk, DV), dtype=torch.float32, device=q.device) if split else None
     bm, bn = t["m"], t["n"]
     bd = min(t["d"], max(16, triton.next_power_of_2(D)))
@@ -828,11 +783,6 @@ def _materialized(q, k, v, o, qk, pv, upcast, qk_scale, t):
         _scores[(triton.cdiv(Lq, bm), triton.cdiv(Lk, bn), n)](
             qc, kc, s, Lq, Lk, D, QK=qk, UPCAST=upcast, BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=bd,
             num_warps=t["warps"], num_stages=t["stages"])
-        if fused:
-            _pv_from_scores[(triton.cdiv(Lq, bm), triton.cdiv(DV, bdv), n)](
-                s, vc, oc, Lq, Lk, DV, qk_scale, PV=pv, UPCAST=upcast, BLOCK_M=bm, BLOCK_N=bk,
-                BLOCK_DV=bdv, num_warps=t["warps"], num_stages=t["stages"])
-            continue
         _softmax_rows[(triton.cdiv(n * Lq, block_r),)](s, p, n * Lq, Lk, qk_scale, p[0].numel(),
                                                       SPLIT=p_split, BLOCK_R=block_r, BLOCK_K=row_block,
                                                       num_warps=4)
@@ -909,7 +859,6 @@ def render(spec: dict, knobs: dict[str, Any], signature: dict[str, list[str]]) -
         f'QK32 = "{prec["qk32"]}"',
         f'PV32 = "{prec["pv32"]}"',
         f'P16 = "{prec["p16"]}"',
-        f"FUSE16 = {bool(knobs.get('fuse16', False))}",
         f"SHORT16 = {bool(knobs.get('short16', False))}",
         f"SHORT16_MAX = {SHORT16_MAX}",
         f"FULL_D_MAX = {FULL_D_MAX}",
