@@ -1,33 +1,221 @@
-"""Crashes at random moments never lose or duplicate work.
+"""Crashes at chosen points of a run never lose or duplicate work.
 
-20 runs whose whole `kb run` process group is SIGKILLed at a random moment and then finished with
-`kb resume` (five lanes of four runs, each lane its own test and database, so that pytest-xdist runs
-them side by side); single workers SIGKILLed in the middle of a task; SIGTERM and SIGINT stopping a run
-that then resumes. After each: every candidate terminal, one effect per identity, no completed
-benchmark executed again (the sandbox children log every execution), and `kb replay` agrees with the
-log.
+20 SIGKILLs of a whole process group, each aimed at a point in the run's event log rather than at a
+wall-clock moment: the test watches the database (read-only, polling) and kills as soon as the chosen
+event (or the Nth of a kind) is recorded, so the kills cover every phase a CPU run goes through (start,
+round-0 analysis, gate, each rung of the benchmark ladder, promotion, profile) whatever the machine's
+load. 10 runs in five lanes (each lane its own test and database, so that pytest-xdist runs them side by
+side): each `kb run` is killed at one target, the `kb resume` that continues it is killed at a later
+one, and a last `kb resume` finishes it. Each kill asserts that its target was reached in that process
+and that the kill interrupted the run there (the run not finished, but for the kill aimed at the first
+profile, which can be the run's last work; for a claimed task, that task still in flight), so a target
+the run never reaches fails the test instead of passing it. Then: single workers SIGKILLed in the middle
+of a task; SIGTERM and SIGINT stopping a run that then resumes. After each: every candidate terminal,
+one effect per identity, no completed benchmark executed again (the sandbox children log every
+execution), and `kb replay` agrees with the log.
 """
 
 from __future__ import annotations
 
 import os
-import random
 import signal
 import time
+from dataclasses import dataclass
 
 import pytest
 
-from kernelbrain.events import decode
+from kernelbrain.events import EVENT_TYPES, decode
 from kernelbrain.state import RunState
-from store import EventStore
+from store import EventStore, StoredEvent
 from tests.invariants import check_run, read_exec_log
 from tests.kbcli import SOFTMAX, kb, kb_env, kb_start
 
-CRASHES = 20
 LANES = 5
-# one seeded draw of all the kill moments, the same whichever lane runs crash i
-_rng = random.Random(20261129)
-KILL_AFTER_S = [_rng.uniform(0.2, 7.0) for _ in range(CRASHES)]
+POLL_S = 0.01  # how often the watcher reads the log (~2% of a core): a kill lands ~10 ms after its target
+
+
+@dataclass(frozen=True)
+class KillAt:
+    """Kill as soon as the `nth` event of `types` (a claim of a `kind` task; at `rung`) is in the log.
+
+    Claims count distinct tasks (a task claimed again after a kill counts once). Unless `may_finish`, the
+    kill must land before RunFinished. `in_flight`: the target is a claim, and the kill must land before
+    that task's result is recorded. `before`: no event of that type may follow the target.
+    """
+
+    phase: str
+    types: tuple[str, ...]
+    nth: int = 1
+    kind: str | None = None  # TaskClaimed: the task's kind (gen, gate, bench, profile)
+    rung: int | None = None  # TaskClaimed of a bench task, RungBenchmarked: its rung; Promoted: rung_from
+    in_flight: bool = False
+    before: str | None = None
+    may_finish: bool = False
+
+    def matches(self, raw: StoredEvent) -> bool:
+        if raw.type not in self.types:
+            return False
+        if self.kind is not None and decode(raw).task.split("/")[1] != self.kind:  # run/kind/...
+            return False
+        if self.rung is None:
+            return True
+        return (decode(raw).rung_from if raw.type == "Promoted" else raw.stage) == self.rung
+
+
+VERDICT = ("GatePassed", "GateFailed")
+CLAIM = ("TaskClaimed",)
+MEASURED = ("RungBenchmarked",)
+# A CPU run of softmax_small with 4 candidates records, in order: RunStarted; the round-0 claim, and
+# ~5 s later ProblemAnalysed + CandidateProposed x4 + GenerationDone in one transaction; gate claims and
+# verdicts; bench claims and RungBenchmarked at rungs 0, 1, 2 with Promoted between (at least one
+# candidate climbs each rung: ASHA keeps at least the best); a profile claim and ProfileCaptured per
+# candidate at the top rung; then Pruned... + RunFinished in one transaction. Every target but the first
+# profile has work after it in every such run, so the kill must interrupt the run there; the first
+# profile can be the run's last work (one finalist): that kill lands just before the scheduler records
+# the finish (it polls every KB_POLL = 50 ms), or just after it while kb shuts down.
+# Each chain: (the kill in `kb run`, the kill in the `kb resume` that continues it). The second target
+# depends on the first (a promotion on a measurement, the 4th bench task on the 1st), so the resumed
+# process reaches it; in the 6th and 10th chains it is a profile, which needs a candidate measured at
+# three rungs (seconds), against a second gate claim or the last gate verdict (within ~0.5 s of the
+# first). Were a second target ever reached before the resume, its kill fails (`_aim`), never passes.
+CHAINS = [
+    (
+        KillAt("started, before any claim", ("RunStarted",), before="TaskClaimed"),
+        KillAt("measuring rung 1", CLAIM, kind="bench", rung=1, in_flight=True),
+    ),
+    (
+        KillAt("analysing round 0", CLAIM, kind="gen", in_flight=True),
+        KillAt("after the first rung-1 measurement", MEASURED, rung=1),
+    ),
+    (
+        KillAt("round 0 proposed, nothing gated", ("GenerationDone",)),
+        KillAt("after the promotion to the top rung", ("Promoted",), rung=1),
+    ),
+    (
+        KillAt("gating the first candidate", CLAIM, kind="gate", in_flight=True),
+        KillAt("measuring the top rung", CLAIM, kind="bench", rung=2, in_flight=True),
+    ),
+    (
+        KillAt("after the first gate verdict", VERDICT),
+        KillAt("after the first top-rung measurement", MEASURED, rung=2),
+    ),
+    (
+        KillAt("gating the second candidate", CLAIM, nth=2, kind="gate", in_flight=True),
+        KillAt("profiling a finalist", CLAIM, kind="profile", in_flight=True),
+    ),
+    (
+        KillAt("measuring rung 0", CLAIM, kind="bench", rung=0, in_flight=True),
+        KillAt("measuring the fourth bench task", CLAIM, nth=4, kind="bench", in_flight=True),
+    ),
+    (
+        KillAt("after the first rung-0 measurement", MEASURED, rung=0),
+        KillAt("after the fourth measurement", MEASURED, nth=4),
+    ),
+    (
+        KillAt("after the first promotion", ("Promoted",)),
+        KillAt("measuring the sixth bench task", CLAIM, nth=6, kind="bench", in_flight=True),
+    ),
+    (
+        KillAt("after every gate verdict", VERDICT, nth=4),
+        KillAt("after the first profile, around the finish", ("ProfileCaptured",), may_finish=True),
+    ),
+]
+TARGETS = [k for chain in CHAINS for k in chain]
+# Event types no kill is aimed at, and why. Every other type a lane's runs record must be some target's.
+UNTARGETED = {
+    "ProblemAnalysed": "recorded in round 0's transaction, with the proposals and GenerationDone",
+    "CandidateProposed": "recorded in round 0's transaction, with the analysis and GenerationDone",
+    "BudgetCharged": "recorded in the transaction of the result it pays for",
+    "Pruned": "recorded with RunFinished (or with the decision that stops the candidate)",
+    "RunFinished": "the end: nothing left to interrupt",
+    "RunResumed": "recorded by `kb resume` before its workers start; its kill is aimed at a later event",
+    "LeaseExpired": "recorded by a resumed worker, in the transaction of its claim",
+    "AdjudicationRequested": "only when two candidates fall within noise: not every run has one",
+    "Adjudicated": "only when two candidates fall within noise: not every run has one",
+}
+
+
+@dataclass
+class Kill:
+    phase: str
+    process: str  # "run" or "resume"
+    target_seq: int  # the event the kill was aimed at
+    lag_ms: float  # from its commit to the SIGKILL
+    events: int  # events of the run recorded by the moment the process group was dead
+    last: str  # the type of the last of them
+    finished: bool
+    in_flight: list[str]  # claimed tasks without a result at the kill: "kind:rung"
+
+
+def _aim(db, run_id: str, proc, target: KillAt, since: int, timeout: float = 240.0) -> StoredEvent:
+    """Poll the log (read-only) until `target` is recorded; the event that met it, which must be one
+    this process recorded (after event #`since`)."""
+    seen: set[str] = set()
+    n, after = 0, 0
+    deadline = time.monotonic() + timeout
+    with EventStore(db, create=False, readonly=True) as store:
+        while True:
+            exited = proc.poll()  # before the read: an exit seen here recorded all it ever will
+            for raw in store.read(after, run_id=run_id):
+                after = raw.seq
+                if not target.matches(raw):
+                    continue
+                if raw.type == "TaskClaimed":
+                    task = decode(raw).task
+                    if task in seen:
+                        continue  # claimed again after a kill: the same task
+                    seen.add(task)
+                n += 1
+                if n == target.nth:
+                    assert raw.seq > since, (
+                        f"kill target {target.phase!r} was reached (#{raw.seq}) before this process began"
+                        f" (#{since})"
+                    )
+                    return raw
+            if exited is not None:
+                raise AssertionError(
+                    f"kill target {target.phase!r} never reached: kb exited ({exited}) after {n} of"
+                    f" {target.nth} matching events; stderr: {proc.stderr.read()[-2000:]}"
+                )
+            if time.monotonic() > deadline:
+                raise AssertionError(f"kill target {target.phase!r} not reached within {timeout} s")
+            time.sleep(POLL_S)
+
+
+def _kill_at(db, run_id: str, proc, target: KillAt, since: int, process: str) -> Kill:
+    hit = _aim(db, run_id, proc, target, since)
+    os.killpg(proc.pid, signal.SIGKILL)
+    lag_ms = (time.time() - hit.ts) * 1000
+    proc.wait()
+    assert proc.returncode == -signal.SIGKILL, (
+        f"{target.phase}: kb {process} exited ({proc.returncode}) before the kill landed"
+    )
+    with EventStore(db, create=False, readonly=True) as store:
+        events = store.read(run_id=run_id)
+        finished = [e for e in events if e.type == "RunFinished"]
+        claims = [decode(e) for e in events if e.type == "TaskClaimed"]
+        open_tasks = {c.task for c in claims if not store.is_done(c.task)}
+    if not target.may_finish:
+        assert not finished, f"kill aimed at {target.phase!r} landed after the run finished"
+    if target.before is not None:
+        after = [e.type for e in events if e.seq > hit.seq]
+        assert target.before not in after, f"kill aimed at {target.phase!r} landed after {after}"
+    if target.in_flight:
+        task = decode(hit).task
+        assert task in open_tasks, (
+            f"kill aimed at {target.phase!r} landed after {task} was done; the log then ended with "
+            f"{[e.type for e in events if e.seq > hit.seq]}"
+        )
+    return Kill(
+        phase=target.phase,
+        process=process,
+        target_seq=hit.seq,
+        lag_ms=lag_ms,
+        events=len(events),
+        last=events[-1].type,
+        finished=bool(finished),
+        in_flight=sorted(":".join(t.split("/")[1:4:2]) for t in open_tasks),
+    )
 
 
 def _finish(db, run_id, env) -> None:
@@ -38,48 +226,51 @@ def _finish(db, run_id, env) -> None:
         assert f"run {run_id} finished" in r.stdout
 
 
+def test_kill_targets_are_known_event_types():
+    """A renamed event type must fail here, not as a target that silently stopped matching."""
+    aimed = {t for k in TARGETS for t in k.types}
+    assert aimed | set(UNTARGETED) <= set(EVENT_TYPES), (aimed | set(UNTARGETED)) - set(EVENT_TYPES)
+    assert not aimed & set(UNTARGETED)
+    assert len(TARGETS) == 20 and len({k.phase for k in TARGETS}) == 20
+
+
 @pytest.mark.parametrize("lane", range(LANES))
-def test_kill_the_whole_run_at_random_moments_then_resume(tmp_path, lane):
-    crashes = range(lane, CRASHES, LANES)  # lanes interleave, spreading the short and long kill moments
+def test_kill_the_whole_run_at_chosen_events_then_resume(tmp_path, lane):
+    chains = CHAINS[lane::LANES]  # lanes interleave, spreading the chains
     db, log = tmp_path / "kb.db", tmp_path / "exec.log"
     env = kb_env(KB_EXEC_LOG=str(log))
-    interrupted = 0
-    for i in crashes:
-        proc, run_id = kb_start(
-            [
-                "run",
-                str(SOFTMAX),
-                "--db",
-                str(db),
-                "--max-candidates",
-                "4",
-                "--seed",
-                str(i),
-                "--device",
-                "cpu",
-                "--quiet",
-            ],
-            env,
-        )
-        time.sleep(KILL_AFTER_S[i])
-        still_running = proc.poll() is None
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-        interrupted += still_running
+    kills, recorded = [], set()
+    for i, (in_run, in_resume) in enumerate(chains):
+        args = ["--max-candidates", "4", "--seed", str(lane + LANES * i), "--device", "cpu", "--quiet"]
+        proc, run_id = kb_start(["run", str(SOFTMAX), "--db", str(db), *args], env)
+        kills.append(_kill_at(db, run_id, proc, in_run, 0, "run"))
+        with EventStore(db, create=False, readonly=True) as store:
+            since = store.last_seq(run_id)
+        proc, resumed = kb_start(["resume", run_id, "--db", str(db), "--quiet"], env)
+        assert resumed == run_id
+        kills.append(_kill_at(db, run_id, proc, in_resume, since, "resume"))
         _finish(db, run_id, env)
         check_run(db, run_id, log)
-    # at least three in four killed mid-flight in every lane, so at least 15 of the 20 in all
-    assert 4 * interrupted >= 3 * len(crashes), (
-        f"only {interrupted} of {len(crashes)} runs were killed mid-flight"
+        with EventStore(db, create=False, readonly=True) as store:
+            recorded |= {e.type for e in store.read(run_id=run_id)}
+    for k in kills:  # the evidence, shown by pytest -rP
+        print(
+            f"kb {k.process:6} {k.phase:43} target #{k.target_seq:<3} +{k.lag_ms:3.0f} ms:"
+            f" {k.events:>2} events, last {k.last:15} in flight {k.in_flight}"
+            f"{' (after RunFinished)' if k.finished else ''}"
+        )
+    aimed = {t for k in TARGETS for t in k.types}
+    assert recorded - aimed <= set(UNTARGETED), (
+        f"the runs recorded event types no kill is aimed at: {sorted(recorded - aimed - set(UNTARGETED))}"
     )
     with EventStore(db, create=False) as store:
-        assert len(store.run_ids()) == len(crashes)
+        assert len(store.run_ids()) == len(chains)
 
 
 def _wait_for_claim(db, run_id, kind: str, timeout: float = 60.0):
     """The first claim of a task of this kind whose result is not in the log yet."""
     deadline = time.monotonic() + timeout
-    with EventStore(db, create=False) as store:
+    with EventStore(db, create=False, readonly=True) as store:
         while time.monotonic() < deadline:
             events = store.read(run_id=run_id)
             done = {e.key for e in events}
