@@ -31,6 +31,7 @@ FOREIGN = {
     "--write": "tools/event_catalogue.py",
     "--knobs": "tools/gpu_template_check.py",  # a tuning variant for the GPU check
     "--extra": "tools/attn_check.py",
+    "--host": "tools/kernel_breakdown.py",  # host time a call
 }
 LONG = re.compile(r"(?<![\w-])--[a-z][a-z0-9-]*")
 SHORT = re.compile(r"(?<![\w-])-[a-zA-Z](?![\w-])")
