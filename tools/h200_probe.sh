@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Session 3's tuning probe on a 2-GPU H200 (device tool, kind nvidia-h200-x2, .whl carried): what the
-# new attention strategy, RMSNorm/softmax knob variants and the conv strategies do at the seed
-# problems' large shapes, before a full tools/h200_measure.sh run. Everything lands in one tar.
+# The tuning probes of sessions 3 and 4 on an H200 (device tool, .whl carried): what new template
+# strategies and knob variants do at the seed problems' large shapes, before a full
+# tools/h200_measure.sh run. Everything lands in one tar.
 #
 #   bash tools/h200_probe.sh [1|2|3|4|6|7|8|conv]   # writes $OUT/probe-STAGE.tgz (the JSON reports and logs)
 #
