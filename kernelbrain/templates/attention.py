@@ -50,11 +50,12 @@ Tiles by dtype: one candidate serves every dtype of a problem's shapes, and the 
 scores on fp32 inputs (narrow head-dim steps, DMMA's small K) starve the 16-bit tensor cores (whose
 instructions step 16 elements of K at a time and want long K loops over wide tiles). The optional
 knobs wide16_{m,n,d,k,warps,stages} set the 16-bit inputs' tiles apart for heads too wide for full_d
-(materialized's GEMMs, d_tiled), narrow16_{m,n,warps,stages} for heads that fit it (full_d; on the
-H200 the fp16 GEMMs and the bf16 flash kernel wanted different tiles), each falling back to its fp32
-knob; `tiles()` says what a knob set launches with. feasible() checks the wide16 tiles at the traced
-head when it is wide; the narrow16 ones only for their form (a set out of resources at a narrow 16-bit
-head fails that shape's gate at run time: wasted budget, not a wrong result).
+(materialized's GEMMs, d_tiled), narrow16_{m,n,d,warps,stages} for heads that fit it (full_d, and
+d_tiled's chunks; on the H200 the fp16 GEMMs and the bf16 flash kernel wanted different tiles), each
+falling back to its fp32 knob; `tiles()` says what a knob set launches with. feasible() checks the
+wide16 tiles at the traced head when it is wide; the narrow16 ones only for their form (a set out of
+resources at a narrow 16-bit head fails that shape's gate at run time: wasted budget, not a wrong
+result).
 For 16-bit inputs the materialized softmax writes P directly in V's dtype, as hi and lo planes for
 p16="split" (the P V GEMM then loads both and runs two tensor-core dots, with no rounding in its loop).
 With the knob short16, where the keys fit one tile (padded Lk <= SHORT16_MAX), a 16-bit wide head takes
@@ -108,17 +109,22 @@ PV32 = ("ieee", "tf32x3", "presplit")
 P16 = ("split", "single")
 PRECISION = {"qk32": QK32, "pv32": PV32, "p16": P16}
 
+
+def _tiles16(group: str, **fields: int) -> dict[str, int]:
+    """A 16-bit tile group's knobs (module docstring, "Tiles by dtype"): _tiles16("wide16", m=128) is
+    {"wide16_m": 128}."""
+    return {f"{group}_{f}": v for f, v in fields.items()}
+
+
 # the three-kernel 16-bit wide-head tiles the H200 ran fastest (probe4 stage 4: fp16 at D = 1024, GPU time)
-WIDE16_FAST = {
-    f"wide16_{f}": v for f, v in {"m": 128, "n": 64, "d": 64, "k": 32, "warps": 4, "stages": 3}.items()
-}
+WIDE16_FAST = _tiles16("wide16", m=128, n=64, d=64, k=32, warps=4, stages=3)
 # short16's tiles the H200 timed fastest under kb's benchmark timer (probe4 stage 7: 1.05x eager at the fp16
 # rung against the three-kernel call's 0.93x in the same call; host time 54 us a call against 154)
 SHORT16_FAST = {
     "short16": True,
-    **{f"wide16_{f}": v for f, v in {"m": 32, "n": 64, "d": 128, "k": 32, "warps": 4, "stages": 2}.items()},
+    **_tiles16("wide16", m=32, n=64, d=128, k=32, warps=4, stages=2),
 }
-NARROW16_FAST = {f"narrow16_{f}": v for f, v in {"m": 64, "n": 64, "warps": 4, "stages": 3}.items()}
+NARROW16_FAST = _tiles16("narrow16", m=64, n=64, warps=4, stages=3)
 
 # round 0 spreads pv32 over its three values; every set passes the gate on the H200 at every shape
 # (benchmarks/results/h200/probe3)
@@ -156,7 +162,7 @@ ROUND0: list[dict[str, Any]] = [
         # 16-bit: the three-kernel call at fp16 (0.110 ms on the GPU, but 154 us of host time a call); the
         # probe's runner-up bf16 tiles (3.44 ms)
         **WIDE16_FAST,
-        **{f"narrow16_{f}": v for f, v in {"m": 64, "n": 64, "warps": 4, "stages": 2}.items()},
+        **_tiles16("narrow16", m=64, n=64, warps=4, stages=2),
     },
     {
         "strategy": "full_d",
@@ -358,7 +364,7 @@ def _fits(spec: dict, knobs: dict[str, Any], prec: dict[str, str]) -> bool:
     t = tiles(knobs, dtype, d)
     tiled = knobs["strategy"] in {"d_tiled", "materialized"}
     sizes = [t["m"], t["n"]] + ([t["d"], knobs["block_dv"]] if tiled else [])
-    sizes += [t["k"]] if "block_k" in knobs or any(k.endswith("_k") for k in knobs) else []
+    sizes += [t["k"]] if any(k in knobs for k in ("block_k", "wide16_k", "narrow16_k")) else []
     if any(b < 16 or b & (b - 1) for b in sizes) or t["stages"] < 1:
         return False
     if t["warps"] not in (1, 2, 4, 8, 16):

@@ -167,7 +167,9 @@ def feasible(spec: dict, knobs: dict[str, Any]) -> bool:
     bp, bc, bk, warps = knobs["block_p"], knobs["block_c"], knobs["block_k"], knobs["num_warps"]
     if any(b < 1 or b & (b - 1) for b in (bp, bc, bk)) or warps not in (1, 2, 4, 8, 16):
         return False
-    if knobs.get("fp32_dot", FP32_DOTS[0]) not in FP32_DOTS:
+    try:
+        fp32_dot(knobs)
+    except ValueError:
         return False
     if knobs.get("prepack") and knobs["strategy"] != "rows_dense":
         return False  # only rows_dense has weight tiles to pack
