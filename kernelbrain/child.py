@@ -6,6 +6,7 @@ so a candidate's prints cannot corrupt the protocol. Exits when its parent close
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import struct
@@ -40,6 +41,17 @@ def _log_execution(request: dict) -> None:
             os.close(fd)
 
 
+def _init_cuda() -> None:
+    """Make the CUDA context now, while the worker waits for its first task: it costs a second or two,
+    which a warm child would otherwise add to its first candidate. A failure here is left to that
+    task to report."""
+    import torch
+
+    with contextlib.suppress(Exception):
+        torch.empty(1, device="cuda").zero_()
+        torch.cuda.synchronize()
+
+
 def main() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the worker decides when we stop
     out = os.fdopen(os.dup(1), "wb", buffering=0)
@@ -48,6 +60,9 @@ def main() -> None:
     inp = sys.stdin.buffer
 
     from kernelbrain.evaluate import OPS, tainted  # imports torch: after the protocol is safe
+
+    if os.environ.get("KB_DEVICE") == "cuda":
+        _init_cuda()
 
     while True:
         header = _read_exact(inp, HEADER.size)

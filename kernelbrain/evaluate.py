@@ -77,6 +77,7 @@ class Problem:
 
     def __init__(self, source: str) -> None:
         self.module = load_module(source, "problem")
+        self.hash = hashlib.sha256(source.encode()).hexdigest()
         m = self.module
         self.base_globals = {k: getattr(m, k) for k in dir(m) if not k.startswith("__")}
         shapes = getattr(m, "KB_SHAPES", None) or [{}]
@@ -154,12 +155,15 @@ def _signature(fn: Callable) -> list[tuple[str, Any]]:
 
 def _build(problem: Problem, cand: ModuleType | None, shape: dict, device: str):
     init = problem.init_inputs(shape)
+    # built on the device: a large layer's weights are drawn there, not on one host core and copied
     torch.manual_seed(1234)
-    ref = problem.module.Model(*init).to(device).eval()
+    with torch.device(device):
+        ref = problem.module.Model(*init).to(device).eval()
     if cand is None:
         return ref, None
     torch.manual_seed(1234)
-    new = cand.ModelNew(*init).to(device).eval()
+    with torch.device(device):
+        new = cand.ModelNew(*init).to(device).eval()
     ref_state, new_state = ref.state_dict(), new.state_dict()
     if ref_state.keys() == new_state.keys() and all(
         ref_state[k].shape == new_state[k].shape for k in ref_state
@@ -172,14 +176,17 @@ def _variant(inputs: list, seed: int) -> list:
     """Seed 0: the problem's own draw. Later seeds: signed, larger-magnitude values of the same shapes."""
     if seed == 0:
         return inputs
-    g = torch.Generator().manual_seed(seed)
     scale = 1.0 if seed % 2 else 8.0
-    return [
-        (torch.randn(x.shape, generator=g, dtype=torch.float64) * scale).to(x.dtype)
-        if isinstance(x, torch.Tensor) and x.is_floating_point()
-        else x
-        for x in inputs
-    ]
+    # drawn where the input lives: a host draw of a GPU gate shape's tens of millions of float64 values
+    # cost seconds a seed
+    gens: dict[torch.device, torch.Generator] = {}
+    out = []
+    for x in inputs:
+        if isinstance(x, torch.Tensor) and x.is_floating_point():
+            g = gens.setdefault(x.device, torch.Generator(device=x.device).manual_seed(seed))
+            x = (torch.randn(x.shape, generator=g, dtype=torch.float64, device=x.device) * scale).to(x.dtype)
+        out.append(x)
+    return out
 
 
 def _outputs(out: Any) -> list[torch.Tensor]:
@@ -245,6 +252,61 @@ def _same(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
     )
 
 
+class _Memo:
+    """What the gate computes from the problem alone, kept for the child's next candidates: the float64
+    reference's outputs on each seed's inputs, and the torch ops the reference calls. Every candidate of
+    a run is checked against the same draws, so each costs one reference run, not one per candidate.
+    A different problem clears it; a draw over the byte limit is recomputed rather than held."""
+
+    LIMIT_BYTES = {"cuda": 8 << 30, "cpu": 1 << 30}
+
+    def __init__(self) -> None:
+        self.problem = ""
+        self.entries: dict[tuple, Any] = {}
+        self.bytes = 0
+
+    def get(self, problem: str, key: tuple, make: Callable[[], Any]) -> Any:
+        if problem != self.problem:
+            self.problem, self.entries, self.bytes = problem, {}, 0
+        if key in self.entries:
+            return self.entries[key]
+        value = make()
+        tensors = _tensors(value)
+        size = sum(t.numel() * t.element_size() for t in tensors)
+        if self.bytes + size <= self.LIMIT_BYTES.get(tensors[0].device.type if tensors else "cpu", 1 << 30):
+            self.entries[key] = value
+            self.bytes += size
+        return value
+
+
+def _tensors(value: Any) -> list[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, list | tuple):
+        return [t for v in value for t in _tensors(v)]
+    return []
+
+
+_MEMO = _Memo()
+
+
+def _reference_draw(
+    problem: Problem, ref: torch.nn.Module, shape: dict, device: str, seed: int
+) -> tuple[list, list[torch.Tensor]]:
+    """A seed's inputs at a gate shape and the float64 reference's outputs on them, from the memo."""
+
+    def make() -> tuple[list, list[torch.Tensor]]:
+        ref64 = copy.deepcopy(ref).to(torch.float64)
+        inputs = [_to(x, device) for x in _variant(problem.inputs(shape, seed, device), seed)]
+        with torch.no_grad():
+            return inputs, _outputs(ref64(*[_to(x, device, torch.float64) for x in inputs]))
+
+    # the weights are part of the key: a Model whose init does not follow torch.manual_seed (numpy, say)
+    # gets a new reference with each build
+    weights = tuple(float(t.double().sum()) for t in ref.state_dict().values() if t.is_floating_point())
+    return _MEMO.get(problem.hash, ("draw", device, shape_label(shape), seed, weights), make)
+
+
 def gate(problem_source: str, cand_source: str, device: str, seeds: int) -> dict:
     """V(p): compiles, signature matches, outputs match the float64 reference on several draws."""
     try:
@@ -271,14 +333,17 @@ def _gate(problem: Problem, cand_source: str, device: str, seeds: int) -> dict:
             raise CandidateFault(
                 "runtime", f"ModelNew(*get_init_inputs()) raised {type(e).__name__}: {e}"
             ) from e
-        forbidden = guard.forbidden_ops(_record_calls(ref, problem.inputs(shape, 0, device)))
-        ref64 = copy.deepcopy(ref).to(torch.float64)
+        forbidden = _MEMO.get(
+            problem.hash,
+            ("forbidden", device, shape_label(shape)),
+            lambda r=ref, s=shape: guard.forbidden_ops(_record_calls(r, problem.inputs(s, 0, device))),
+        )
         previous: tuple[list[torch.Tensor], list[torch.Tensor]] | None = None
         for seed in range(seeds):
-            inputs = [_to(x, device) for x in _variant(problem.inputs(shape, seed, device), seed)]
-            before = [x.clone() if isinstance(x, torch.Tensor) else x for x in inputs]
+            # the memo's inputs stay as drawn: the candidate gets copies, and is checked against them
+            before, expected = _reference_draw(problem, ref, shape, device, seed)
+            inputs = [x.clone() if isinstance(x, torch.Tensor) else x for x in before]
             with torch.no_grad():
-                expected = _outputs(ref64(*[_to(x, device, torch.float64) for x in inputs]))
                 watch = guard.Watch(forbidden, problem.module.Model, device)
                 try:
                     with watch:
@@ -505,7 +570,22 @@ def _record_calls(model: torch.nn.Module, inputs: list) -> list[dict]:
     return calls
 
 
+def _traced(device: str, fn: Callable[[str], Any]) -> tuple[Any, str]:
+    """fn(where) on the meta device, where tensors have shapes and dtypes but no data: the counts need
+    no memory and no GPU time. A reference that needs real values (.item(), a data-dependent shape)
+    fails there and runs on `device`."""
+    try:
+        return fn("meta"), "meta"
+    except Exception:
+        return fn(device), device
+
+
 def _flops_and_bytes(problem: Problem, shape: dict, device: str) -> tuple[float, float]:
+    """Of the reference at a shape, counted from shapes alone (see _traced)."""
+    return _traced(device, lambda where: _count(problem, shape, where))[0]
+
+
+def _count(problem: Problem, shape: dict, device: str) -> tuple[float, float]:
     from torch.utils.flop_counter import FlopCounterMode
 
     ref, _ = _build(problem, None, shape, device)
@@ -525,9 +605,12 @@ def _flops_and_bytes(problem: Problem, shape: dict, device: str) -> tuple[float,
 def analyse(problem_source: str, device: str) -> dict:
     problem = Problem(problem_source)
     shape = problem.ladder_shapes(device, "primary")[0]
-    ref, _ = _build(problem, None, shape, device)
-    ops = _record_calls(ref, problem.inputs(shape, 0, device))
-    flops, nbytes = _flops_and_bytes(problem, shape, device)
+
+    def trace(where: str) -> tuple[list[dict], tuple[float, float]]:
+        ref, _ = _build(problem, None, shape, where)
+        return _record_calls(ref, problem.inputs(shape, 0, where)), _count(problem, shape, where)
+
+    (ops, (flops, nbytes)), traced_on = _traced(device, trace)
     labels = [shape_label(s) for s in problem.shapes]
     model_cls = problem.module.Model
     signature = {m: [n for n, _ in _signature(getattr(model_cls, m))] for m in ("__init__", "forward")}
@@ -537,6 +620,7 @@ def analyse(problem_source: str, device: str) -> dict:
         "bytes": nbytes,
         "shapes": labels,
         "signature": {"init": signature["__init__"], "forward": signature["forward"]},
+        "traced_on": traced_on,  # "meta": the analysis used no GPU time
     }
 
 

@@ -121,6 +121,7 @@ class ProblemAnalysed(Event):
     shapes: list[str]  # labels of the problem's shapes, primary first
     signature: dict[str, list[str]] = {}  # parameter names of Model.__init__ and Model.forward
     error: str | None = None  # set when the problem could not be loaded or traced
+    traced_on: str = ""  # "meta": traced from shapes alone, no GPU time; else the device it ran on
 
 
 class CandidateProposed(Event):

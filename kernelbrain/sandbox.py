@@ -95,6 +95,7 @@ class Sandbox:
         env = {k: v for k, v in os.environ.items() if child_env_allowed(k)}
         assert self.tmp is not None
         env.update(HOME=str(self.tmp), TMPDIR=str(self.tmp), PYTHONUNBUFFERED="1", PYTHONHASHSEED="0")
+        env["KB_DEVICE"] = self.device  # a CUDA child makes its context while it waits (kernelbrain.child)
         env.setdefault("TRITON_CACHE_DIR", str(Path.home() / ".cache" / "kernelbrain" / "triton"))
         if self.device == "cpu":
             env["TRITON_INTERPRET"] = "1"

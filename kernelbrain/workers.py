@@ -158,6 +158,8 @@ class GeneratorRole(Role):
                     task=task.key,
                 )
                 analysis = ProblemAnalysed(**result, families=[])
+                if analysis.traced_on == "meta":  # shapes only: the GPU was not used
+                    busy = 0.0
             except (SandboxFault, SandboxError) as e:
                 analysis = ProblemAnalysed(
                     ops=[], families=[], flops=0, bytes=0, shapes=[], error=str(e).splitlines()[0]

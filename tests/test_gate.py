@@ -210,3 +210,43 @@ def test_the_gatekeeper_survives_a_candidate_that_garbles_the_protocol(tmp_path:
         assert isinstance(got[good], GatePassed)
     finally:
         worker.close()
+
+
+# --- the child's memo of reference draws -----------------------------------------------------------
+
+
+def counting_problem(log: Path, dim: int = 200) -> str:
+    """softmax_small whose reference logs each float64 forward (the gate's reference runs) to `log`."""
+    logged = (
+        "        if x.dtype == torch.float64:\n"
+        f"            open({str(log)!r}, 'a').write('ref64\\n')\n"
+        "        return torch.softmax(x, dim=1)"
+    )
+    source = PROBLEM.replace("        return torch.softmax(x, dim=1)", logged)
+    return source.replace('"dim": 200}', f'"dim": {dim}}}')
+
+
+def test_the_reference_runs_once_a_draw_for_all_of_a_problems_candidates(
+    box: Sandbox, tmp_path: Path
+) -> None:
+    log = tmp_path / "ref64.log"
+
+    def gate_on(problem: str, source: str) -> dict:
+        args = {"problem_source": problem, "cand_source": source, "device": "cpu", "seeds": 3}
+        return box.call("gate", args, timeout_s=120.0)[0]
+
+    def runs() -> int:
+        return log.read_text().count("ref64") if log.exists() else 0
+
+    problem = counting_problem(log)
+    assert gate_on(problem, GOOD)["passed"] is True
+    assert runs() == 3  # one reference run a seed
+    # a candidate that mutates its inputs mutates copies: the memo's draws stay as drawn
+    r = gate_on(problem, candidate("mutates_input"))
+    assert r["category"] == "policy" and "mutated its inputs" in r["detail"], r
+    assert gate_on(problem, candidate("exp_only"))["category"] == "mismatch"
+    assert gate_on(problem, GOOD)["passed"] is True
+    assert runs() == 3
+    # another problem is drawn and run anew
+    assert gate_on(counting_problem(log, dim=136), GOOD)["passed"] is True
+    assert runs() == 6

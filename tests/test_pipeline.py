@@ -9,6 +9,7 @@ import sys
 
 import pytest
 
+from store import EventStore
 from tests.invariants import check_run
 from tests.kbcli import SOFTMAX, kb, kb_env
 
@@ -74,6 +75,16 @@ def test_status_ls_and_events(finished_run):
     assert "RunStarted" in lines[0] and "RunFinished" in lines[-1]
     every = kb("events", run_id, "--db", str(db), "--all").stdout
     assert "TaskClaimed" in every and "BudgetCharged" in every
+
+
+def test_the_analysis_is_charged_wall_time_but_no_gpu_time(finished_run):
+    """It traces the reference on the meta device (shapes only): the GPU is free while it runs."""
+    db, run_id, _, _ = finished_run
+    with EventStore(db, create=False) as store:
+        charges = [e.payload for e in store.iter_events(run_id=run_id) if e.type == "BudgetCharged"]
+    gen = next(c for c in charges if c["action"].endswith("/gen/round0"))
+    assert gen["gpu_s"] == 0.0 and gen["wall_s"] > 0.0
+    assert all(c["gpu_s"] > 0 for c in charges if c["role"] == "gatekeeper")
 
 
 def test_replay_agrees(finished_run):
