@@ -61,7 +61,7 @@ def main() -> None:
 
     from kernelbrain.evaluate import OPS, tainted  # imports torch: after the protocol is safe
 
-    if os.environ.get("KB_DEVICE") == "cuda":
+    if os.environ.get("KB_WARM_CUDA") == "1":
         _init_cuda()
 
     while True:

@@ -83,9 +83,10 @@ def _signal_name(code: int) -> str:
 
 
 class Sandbox:
-    def __init__(self, device: str, *, gpu: int | None = None) -> None:
+    def __init__(self, device: str, *, gpu: int | None = None, warm_cuda: bool = True) -> None:
         self.device = device
         self.gpu = gpu
+        self.warm_cuda = warm_cuda and device == "cuda"
         self.proc: subprocess.Popen | None = None
         self.tmp: Path | None = None
         self.executions = 0
@@ -95,7 +96,8 @@ class Sandbox:
         env = {k: v for k, v in os.environ.items() if child_env_allowed(k)}
         assert self.tmp is not None
         env.update(HOME=str(self.tmp), TMPDIR=str(self.tmp), PYTHONUNBUFFERED="1", PYTHONHASHSEED="0")
-        env["KB_DEVICE"] = self.device  # a CUDA child makes its context while it waits (kernelbrain.child)
+        if self.warm_cuda:
+            env["KB_WARM_CUDA"] = "1"  # the child makes its CUDA context while it waits (kernelbrain.child)
         env.setdefault("TRITON_CACHE_DIR", str(Path.home() / ".cache" / "kernelbrain" / "triton"))
         if self.device == "cpu":
             env["TRITON_INTERPRET"] = "1"

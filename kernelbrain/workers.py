@@ -86,6 +86,8 @@ class Task:
 class Role(abc.ABC):
     name: str
     uses_sandbox = False
+    # its child makes the CUDA context before its first task (the generator's analysis needs none)
+    warms_cuda = True
 
     def __init__(self, store: EventStore, gpu: int | None = None) -> None:
         self.store = store
@@ -95,7 +97,7 @@ class Role(abc.ABC):
 
     def sandbox(self, device: str) -> Sandbox:
         if device not in self.sandboxes:
-            self.sandboxes[device] = Sandbox(device, gpu=self.gpu)
+            self.sandboxes[device] = Sandbox(device, gpu=self.gpu, warm_cuda=self.warms_cuda)
         return self.sandboxes[device]
 
     def close(self) -> None:
@@ -139,6 +141,7 @@ class Role(abc.ABC):
 class GeneratorRole(Role):
     name = "generator"
     uses_sandbox = True
+    warms_cuda = False  # the analysis traces on the meta device, and it is the first task of a run
 
     def tasks(self, state: RunState) -> list[Task]:
         return [Task(f"{state.run_id}/gen/{t}", kind=t) for t in state.generation_tasks()]

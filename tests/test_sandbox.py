@@ -222,3 +222,20 @@ def test_a_malformed_reply_is_a_fault_and_the_next_request_gets_a_fresh_child(
         assert_passes(box)
     finally:
         box.close()
+
+
+def test_a_gpu_roles_cuda_child_makes_its_context_before_its_first_task(tmp_path) -> None:
+    """The gatekeeper's, benchmarker's and profiler's CUDA children make the context while they wait; the
+    generator's (a run's first task, traced on the meta device) and every CPU child do not."""
+    from kernelbrain.workers import ROLE_CLASSES
+
+    for device, role, expected in [
+        ("cuda", "gatekeeper", "1"),
+        ("cuda", "benchmarker", "1"),
+        ("cuda", "profiler", "1"),
+        ("cuda", "generator", None),
+        ("cpu", "gatekeeper", None),
+    ]:
+        sb = Sandbox(device, warm_cuda=ROLE_CLASSES[role].warms_cuda)
+        sb.tmp = tmp_path
+        assert sb._env().get("KB_WARM_CUDA") == expected, (device, role)

@@ -361,10 +361,15 @@ def _busy(store, state) -> dict:
             busy += b - a
         end = max(end, b)
     wall = max(t1 - t0, 1e-9)
+    # where the idle time went: before the first GPU task (workers start, the analysis, round 0's
+    # proposals), between tasks, and after the last one
+    start = min((a for a, _ in spans), default=t1) - t0
+    after = max(t1 - end, 0.0) if spans else 0.0
     return {
         "wall_s": wall,
         "gpu_busy_s": busy,
         "busy_fraction": busy / wall,
+        "idle_s": {"start": start, "between": max(wall - busy - start - after, 0.0), "end": after},
         "task_wall_s_by_role": by_role,
         "gpu_s_charged": state.gpu_s,
     }
@@ -418,6 +423,54 @@ def _winner_profile(store, state) -> dict | None:
             if p.get("candidate") == win:
                 return {k: p.get(k) for k in ("source", "labels", "metrics", "note") if k in p}
     return None
+
+
+def _idle(busy: dict) -> str:
+    idle = busy.get("idle_s")  # absent from reports made before it was recorded
+    return f" ({idle['start']:.1f} / {idle['between']:.1f} / {idle['end']:.1f})" if idle else ""
+
+
+def ablation_verdict(entry: dict) -> dict | None:
+    """Issue 5, section 3: the ladder's GPU seconds to its winner's first measurement over flat's, and
+    whether the two winners are equal within noise at the large shape (their medians' IQR bands, from
+    the compare, overlap)."""
+    if "ladder" not in entry or "flat" not in entry:
+        return None
+    first = {arm: entry[arm]["ablation"]["gpu_s_to_winner_first_measured"] for arm in ("ladder", "flat")}
+    times = entry.get("compare", {}).get("shapes", [{}])[0].get("times", {})
+    lad, flat = times.get("kb_ladder"), times.get("kb_flat")
+    if None in first.values() or not lad or not flat:
+        return None
+    lo, hi = sorted((lad, flat), key=lambda t: t["median_s"])
+    equal = lo["median_s"] + lo["iqr_s"] / 2 >= hi["median_s"] - hi["iqr_s"] / 2
+    ratio = first["ladder"] / first["flat"]
+    same = entry["ladder"]["ablation"]["winner"] == entry["flat"]["ablation"]["winner"]
+    return {
+        "ratio": ratio,
+        "same_winner": same,
+        "equal_within_noise": same or equal,
+        "met": ratio <= 0.5 and (same or equal),
+    }
+
+
+def _ablation_verdicts(doc: dict) -> list[str]:
+    out = [
+        "",
+        "Target (issue 5, section 3): the ladder's GPU s to its winner's first measurement <= 50% of flat's, "
+        "for a winner equal within noise (the same candidate, or the two winners' medians at the large "
+        "shape within each other's IQR).",
+        "",
+        "| problem | ladder / flat GPU s to the winner | winners | met |",
+        "| --- | --- | --- | --- |",
+    ]
+    for name, e in doc["problems"].items():
+        v = e.get("ablation_verdict")
+        if v:
+            winners = (
+                "same" if v["same_winner"] else "equal within noise" if v["equal_within_noise"] else "differ"
+            )
+            out.append(f"| {name} | {v['ratio'] * 100:.0f}% | {winners} | {'yes' if v['met'] else 'NO'} |")
+    return out
 
 
 def report(problems: list[str], outdir: Path, ceil_path: Path, results: Path, command: str) -> None:
@@ -494,6 +547,7 @@ def report(problems: list[str], outdir: Path, ceil_path: Path, results: Path, co
                     }
                 )
         entry["verdicts"] = verdicts
+        entry["ablation_verdict"] = ablation_verdict(entry)
         doc["problems"][name] = entry
     geo = math.exp(statistics.fmean(math.log(x) for x in primaries)) if primaries else None
     doc["geomean_vs_eager"] = {
@@ -580,7 +634,7 @@ def _markdown(doc: dict) -> str:
         "measurement was recorded.",
         "",
         "| problem | arm | candidates | winner | GPU s to winner (first / top rung) | of the first: by task "
-        "| GPU s total | winner at large shape | busy |",
+        "| GPU s total | winner at large shape | busy (idle s: start / between / end) |",
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for name, e in doc["problems"].items():
@@ -596,8 +650,9 @@ def _markdown(doc: dict) -> str:
             out.append(
                 f"| {name} | {arm} | {a['candidates']} | {a['winner'] or '-'} | "
                 f"{'-' if f1 is None else f'{f1:.1f}'} / {'-' if f2 is None else f'{f2:.1f}'} | {split} | "
-                f"{a['gpu_s_total']:.1f} | {speed} | {b['busy_fraction'] * 100:.0f}% |"
+                f"{a['gpu_s_total']:.1f} | {speed} | {b['busy_fraction'] * 100:.0f}%{_idle(b)} |"
             )
+    out += _ablation_verdicts(doc)
     out += ["", "## The winners' profiles", ""]
     for name, e in doc["problems"].items():
         prof = e.get("ladder", {}).get("winner_profile")
