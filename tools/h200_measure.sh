@@ -10,7 +10,8 @@
 # GPU-only paths run after the timed work, never beside it on the same GPU; EXTRA_CHECKS=0 skips them
 # (when device time is short: they are not part of the measurement). PROBLEMS (comma-separated seed
 # problems, default all six) and ARMS ("ladder flat" by default; "ladder" alone needs one GPU) narrow
-# a run; with one GPU the compare phase runs every problem on it.
+# a run; with one GPU the compare phase runs every problem on it. MAX_CANDIDATES (default 12) caps each
+# run's candidates; KB_RUN_TIMEOUT_S (default 100) bounds each run's wall time.
 set -uo pipefail
 : "${OUT:?set OUT to the folder the results go to}"
 if [ "${MEASURE_DEVICE:-cuda}" = cuda ]; then  # the device machine lacks these; a dry run has them
@@ -40,7 +41,8 @@ do_search() {
   to="--timeout-s ${KB_RUN_TIMEOUT_S:-100}"
   gpu=0
   for arm in $arms; do
-    ( $M search $dev --out "$W" --arm "$arm" --gpu $gpu --budget-gpu-s "$budget" --problems "$problems" $to > "$W/search_$arm.log" 2>&1
+    ( $M search $dev --out "$W" --arm "$arm" --gpu $gpu --budget-gpu-s "$budget" --problems "$problems" $to \
+        --max-candidates "${MAX_CANDIDATES:-12}" > "$W/search_$arm.log" 2>&1
       if [ "$arm" = flat ] && [ "$extra" != 0 ]; then
         CUDA_VISIBLE_DEVICES=$gpu timeout 200 python3 tools/attn_check.py --out "$W/attn_check.json" > "$W/attn_check.log" 2>&1
       fi ) &
@@ -63,6 +65,7 @@ do_compare() {
   cat "$W"/compare*.log | grep -v -i warn
   mkdir -p "$OUT/results"
   env_text="${EXTRA_CHECKS:+EXTRA_CHECKS=$EXTRA_CHECKS }${PROBLEMS:+PROBLEMS=$PROBLEMS }${ARMS:+ARMS=\"$ARMS\" }"
+  env_text+="${MAX_CANDIDATES:+MAX_CANDIDATES=$MAX_CANDIDATES }${KB_RUN_TIMEOUT_S:+KB_RUN_TIMEOUT_S=$KB_RUN_TIMEOUT_S }"
   $M report --out "$W" --results "$OUT/results" --problems "$problems" \
     --command "${env_text}bash tools/h200_measure.sh all $budget"
   if [ "$extra" != 0 ]; then  # side by side on two GPUs; one after the other on one (both time kernels)
