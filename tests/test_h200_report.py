@@ -125,3 +125,14 @@ def test_the_ablation_target_is_judged_per_problem(report):
             "session5-b80": {"rmsnorm", "matvec", "sdp_attn"},
         }[session]
     )
+
+
+def test_each_winners_profile_gives_the_figures_behind_its_label(report):
+    doc, md, _ = report
+    for name, entry in doc["problems"].items():
+        m = entry["ladder"]["winner_profile"]["metrics"]
+        line = next(x for x in md.splitlines() if x.startswith(f"- {name}: "))
+        assert f"DRAM {m['dram_throughput_pct']:.0f}%" in line, line
+        assert f"{m['registers_per_thread']:.0f} registers a thread" in line, line
+        stalls = {k: v for k, v in m.items() if k.startswith("stall_")}
+        assert f"top stall {max(stalls, key=stalls.get).removeprefix('stall_')}" in line, line

@@ -653,15 +653,44 @@ def _markdown(doc: dict) -> str:
                 f"{a['gpu_s_total']:.1f} | {speed} | {b['busy_fraction'] * 100:.0f}%{_idle(b)} |"
             )
     out += _ablation_verdicts(doc)
-    out += ["", "## The winners' profiles", ""]
+    out += [
+        "",
+        "## The winners' profiles",
+        "",
+        "The ladder arm's winner under Nsight Compute at the primary shape: the bottleneck labels kb "
+        "derived, then the figures they come from.",
+        "",
+    ]
     for name, e in doc["problems"].items():
         prof = e.get("ladder", {}).get("winner_profile")
         if prof:
             out.append(
                 f"- {name}: {', '.join(prof.get('labels') or []) or 'no label'}"
                 + (f" ({prof['note']})" if prof.get("note") else "")
+                + _profile_figures(prof.get("metrics") or {})
             )
     return "\n".join(out) + "\n"
+
+
+def _profile_figures(m: dict) -> str:
+    """The ncu figures that decide a label: DRAM and compute throughput, occupancy, registers, and the
+    largest warp stall."""
+    parts = [
+        f"{label} {m[key]:.0f}%"
+        for key, label in (
+            ("dram_throughput_pct", "DRAM"),
+            ("compute_throughput_pct", "compute"),
+            ("achieved_occupancy_pct", "occupancy"),
+        )
+        if m.get(key) is not None
+    ]
+    if m.get("registers_per_thread") is not None:
+        parts.append(f"{m['registers_per_thread']:.0f} registers a thread")
+    stalls = {k.removeprefix("stall_"): v for k, v in m.items() if k.startswith("stall_") and v is not None}
+    if stalls:
+        top = max(stalls, key=lambda k: stalls[k])
+        parts.append(f"top stall {top} ({stalls[top]:.2g})")
+    return f": {', '.join(parts)}" if parts else ""
 
 
 def main() -> None:
