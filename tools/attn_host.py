@@ -90,6 +90,9 @@ def main() -> int:
     family, spec = match_family(source, analysis)
     shape = problem.shapes[args.shape]
     knobs = knobs_with(family, json.loads(args.knobs))
+    if not family.feasible(spec, knobs):
+        print(f"attn_host: infeasible at the traced shape: {json.dumps(knobs)}", file=sys.stderr)
+        return 1
     mod = evaluate.load_module(family.render(spec, knobs, analysis["signature"]), "cand")
     report: dict = {"shape": shape_label(shape), "knobs": knobs, "device": torch.cuda.get_device_name()}
     with torch.no_grad():
