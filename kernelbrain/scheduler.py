@@ -93,17 +93,23 @@ class AshaPolicy:
         return self._finish(state, basis, reason)
 
     @staticmethod
-    def _ranked(state: RunState, rung: int) -> tuple[list[tuple[float, str]], int, dict[str, float]]:
+    def _ranked(state: RunState, rung: int) -> tuple[list[tuple[float, str]], dict[str, float]]:
         """Everyone that finished `rung` as (-score, id), best first (ties by id, so arrival order never
-        matters); how many ASHA keeps; and the best few as the peers a decision records."""
+        matters), and the best few as the peers a decision records."""
         ranking = state.ranking.get(rung, [])
         if state.bench_failures:  # a result discredited by a fault at a later rung holds no place
             ranking = [r for r in ranking if r[1] not in state.bench_failures]
-        keep = max(1, len(ranking) // state.config.eta)
-        return ranking, keep, {cid: -neg for neg, cid in ranking[:PEERS_SHOWN]}
+        return ranking, {cid: -neg for neg, cid in ranking[:PEERS_SHOWN]}
+
+    def _keep(self, state: RunState, rung: int, n: int) -> int:
+        """How many of a rung's n ranked finishers go up (v1: at least the best one, at once)."""
+        return max(1, n // state.config.eta)
 
     def _promotions(self, state: RunState, rung: int, basis: int, dropped: set[str]) -> list[Event]:
-        ranking, keep, shown = self._ranked(state, rung)
+        ranking, shown = self._ranked(state, rung)
+        keep = self._keep(state, rung, len(ranking))
+        if keep == 0 or not ranking:
+            return []
         chosen = [(rank, cid, -neg, "") for rank, (neg, cid) in enumerate(ranking[:keep], start=1)]
         out: list[Event] = []
         if len(ranking) > keep:  # the boundary: is the last kept place really ahead of the first left out?
@@ -235,7 +241,7 @@ class AshaPolicy:
         if leader is None:
             return None
         rung = max(leader.results)
-        ranking, _, _ = self._ranked(state, rung)
+        ranking, _ = self._ranked(state, rung)
         if len(ranking) < 2:
             return None
         (_, a), (_, b) = ranking[0], ranking[1]
@@ -284,7 +290,8 @@ class AshaPolicy:
                 basis=basis, candidate=c.id, rung=-1, reason=f"run stopped before it was measured: {reason}"
             )
         rung = max(c.results)
-        ranking, keep, shown = self._ranked(state, rung)
+        ranking, shown = self._ranked(state, rung)
+        keep = max(1, len(ranking) // state.config.eta)  # the place a promotion needed
         rank = bisect.bisect_left(ranking, (-c.results[rung].score, c.id)) + 1
         return Pruned(
             basis=basis,
@@ -299,7 +306,30 @@ class AshaPolicy:
         )
 
 
-POLICIES = {AshaPolicy.version: AshaPolicy}
+class PatientAshaPolicy(AshaPolicy):
+    """Version 2: the top n // eta of a rung's n finishers go up; the best one alone only once no more
+    candidates can reach the rung (nothing left to generate, gate or measure at or below it).
+
+    Version 1 promoted a rung's first finisher at once, as the best of one, so the ladder spent its
+    upper rungs on whichever candidates were gated first, good or not, while the rest were still being
+    gated. In session 5's budget-50 linear_relu_div run, the first round-0 candidate (0.28x eager)
+    reached the top rung before the eventual winner was first measured."""
+
+    version = 2
+
+    def _keep(self, state: RunState, rung: int, n: int) -> int:
+        if n // state.config.eta > 0:
+            return n // state.config.eta
+        waiting = (
+            state.generation_tasks()
+            or state.gate_tasks()
+            or any(r <= rung for _, r in state.bench_tasks())
+            or any(a.rung <= rung for a in state.adjudication_tasks())
+        )
+        return 0 if waiting or not n else 1
+
+
+POLICIES = {p.version: p for p in (AshaPolicy, PatientAshaPolicy)}
 
 
 def policy_for(version: int) -> AshaPolicy:

@@ -126,7 +126,7 @@ class SyntheticRun:
     def schedule(self) -> list[Event]:
         """Decide and record, as the scheduler worker does."""
         state = self.state()
-        out = policy_for(1).decide(state)
+        out = policy_for(state.config.policy_version).decide(state)
         self.store.append([d.to_new(RUN, decision_key(RUN, d), "scheduler") for d in out])
         return out
 

@@ -91,7 +91,7 @@ def test_replay_agrees(finished_run):
     db, run_id, _, _ = finished_run
     r = kb("replay", run_id, "--db", str(db))
     assert r.returncode == 0, r.stdout + r.stderr
-    assert "agree with policy v1" in r.stdout
+    assert "agree with policy v2" in r.stdout  # new runs decide under v2
 
 
 def test_audit_explains_the_winner(finished_run):

@@ -38,21 +38,53 @@ def test_promotes_top_third_with_its_numbers(store):
     assert list(b.peers) == ["b", "e", "c", "a", "d", "f"]  # all finishers, best first
 
 
-def test_fewer_than_eta_promotes_the_best_one(store):
-    run = SyntheticRun(store, eta=3)
+def test_v1_fewer_than_eta_promotes_the_best_one(store):
+    run = SyntheticRun(store, eta=3, policy_version=1)
     finished_rung0(run, {"a": 1.0, "b": 2.0})
     (p,) = run.decide()
     assert isinstance(p, Promoted) and p.candidate == "b" and p.keep == 1
 
 
-def test_promotion_is_never_repeated_and_waits_for_more_peers(store):
-    run = SyntheticRun(store, eta=3)
+def test_v1_promotion_is_never_repeated_and_waits_for_more_peers(store):
+    run = SyntheticRun(store, eta=3, policy_version=1)
     finished_rung0(run, {"a": 2.0})
     assert [d.candidate for d in run.schedule()] == ["a"]
     finished_rung0(run, {"b": 1.0, "c": 0.5})
     assert run.decide() == []  # 3 finished, keep 1, and a already holds that place
     finished_rung0(run, {"d": 9.0})
     assert [d.candidate for d in run.decide()] == ["d"]
+
+
+def test_v2_promotes_fewer_than_eta_finishers_only_once_no_more_can_arrive(store):
+    """Policy v2 (the default): the top n // eta go up as results arrive; with fewer finishers than eta,
+    the best one waits until nothing is left to generate, gate or measure at or below its rung."""
+    run = SyntheticRun(store, eta=3)
+    assert run.state().config.policy_version == 2
+    finished_rung0(run, {"a": 2.0, "b": 1.0})
+    run.propose("c")  # proposed, not yet gated
+    assert run.decide() == []  # round 0 not done, c not gated: more finishers may come
+    run.gen_done(proposed=("a", "b", "c"))
+    assert run.decide() == []  # c's gate is pending
+    run.gate("c")
+    assert run.decide() == []  # c's rung-0 measurement is pending
+    run.bench("c", 0, 0.5)
+    (p,) = run.schedule()  # three finishers: the top one, as in v1
+    assert isinstance(p, Promoted) and p.candidate == "a" and p.keep == 1
+    run.bench("a", 1, 2.0)  # the only finisher of rung 1, and nothing more can arrive there: up
+    (p,) = run.schedule()
+    assert (p.candidate, p.rung_from, p.keep) == ("a", 1, 1)
+
+
+def test_v2_a_first_finisher_waits_for_the_gates_before_it_goes_up(store):
+    run = SyntheticRun(store, eta=3)
+    run.propose("a")
+    run.propose("b")
+    run.gen_done(proposed=("a", "b"))
+    run.gate("a")
+    run.bench("a", 0, 5.0)
+    assert run.decide() == []  # b may still finish rung 0 ahead of a
+    run.gate("b", ok=False)
+    assert [d.candidate for d in run.decide()] == ["a"]  # b failed its gate: a is the best of all
 
 
 def test_equal_scores_are_not_ranked_but_re_measured(store):
@@ -300,6 +332,7 @@ def test_a_candidate_that_fails_higher_up_gives_its_place_back(store):
 
     run = SyntheticRun(store, eta=3)
     finished_rung0(run, {"a": 3.0, "b": 2.0, "c": 1.0})
+    run.gen_done()
     assert [d.candidate for d in run.schedule()] == ["a"]
     run.add(BenchmarkFailed(candidate="a", rung=1, category="runtime", detail="too big"), "bench/a/1")
     decisions = run.decide()
