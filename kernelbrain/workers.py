@@ -95,6 +95,10 @@ class Role(abc.ABC):
         self.sandboxes: dict[str, Sandbox] = {}
         self.actor = owner_id(self.name)
 
+    def wants_warm(self, state: RunState) -> bool:
+        """Whether a child is worth starting ahead of a first task (a torch import, a CUDA context)."""
+        return self.uses_sandbox
+
     def sandbox(self, device: str) -> Sandbox:
         if device not in self.sandboxes:
             self.sandboxes[device] = Sandbox(device, gpu=self.gpu, warm_cuda=self.warms_cuda)
@@ -145,6 +149,9 @@ class GeneratorRole(Role):
 
     def tasks(self, state: RunState) -> list[Task]:
         return [Task(f"{state.run_id}/gen/{t}", kind=t) for t in state.generation_tasks()]
+
+    def wants_warm(self, state: RunState) -> bool:
+        return state.analysis is None  # the analysis is this role's only use of a child
 
     def execute(self, task: Task, state: RunState) -> list[NewEvent]:
         cfg = state.config
@@ -524,8 +531,9 @@ class Worker:
         self.warmed = False
 
     def warm(self, state: RunState) -> None:
-        """Start the sandbox child now: its torch import overlaps the other workers' first tasks."""
-        if self.role.uses_sandbox and not self.warmed:
+        """Start the sandbox child now: its torch import overlaps the other workers' first tasks (not
+        when the role will not need one: a resumed run's generator, its analysis recorded)."""
+        if not self.warmed and self.role.wants_warm(state):
             self.role.sandbox(state.config.device).start()
         self.warmed = True
 

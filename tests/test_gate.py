@@ -250,3 +250,31 @@ def test_the_reference_runs_once_a_draw_for_all_of_a_problems_candidates(
     # another problem is drawn and run anew
     assert gate_on(counting_problem(log, dim=136), GOOD)["passed"] is True
     assert runs() == 6
+
+
+def test_a_resumed_runs_generator_starts_no_child_once_the_problem_is_analysed(tmp_path: Path) -> None:
+    """The analysis is the generator's only use of a sandbox child: with it recorded (a resumed run),
+    warming one would cost a torch import (and on a GPU a CUDA context) for nothing."""
+    from kernelbrain.events import GenerationDone, ProblemAnalysed
+
+    db = tmp_path / "kb.db"
+    run_id = new_run(db)
+    with EventStore(db, create=False) as store:
+        analysed = ProblemAnalysed(ops=[], families=["row_softmax"], flops=1, bytes=1, shapes=["s"])
+        done = GenerationDone(task="round0", proposed=[], duplicates=0)
+        store.append(
+            [
+                analysed.to_new(run_id, f"{run_id}/analysis", "test"),
+                done.to_new(run_id, f"{run_id}/gen/round0/done", "test"),
+            ]
+        )
+    worker = Worker(str(db), "generator", run_id)
+    gatekeeper = Worker(str(db), "gatekeeper", run_id)
+    try:
+        assert worker.step() is False  # nothing to generate
+        assert all(box.proc is None for box in worker.role.sandboxes.values())
+        gatekeeper.step()  # a gatekeeper warms its child even with nothing to gate yet: gates will come
+        assert gatekeeper.role.sandboxes["cpu"].proc is not None
+    finally:
+        worker.close()
+        gatekeeper.close()
