@@ -153,17 +153,26 @@ def _signature(fn: Callable) -> list[tuple[str, Any]]:
     return [(p.name, p.kind) for p in list(inspect.signature(fn).parameters.values())[1:]]
 
 
+def _construct(cls: type, init: list, device: str) -> torch.nn.Module:
+    """cls(*init) built on the device, so a large layer's weights are drawn there rather than on one
+    host core and copied; an __init__ that needs the host (numpy, a CPU generator) is built there and
+    moved. Seeded either way."""
+    torch.manual_seed(1234)
+    if device != "cpu":
+        try:
+            with torch.device(device):
+                return cls(*init).to(device).eval()
+        except Exception:
+            torch.manual_seed(1234)
+    return cls(*init).to(device).eval()
+
+
 def _build(problem: Problem, cand: ModuleType | None, shape: dict, device: str):
     init = problem.init_inputs(shape)
-    # built on the device: a large layer's weights are drawn there, not on one host core and copied
-    torch.manual_seed(1234)
-    with torch.device(device):
-        ref = problem.module.Model(*init).to(device).eval()
+    ref = _construct(problem.module.Model, init, device)
     if cand is None:
         return ref, None
-    torch.manual_seed(1234)
-    with torch.device(device):
-        new = cand.ModelNew(*init).to(device).eval()
+    new = _construct(cand.ModelNew, init, device)
     ref_state, new_state = ref.state_dict(), new.state_dict()
     if ref_state.keys() == new_state.keys() and all(
         ref_state[k].shape == new_state[k].shape for k in ref_state
@@ -252,31 +261,56 @@ def _same(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
     )
 
 
+_SAME_SIZE_INT = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def _fingerprint(t: torch.Tensor) -> tuple:
+    """A tensor's shape, dtype and the wrapping sum of its bits: two tensors with equal fingerprints
+    are equal but for a collision, NaNs included (their bits are summed, not their values)."""
+    as_int = _SAME_SIZE_INT.get(t.element_size())
+    bits = t.view(as_int) if as_int is not None else t.contiguous().view(torch.uint8)
+    return tuple(t.shape), str(t.dtype), int(bits.sum(dtype=torch.int64)) if t.numel() else 0
+
+
 class _Memo:
     """What the gate computes from the problem alone, kept for the child's next candidates: the float64
     reference's outputs on each seed's inputs, and the torch ops the reference calls. Every candidate of
     a run is checked against the same draws, so each costs one reference run, not one per candidate.
-    A different problem clears it; a draw over the byte limit is recomputed rather than held."""
+    A different problem clears it; a draw over the byte limit is recomputed rather than held. Each
+    entry's fingerprint is checked after every candidate (`intact`): a kernel that writes outside its
+    outputs may land in memory the memo holds."""
 
     LIMIT_BYTES = {"cuda": 8 << 30, "cpu": 1 << 30}
 
     def __init__(self) -> None:
         self.problem = ""
-        self.entries: dict[tuple, Any] = {}
+        self.entries: dict[tuple, tuple[Any, list[tuple]]] = {}
         self.bytes = 0
 
     def get(self, problem: str, key: tuple, make: Callable[[], Any]) -> Any:
         if problem != self.problem:
-            self.problem, self.entries, self.bytes = problem, {}, 0
+            self.clear(problem)
         if key in self.entries:
-            return self.entries[key]
+            return self.entries[key][0]
         value = make()
         tensors = _tensors(value)
         size = sum(t.numel() * t.element_size() for t in tensors)
         if self.bytes + size <= self.LIMIT_BYTES.get(tensors[0].device.type if tensors else "cpu", 1 << 30):
-            self.entries[key] = value
+            self.entries[key] = (value, [_fingerprint(t) for t in tensors])
             self.bytes += size
         return value
+
+    def clear(self, problem: str = "") -> None:
+        self.problem, self.entries, self.bytes = problem, {}, 0
+
+    def intact(self) -> bool:
+        """Whether every kept tensor still holds what it held when kept; if not, the memo is emptied."""
+        ok = all(
+            [_fingerprint(t) for t in _tensors(value)] == prints for value, prints in self.entries.values()
+        )
+        if not ok:
+            self.clear()
+        return ok
 
 
 def _tensors(value: Any) -> list[torch.Tensor]:
@@ -290,10 +324,21 @@ def _tensors(value: Any) -> list[torch.Tensor]:
 _MEMO = _Memo()
 
 
+def _layout_copy(x: Any) -> Any:
+    """A copy of a tensor with its own layout (offset, strides, overlap): a clone would be contiguous,
+    and a candidate that ignores strides would pass on it."""
+    if not isinstance(x, torch.Tensor):
+        return copy.deepcopy(x)
+    out = torch.empty(0, dtype=x.dtype, device=x.device)
+    return out.set_(x.untyped_storage().clone(), x.storage_offset(), x.size(), x.stride())
+
+
 def _reference_draw(
-    problem: Problem, ref: torch.nn.Module, shape: dict, device: str, seed: int
+    problem: Problem, ref: torch.nn.Module, shape: dict, device: str, seed: int, weights: tuple
 ) -> tuple[list, list[torch.Tensor]]:
-    """A seed's inputs at a gate shape and the float64 reference's outputs on them, from the memo."""
+    """A seed's inputs at a gate shape and the float64 reference's outputs on them, from the memo.
+    `weights` (fingerprints of the reference's state_dict) is part of the key: a Model whose init does
+    not follow torch.manual_seed (numpy, say) gets a new reference with each build."""
 
     def make() -> tuple[list, list[torch.Tensor]]:
         ref64 = copy.deepcopy(ref).to(torch.float64)
@@ -301,18 +346,23 @@ def _reference_draw(
         with torch.no_grad():
             return inputs, _outputs(ref64(*[_to(x, device, torch.float64) for x in inputs]))
 
-    # the weights are part of the key: a Model whose init does not follow torch.manual_seed (numpy, say)
-    # gets a new reference with each build
-    weights = tuple(float(t.double().sum()) for t in ref.state_dict().values() if t.is_floating_point())
     return _MEMO.get(problem.hash, ("draw", device, shape_label(shape), seed, weights), make)
 
 
 def gate(problem_source: str, cand_source: str, device: str, seeds: int) -> dict:
     """V(p): compiles, signature matches, outputs match the float64 reference on several draws."""
     try:
-        return {"passed": True, **_gate(Problem(problem_source), cand_source, device, seeds)}
+        result = {"passed": True, **_gate(Problem(problem_source), cand_source, device, seeds)}
     except CandidateFault as f:
-        return {"passed": False, "category": f.category, "detail": f.detail, **f.figures}
+        result = {"passed": False, "category": f.category, "detail": f.detail, **f.figures}
+    if not _MEMO.intact() and result["passed"]:
+        result = {
+            "passed": False,
+            "category": "runtime",
+            "detail": "memory outside the candidate's outputs changed while it ran (the gate's kept inputs "
+            "or reference outputs): an out-of-bounds write? Check its masks",
+        }
+    return result
 
 
 def _gate(problem: Problem, cand_source: str, device: str, seeds: int) -> dict:
@@ -338,11 +388,12 @@ def _gate(problem: Problem, cand_source: str, device: str, seeds: int) -> dict:
             ("forbidden", device, shape_label(shape)),
             lambda r=ref, s=shape: guard.forbidden_ops(_record_calls(r, problem.inputs(s, 0, device))),
         )
+        weights = tuple(_fingerprint(t) for t in ref.state_dict().values())
         previous: tuple[list[torch.Tensor], list[torch.Tensor]] | None = None
         for seed in range(seeds):
             # the memo's inputs stay as drawn: the candidate gets copies, and is checked against them
-            before, expected = _reference_draw(problem, ref, shape, device, seed)
-            inputs = [x.clone() if isinstance(x, torch.Tensor) else x for x in before]
+            before, expected = _reference_draw(problem, ref, shape, device, seed, weights)
+            inputs = [_layout_copy(x) for x in before]
             with torch.no_grad():
                 watch = guard.Watch(forbidden, problem.module.Model, device)
                 try:

@@ -24,7 +24,7 @@ from kernelbrain.events import (
 )
 from kernelbrain.state import Candidate, RunState
 
-POLICY_VERSION = 1
+POLICY_VERSION = 2  # new runs record it (RunConfig.policy_version's default); 1 replays older ones
 NOISE_FLOOR = 0.01  # no timing is trusted to better than 1%, however small its measured IQR
 TIE_MARGIN = 0.05  # an interleaved re-measurement must show more than 5% to rank one kernel over another
 PEERS_SHOWN = 16  # a decision records the best peers (and the count): all of them would make a run O(n^2)

@@ -278,3 +278,104 @@ def test_a_resumed_runs_generator_starts_no_child_once_the_problem_is_analysed(t
     finally:
         worker.close()
         gatekeeper.close()
+
+
+# a problem whose input is a strided view: the gate must hand the candidate that layout, not a copy
+STRIDED_PROBLEM = """
+import torch
+import torch.nn as nn
+
+KB_SHAPES = [{"n": 64}]
+n = 64
+
+
+class Model(nn.Module):
+    def forward(self, x):
+        return x * 2.0
+
+
+def get_inputs():
+    return [torch.randn(n, 2 * n)[:, ::2]]
+
+
+def get_init_inputs():
+    return []
+"""
+# reads its input as if it were contiguous; CONTIGUOUS makes it so first
+FLAT_DOUBLE = """
+import torch
+import torch.nn as nn
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _double(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < n
+    tl.store(y_ptr + offs, tl.load(x_ptr + offs, mask=m) * 2.0, mask=m)
+
+
+class ModelNew(nn.Module):
+    def forward(self, x):
+        PREPARE
+        y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+        _double[(triton.cdiv(x.numel(), 1024),)](x, y, x.numel(), BLOCK=1024)
+        return y
+"""
+
+
+def test_the_candidate_gets_the_problems_own_input_layout(box: Sandbox) -> None:
+    def gate_on(source: str) -> dict:
+        args = {"problem_source": STRIDED_PROBLEM, "cand_source": source, "device": "cpu", "seeds": 3}
+        return box.call("gate", args, timeout_s=120.0)[0]
+
+    ignores_strides = gate_on(FLAT_DOUBLE.replace("PREPARE", "pass"))
+    assert ignores_strides["passed"] is False and ignores_strides["category"] == "mismatch", ignores_strides
+    assert "seed 0" in ignores_strides["detail"]  # the problem's own draw is the strided one
+    assert gate_on(FLAT_DOUBLE.replace("PREPARE", "x = x.contiguous()"))["passed"] is True
+
+
+def test_a_candidate_that_changes_the_kept_reference_is_caught_and_the_memo_rebuilt(
+    box: Sandbox, tmp_path: Path
+) -> None:
+    """Stands in for an out-of-bounds write landing in the gate's kept draws: the memo's fingerprints
+    no longer match after the candidate ran, so it is emptied and the next candidate redraws."""
+    log = tmp_path / "ref64.log"
+    problem = counting_problem(log)
+
+    def gate_on(source: str) -> dict:
+        args = {"problem_source": problem, "cand_source": source, "device": "cpu", "seeds": 3}
+        return box.call("gate", args, timeout_s=120.0)[0]
+
+    def runs() -> int:
+        return log.read_text().count("ref64")
+
+    corrupting = GOOD.replace(
+        FORWARD,
+        FORWARD
+        + "\n        import gc\n"
+        + "        for o in gc.get_objects():\n"
+        + "            if isinstance(o, torch.Tensor) and o.dtype == torch.float64:\n"
+        + "                o.add_(1.0)\n",
+    )
+    assert gate_on(GOOD)["passed"] is True and runs() == 3
+    assert gate_on(corrupting)["passed"] is False
+    assert gate_on(GOOD)["passed"] is True
+    assert runs() == 6  # drawn again after the memo was emptied
+
+
+def test_the_memo_keys_on_every_weight_and_notices_a_changed_tensor() -> None:
+    import torch
+
+    from kernelbrain import evaluate as ev
+
+    a = torch.tensor([1.0, float("nan")])
+    assert ev._fingerprint(a) == ev._fingerprint(a.clone())  # NaN bits compare equal
+    assert ev._fingerprint(torch.tensor([1, 2])) != ev._fingerprint(torch.tensor([2, 2]))
+    assert ev._fingerprint(torch.tensor([True])) != ev._fingerprint(torch.tensor([False]))
+    memo = ev._Memo()
+    kept = memo.get("p", ("k",), lambda: [torch.ones(4)])
+    assert memo.intact() and memo.get("p", ("k",), lambda: [torch.zeros(4)]) is kept
+    kept[0][2] = 5.0
+    assert not memo.intact() and memo.entries == {}

@@ -338,3 +338,13 @@ def test_a_candidate_that_fails_higher_up_gives_its_place_back(store):
     decisions = run.decide()
     assert [(type(d), d.candidate) for d in decisions] == [(Pruned, "a"), (Promoted, "b")]
     assert decisions[1].rank == 1 and decisions[1].n_peers == 2
+
+
+def test_new_runs_record_the_current_policy_and_every_version_stays_reachable():
+    from kernelbrain.events import RunConfig
+    from kernelbrain.runner import DEFAULT_RUNGS
+    from kernelbrain.scheduler import POLICIES, POLICY_VERSION, policy_for
+
+    assert RunConfig(rungs=DEFAULT_RUNGS["cpu"]).policy_version == POLICY_VERSION == max(POLICIES)
+    assert sorted(POLICIES) == list(range(1, POLICY_VERSION + 1))
+    assert all(policy_for(v).version == v for v in POLICIES)

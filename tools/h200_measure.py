@@ -457,8 +457,8 @@ def _ablation_verdicts(doc: dict) -> list[str]:
     out = [
         "",
         "Target (issue 5, section 3): the ladder's GPU s to its winner's first measurement <= 50% of flat's, "
-        "for a winner equal within noise (the same candidate, or the two winners' medians at the large "
-        "shape within each other's IQR).",
+        "for a winner equal within noise: the same candidate, or two whose bands median +/- IQR/2 at the "
+        "large shape overlap.",
         "",
         "| problem | ladder / flat GPU s to the winner | winners | met |",
         "| --- | --- | --- | --- |",
