@@ -69,3 +69,42 @@ def test_a_reference_that_needs_values_is_traced_on_the_device() -> None:
     assert result["traced_on"] == "cpu"
     assert [op["op"] for op in result["ops"]][-1] == "softmax"  # torch.rand draws values in [0, 1)
     assert result["bytes"] == 2 * 8 * 64 * 4
+
+
+# an __init__ that mixes a numpy array with a fresh tensor: built on the meta device it would add a
+# host tensor to a meta one and fail, so it is built on the host and moved
+NEEDS_HOST = """
+import numpy as np
+import torch
+import torch.nn as nn
+
+KB_SHAPES = [{"n": 16}]
+n = 16
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("w", torch.from_numpy(np.arange(16.0, dtype=np.float32)) + torch.ones(16))
+
+    def forward(self, x):
+        return torch.softmax(x * self.w, dim=1)
+
+
+def get_inputs():
+    return [torch.rand(4, n)]
+
+
+def get_init_inputs():
+    return []
+"""
+
+
+def test_a_model_whose_init_needs_the_host_is_built_there_and_moved() -> None:
+    from kernelbrain import evaluate as ev
+
+    result = ev.analyse(NEEDS_HOST, "cpu")
+    assert result["traced_on"] == "meta"
+    assert [op["op"] for op in result["ops"]] == ["mul", "softmax"]
+    ref, _ = ev._build(ev.Problem(NEEDS_HOST), None, {"n": 16}, "meta")
+    assert ref.w.device.type == "meta"
