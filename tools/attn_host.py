@@ -17,7 +17,6 @@ import argparse
 import json
 import statistics
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -28,22 +27,7 @@ import torch  # noqa: E402
 from kernelbrain import evaluate  # noqa: E402
 from kernelbrain.problem import shape_label  # noqa: E402
 from kernelbrain.templates import knobs_with  # noqa: E402
-from tools.gpu_setup import match_family, trace  # noqa: E402
-
-
-def host_us(fn, calls: int = 200, rounds: int = 5) -> float:
-    """Median over rounds of the host time a call: `calls` calls issued back to back, timed before the
-    closing sync (the launch queue absorbs them)."""
-    fn()
-    torch.cuda.synchronize()
-    out = []
-    for _ in range(rounds):
-        t = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        out.append((time.perf_counter() - t) / calls * 1e6)
-        torch.cuda.synchronize()
-    return statistics.median(out)
+from tools.gpu_setup import host_us, match_family, trace  # noqa: E402
 
 
 def timed_ms(timer: evaluate._Timer, fns: dict, calls: int, repeats: int = 30) -> dict[str, float]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import platform
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -81,3 +82,19 @@ def compare(got: torch.Tensor, expected: torch.Tensor, tol: float) -> tuple[floa
     ok = bad_e | torch.isclose(g64, expected, rtol=tol, atol=tol)  # NaN/Inf against a finite value: bad
     diff = (g64 - expected).abs().masked_fill(bad_e, 0).nan_to_num(nan=float("inf"))
     return float(diff.max()), int((~ok).sum()), ok.numel()
+
+
+def host_us(fn, calls: int = 200, rounds: int = 5) -> float:
+    """Host time a call, in us: `calls` calls issued back to back and timed before the closing sync (the
+    GPU's launch queue absorbs them, so the loop's time is what the host spends); the median over
+    `rounds`, after one untimed call."""
+    fn()
+    torch.cuda.synchronize()
+    out = []
+    for _ in range(rounds):
+        t = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        out.append((time.perf_counter() - t) / calls * 1e6)
+        torch.cuda.synchronize()
+    return statistics.median(out)

@@ -17,7 +17,6 @@ import io
 import json
 import pstats
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -29,7 +28,7 @@ from torch.profiler import ProfilerActivity, profile  # noqa: E402
 from kernelbrain import evaluate  # noqa: E402
 from kernelbrain.problem import shape_label  # noqa: E402
 from kernelbrain.templates import knobs_with  # noqa: E402
-from tools.gpu_setup import match_family, trace  # noqa: E402
+from tools.gpu_setup import host_us, match_family, trace  # noqa: E402
 
 
 def _kernels(fn, calls: int) -> list[dict]:
@@ -54,16 +53,9 @@ def _kernels(fn, calls: int) -> list[dict]:
 
 
 def _host(fn, calls: int) -> dict:
-    """Host time a call: `calls` calls issued back to back, timed before the closing sync (the GPU's
-    launch queue absorbs them, so the loop's time is what the host spends), and where cProfile sees
-    that time go (the top functions by own time)."""
-    fn()
-    torch.cuda.synchronize()
-    t = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    host_s = (time.perf_counter() - t) / calls
-    torch.cuda.synchronize()
+    """Host time a call (tools/gpu_setup.host_us, one round of `calls`), and where cProfile sees that
+    time go (the top functions by own time)."""
+    host = host_us(fn, calls, rounds=1)
     prof = cProfile.Profile()
     prof.enable()
     for _ in range(calls):
@@ -72,7 +64,7 @@ def _host(fn, calls: int) -> dict:
     torch.cuda.synchronize()
     text = io.StringIO()
     pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(12)
-    return {"host_us_per_call": host_s * 1e6, "cprofile_top": text.getvalue()}
+    return {"host_us_per_call": host, "cprofile_top": text.getvalue()}
 
 
 def main() -> int:
