@@ -39,7 +39,7 @@ from kernelbrain.events import (
 )
 from kernelbrain.generators.prompt import describe_numbers
 from kernelbrain.sandbox import Sandbox, SandboxError, SandboxFault
-from kernelbrain.scheduler import adjudicate, policy_for, score
+from kernelbrain.scheduler import DUEL_PAIRS, adjudicate, policy_for, score
 from kernelbrain.state import RunState
 from kernelbrain.templates import FAMILIES
 from store import EventStore, Lease, NewEvent, StaleLease
@@ -346,7 +346,7 @@ class BenchmarkerRole(CandidateRole):
             "b_source": self.candidate_source(state, b),
             "device": state.config.device,
             "which": rung.shapes,
-            "repeats": max(10, 2 * rung.repeats),
+            "repeats": max(DUEL_PAIRS, 2 * rung.repeats),
             "warmup": rung.warmup,
         }
         busy = 0.0

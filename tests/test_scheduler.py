@@ -7,7 +7,7 @@ import math
 import pytest
 
 from kernelbrain.events import Adjudicated, AdjudicationRequested, Promoted, Pruned, RunFinished, ShapeTiming
-from kernelbrain.scheduler import adjudicate, score
+from kernelbrain.scheduler import SIGN_ALPHA, TIE_MARGIN, adjudicate, score, sign_test_p
 from store import EventStore
 from tests.runs import SyntheticRun
 
@@ -213,8 +213,23 @@ def test_the_winner_is_adjudicated_against_the_runner_up(store):
 def test_adjudicate_calls_a_tie_when_the_ratios_straddle_one():
     assert adjudicate([0.97, 1.01, 1.02, 0.99, 1.0])[0] == "tie"
     assert adjudicate([1.03, 1.031, 1.029, 1.03])[0] == "tie"  # a consistent 3% is inside the tie margin
-    assert adjudicate([0.5, 0.52, 0.49, 0.51])[0] == "a"
-    assert adjudicate([1.5, 1.52, 1.49, 1.51])[0] == "b"
+    assert adjudicate([0.5, 0.52, 0.49, 0.51] * 3)[0] == "a"
+    assert adjudicate([1.5, 1.52, 1.49, 1.51] * 3)[0] == "b"
+
+
+def test_adjudicate_wants_more_lopsided_pairs_than_chance_gives():
+    # four pairs agreeing is what identical kernels do once in eight duels: no verdict on so few
+    assert adjudicate([0.5, 0.52, 0.49, 0.51])[0] == "tie"
+    assert adjudicate([0.5] * 10)[0] == "tie"  # unanimity of 10 happens by chance 1 in 512
+    assert adjudicate([0.5] * 11)[0] == "a"
+    # a CI duel of two identical kernels on a loaded host (median 0.92, IQR 0.86-0.97): 15 of 20 below
+    wobbly = [0.80, 0.84, 0.85, 0.86, 0.87, 0.88, 0.89, 0.90, 0.91, 0.92]
+    wobbly += [0.92, 0.93, 0.95, 0.96, 0.97, 1.01, 1.03, 1.05, 1.08, 1.12]
+    outcome, median, _, q3 = adjudicate(wobbly)
+    assert q3 < 1.0 and median < 1.0 - TIE_MARGIN and outcome == "tie"
+    assert sign_test_p(wobbly) > SIGN_ALPHA
+    lopsided = [r for r in wobbly if r < 1.0] + [0.90, 0.91, 0.93, 1.01, 1.02]
+    assert adjudicate(lopsided)[0] == "a"  # 18 of 20 is past chance
 
 
 def test_failed_gate_and_overbudget_candidates(store):
