@@ -42,12 +42,15 @@ def get_init_inputs():
 
 
 SPLIT = [k for k in rs.ROUND0 if k["strategy"] == "split_row"]
+DEFERRED = {"strategy": "deferred", "block_n": 8192, "ctas_per_sm": 4, "num_warps": 8, "depth": 1}
 # the prefetching form: on CPU its two-launch path, and its source is checked below
 PREFETCHED = rs.mutate(SPLIT[0], "prefetch")
 
 
 @pytest.mark.parametrize(
-    "knobs", [*SPLIT, PREFETCHED], ids=lambda k: f"block{k['block_n']}-prefetch{k.get('prefetch', False)}"
+    "knobs",
+    [*SPLIT, PREFETCHED, DEFERRED],
+    ids=lambda k: f"{k['strategy']}-block{k['block_n']}-prefetch{k.get('prefetch', False)}",
 )
 @pytest.mark.parametrize("op", ["softmax", "log_softmax"])
 def test_split_row_passes_the_gate(box, op, knobs):
@@ -129,6 +132,58 @@ m._softmax_kernel[(3,)](*args, cnt, 1000, n_chunks, n_items, 1000, 1000, PHASE=0
 err = (y.double() - torch.softmax(x.double(), -1)).abs().max().item()
 print(json.dumps({"err": err, "cnt": cnt.tolist()}))
 """
+
+
+DEFERRED_PHASE0 = """
+import json, sys, torch
+from kernelbrain.evaluate import load_module
+from kernelbrain.templates import row_softmax as rs
+
+depth = int(sys.argv[1])
+knobs = {"strategy": "deferred", "block_n": 256, "ctas_per_sm": 1, "num_warps": 4, "depth": depth}
+m = load_module(rs.render({"log": True, "dim": -1, "ndim": 2, "n_cols": 1000}, knobs,
+                          {"init": [], "forward": ["x"]}), "cand")
+torch.manual_seed(0)
+x = torch.randn(5, 1000) * 4
+y = torch.full_like(x, float("nan"))
+n_chunks, n_items = 4, 20
+pm, ps = torch.empty(n_items), torch.empty(n_items)
+meta = dict(CHUNKS_P2=4, BLOCK=256, LOG=True, DEPTH=depth, num_warps=4)
+args = (x, y, pm, ps)
+m._softmax_kernel[(n_items,)](*args, pm, 1000, n_chunks, n_items, 1000, 1000, PHASE=1, **meta)
+cnt = torch.full((5,), n_chunks, dtype=torch.int32)
+m._softmax_kernel[(6,)](*args, cnt, 1000, n_chunks, n_items, 1000, 1000, PHASE=0, **meta)
+ref = torch.log_softmax(x.double(), -1)
+err = ((y.double() - ref).abs() / (ref.abs() + 1)).max().item()  # relative: log values reach -40
+print(json.dumps({"err": err, "cnt": cnt.tolist()}))
+"""
+
+
+@pytest.mark.parametrize("depth", [1, 2])
+def test_deferred_one_launch_path_normalises_every_item_it_lags_behind(depth):
+    # 6 programs over 20 items: each publishes its items and normalises the one DEPTH iterations back,
+    # the last ones in the lag's extra iterations (a program whose normalisations were cut short
+    # leaves NaN behind)
+    out = run_interpreted(DEFERRED_PHASE0, str(depth))
+    assert out["err"] < 1e-6, out
+    assert out["cnt"] == [8] * 5, out
+
+
+def test_deferred_is_offered_where_split_row_is_and_reads_twice_through_l2():
+    spec = {"log": False, "dim": -1, "ndim": 2, "n_cols": 393216}
+    online = next(k for k in rs.ROUND0 if k["strategy"] == "online")
+    child = rs.mutate(online, "deferred")
+    assert child["strategy"] == "deferred" and rs.feasible(spec, child)
+    assert rs.mutate(child, "deferred") is None
+    assert not rs.feasible({**spec, "n_cols": 8192}, child)  # one chunk: a whole-row strategy does it
+    assert rs.mutate(child, "smaller_tiles")["block_n"] == child["block_n"] // 2
+    src = rs.render(spec, child, SIGNATURE)
+    assert "DEPTH = 1" in src and "CTAS_PER_SM = 4" in src and "PREFETCH" not in src
+    body = src[src.index("def _softmax_kernel") :]
+    # published before the wait on an earlier row; the first read kept in L2, the second let go
+    assert body.index('sem="release"') < body.index("while (")
+    assert 'eviction_policy="evict_last"' in body and body.count('eviction_policy="evict_first"') == 2
+    assert "spins < " in body and "if x2.is_cuda" in src
 
 
 @pytest.mark.parametrize("prefetch", [False, True])

@@ -15,6 +15,10 @@ def test_knobs_with_lays_overrides_on_the_first_round0_set_of_that_strategy():
     # a new knob is kept (how prefetch was first tried)
     online = next(k for k in row_softmax.ROUND0 if k["strategy"] == "online")
     assert knobs_with(row_softmax, {"strategy": "online", "x": 1}) == {**online, "x": 1}
+    # a strategy no round-0 set has, reached by a mutation of the same name: laid on that move's knobs
+    deferred = knobs_with(row_softmax, {"strategy": "deferred", "depth": 2})
+    assert deferred == {**row_softmax.mutate(row_softmax.ROUND0[0], "deferred"), "depth": 2}
+    assert deferred["ctas_per_sm"] == row_softmax.ROUND0[0]["ctas_per_sm"]
     with pytest.raises(ValueError, match="no round-0 strategy 'nope'; round 0 has split_row, single_pass"):
         knobs_with(row_softmax, {"strategy": "nope"})
     for family in FAMILIES:  # a whole knob set given as overrides keeps every value it names

@@ -3,13 +3,13 @@
 # strategies and knob variants do at the seed problems' large shapes, before a full
 # tools/h200_measure.sh run. Everything lands in one tar.
 #
-#   bash tools/h200_probe.sh [1|2|3|4|6|7|8|conv]   # writes $OUT/probe-STAGE.tgz (the JSON reports and logs)
+#   bash tools/h200_probe.sh [1|2|3|4|6|7|8|9|conv]   # writes $OUT/probe-STAGE.tgz (the JSON reports and logs)
 #
 # 1: the first call (results in benchmarks/results/h200/probe3/); 2: the second, after it: where the
 # materialized attention's time goes, softmax split_row with prefetch; 3: attention's presplit P V;
 # conv: the conv strategies; 4 (session 4, one GPU): attention's 16-bit tiles, conv's tf32x3 dots; 6:
 # conv's prepacked weights, attention's host time at fp16; 7: attention's short16; 8: short16 with P
-# rounded once. (Stage 5 measured fuse16, a knob since removed: see h200/probe4/README.md.)
+# rounded once; 9 (session 6): softmax's deferred strategy. (Stage 5 measured fuse16, a knob since removed: see h200/probe4/README.md.)
 # Stages 1-3 use two GPUs (kind nvidia-h200-x2).
 set -uo pipefail
 : "${OUT:?set OUT to the folder the results go to}"
@@ -156,6 +156,25 @@ if [ "${1:-1}" = 8 ]; then
     > "$W/attn16_host.log" 2>&1
   tar -czf "$OUT/probe-8.tgz" -C "$W" .
   grep -v -e Warn -e _warn "$W/attn16_host.log" | grep -E "ms a call|us a call|  [0-9.]+ ms" | sed -e 's/"block_m".*"p16": "split", //'
+  exit 0
+fi
+if [ "${1:-1}" = 9 ]; then
+  # session 6, one GPU: softmax's deferred strategy (no rounds; the earlier chunk re-read from L2)
+  # against round 0, twice over to see the run-to-run spread
+  D='"strategy": "deferred"'
+  for pass in 1 2; do
+    timeout 280 python3 tools/gpu_template_check.py $P/softmax.py --out "$W/softmax$pass.json" \
+      --knobs "{$D, \"depth\": 2}" \
+      --knobs "{$D, \"block_n\": 4096, \"ctas_per_sm\": 8, \"num_warps\": 4}" \
+      --knobs "{$D, \"block_n\": 4096, \"ctas_per_sm\": 4, \"num_warps\": 8, \"depth\": 2}" \
+      --knobs "{$D, \"block_n\": 8192, \"ctas_per_sm\": 2, \"num_warps\": 16}" \
+      --knobs "{$D, \"block_n\": 8192, \"ctas_per_sm\": 3, \"num_warps\": 8}" \
+      --knobs "{$D, \"block_n\": 16384, \"ctas_per_sm\": 2, \"num_warps\": 16}" \
+      --knobs "{$D, \"block_n\": 2048, \"ctas_per_sm\": 8, \"num_warps\": 4, \"depth\": 2}" \
+      > "$W/softmax$pass.log" 2>&1
+  done
+  tar -czf "$OUT/probe-9.tgz" -C "$W" .
+  grep -v Warn "$W/softmax1.log" "$W/softmax2.log" | grep -E "PASS|FAIL|skipped" | cut -c1-250
   exit 0
 fi
 if [ "${1:-1}" = conv ]; then

@@ -33,9 +33,13 @@ FAMILIES = (row_softmax, rmsnorm, layernorm, l2norm, gemm_epilogue, attention, c
 
 def knobs_with(family: ModuleType, over: dict[str, Any]) -> dict[str, Any]:
     """A tuning variant: `over` laid on the family's first round-0 knob set of the strategy it names (of
-    the family's first strategy when it names none), as the GPU tools in tools/ take their --knobs."""
+    the family's first strategy when it names none; for a strategy only a mutation reaches, on what
+    that move makes of the first set), as the GPU tools in tools/ take their --knobs."""
     strategy = over.get("strategy", family.ROUND0[0]["strategy"])
     base = next((k for k in family.ROUND0 if k["strategy"] == strategy), None)
+    if base is None and any(move == strategy for moves in family.MUTATIONS.values() for move, _ in moves):
+        # a strategy only a mutation reaches: the knobs that move gives the first round-0 set
+        base = family.mutate(family.ROUND0[0], strategy)
     if base is None:
         known = ", ".join(dict.fromkeys(k["strategy"] for k in family.ROUND0))
         raise ValueError(f"{family.FAMILY} has no round-0 strategy {strategy!r}; round 0 has {known}")

@@ -16,6 +16,12 @@ never as a hang. Under the interpreter programs run one after another and cannot
 other: there the same kernel runs in two launches (chunk statistics, then normalisation). Knob
 `prefetch`: load the program's next chunk before waiting on the current row (twice the registers, so
 fewer programs fit an SM, but the SM keeps reading while it waits).
+
+`deferred`: the same split and exchange without the rounds. A program publishes the statistics of
+the chunk it just read and then normalises the chunk it read DEPTH items earlier, whose row is
+complete by then: no program waits for the row it is reading, so the SM never drains its loads. The
+earlier chunk is read again, from L2 (its first read asks L2 to keep it, the second and y's store to
+evict first); the grid's DEPTH items in flight are sized to fit there.
 """
 
 from __future__ import annotations
@@ -39,6 +45,8 @@ ROUND0: list[dict[str, Any]] = [
     {"strategy": "multi_row", "rows": 4, "num_warps": 4},
     {"strategy": "online", "block_n": 8192, "num_warps": 16},
 ]
+# deferred keeps CTAS_PER_SM x SMs x (DEPTH + 1) chunks in L2 between a chunk's two reads: 4 x 132 x 2
+# chunks of 32 KiB are 35 MB of the H200's 50 MB
 # split_row: a row spans at least this many chunks (else a whole-row strategy does it in one program)
 # and at most this many (every chunk of a row must be running at once, on GPUs with >= 64 SMs)
 MIN_CHUNKS, MAX_CHUNKS = 2, 64
@@ -48,8 +56,10 @@ MUTATIONS: dict[str, list[tuple[str, str]]] = {
     "memory-bound near peak": [
         ("single_pass", "at the bandwidth roof only fewer bytes help: read each row once"),
         ("split_row", "rows too long for one program: split each over co-resident programs, read once"),
+        ("deferred", "rows too long for one program: split them, read each chunk again from L2, never wait"),
     ],
     "latency or occupancy-limited": [
+        ("deferred", "split_row waits for each round's rows: normalise an earlier, finished row instead"),
         ("prefetch", "split_row: load the next chunk before waiting on this row's other chunks"),
         ("more_warps", "more warps per row hide more load latency"),
         ("more_rows", "more rows per program keep more loads in flight"),
@@ -78,7 +88,7 @@ def matches(ops: list[dict]) -> dict | None:
 def feasible(spec: dict, knobs: dict[str, Any]) -> bool:
     """Strategies that hold whole rows in registers only fit rows up to MAX_BLOCK elements."""
     n = spec.get("n_cols")
-    if knobs["strategy"] == "split_row":
+    if knobs["strategy"] in {"split_row", "deferred"}:
         return n is not None and MIN_CHUNKS <= -(-n // knobs["block_n"]) <= MAX_CHUNKS
     if n is None or knobs["strategy"] == "online":
         return True
@@ -98,6 +108,14 @@ def mutate(knobs: dict[str, Any], move: str) -> dict[str, Any] | None:
         if k["strategy"] == "split_row":
             return None
         return {"strategy": "split_row", "block_n": 8192, "ctas_per_sm": 4, "num_warps": 8}
+    if move == "deferred":
+        if k["strategy"] == "deferred":
+            return None
+        # from split_row it keeps the split and the occupancy; its chunks stay in L2, not in registers
+        split = {"block_n": 8192, "ctas_per_sm": 4, "num_warps": 8}
+        if k["strategy"] == "split_row":
+            split = {key: k[key] for key in split}
+        return {"strategy": "deferred", **split, "depth": 1}
     if move == "prefetch":
         ok = k["strategy"] == "split_row" and not k.get("prefetch", False)
         return {**k, "prefetch": True, "ctas_per_sm": max(1, k["ctas_per_sm"] // 2)} if ok else None
@@ -109,7 +127,7 @@ def mutate(knobs: dict[str, Any], move: str) -> dict[str, Any] | None:
         rows = k.get("rows", 1) * 2
         return {"strategy": "multi_row", "rows": rows, "num_warps": k["num_warps"]} if rows <= 32 else None
     if move in {"smaller_tiles", "larger_tiles"}:
-        if k["strategy"] == "split_row":
+        if k["strategy"] in {"split_row", "deferred"}:
             bn = k["block_n"] // 2 if move == "smaller_tiles" else k["block_n"] * 2
             return {**k, "block_n": bn} if 1024 <= bn <= MAX_BLOCK else None
         if k["strategy"] != "online":
@@ -275,6 +293,79 @@ def _launch(x2, y2):
         _softmax_kernel[(n_items,)](*args, pm, n_cols, n_chunks, n_items, x2.stride(0), y2.stride(0),
                                     PHASE=phase, **meta)
 """,
+    "deferred": """
+@triton.jit
+def _softmax_kernel(x_ptr, y_ptr, pm_ptr, ps_ptr, cnt_ptr, n_cols, n_chunks, n_items, stride_x, stride_y,
+                    CHUNKS_P2: tl.constexpr, BLOCK: tl.constexpr, LOG: tl.constexpr, PHASE: tl.constexpr,
+                    DEPTH: tl.constexpr):
+    # PHASE 0: the whole job in one launch (GPU); 1: chunk statistics only; 2: normalisation only.
+    # Iteration t publishes item t's statistics, then normalises item t - DEPTH * step. That row's
+    # chunks were all published by iteration t - DEPTH + 1 <= t (the grid holds a whole row: step >=
+    # n_chunks), and every program publishes before it waits, so the waits form no cycle.
+    cols = tl.arange(0, BLOCK)
+    parts = tl.arange(0, CHUNKS_P2)
+    step = tl.num_programs(0)
+    lag = DEPTH * step if PHASE == 0 else 0
+    for it in range(tl.program_id(0), n_items + lag, step):
+        if PHASE != 2:
+            if it < n_items:
+                row = it // n_chunks
+                c = (it % n_chunks) * BLOCK + cols
+                mask = c < n_cols
+                x = tl.load(x_ptr + row.to(tl.int64) * stride_x + c, mask=mask, other=-float("inf"),
+                            eviction_policy="evict_last").to(tl.float32)
+                m = tl.max(x, axis=0)
+                tl.store(pm_ptr + it, m)
+                tl.store(ps_ptr + it, tl.sum(tl.where(mask, tl.exp(x - m), 0.0), axis=0))
+                if PHASE == 0:
+                    tl.debug_barrier()  # the chunk's statistics are written before the count says so
+                    tl.atomic_add(cnt_ptr + row, 1, sem="release")
+        if PHASE != 1:
+            j = it - lag
+            if j >= 0:
+                row = j // n_chunks
+                c = (j % n_chunks) * BLOCK + cols
+                mask = c < n_cols
+                if PHASE == 0:
+                    spins = 0
+                    while (tl.atomic_add(cnt_ptr + row, 0, sem="acquire") < n_chunks) & (spins < 1000000):
+                        spins += 1
+                # volatile: the other chunks' statistics were written by other SMs, past this one's L1
+                pm = tl.load(pm_ptr + row * n_chunks + parts, mask=parts < n_chunks, other=-float("inf"),
+                             volatile=True)
+                ps = tl.load(ps_ptr + row * n_chunks + parts, mask=parts < n_chunks, other=0.0,
+                             volatile=True)
+                m_row = tl.max(pm, axis=0)
+                s_row = tl.sum(tl.where(parts < n_chunks, ps * tl.exp(pm - m_row), 0.0), axis=0)
+                x = tl.load(x_ptr + row.to(tl.int64) * stride_x + c, mask=mask, other=0.0,
+                            eviction_policy="evict_first").to(tl.float32)
+                z = x - m_row
+                y = z - tl.log(s_row) if LOG else tl.exp(z) / s_row
+                tl.store(y_ptr + row.to(tl.int64) * stride_y + c, y.to(y_ptr.dtype.element_ty), mask=mask,
+                         eviction_policy="evict_first")
+
+
+def _launch(x2, y2):
+    n_rows, n_cols = x2.shape
+    block = min(BLOCK_N, triton.next_power_of_2(n_cols))
+    n_chunks = triton.cdiv(n_cols, block)
+    n_items = n_rows * n_chunks
+    pm = torch.empty(n_items, device=x2.device, dtype=torch.float32)
+    ps = torch.empty(n_items, device=x2.device, dtype=torch.float32)
+    args = (x2, y2, pm, ps)
+    meta = dict(CHUNKS_P2=triton.next_power_of_2(n_chunks), BLOCK=block, LOG=LOG, DEPTH=DEPTH,
+                num_warps=NUM_WARPS)
+    sms = torch.cuda.get_device_properties(x2.device).multi_processor_count if x2.is_cuda else 0
+    slots = sms * CTAS_PER_SM
+    if n_chunks <= slots:  # every program runs at once and the grid holds a whole row: one launch
+        cnt = torch.zeros(n_rows, device=x2.device, dtype=torch.int32)
+        _softmax_kernel[(min(n_items, slots),)](*args, cnt, n_cols, n_chunks, n_items, x2.stride(0),
+                                                y2.stride(0), PHASE=0, **meta)
+        return
+    for phase in (1, 2):  # programs that cannot all run at once must not wait for each other
+        _softmax_kernel[(n_items,)](*args, pm, n_cols, n_chunks, n_items, x2.stride(0), y2.stride(0),
+                                    PHASE=phase, **meta)
+""",
 }
 
 
@@ -285,10 +376,13 @@ def render(spec: dict, knobs: dict[str, Any], signature: dict[str, list[str]]) -
     consts = [f"LOG = {spec['log']}", f"NUM_WARPS = {knobs['num_warps']}", f"MAX_BLOCK = {MAX_BLOCK}"]
     if "block_n" in knobs:
         consts.append(f"BLOCK_N = {knobs['block_n']}")
-    if "rows" in knobs:
-        consts.append(f"ROWS = {knobs['rows']}")
     if "ctas_per_sm" in knobs:
         consts.append(f"CTAS_PER_SM = {knobs['ctas_per_sm']}")
+    if "rows" in knobs:
+        consts.append(f"ROWS = {knobs['rows']}")
+    if "depth" in knobs:
+        consts.append(f"DEPTH = {knobs['depth']}")
+    if knobs["strategy"] == "split_row":
         # knob sets recorded before the prefetch knob existed ran without it
         consts.append(f"PREFETCH = {bool(knobs.get('prefetch', False))}")
     knob_text = ", ".join(f"{k}={v}" for k, v in knobs.items())
