@@ -6,6 +6,8 @@ without prefetch) runs here too, with its waits preset to pass."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from kernelbrain.templates import row_softmax as rs
@@ -115,48 +117,30 @@ import json, sys, torch
 from kernelbrain.evaluate import load_module
 from kernelbrain.templates import row_softmax as rs
 
-prefetch = sys.argv[1] == "1"
-knobs = {"strategy": "split_row", "block_n": 256, "ctas_per_sm": 1, "num_warps": 4, "prefetch": prefetch}
-m = load_module(rs.render({"log": False, "dim": -1, "ndim": 2, "n_cols": 1000}, knobs,
+knobs, grid = json.loads(sys.argv[1]), int(sys.argv[2])
+log = knobs["strategy"] == "deferred"  # each strategy through one of the two forms
+m = load_module(rs.render({"log": log, "dim": -1, "ndim": 2, "n_cols": 1000}, knobs,
                           {"init": [], "forward": ["x"]}), "cand")
 torch.manual_seed(0)
 x = torch.randn(5, 1000) * 4
 y = torch.full_like(x, float("nan"))
 n_chunks, n_items = 4, 20
 pm, ps = torch.empty(n_items), torch.empty(n_items)
-meta = dict(CHUNKS_P2=4, BLOCK=256, LOG=False, num_warps=4)
+meta = dict(CHUNKS_P2=4, BLOCK=256, LOG=log, num_warps=4)
+if knobs["strategy"] == "split_row":
+    stats, one = {"PREFETCH": False}, {"PREFETCH": knobs["prefetch"]}
+else:
+    stats = one = {"DEPTH": knobs["depth"]}
 args = (x, y, pm, ps)
-m._softmax_kernel[(n_items,)](*args, pm, 1000, n_chunks, n_items, 1000, 1000, PHASE=1, PREFETCH=False, **meta)
+m._softmax_kernel[(n_items,)](*args, pm, 1000, n_chunks, n_items, 1000, 1000, PHASE=1, **stats, **meta)
 cnt = torch.full((5,), n_chunks, dtype=torch.int32)
-m._softmax_kernel[(3,)](*args, cnt, 1000, n_chunks, n_items, 1000, 1000, PHASE=0, PREFETCH=prefetch, **meta)
-err = (y.double() - torch.softmax(x.double(), -1)).abs().max().item()
+m._softmax_kernel[(grid,)](*args, cnt, 1000, n_chunks, n_items, 1000, 1000, PHASE=0, **one, **meta)
+ref = (torch.log_softmax if log else torch.softmax)(x.double(), -1)
+# relative where log values reach -40
+err = ((y.double() - ref).abs() / ((ref.abs() + 1) if log else 1)).max().item()
 print(json.dumps({"err": err, "cnt": cnt.tolist()}))
 """
-
-
-DEFERRED_PHASE0 = """
-import json, sys, torch
-from kernelbrain.evaluate import load_module
-from kernelbrain.templates import row_softmax as rs
-
-depth = int(sys.argv[1])
-knobs = {"strategy": "deferred", "block_n": 256, "ctas_per_sm": 1, "num_warps": 4, "depth": depth}
-m = load_module(rs.render({"log": True, "dim": -1, "ndim": 2, "n_cols": 1000}, knobs,
-                          {"init": [], "forward": ["x"]}), "cand")
-torch.manual_seed(0)
-x = torch.randn(5, 1000) * 4
-y = torch.full_like(x, float("nan"))
-n_chunks, n_items = 4, 20
-pm, ps = torch.empty(n_items), torch.empty(n_items)
-meta = dict(CHUNKS_P2=4, BLOCK=256, LOG=True, DEPTH=depth, num_warps=4)
-args = (x, y, pm, ps)
-m._softmax_kernel[(n_items,)](*args, pm, 1000, n_chunks, n_items, 1000, 1000, PHASE=1, **meta)
-cnt = torch.full((5,), n_chunks, dtype=torch.int32)
-m._softmax_kernel[(6,)](*args, cnt, 1000, n_chunks, n_items, 1000, 1000, PHASE=0, **meta)
-ref = torch.log_softmax(x.double(), -1)
-err = ((y.double() - ref).abs() / (ref.abs() + 1)).max().item()  # relative: log values reach -40
-print(json.dumps({"err": err, "cnt": cnt.tolist()}))
-"""
+SMALL = {"block_n": 256, "ctas_per_sm": 1, "num_warps": 4}
 
 
 @pytest.mark.parametrize("depth", [1, 2])
@@ -164,7 +148,8 @@ def test_deferred_one_launch_path_normalises_every_item_it_lags_behind(depth):
     # 6 programs over 20 items: each publishes its items and normalises the one DEPTH iterations back,
     # the last ones in the lag's extra iterations (a program whose normalisations were cut short
     # leaves NaN behind)
-    out = run_interpreted(DEFERRED_PHASE0, str(depth))
+    knobs = {"strategy": "deferred", **SMALL, "depth": depth}
+    out = run_interpreted(PHASE0, json.dumps(knobs), "6")
     assert out["err"] < 1e-6, out
     assert out["cnt"] == [8] * 5, out
 
@@ -188,6 +173,7 @@ def test_deferred_is_offered_where_split_row_is_and_reads_twice_through_l2():
 
 @pytest.mark.parametrize("prefetch", [False, True])
 def test_split_row_one_launch_path_with_and_without_prefetch(prefetch):
-    out = run_interpreted(PHASE0, "1" if prefetch else "0")
+    knobs = {"strategy": "split_row", **SMALL, "prefetch": prefetch}
+    out = run_interpreted(PHASE0, json.dumps(knobs), "3")
     assert out["err"] < 1e-6, out  # every row normalised (NaN would fail too)
     assert out["cnt"] == [8] * 5, out  # each of a row's 4 chunks published once, in the one launch

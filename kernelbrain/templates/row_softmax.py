@@ -137,6 +137,31 @@ def mutate(knobs: dict[str, Any], move: str) -> dict[str, Any] | None:
     raise ValueError(f"unknown move {move!r}")
 
 
+# split_row and deferred launch alike: one waiting launch where the grid fits the GPU, else two
+_SPLIT_LAUNCH = """\
+def _launch(x2, y2):
+    n_rows, n_cols = x2.shape
+    block = min(BLOCK_N, triton.next_power_of_2(n_cols))
+    n_chunks = triton.cdiv(n_cols, block)
+    n_items = n_rows * n_chunks
+    pm = torch.empty(n_items, device=x2.device, dtype=torch.float32)
+    ps = torch.empty(n_items, device=x2.device, dtype=torch.float32)
+    args = (x2, y2, pm, ps)
+    meta = dict(CHUNKS_P2=triton.next_power_of_2(n_chunks), BLOCK=block, LOG=LOG, @KNOB@,
+                num_warps=NUM_WARPS)
+    sms = torch.cuda.get_device_properties(x2.device).multi_processor_count if x2.is_cuda else 0
+    slots = sms * CTAS_PER_SM
+    if n_chunks <= slots:  # @WHY@
+        cnt = torch.zeros(n_rows, device=x2.device, dtype=torch.int32)
+        grid = (@GRID@,)
+        _softmax_kernel[grid](*args, cnt, n_cols, n_chunks, n_items, x2.stride(0), y2.stride(0), PHASE=0,
+                              **meta)
+        return
+    for phase in (1, 2):  # programs that cannot all run at once must not wait for each other
+        _softmax_kernel[(n_items,)](*args, pm, n_cols, n_chunks, n_items, x2.stride(0), y2.stride(0),
+                                    PHASE=phase, **meta)
+"""
+
 _KERNELS = {
     "single_pass": """
 @triton.jit
@@ -271,28 +296,10 @@ def _softmax_kernel(x_ptr, y_ptr, pm_ptr, ps_ptr, cnt_ptr, n_cols, n_chunks, n_i
             tl.store(y_ptr + row.to(tl.int64) * stride_y + c, y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
-def _launch(x2, y2):
-    n_rows, n_cols = x2.shape
-    block = min(BLOCK_N, triton.next_power_of_2(n_cols))
-    n_chunks = triton.cdiv(n_cols, block)
-    n_items = n_rows * n_chunks
-    pm = torch.empty(n_items, device=x2.device, dtype=torch.float32)
-    ps = torch.empty(n_items, device=x2.device, dtype=torch.float32)
-    args = (x2, y2, pm, ps)
-    meta = dict(CHUNKS_P2=triton.next_power_of_2(n_chunks), BLOCK=block, LOG=LOG, PREFETCH=PREFETCH,
-                num_warps=NUM_WARPS)
-    sms = torch.cuda.get_device_properties(x2.device).multi_processor_count if x2.is_cuda else 0
-    slots = sms * CTAS_PER_SM
-    if n_chunks <= slots:  # every chunk of a round's rows runs at once: one launch, one read of x
-        cnt = torch.zeros(n_rows, device=x2.device, dtype=torch.int32)
-        grid = (min(n_items, n_chunks * (slots // n_chunks)),)
-        _softmax_kernel[grid](*args, cnt, n_cols, n_chunks, n_items, x2.stride(0), y2.stride(0), PHASE=0,
-                              **meta)
-        return
-    for phase in (1, 2):  # programs that cannot all run at once must not wait for each other
-        _softmax_kernel[(n_items,)](*args, pm, n_cols, n_chunks, n_items, x2.stride(0), y2.stride(0),
-                                    PHASE=phase, **meta)
-""",
+"""
+    + _SPLIT_LAUNCH.replace("@KNOB@", "PREFETCH=PREFETCH")
+    .replace("@WHY@", "every chunk of a round's rows runs at once: one launch, one read of x")
+    .replace("@GRID@", "min(n_items, n_chunks * (slots // n_chunks))"),
     "deferred": """
 @triton.jit
 def _softmax_kernel(x_ptr, y_ptr, pm_ptr, ps_ptr, cnt_ptr, n_cols, n_chunks, n_items, stride_x, stride_y,
@@ -345,27 +352,10 @@ def _softmax_kernel(x_ptr, y_ptr, pm_ptr, ps_ptr, cnt_ptr, n_cols, n_chunks, n_i
                          eviction_policy="evict_first")
 
 
-def _launch(x2, y2):
-    n_rows, n_cols = x2.shape
-    block = min(BLOCK_N, triton.next_power_of_2(n_cols))
-    n_chunks = triton.cdiv(n_cols, block)
-    n_items = n_rows * n_chunks
-    pm = torch.empty(n_items, device=x2.device, dtype=torch.float32)
-    ps = torch.empty(n_items, device=x2.device, dtype=torch.float32)
-    args = (x2, y2, pm, ps)
-    meta = dict(CHUNKS_P2=triton.next_power_of_2(n_chunks), BLOCK=block, LOG=LOG, DEPTH=DEPTH,
-                num_warps=NUM_WARPS)
-    sms = torch.cuda.get_device_properties(x2.device).multi_processor_count if x2.is_cuda else 0
-    slots = sms * CTAS_PER_SM
-    if n_chunks <= slots:  # every program runs at once and the grid holds a whole row: one launch
-        cnt = torch.zeros(n_rows, device=x2.device, dtype=torch.int32)
-        _softmax_kernel[(min(n_items, slots),)](*args, cnt, n_cols, n_chunks, n_items, x2.stride(0),
-                                                y2.stride(0), PHASE=0, **meta)
-        return
-    for phase in (1, 2):  # programs that cannot all run at once must not wait for each other
-        _softmax_kernel[(n_items,)](*args, pm, n_cols, n_chunks, n_items, x2.stride(0), y2.stride(0),
-                                    PHASE=phase, **meta)
-""",
+"""
+    + _SPLIT_LAUNCH.replace("@KNOB@", "DEPTH=DEPTH")
+    .replace("@WHY@", "every program runs at once and the grid holds a whole row: one launch")
+    .replace("@GRID@", "min(n_items, slots)"),
 }
 
 
