@@ -694,12 +694,22 @@ def ceilings(device: str) -> dict[str, float]:
     return _CEILINGS[device]
 
 
-def roofline(problem_source: str, cand_source: str, device: str, repeats: int = 5) -> dict:
-    """Achieved fractions of the measured memory and compute ceilings at the primary shape."""
+def roofline(
+    problem_source: str,
+    cand_source: str,
+    device: str,
+    repeats: int = 5,
+    flops: float | None = None,
+    nbytes: float | None = None,
+) -> dict:
+    """Achieved fractions of the measured memory and compute ceilings at the primary shape. `flops`
+    and `nbytes`: the reference's counts there, as the run's analysis recorded them (counting again
+    loads torch's FLOP counter, a second or more in every profiler child)."""
     problem = Problem(problem_source)
     cand = load_module(cand_source, "cand")
     shape = problem.ladder_shapes(device, "primary")[0]
-    flops, nbytes = _flops_and_bytes(problem, shape, device)
+    if flops is None or nbytes is None:
+        flops, nbytes = _flops_and_bytes(problem, shape, device)
     _, new = _build(problem, cand, shape, device)
     inputs = problem.inputs(shape, 7, device)
     timer = _Timer(device)

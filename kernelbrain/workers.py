@@ -401,6 +401,10 @@ class ProfilerRole(CandidateRole):
     def tasks(self, state: RunState) -> list[Task]:
         return [Task(f"{state.run_id}/profile/{c.id}", c.id, state.top_rung) for c in state.profile_tasks()]
 
+    def args(self, task: Task, state: RunState) -> dict[str, Any]:
+        a = state.analysis  # counted at the primary shape, where the roofline times the candidate
+        return {"flops": a.flops, "nbytes": a.bytes} if a is not None and a.error is None else {}
+
     def on_result(self, task: Task, metrics: dict) -> Event:
         return ProfileCaptured(
             candidate=task.candidate, source="roofline", metrics=metrics, labels=roofline_labels(metrics)
