@@ -161,6 +161,10 @@ def test_deferred_is_offered_where_split_row_is_and_reads_twice_through_l2():
     assert child["strategy"] == "deferred" and rs.feasible(spec, child)
     assert rs.mutate(child, "deferred") is None
     assert not rs.feasible({**spec, "n_cols": 8192}, child)  # one chunk: a whole-row strategy does it
+    # 96 chunks of 4096: more than split_row's rounds hold, but 2 programs an SM on >= 64 SMs hold a row
+    small = {**child, "block_n": 4096, "ctas_per_sm": 2}
+    assert rs.feasible(spec, small) and not rs.feasible(spec, {**small, "strategy": "split_row"})
+    assert not rs.feasible(spec, {**small, "ctas_per_sm": 1})
     assert rs.mutate(child, "smaller_tiles")["block_n"] == child["block_n"] // 2
     src = rs.render(spec, child, SIGNATURE)
     assert "DEPTH = 1" in src and "CTAS_PER_SM = 4" in src and "PREFETCH" not in src

@@ -89,7 +89,9 @@ def feasible(spec: dict, knobs: dict[str, Any]) -> bool:
     """Strategies that hold whole rows in registers only fit rows up to MAX_BLOCK elements."""
     n = spec.get("n_cols")
     if knobs["strategy"] in {"split_row", "deferred"}:
-        return n is not None and MIN_CHUNKS <= -(-n // knobs["block_n"]) <= MAX_CHUNKS
+        # deferred's grid need only hold one row (not a round of them): CTAS_PER_SM programs an SM
+        most = MAX_CHUNKS * (knobs["ctas_per_sm"] if knobs["strategy"] == "deferred" else 1)
+        return n is not None and MIN_CHUNKS <= -(-n // knobs["block_n"]) <= most
     if n is None or knobs["strategy"] == "online":
         return True
     block = 1 << max(0, (n - 1).bit_length())
