@@ -30,7 +30,9 @@ TIE_MARGIN = 0.05  # an interleaved re-measurement must show more than 5% to ran
 # ... and its pairs must lean one way more than identical kernels would once in a thousand duels
 # (unanimity takes 11 pairs; 18 of 20 do)
 SIGN_ALPHA = 0.001
-DUEL_PAIRS = 20  # the fewest pairs a duel times: enough for the sign test to see a real difference
+# the fewest pairs a duel times: 12 of 12 clear the sign test (on a GPU the rungs ask for 20 or more;
+# under the interpreter a pair of a slow kernel takes seconds)
+DUEL_PAIRS = 12
 PEERS_SHOWN = 16  # a decision records the best peers (and the count): all of them would make a run O(n^2)
 
 
