@@ -10,6 +10,7 @@ import json
 
 import pytest
 
+from kernelbrain.evaluate import load_module
 from kernelbrain.templates import row_softmax as rs
 from tests.runs import run_interpreted
 
@@ -97,6 +98,25 @@ def test_split_row_source_waits_only_on_the_gpu_and_boundedly():
     assert 'sem="release"' in src and 'sem="acquire"' in src
     assert "spins < " in src  # a violated co-residency assumption ends as a wrong result, not a hang
     assert "if x2.is_cuda" in src  # the interpreter never takes the waiting path
+
+
+@pytest.mark.parametrize("strategy", ["split_row", "deferred"])
+def test_the_waiting_grid_holds_only_programs_the_compiled_kernel_fits(strategy):
+    # H200: 65536 registers and 227 KiB of shared memory a multiprocessor. Triton 3.9 compiles
+    # split_row at 8192 x 8 warps to 111 registers a thread: 2 programs an SM, not the 4 asked for,
+    # so a grid of 4 an SM would wait on programs that never start
+    knobs = {"strategy": strategy, "block_n": 8192, "ctas_per_sm": 4, "num_warps": 8, "depth": 1}
+    spec = {"log": False, "dim": -1, "ndim": 2, "n_cols": 393216}
+    m = load_module(rs.render(spec, knobs, SIGNATURE), "cand")
+    h200 = {"max_regs": 65536, "max_shared": 232448}
+    assert m._fit(111, 0, 8, **h200) == 2  # 14 blocks of 256 registers a warp
+    assert m._fit(61, 0, 8, **h200) == 4  # 64 a thread: exactly 4 x 8 warps
+    assert m._fit(64, 0, 16, **h200) == 2  # and 2048 threads an SM
+    assert m._fit(48, 0, 4, **h200) == 10
+    assert m._fit(32, 100_000, 4, **h200) == 2  # shared memory binds
+    assert m._fit(16, 0, 1, **h200) == 32  # never more than 32 programs an SM
+    src = rs.render(spec, knobs, SIGNATURE)
+    assert "* _resident(run, meta)" in src and "min(CTAS_PER_SM, fit)" in src
 
 
 def test_split_row_prefetch_loads_the_next_chunk_before_waiting():

@@ -10,12 +10,13 @@ over co-resident programs (rows too long for one program's registers, still one 
 and sum of exponentials, waits (an atomic counter per row) until every chunk of its row has done so,
 then normalises its chunk from registers: x is read once and y written once, the floor's bytes. A
 program may only wait for programs that are running, so the grid is persistent and no larger than
-the GPU holds at once (CTAS_PER_SM programs per multiprocessor), in rounds that each cover whole
-rows; the wait is bounded, so a violated assumption shows as a wrong result (the gate rejects it),
-never as a hang. Under the interpreter programs run one after another and cannot wait for each
-other: there the same kernel runs in two launches (chunk statistics, then normalisation). Knob
-`prefetch`: load the program's next chunk before waiting on the current row (twice the registers, so
-fewer programs fit an SM, but the SM keeps reading while it waits).
+the GPU holds at once (CTAS_PER_SM programs per multiprocessor, fewer where the compiled kernel's
+registers or shared memory fit fewer), in rounds that each cover whole rows; the wait is bounded, so
+a violated assumption shows as a wrong result (the gate rejects it), never as a hang. Under the
+interpreter programs run one after another and cannot wait for each other: there the same kernel
+runs in two launches (chunk statistics, then normalisation). Knob `prefetch`: load the program's
+next chunk before waiting on the current row (twice the registers, so fewer programs fit an SM, but
+the SM keeps reading while it waits).
 
 `deferred`: the same split and exchange without the rounds. A program publishes the statistics of
 the chunk it just read and then normalises the chunk it read DEPTH items earlier, whose row is
@@ -139,8 +140,37 @@ def mutate(knobs: dict[str, Any], move: str) -> dict[str, Any] | None:
     raise ValueError(f"unknown move {move!r}")
 
 
-# split_row and deferred launch alike: one waiting launch where the grid fits the GPU, else two
+# split_row and deferred launch alike: one waiting launch where every program of the grid can run at
+# once, else two
 _SPLIT_LAUNCH = """\
+_RESIDENT = {}
+
+
+def _fit(n_regs, shared, num_warps, max_regs, max_shared):
+    # programs of a kernel one SM holds at once: registers go out by warp in blocks of 256, and an SM
+    # runs at most 2048 threads and 32 programs
+    per_warp = -(-n_regs * 32 // 256) * 256
+    by_regs = max_regs // max(per_warp, 1) // num_warps
+    by_shared = max_shared // shared if shared else 32
+    return min(by_regs, by_shared, 2048 // (32 * num_warps), 32)
+
+
+def _resident(run, meta):
+    # CTAS_PER_SM, or fewer where the compiled kernel does not fit that many (its registers depend on
+    # the Triton version): a program waiting on one that never started would spin out its bound, then
+    # normalise with a row's statistics half made
+    x2, y2 = run[0], run[1]
+    key = (x2.device.index, x2.dtype, x2.shape[-1], x2.stride(0), y2.stride(0), tuple(sorted(meta.items())))
+    if key not in _RESIDENT:
+        k = _softmax_kernel.warmup(*run, PHASE=0, grid=(1,), **meta)
+        k._init_handles()
+        props = triton.runtime.driver.active.utils.get_device_properties(x2.device.index)
+        fit = _fit(k.n_regs, k.metadata.shared, meta["num_warps"], props["max_num_regs"],
+                   props["max_shared_mem"])
+        _RESIDENT[key] = max(1, min(CTAS_PER_SM, fit))
+    return _RESIDENT[key]
+
+
 def _launch(x2, y2):
     n_rows, n_cols = x2.shape
     block = min(BLOCK_N, triton.next_power_of_2(n_cols))
@@ -148,19 +178,19 @@ def _launch(x2, y2):
     n_items = n_rows * n_chunks
     pm = torch.empty(n_items, device=x2.device, dtype=torch.float32)
     ps = torch.empty(n_items, device=x2.device, dtype=torch.float32)
-    args = (x2, y2, pm, ps)
     meta = dict(CHUNKS_P2=triton.next_power_of_2(n_chunks), BLOCK=block, LOG=LOG, @KNOB@,
                 num_warps=NUM_WARPS)
-    sms = torch.cuda.get_device_properties(x2.device).multi_processor_count if x2.is_cuda else 0
-    slots = sms * CTAS_PER_SM
-    if n_chunks <= slots:  # @WHY@
+    if x2.is_cuda:
         cnt = torch.zeros(n_rows, device=x2.device, dtype=torch.int32)
-        grid = (@GRID@,)
-        _softmax_kernel[grid](*args, cnt, n_cols, n_chunks, n_items, x2.stride(0), y2.stride(0), PHASE=0,
-                              **meta)
-        return
-    for phase in (1, 2):  # programs that cannot all run at once must not wait for each other
-        _softmax_kernel[(n_items,)](*args, pm, n_cols, n_chunks, n_items, x2.stride(0), y2.stride(0),
+        run = (x2, y2, pm, ps, cnt, n_cols, n_chunks, n_items, x2.stride(0), y2.stride(0))
+        slots = torch.cuda.get_device_properties(x2.device).multi_processor_count * _resident(run, meta)
+        if n_chunks <= slots:  # @WHY@
+            grid = (@GRID@,)
+            _softmax_kernel[grid](*run, PHASE=0, **meta)
+            return
+    # the interpreter, or programs that cannot all run at once: they must not wait for each other
+    for phase in (1, 2):
+        _softmax_kernel[(n_items,)](x2, y2, pm, ps, pm, n_cols, n_chunks, n_items, x2.stride(0), y2.stride(0),
                                     PHASE=phase, **meta)
 """
 
