@@ -102,9 +102,10 @@ def test_split_row_source_waits_only_on_the_gpu_and_boundedly():
 
 @pytest.mark.parametrize("strategy", ["split_row", "deferred"])
 def test_the_waiting_grid_holds_only_programs_the_compiled_kernel_fits(strategy):
-    # H200: 65536 registers and 227 KiB of shared memory a multiprocessor. Triton 3.9 compiles
-    # split_row at 8192 x 8 warps to 111 registers a thread: 2 programs an SM, not the 4 asked for,
-    # so a grid of 4 an SM would wait on programs that never start
+    # H200: 65536 registers and 228 KiB of shared memory a multiprocessor (227 KiB at most for one
+    # program). split_row at 8192 x 8 warps took 64 registers a thread on the H200 (session 4's ncu);
+    # compiled here it takes 64 to 111 by the Triton and ptxas versions and the arguments' alignment.
+    # At 111 an SM holds 2 programs, not the 4 asked for: a grid of 4 would wait on programs never run
     knobs = {"strategy": strategy, "block_n": 8192, "ctas_per_sm": 4, "num_warps": 8, "depth": 1}
     spec = {"log": False, "dim": -1, "ndim": 2, "n_cols": 393216}
     m = load_module(rs.render(spec, knobs, SIGNATURE), "cand")
@@ -114,6 +115,8 @@ def test_the_waiting_grid_holds_only_programs_the_compiled_kernel_fits(strategy)
     assert m._fit(64, 0, 16, **h200) == 2  # and 2048 threads an SM
     assert m._fit(48, 0, 4, **h200) == 10
     assert m._fit(32, 100_000, 4, **h200) == 2  # shared memory binds
+    assert m._fit(32, 116_224, 4, **h200) == 1  # with the KiB each program reserves
+    assert m._fit(136, 0, 2, **h200) == 6  # registers come from each quarter of the SM: not 7
     assert m._fit(16, 0, 1, **h200) == 32  # never more than 32 programs an SM
     src = rs.render(spec, knobs, SIGNATURE)
     assert "* _resident(run, meta)" in src and "min(CTAS_PER_SM, fit)" in src
@@ -181,6 +184,7 @@ def test_deferred_is_offered_where_split_row_is_and_reads_twice_through_l2():
     assert child["strategy"] == "deferred" and rs.feasible(spec, child)
     assert rs.mutate(child, "deferred") is None
     assert not rs.feasible({**spec, "n_cols": 8192}, child)  # one chunk: a whole-row strategy does it
+    assert not rs.feasible(spec, {**child, "depth": 0})
     # 96 chunks of 4096: more than split_row's rounds hold, but 2 programs an SM on >= 64 SMs hold a row
     small = {**child, "block_n": 4096, "ctas_per_sm": 2}
     assert rs.feasible(spec, small) and not rs.feasible(spec, {**small, "strategy": "split_row"})

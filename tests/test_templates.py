@@ -19,6 +19,9 @@ def test_knobs_with_lays_overrides_on_the_first_round0_set_of_that_strategy():
     deferred = knobs_with(row_softmax, {"strategy": "deferred", "depth": 2})
     assert deferred == {**row_softmax.mutate(row_softmax.ROUND0[0], "deferred"), "depth": 2}
     assert deferred["ctas_per_sm"] == row_softmax.ROUND0[0]["ctas_per_sm"]
+    # a move that only turns a knob names no strategy
+    with pytest.raises(ValueError, match="no round-0 strategy 'prefetch'"):
+        knobs_with(row_softmax, {"strategy": "prefetch"})
     with pytest.raises(ValueError, match="no round-0 strategy 'nope'; round 0 has split_row, single_pass"):
         knobs_with(row_softmax, {"strategy": "nope"})
     for family in FAMILIES:  # a whole knob set given as overrides keeps every value it names

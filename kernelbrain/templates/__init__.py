@@ -38,8 +38,10 @@ def knobs_with(family: ModuleType, over: dict[str, Any]) -> dict[str, Any]:
     strategy = over.get("strategy", family.ROUND0[0]["strategy"])
     base = next((k for k in family.ROUND0 if k["strategy"] == strategy), None)
     if base is None and any(move == strategy for moves in family.MUTATIONS.values() for move, _ in moves):
-        # a strategy only a mutation reaches: the knobs that move gives the first round-0 set
-        base = family.mutate(family.ROUND0[0], strategy)
+        # a strategy only a mutation reaches: the knobs that move gives the first round-0 set (a move
+        # that only turns a knob, like prefetch, names no strategy)
+        moved = family.mutate(family.ROUND0[0], strategy)
+        base = moved if moved is not None and moved["strategy"] == strategy else None
     if base is None:
         known = ", ".join(dict.fromkeys(k["strategy"] for k in family.ROUND0))
         raise ValueError(f"{family.FAMILY} has no round-0 strategy {strategy!r}; round 0 has {known}")

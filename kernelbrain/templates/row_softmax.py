@@ -90,6 +90,8 @@ def feasible(spec: dict, knobs: dict[str, Any]) -> bool:
     """Strategies that hold whole rows in registers only fit rows up to MAX_BLOCK elements."""
     n = spec.get("n_cols")
     if knobs["strategy"] in {"split_row", "deferred"}:
+        if knobs.get("depth", 1) < 1:  # deferred normalises items behind the one it reads, never ahead
+            return False
         # deferred's grid need only hold one row (not a round of them): CTAS_PER_SM programs an SM
         most = MAX_CHUNKS * (knobs["ctas_per_sm"] if knobs["strategy"] == "deferred" else 1)
         return n is not None and MIN_CHUNKS <= -(-n // knobs["block_n"]) <= most
@@ -147,20 +149,25 @@ _RESIDENT = {}
 
 
 def _fit(n_regs, shared, num_warps, max_regs, max_shared):
-    # programs of a kernel one SM holds at once: registers go out by warp in blocks of 256, and an SM
-    # runs at most 2048 threads and 32 programs
+    # programs of a kernel one SM holds at once: registers go out by warp in blocks of 256 from each of
+    # the SM's 4 quarters; each program takes 1 KiB of shared memory beyond its own (max_shared, the
+    # most one program may have, is the SM's less that KiB); at most 2048 threads and 32 programs
     per_warp = -(-n_regs * 32 // 256) * 256
-    by_regs = max_regs // max(per_warp, 1) // num_warps
-    by_shared = max_shared // shared if shared else 32
+    by_regs = max_regs // 4 // max(per_warp, 1) * 4 // num_warps
+    by_shared = (max_shared + 1024) // (shared + 1024)
     return min(by_regs, by_shared, 2048 // (32 * num_warps), 32)
 
 
 def _resident(run, meta):
     # CTAS_PER_SM, or fewer where the compiled kernel does not fit that many (its registers depend on
-    # the Triton version): a program waiting on one that never started would spin out its bound, then
-    # normalise with a row's statistics half made
-    x2, y2 = run[0], run[1]
-    key = (x2.device.index, x2.dtype, x2.shape[-1], x2.stride(0), y2.stride(0), tuple(sorted(meta.items())))
+    # the Triton and ptxas versions and on the arguments' alignment): a program waiting on one that
+    # never started would spin out its bound, then normalise with a row's statistics half made.
+    # Keyed as Triton specialises a kernel: pointers 16-byte aligned or not, integers divisible by
+    # 16, equal to 1 or past 32 bits
+    x2 = run[0]
+    ptrs = tuple(t.data_ptr() % 16 == 0 for t in run[:5])
+    ints = tuple((v % 16 == 0, v == 1, v >= 2**31) for v in run[5:])
+    key = (x2.device.index, x2.dtype, run[1].dtype, ptrs, ints, tuple(sorted(meta.items())))
     if key not in _RESIDENT:
         k = _softmax_kernel.warmup(*run, PHASE=0, grid=(1,), **meta)
         k._init_handles()
