@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from kernelbrain.diagnosis import LABELS
+from kernelbrain.runner import DEFAULT_RUNGS
 from kernelbrain.templates import conv_transpose as ct
 from tests.runs import run_inprocess, run_interpreted
 
@@ -275,7 +276,10 @@ def test_mutations_move_knobs_and_feasibility_refuses_tiles_that_do_not_fit():
 def test_kb_run_picks_a_conv_transpose_winner(tmp_path):
     problem = tmp_path / "irregular_conv.py"
     problem.write_text(IRREGULAR)
-    state = run_inprocess(problem, tmp_path / "kb.db", max_candidates=2)
+    # one candidate: an interpreted conv call takes ~1.6 s, and two near-equal round-0 candidates
+    # cost a duel of 12+ pairs at each rung (minutes); choosing among candidates is test_scheduler's
+    state = run_inprocess(problem, tmp_path / "kb.db", max_candidates=1)
     assert state.finished.winner
     assert {c.proposal.family for c in state.candidates.values()} == {"conv_transpose"}
     assert state.candidates[state.finished.winner].proposal.family == "conv_transpose"
+    assert state.finished.winner_rung == len(DEFAULT_RUNGS["cpu"]) - 1  # measured at every rung
