@@ -59,7 +59,7 @@ def main() -> None:
     sys.stdout = sys.stderr
     inp = sys.stdin.buffer
 
-    from kernelbrain.evaluate import OPS, tainted  # imports torch: after the protocol is safe
+    from kernelbrain.evaluate import OPS, CandidateFault, tainted  # imports torch: after the protocol is safe
 
     if os.environ.get("KB_WARM_CUDA") == "1":
         _init_cuda()
@@ -73,6 +73,8 @@ def main() -> None:
         started = time.perf_counter()
         try:
             reply = {"ok": True, "result": OPS[request["op"]](**request["args"])}
+        except CandidateFault as f:  # the candidate failed a check: a verdict on it, not kb's failure
+            reply = {"ok": False, "error": f.detail, "category": f.category}
         except Exception as e:
             reply = {
                 "ok": False,

@@ -3,8 +3,10 @@
 Candidate code is untrusted. It runs in its own process and session with a scrubbed environment, its
 own temporary directory, no core dumps and capped file sizes, and it dies with its worker
 (PR_SET_PDEATHSIG). A hang, a segfault, an illegal memory access or an `os._exit` becomes a
-`SandboxFault` with its category; the next call starts a fresh child. A warm child is reused until
-one faults, because importing torch and Triton costs seconds.
+`SandboxFault` with its category; the next call starts a fresh child. A check the candidate fails
+inside an op (evaluate.CandidateFault) is a `SandboxFault` too, with the check's category, and the
+child lives on. A warm child is reused until one faults, because importing torch and Triton costs
+seconds.
 """
 
 from __future__ import annotations
@@ -58,6 +60,8 @@ MAX_REPLY = 64 << 20  # replies are small JSON documents; more means something e
 
 
 class SandboxFault(Exception):
+    """The candidate's fault: its child died (crash, timeout) or it failed a check (mismatch, ...)."""
+
     def __init__(self, category: str, detail: str) -> None:
         super().__init__(f"{category}: {detail}")
         self.category = category
@@ -151,6 +155,8 @@ class Sandbox:
             )
         if reply.get("recycle"):
             self.close()
+        if not reply["ok"] and "category" in reply:  # a candidate's fault; the child lives on
+            raise SandboxFault(reply["category"], reply["error"])
         if not reply["ok"]:
             raise SandboxError(f"{op} failed inside the sandbox: {reply['error']}\n{reply.get('trace', '')}")
         return reply["result"], reply["busy_s"]
