@@ -126,9 +126,13 @@ def test_split_row_prefetch_loads_the_next_chunk_before_waiting():
     spec = {"log": False, "dim": -1, "ndim": 2, "n_cols": 393216}
     plain, pre = rs.render(spec, SPLIT[0], SIGNATURE), rs.render(spec, PREFETCHED, SIGNATURE)
     assert "PREFETCH = False" in plain and "PREFETCH = True" in pre
-    body = pre[pre.index("def _softmax_kernel") :]
+    publish, stats, body = (
+        pre[pre.index(f"def {f}(") :] for f in ("_publish", "_row_stats", "_softmax_kernel")
+    )
+    assert 'sem="release"' in publish[: publish.index("@triton.jit")]  # the release is _publish's
+    assert "while (" in stats[: stats.index("@triton.jit")]  # the wait is _row_stats's
     # the next chunk's load sits between this chunk's release and the wait
-    release, load, wait = (body.index(t) for t in ('sem="release"', "item + step", "while ("))
+    release, load, wait = (body.index(t) for t in ("_publish(", "item + step", "_row_stats("))
     assert release < load < wait
 
 
@@ -194,9 +198,9 @@ def test_deferred_is_offered_where_split_row_is_and_reads_twice_through_l2():
     assert "DEPTH = 1" in src and "CTAS_PER_SM = 4" in src and "PREFETCH" not in src
     body = src[src.index("def _softmax_kernel") :]
     # published before the wait on an earlier row; the first read kept in L2, the second let go
-    assert body.index('sem="release"') < body.index("while (")
+    assert body.index("_publish(") < body.index("_row_stats(")
     assert 'eviction_policy="evict_last"' in body and body.count('eviction_policy="evict_first"') == 2
-    assert "spins < " in body and "if x2.is_cuda" in src
+    assert "spins < " in src and 'sem="release"' in src and "if x2.is_cuda" in src
 
 
 @pytest.mark.parametrize("prefetch", [False, True])

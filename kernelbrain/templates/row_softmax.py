@@ -142,6 +142,33 @@ def mutate(knobs: dict[str, Any], move: str) -> dict[str, Any] | None:
     raise ValueError(f"unknown move {move!r}")
 
 
+# split_row and deferred exchange each chunk's statistics alike
+_ROW_EXCHANGE = """
+@triton.jit
+def _publish(x, mask, item, row, pm_ptr, ps_ptr, cnt_ptr, RELEASE: tl.constexpr):
+    # a chunk's max and sum of exponentials; RELEASE (one launch): then counted in its row's total
+    m = tl.max(x, axis=0)
+    tl.store(pm_ptr + item, m)
+    tl.store(ps_ptr + item, tl.sum(tl.where(mask, tl.exp(x - m), 0.0), axis=0))
+    if RELEASE:
+        tl.debug_barrier()  # the chunk's statistics are written before the count says so
+        tl.atomic_add(cnt_ptr + row, 1, sem="release")
+
+
+@triton.jit
+def _row_stats(pm_ptr, ps_ptr, cnt_ptr, row, n_chunks, parts, WAIT: tl.constexpr):
+    # the row's max and sum of exponentials from its chunks'; WAIT (one launch): once all are counted
+    if WAIT:
+        spins = 0
+        while (tl.atomic_add(cnt_ptr + row, 0, sem="acquire") < n_chunks) & (spins < 1000000):
+            spins += 1
+    # volatile: the other chunks' statistics were written by other SMs, past this one's L1
+    pm = tl.load(pm_ptr + row * n_chunks + parts, mask=parts < n_chunks, other=-float("inf"), volatile=True)
+    ps = tl.load(ps_ptr + row * n_chunks + parts, mask=parts < n_chunks, other=0.0, volatile=True)
+    m_row = tl.max(pm, axis=0)
+    return m_row, tl.sum(tl.where(parts < n_chunks, ps * tl.exp(pm - m_row), 0.0), axis=0)
+"""
+
 # split_row and deferred launch alike: one waiting launch where every program of the grid can run at
 # once, else two
 _SPLIT_LAUNCH = """\
@@ -280,7 +307,8 @@ def _launch(x2, y2):
     _softmax_kernel[(triton.cdiv(n_rows, ROWS),)](x2, y2, n_rows, n_cols, x2.stride(0), y2.stride(0),
                                                   ROWS=ROWS, BLOCK=block, LOG=LOG, num_warps=NUM_WARPS)
 """,
-    "split_row": """
+    "split_row": _ROW_EXCHANGE
+    + """
 @triton.jit
 def _chunk(x_ptr, item, n_chunks, n_cols, n_items, stride_x, cols, BLOCK: tl.constexpr):
     # one BLOCK chunk of a row, in fp32; columns past the row and items past the end read as -inf
@@ -312,24 +340,11 @@ def _softmax_kernel(x_ptr, y_ptr, pm_ptr, ps_ptr, cnt_ptr, n_cols, n_chunks, n_i
         else:
             x = _chunk(x_ptr, item, n_chunks, n_cols, n_items, stride_x, cols, BLOCK)
         if PHASE != 2:
-            m = tl.max(x, axis=0)
-            tl.store(pm_ptr + item, m)
-            tl.store(ps_ptr + item, tl.sum(tl.where(mask, tl.exp(x - m), 0.0), axis=0))
-        if PHASE == 0:
-            tl.debug_barrier()  # the chunk's statistics are written before the count says so
-            tl.atomic_add(cnt_ptr + row, 1, sem="release")
-            if PREFETCH:
-                x_next = _chunk(x_ptr, item + step, n_chunks, n_cols, n_items, stride_x, cols, BLOCK)
-            spins = 0
-            while (tl.atomic_add(cnt_ptr + row, 0, sem="acquire") < n_chunks) & (spins < 1000000):
-                spins += 1
+            _publish(x, mask, item, row, pm_ptr, ps_ptr, cnt_ptr, PHASE == 0)
+        if PREFETCH and PHASE == 0:
+            x_next = _chunk(x_ptr, item + step, n_chunks, n_cols, n_items, stride_x, cols, BLOCK)
         if PHASE != 1:
-            # volatile: the other chunks' statistics were written by other SMs, past this one's L1
-            pm = tl.load(pm_ptr + row * n_chunks + parts, mask=parts < n_chunks, other=-float("inf"),
-                         volatile=True)
-            ps = tl.load(ps_ptr + row * n_chunks + parts, mask=parts < n_chunks, other=0.0, volatile=True)
-            m_row = tl.max(pm, axis=0)
-            s_row = tl.sum(tl.where(parts < n_chunks, ps * tl.exp(pm - m_row), 0.0), axis=0)
+            m_row, s_row = _row_stats(pm_ptr, ps_ptr, cnt_ptr, row, n_chunks, parts, PHASE == 0)
             z = x - m_row
             y = z - tl.log(s_row) if LOG else tl.exp(z) / s_row
             tl.store(y_ptr + row.to(tl.int64) * stride_y + c, y.to(y_ptr.dtype.element_ty), mask=mask)
@@ -339,7 +354,8 @@ def _softmax_kernel(x_ptr, y_ptr, pm_ptr, ps_ptr, cnt_ptr, n_cols, n_chunks, n_i
     + _SPLIT_LAUNCH.replace("@KNOB@", "PREFETCH=PREFETCH")
     .replace("@WHY@", "every chunk of a round's rows runs at once: one launch, one read of x")
     .replace("@GRID@", "min(n_items, n_chunks * (slots // n_chunks))"),
-    "deferred": """
+    "deferred": _ROW_EXCHANGE
+    + """
 @triton.jit
 def _softmax_kernel(x_ptr, y_ptr, pm_ptr, ps_ptr, cnt_ptr, n_cols, n_chunks, n_items, stride_x, stride_y,
                     CHUNKS_P2: tl.constexpr, BLOCK: tl.constexpr, LOG: tl.constexpr, PHASE: tl.constexpr,
@@ -360,29 +376,14 @@ def _softmax_kernel(x_ptr, y_ptr, pm_ptr, ps_ptr, cnt_ptr, n_cols, n_chunks, n_i
                 mask = c < n_cols
                 x = tl.load(x_ptr + row.to(tl.int64) * stride_x + c, mask=mask, other=-float("inf"),
                             eviction_policy="evict_last").to(tl.float32)
-                m = tl.max(x, axis=0)
-                tl.store(pm_ptr + it, m)
-                tl.store(ps_ptr + it, tl.sum(tl.where(mask, tl.exp(x - m), 0.0), axis=0))
-                if PHASE == 0:
-                    tl.debug_barrier()  # the chunk's statistics are written before the count says so
-                    tl.atomic_add(cnt_ptr + row, 1, sem="release")
+                _publish(x, mask, it, row, pm_ptr, ps_ptr, cnt_ptr, PHASE == 0)
         if PHASE != 1:
             j = it - lag
             if j >= 0:
                 row = j // n_chunks
                 c = (j % n_chunks) * BLOCK + cols
                 mask = c < n_cols
-                if PHASE == 0:
-                    spins = 0
-                    while (tl.atomic_add(cnt_ptr + row, 0, sem="acquire") < n_chunks) & (spins < 1000000):
-                        spins += 1
-                # volatile: the other chunks' statistics were written by other SMs, past this one's L1
-                pm = tl.load(pm_ptr + row * n_chunks + parts, mask=parts < n_chunks, other=-float("inf"),
-                             volatile=True)
-                ps = tl.load(ps_ptr + row * n_chunks + parts, mask=parts < n_chunks, other=0.0,
-                             volatile=True)
-                m_row = tl.max(pm, axis=0)
-                s_row = tl.sum(tl.where(parts < n_chunks, ps * tl.exp(pm - m_row), 0.0), axis=0)
+                m_row, s_row = _row_stats(pm_ptr, ps_ptr, cnt_ptr, row, n_chunks, parts, PHASE == 0)
                 x = tl.load(x_ptr + row.to(tl.int64) * stride_x + c, mask=mask, other=0.0,
                             eviction_policy="evict_first").to(tl.float32)
                 z = x - m_row
