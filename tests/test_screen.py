@@ -29,6 +29,7 @@ def test_rounding_a_kernel_may_differ_by_passes():
     screen(torch.softmax(x.double(), -1).float(), ref)  # another summation order, in float64
     screen(torch.softmax(x.bfloat16(), -1), torch.softmax(x.float(), -1).bfloat16())  # bf16 rounding
     screen(torch.tensor(3.0), torch.tensor(3.0 + 1e-6))  # 0-dim outputs
+    screen(torch.empty(0, 5), torch.empty(0, 5))  # and empty ones
     inf = torch.tensor([1.0, float("inf")])
     screen(torch.tensor([1.0, 5.0]), inf)  # where the reference is not finite the gate judged
 

@@ -113,7 +113,7 @@ def probe_shape(
             t0 = time.perf_counter()
             inputs = [evaluate._to(x, dev) for x in evaluate._variant(problem.inputs(shape, seed, dev), seed)]
             expected = evaluate._outputs(ref64(*[evaluate._to(x, dev, torch.float64) for x in inputs]))[0]
-            tol = problem.tolerance.get(str(inputs[0].dtype).removeprefix("torch."), 1e-4)
+            tol = problem.tolerance_of(inputs[0].dtype)
             in_bytes = sum(x.numel() * x.element_size() for x in inputs if isinstance(x, torch.Tensor))
             out_bytes = expected.numel() * inputs[0].element_size()
             sync(dev)
