@@ -22,8 +22,8 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # runnable from a checkout without installing
     sys.path.insert(0, str(ROOT))
 
-from store import EventStore, NewEvent, Projection, StoredEvent  # noqa: E402
-from store._sqlite import sqlite3  # noqa: E402
+from kernelbrain.store import EventStore, NewEvent, Projection, StoredEvent  # noqa: E402
+from kernelbrain.store.driver import sqlite3  # noqa: E402
 
 SINGLE_N = 3_000
 BATCH_SIZE = 1_000
@@ -92,7 +92,7 @@ def bench_claims(store: EventStore, n: int = 1_000) -> dict[str, Any]:
 
 def domain_run(store: EventStore, run_id: str, n_events: int = FOLD_N) -> None:
     """A kb run of realistic shape: candidates proposed, claimed, gated, charged, measured, promoted."""
-    from kernelbrain.events import (
+    from kernelbrain.core.events import (
         BudgetCharged,
         CandidateProposed,
         GatePassed,
@@ -103,7 +103,7 @@ def domain_run(store: EventStore, run_id: str, n_events: int = FOLD_N) -> None:
         ShapeTiming,
         TaskClaimed,
     )
-    from kernelbrain.runner import DEFAULT_RUNGS
+    from kernelbrain.runtime.runner import DEFAULT_RUNGS
 
     cfg = RunConfig(rungs=DEFAULT_RUNGS["cuda"], max_candidates=10**6)
     batch = [
@@ -163,9 +163,8 @@ def domain_run(store: EventStore, run_id: str, n_events: int = FOLD_N) -> None:
 def bench_scheduler(store: EventStore, run_id: str = "domain") -> dict | None:
     """Fold a 100k-event kb run into RunState, then time one scheduler decision on it."""
     try:
-        from kernelbrain.scheduler import decision_latency_bench, policy_for
-        from kernelbrain.state import RunState
-        from kernelbrain.workers import decision_key
+        from kernelbrain.core.policy import decision_key, policy_for
+        from kernelbrain.core.state import RunState
     except ImportError:
         return None
     domain_run(store, run_id)
@@ -186,7 +185,22 @@ def bench_scheduler(store: EventStore, run_id: str = "domain") -> dict | None:
         "fold_seconds_median": statistics.median(folds),
         "burst_decisions": len(burst),
         "burst_seconds": burst_s,
-        **decision_latency_bench(state, repeats=50),
+        **decision_latency(policy_for(state.config.policy_version), state, repeats=50),
+    }
+
+
+def decision_latency(policy: Any, state: Any, repeats: int) -> dict[str, Any]:
+    """Time `decide` on a folded state: what the scheduler pays per poll once the burst is recorded."""
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        policy.decide(state)
+        times.append(time.perf_counter() - t)
+    return {
+        "decide_median_ms": statistics.median(times) * 1e3,
+        "decide_max_ms": max(times) * 1e3,
+        "candidates": len(state.candidates),
+        "events": state.event_count,
     }
 
 

@@ -13,10 +13,11 @@ import click
 import orjson
 
 from kernelbrain import __version__
-from kernelbrain.events import EventError, RunConfig
+from kernelbrain.core.events import EventError, RunConfig
+from kernelbrain.core.problem import ProblemError
 from kernelbrain.generators import GenerationError
-from kernelbrain.problem import ProblemError
-from kernelbrain.runner import (
+from kernelbrain.runtime.roles import ROLES
+from kernelbrain.runtime.runner import (
     DEFAULT_RUNGS,
     RunError,
     detect_device,
@@ -27,8 +28,8 @@ from kernelbrain.runner import (
     start_run,
     supervise,
 )
-from kernelbrain.workers import ROLES, Worker
-from store import EventStore, StoreError
+from kernelbrain.runtime.worker import Worker
+from kernelbrain.store import EventStore, StoreError
 
 DEFAULT_DB = "kernelbrain.db"
 USER_ERRORS = (StoreError, ProblemError, RunError, EventError, GenerationError, LookupError)
@@ -129,8 +130,8 @@ def _drive(
     external: bool = False,
     after: int = 0,
 ) -> None:
-    """Supervise the run, showing it live (kernelbrain.progress), then say how it ended."""
-    from kernelbrain import progress
+    """Supervise the run, showing it live (kernelbrain.views.progress), then say how it ended."""
+    from kernelbrain.views import progress
 
     reader = EventStore(db, create=False)
     try:
@@ -249,7 +250,7 @@ def run(
 ) -> None:
     """Search for a faster kernel for PROBLEM (a KernelBench .py file)."""
     from kernelbrain import generators
-    from kernelbrain.problem import read_problem
+    from kernelbrain.core.problem import read_problem
 
     if inprocess and external_workers:
         raise click.UsageError("--inprocess and --external-workers exclude each other; pass one")
@@ -290,8 +291,8 @@ def run(
 @user_errors
 def check(problem: str, candidate: str, device: str, bench: bool, as_json: bool) -> None:
     """Gate one candidate file (ModelNew) against PROBLEM, outside any run; exit 1 when it fails."""
-    from kernelbrain.check import check as do_check
-    from kernelbrain.describe import fmt_s
+    from kernelbrain.runtime.check import check as do_check
+    from kernelbrain.views.describe import fmt_s
 
     dev = _device(device)
     result = do_check(problem, candidate, dev, DEFAULT_RUNGS[dev] if bench else None)
@@ -329,7 +330,7 @@ def doctor(llm_base_url: str | None, llm_model: str | None, timeout_s: float, as
     """Check what this machine gives kb: GPU, torch, Triton, ncu, SQLite, the LLM endpoint.
 
     Every check is shown; the exit status is 1 when any check fails (a warning does not)."""
-    from kernelbrain import doctor as doc
+    from kernelbrain.views import doctor as doc
 
     report = doc.run(llm_base_url, llm_model, timeout_s)
     if as_json:
@@ -390,7 +391,7 @@ def worker(role: str, db: str, run_id: str | None, gpu: int | None, idle_exit_s:
 @user_errors
 def ls(db: str, as_json: bool) -> None:
     """List the runs in the database."""
-    from kernelbrain.describe import status_dict
+    from kernelbrain.views.describe import status_dict
 
     with read_store(db) as store:
         rows = [status_dict(load_state(store, rid)) for rid in store.run_ids()]
@@ -414,7 +415,7 @@ def ls(db: str, as_json: bool) -> None:
 @user_errors
 def status(run_id: str, db: str, as_json: bool) -> None:
     """Where a run stands: candidates per state, the leader, budget spent."""
-    from kernelbrain.describe import status_dict
+    from kernelbrain.views.describe import status_dict
 
     with read_store(db) as store:
         d = status_dict(load_state(store, run_id))
@@ -448,8 +449,8 @@ def status(run_id: str, db: str, as_json: bool) -> None:
 @user_errors
 def events(run_id: str, db: str, follow: bool, as_json: bool, show_all: bool) -> None:
     """Print a run's events."""
-    from kernelbrain.describe import QUIET_TYPES, event_line
-    from kernelbrain.progress import event_dict, json_line
+    from kernelbrain.views.describe import QUIET_TYPES, event_line
+    from kernelbrain.views.progress import event_dict, json_line
 
     with read_store(db) as store:
         state = load_state(store, run_id)
@@ -474,7 +475,7 @@ def events(run_id: str, db: str, follow: bool, as_json: bool, show_all: bool) ->
 @user_errors
 def replay(run_id: str, db: str, as_json: bool) -> None:
     """Recompute every scheduler decision from the log; exit 1 on any divergence."""
-    from kernelbrain.replay import replay as do_replay
+    from kernelbrain.views.replay import replay as do_replay
 
     with read_store(db) as store:
         require_run(store, run_id)  # not load_state: a damaged log is what replay reports, not an error
@@ -499,7 +500,7 @@ def replay(run_id: str, db: str, as_json: bool) -> None:
 @user_errors
 def audit(run_id: str, db: str, candidate: str | None) -> None:
     """Explain why the winner won: lineage, gate, ladder numbers, promotions, runners-up."""
-    from kernelbrain.audit import audit as do_audit
+    from kernelbrain.views.audit import audit as do_audit
 
     with read_store(db) as store:
         click.echo(do_audit(load_state(store, run_id), candidate))
@@ -522,8 +523,8 @@ def audit(run_id: str, db: str, candidate: str | None) -> None:
 @user_errors
 def export(run_id: str, db: str, output: str, candidate: str | None, fmt: str) -> None:
     """Write the winner as a standalone module defining ModelNew."""
-    from kernelbrain.export import export as do_export
-    from kernelbrain.export import kernelbench_flags
+    from kernelbrain.views.export import export as do_export
+    from kernelbrain.views.export import kernelbench_flags
 
     with read_store(db) as store:
         path = do_export(store, load_state(store, run_id), output, candidate, fmt)  # type: ignore[arg-type]
@@ -545,7 +546,7 @@ def export(run_id: str, db: str, output: str, candidate: str | None, fmt: str) -
 def report(run_id: str, db: str, output: str) -> None:
     """Write one self-contained HTML page on a run: speedup over device time, lineage, funnel, failures,
     the winner's roofline and its diff against its parent."""
-    from kernelbrain.report import write_report
+    from kernelbrain.views.report import write_report
 
     with read_store(db) as store:
         path = write_report(store, run_id, output)

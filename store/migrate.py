@@ -13,9 +13,10 @@ from importlib import resources
 from importlib.resources.abc import Traversable
 from pathlib import Path
 
-from store._sqlite import sqlite3
-from store.errors import StoreError
+from kernelbrain.store.driver import sqlite3
+from kernelbrain.store.errors import StoreError
 
+MIGRATIONS = "kernelbrain.store.migrations"  # the package the wheel installs migrations/ as
 _FILE = re.compile(r"^(\d{4})_([A-Za-z0-9_]+)\.sql$")
 _COLUMNS = ("version", "name", "applied_at")  # what makes a schema_migrations table ours
 
@@ -38,8 +39,8 @@ class Migration:
 
 
 def discover(directory: str | Path | None = None) -> list[Migration]:
-    """Migrations shipped in the `migrations` package (or in `directory`), sorted by number."""
-    root: Traversable = resources.files("migrations") if directory is None else Path(directory)
+    """Migrations shipped in the store's `migrations` package (or in `directory`), sorted by number."""
+    root: Traversable = resources.files(MIGRATIONS) if directory is None else Path(directory)
     if not root.is_dir():
         raise StoreError(f"no migrations directory {root}; pass an existing migrations_dir")
     found: dict[int, Migration] = {}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import abc
 
-from store.records import StoredEvent
+from kernelbrain.store.records import StoredEvent
 
 
 class Projection(abc.ABC):

@@ -12,12 +12,11 @@ from pathlib import Path
 from typing import Any, ParamSpec, TypeVar
 
 import orjson
-
-from store import migrate
-from store._sqlite import retry_busy, sqlite3
-from store.errors import CorruptDatabase, ForeignDatabase, SchemaTooNew, StaleLease, StoreError
-from store.projection import Projection
-from store.records import Lease, NewEvent, StoredEvent
+from kernelbrain.store import migrate
+from kernelbrain.store.driver import retry_busy, sqlite3
+from kernelbrain.store.errors import CorruptDatabase, ForeignDatabase, SchemaTooNew, StaleLease, StoreError
+from kernelbrain.store.projection import Projection
+from kernelbrain.store.records import Lease, NewEvent, StoredEvent
 
 MEMORY = ":memory:"
 

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from kernelbrain.core.protocol import AnalyseRequest
+
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
@@ -17,7 +19,7 @@ if str(ROOT) not in sys.path:
 @pytest.fixture(scope="module")
 def box():
     """One warm CPU sandbox child per test module (torch and Triton import once)."""
-    from kernelbrain.sandbox import Sandbox
+    from kernelbrain.runtime.sandbox import Sandbox
 
     sb = Sandbox("cpu")
     try:
@@ -30,7 +32,7 @@ def box():
 def problems(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     """The test module's `problem_variants()` (name -> problem source) written to files and read back
     through the static check, as kb reads them."""
-    from kernelbrain.problem import read_problem
+    from kernelbrain.core.problem import read_problem
 
     tmp = tmp_path_factory.mktemp(request.module.__name__.rsplit(".", 1)[-1])
     out = {}
@@ -46,7 +48,7 @@ def analyses(request: pytest.FixtureRequest, box, problems: dict[str, str]) -> d
     families' problems, which its family must not match)."""
     others = {name: path.read_text() for name, path in getattr(request.module, "OTHER_PROBLEMS", {}).items()}
     return {
-        name: box.call("analyse", {"problem_source": src, "device": "cpu"}, timeout_s=120)[0]
+        name: box.call(AnalyseRequest(problem_source=src, device="cpu"), timeout_s=120)[0].model_dump()
         for name, src in {**problems, **others}.items()
     }
 

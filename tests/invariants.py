@@ -5,10 +5,11 @@ from __future__ import annotations
 from collections import Counter
 from pathlib import Path
 
-from kernelbrain.events import decode
-from kernelbrain.replay import replay
-from kernelbrain.state import RunState
-from store import EventStore
+from kernelbrain.store import EventStore
+
+from kernelbrain.core.events import decode
+from kernelbrain.core.state import RunState
+from kernelbrain.views.replay import replay
 
 # one effect per identity: the same task must never have recorded two outcomes
 EFFECT_GROUPS = {

@@ -10,7 +10,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from kernelbrain.events import (
+from kernelbrain.store import EventStore
+
+from kernelbrain.core.events import (
     BudgetCharged,
     CandidateProposed,
     Event,
@@ -24,11 +26,9 @@ from kernelbrain.events import (
     RunStarted,
     ShapeTiming,
 )
-from kernelbrain.runner import DEFAULT_RUNGS
-from kernelbrain.scheduler import policy_for
-from kernelbrain.state import RunState
-from kernelbrain.workers import decision_key
-from store import EventStore
+from kernelbrain.core.policy import decision_key, policy_for
+from kernelbrain.core.state import RunState
+from kernelbrain.runtime.runner import DEFAULT_RUNGS
 
 RUN = "r-test"
 ROOT = Path(__file__).resolve().parents[1]
@@ -99,7 +99,7 @@ class SyntheticRun:
             repeats=3,
             speedup=speedup,
         )
-        from kernelbrain.scheduler import score
+        from kernelbrain.core.scoring import score
 
         self.add(
             RungBenchmarked(candidate=cid, rung=rung, shapes=[s], score=score([s]), timer="test"),
@@ -133,7 +133,7 @@ class SyntheticRun:
 
 def run_inprocess(problem: str | Path, db: Path, max_candidates: int) -> RunState:
     """A real expert-generator run on CPU, its workers stepped in this process; its folded state."""
-    from kernelbrain.runner import start_run, supervise
+    from kernelbrain.runtime.runner import start_run, supervise
 
     config = RunConfig(device="cpu", max_candidates=max_candidates, rungs=DEFAULT_RUNGS["cpu"])
     with EventStore(db, create=True) as store:

@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from kernelbrain.sandbox import Sandbox
-from kernelbrain.scheduler import adjudicate
+from kernelbrain.core.protocol import DuelRequest
+from kernelbrain.core.scoring import adjudicate
+from kernelbrain.runtime.sandbox import Sandbox
 from tests.kbcli import SOFTMAX
 
 CANDIDATES = Path(__file__).parent / "candidates"
@@ -27,7 +28,7 @@ def duel(box: Sandbox, a: str, b: str, repeats: int) -> list[float]:
         "repeats": repeats,
         "warmup": 2,
     }
-    result, _ = box.call("duel", args, timeout_s=300)
+    result = box.call(DuelRequest(**args), timeout_s=300)[0].model_dump()
     assert result["timer"] == "interpreter-wallclock"
     return result["ratios"]
 

@@ -39,16 +39,16 @@ def get_init_inputs():
 
 @pytest.mark.parametrize("path", PROBLEMS, ids=lambda p: p.stem)
 def test_meta_tracing_counts_what_a_real_run_counts(path: Path) -> None:
-    from kernelbrain import evaluate as ev
+    from kernelbrain.child import analysis, loading
 
     source = path.read_text()
-    result = ev.analyse(source, "cpu")
+    result = analysis.analyse(source, "cpu")
     assert result["traced_on"] == "meta"
-    problem = ev.Problem(source)
+    problem = loading.Problem(source)
     shape = problem.ladder_shapes("cpu", "primary")[0]
-    ref, _ = ev._build(problem, None, shape, "cpu")
-    assert result["ops"] == ev._record_calls(ref, problem.inputs(shape, 0, "cpu"))
-    flops, nbytes = ev._count(problem, shape, "cpu")
+    ref, _ = loading.build(problem, None, shape, "cpu")
+    assert result["ops"] == analysis.record_calls(ref, problem.inputs(shape, 0, "cpu"))
+    flops, nbytes = analysis.count(problem, shape, "cpu")
     assert result["bytes"] == nbytes > 0
     if path.stem == "sdp_attn":
         # the CPU's fused attention kernel is one FlopCounterMode does not count (it falls back to
@@ -63,9 +63,9 @@ def test_meta_tracing_counts_what_a_real_run_counts(path: Path) -> None:
 
 
 def test_a_reference_that_needs_values_is_traced_on_the_device() -> None:
-    from kernelbrain import evaluate as ev
+    from kernelbrain.child import analysis
 
-    result = ev.analyse(NEEDS_VALUES, "cpu")
+    result = analysis.analyse(NEEDS_VALUES, "cpu")
     assert result["traced_on"] == "cpu"
     assert [op["op"] for op in result["ops"]][-1] == "softmax"  # torch.rand draws values in [0, 1)
     assert result["bytes"] == 2 * 8 * 64 * 4
@@ -101,10 +101,10 @@ def get_init_inputs():
 
 
 def test_a_model_whose_init_needs_the_host_is_built_there_and_moved() -> None:
-    from kernelbrain import evaluate as ev
+    from kernelbrain.child import analysis, loading
 
-    result = ev.analyse(NEEDS_HOST, "cpu")
+    result = analysis.analyse(NEEDS_HOST, "cpu")
     assert result["traced_on"] == "meta"
     assert [op["op"] for op in result["ops"]] == ["mul", "softmax"]
-    ref, _ = ev._build(ev.Problem(NEEDS_HOST), None, {"n": 16}, "meta")
+    ref, _ = loading.build(loading.Problem(NEEDS_HOST), None, {"n": 16}, "meta")
     assert ref.w.device.type == "meta"

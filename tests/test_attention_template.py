@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from kernelbrain.diagnosis import LABELS
-from kernelbrain.problem import read_problem
+from kernelbrain.core.diagnosis import LABELS
+from kernelbrain.core.problem import read_problem
+from kernelbrain.core.protocol import AnalyseRequest, GateRequest
 from kernelbrain.templates import attention as at
 from tests.runs import interpreter_env, run_inprocess, run_interpreted
 
@@ -105,7 +106,7 @@ def test_round0_candidates_pass_the_gate(box, problems, analyses, variant, knobs
     assert at.feasible(spec, knobs) is (variant != "wide_head" or knobs["strategy"] != "full_d")
     source = at.render(spec, knobs, analysis["signature"])
     args = {"problem_source": problems[variant], "cand_source": source, "device": "cpu", "seeds": 3}
-    r = box.call("gate", args, timeout_s=300)[0]
+    r = box.call(GateRequest(**args), timeout_s=300)[0].model_dump()
     assert r["passed"] is True, r
     if variant not in {"fp16", "bf16"}:  # these pass at their own tolerance, 1e-2
         assert r["max_abs_err"] < 1e-3
@@ -118,7 +119,7 @@ def test_one_rounded_p_fails_bf16_at_the_x8_seed(box, problems, analyses):
     single = {**TILED, "p16": "single"}
     source = at.render(at.matches(analysis["ops"]), single, analysis["signature"])
     args = {"problem_source": problems["bf16"], "cand_source": source, "device": "cpu", "seeds": 3}
-    r = box.call("gate", args, timeout_s=300)[0]
+    r = box.call(GateRequest(**args), timeout_s=300)[0].model_dump()
     assert r["passed"] is False and r["category"] == "mismatch", r
     assert "seed 2" in r["detail"], r
 
@@ -132,7 +133,7 @@ import torch
 import triton
 import triton.language as tl
 from triton.runtime import interpreter
-from kernelbrain.evaluate import load_module
+from kernelbrain.child.loading import load_module
 from kernelbrain.templates import attention as at
 
 seen = []
@@ -338,7 +339,7 @@ def test_materialized_chunks_over_bh_and_serves_16_bit_wide_heads(box, tmp_path,
     path = tmp_path / f"wide_{dtype}.py"
     path.write_text(SDPA.read_text().replace(SMOKE, _smoke(1, 2, 23, 300, dtype)))
     source = read_problem(path)
-    analysis = box.call("analyse", {"problem_source": source, "device": "cpu"}, timeout_s=120)[0]
+    analysis = box.call(AnalyseRequest(problem_source=source, device="cpu"), timeout_s=120)[0].model_dump()
     spec = at.matches(analysis["ops"])
     mats = [k for k in at.ROUND0 if k["strategy"] == "materialized"]
     own = {**mats[0], **OWN16}
@@ -349,7 +350,7 @@ def test_materialized_chunks_over_bh_and_serves_16_bit_wide_heads(box, tmp_path,
         assert chunked != whole
         for cand in (whole, chunked):
             args = {"problem_source": source, "cand_source": cand, "device": "cpu", "seeds": 3}
-            r = box.call("gate", args, timeout_s=300)[0]
+            r = box.call(GateRequest(**args), timeout_s=300)[0].model_dump()
             assert r["passed"] is True, (knobs, r)
 
 

@@ -10,8 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from store import EventStore
+from kernelbrain.store import EventStore
 
 ROOT = Path(__file__).resolve().parents[1]
 PROBLEM = ROOT / "tests" / "problems" / "softmax_small.py"

@@ -35,11 +35,11 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from kernelbrain.store import EventStore
 
 from kernelbrain.cli import main
-from kernelbrain.events import RunConfig
-from kernelbrain.runner import DEFAULT_RUNGS, detect_device, start_run
-from store import EventStore
+from kernelbrain.core.events import RunConfig
+from kernelbrain.runtime.runner import DEFAULT_RUNGS, detect_device, start_run
 from tests.test_bad_input import Snapshot, assert_user_error
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from kernelbrain.diagnosis import LABELS
-from kernelbrain.runner import DEFAULT_RUNGS
+from kernelbrain.core.diagnosis import LABELS
+from kernelbrain.core.protocol import GateRequest
+from kernelbrain.runtime.runner import DEFAULT_RUNGS
 from kernelbrain.templates import conv_transpose as ct
 from tests.runs import run_inprocess, run_interpreted
 
@@ -117,7 +118,7 @@ def test_round0_candidates_pass_the_gate(box, problems, analyses, variant, knobs
     assert ct.feasible(spec, knobs)
     source = ct.render(spec, knobs, analysis["signature"])
     args = {"problem_source": problems[variant], "cand_source": source, "device": "cpu", "seeds": 3}
-    r = box.call("gate", args, timeout_s=300)[0]
+    r = box.call(GateRequest(**args), timeout_s=300)[0].model_dump()
     assert r["passed"] is True, r
     assert r["max_abs_err"] < 1e-4
 
@@ -128,7 +129,7 @@ def test_round0_candidates_pass_the_gate(box, problems, analyses, variant, knobs
 EDGE_RUN = """
 import json, sys
 import torch
-from kernelbrain.evaluate import load_module
+from kernelbrain.child.loading import load_module
 from kernelbrain.templates import conv_transpose as ct
 
 sig = {"init": ["in_channels", "out_channels", "kernel_size", "stride", "padding", "output_padding",

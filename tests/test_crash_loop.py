@@ -23,10 +23,10 @@ import time
 from dataclasses import dataclass
 
 import pytest
+from kernelbrain.store import EventStore, StoredEvent
 
-from kernelbrain.events import EVENT_TYPES, decode
-from kernelbrain.state import RunState
-from store import EventStore, StoredEvent
+from kernelbrain.core.events import EVENT_TYPES, decode
+from kernelbrain.core.state import RunState
 from tests.invariants import check_run, read_exec_log
 from tests.kbcli import SOFTMAX, kb, kb_env, kb_start
 

@@ -12,8 +12,8 @@ from pathlib import Path
 import click
 import pytest
 
-from kernelbrain import events
 from kernelbrain.cli import main as kb_cli
+from kernelbrain.core import events
 from tools import event_catalogue as ec
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from kernelbrain.store.driver import sqlite3
 
-from kernelbrain import doctor
 from kernelbrain.cli import main
 from kernelbrain.generators.llm import EndpointError, LLMGenerator
-from kernelbrain.runner import detect_device
-from store._sqlite import sqlite3
+from kernelbrain.runtime.runner import detect_device
+from kernelbrain.views import doctor
 from tests.kbcli import kb, kb_env
 from tests.llm_server import LLMServer, closed_port
 
@@ -144,8 +144,8 @@ def test_ncu_without_a_gpu_is_found_but_not_probed(tmp_path: Path, monkeypatch: 
 
 
 def test_ncu_counter_probe(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The probe's output goes through kernelbrain.ncu's parser: a recorded H200 CSV reads, a permission
-    error names the fix."""
+    """The probe's output goes through kernelbrain.core.nsight's parser: a recorded H200 CSV reads, a
+    permission error names the fix."""
     monkeypatch.setenv("PATH", str(tmp_path / "bin") + os.pathsep + os.environ["PATH"])
     fake_ncu(tmp_path, f"cat '{ROOT / 'tests' / 'fixtures' / 'ncu_softmax.csv'}'")
     ok = doctor.check_ncu(gpu=True)

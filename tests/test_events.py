@@ -1,4 +1,4 @@
-"""kernelbrain.events.decode refuses what it cannot read, with a message naming it; so does `kb status`."""
+"""kernelbrain.core.events.decode refuses what it cannot read, naming it; so does `kb status`."""
 
 from __future__ import annotations
 
@@ -8,8 +8,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from kernelbrain.store import EventStore, NewEvent, StoredEvent
 
-from kernelbrain.events import (
+from kernelbrain.core.events import (
     EventError,
     GateFailed,
     GatePassed,
@@ -17,8 +18,7 @@ from kernelbrain.events import (
     RunFinished,
     decode,
 )
-from kernelbrain.runner import DEFAULT_RUNGS, start_run
-from store import EventStore, NewEvent, StoredEvent
+from kernelbrain.runtime.runner import DEFAULT_RUNGS, start_run
 
 ROOT = Path(__file__).resolve().parents[1]
 PROBLEM = ROOT / "tests" / "problems" / "softmax_small.py"

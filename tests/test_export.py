@@ -11,11 +11,12 @@ import sys
 from pathlib import Path
 
 import pytest
+from kernelbrain.store import EventStore
 
-from kernelbrain.events import CandidateProposed
-from kernelbrain.export import _string_literal, export_source, kernelbench_flags
-from kernelbrain.runner import RunError
-from store import EventStore
+from kernelbrain.core.events import CandidateProposed
+from kernelbrain.core.protocol import AnalyseRequest
+from kernelbrain.runtime.runner import RunError
+from kernelbrain.views.export import export_source, kernelbench_flags, string_literal
 from tests.kbcli import kb
 from tests.runs import SyntheticRun
 
@@ -128,7 +129,7 @@ print("ok")
     ids=["plain", "triple-double", "both-triples", "backslash", "escape"],
 )
 def test_the_reference_is_embedded_exactly(text: str) -> None:
-    assert ast.literal_eval(_string_literal(text)) == text
+    assert ast.literal_eval(string_literal(text)) == text
 
 
 def test_a_candidate_that_imports_kernelbrain_is_refused(tmp_path: Path) -> None:
@@ -178,12 +179,12 @@ def test_every_round0_render_passes_kernelbenchs_static_check(box, problem: Path
     """`kb export --format kernelbench` warns about what KernelBench would reject: no template's
     rendered text (docstrings included) should give it cause, at any round-0 knob set of the family the
     problem matches (feasible at the smoke shape or not: the GPU's shapes differ)."""
-    from kernelbrain.events import ProblemAnalysed
+    from kernelbrain.core.events import ProblemAnalysed
     from kernelbrain.generators.base import GenerationError
     from kernelbrain.generators.expert import ExpertGenerator
 
     source = problem.read_text()
-    analysis, _ = box.call("analyse", {"problem_source": source, "device": "cpu"}, timeout_s=120)
+    analysis = box.call(AnalyseRequest(problem_source=source, device="cpu"), timeout_s=120)[0].model_dump()
     analysed = ProblemAnalysed(**analysis, families=[])
     try:
         family, spec = ExpertGenerator().match_family(analysed, problem_source=source)

@@ -9,12 +9,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from kernelbrain.store import EventStore
 
-from kernelbrain.events import CandidateProposed, GateFailed, GatePassed, RunConfig, decode
-from kernelbrain.runner import DEFAULT_RUNGS, start_run
-from kernelbrain.sandbox import Sandbox, SandboxFault
-from kernelbrain.workers import Worker
-from store import EventStore
+from kernelbrain.core.events import CandidateProposed, GateFailed, GatePassed, RunConfig, decode
+from kernelbrain.core.protocol import GateRequest
+from kernelbrain.runtime.runner import DEFAULT_RUNGS, start_run
+from kernelbrain.runtime.sandbox import Sandbox, SandboxFault
+from kernelbrain.runtime.worker import Worker
 
 HERE = Path(__file__).resolve().parent
 PROBLEM_PATH = HERE / "problems" / "softmax_small.py"
@@ -32,7 +33,7 @@ def candidate(name: str) -> str:
 
 def gate(box: Sandbox, source: str, timeout_s: float = 120.0) -> dict:
     args = {"problem_source": PROBLEM, "cand_source": source, "device": "cpu", "seeds": 3}
-    return box.call("gate", args, timeout_s=timeout_s)[0]
+    return box.call(GateRequest(**args), timeout_s=timeout_s)[0].model_dump()
 
 
 def test_a_correct_triton_candidate_passes(box: Sandbox) -> None:
@@ -233,7 +234,7 @@ def test_the_reference_runs_once_a_draw_for_all_of_a_problems_candidates(
 
     def gate_on(problem: str, source: str) -> dict:
         args = {"problem_source": problem, "cand_source": source, "device": "cpu", "seeds": 3}
-        return box.call("gate", args, timeout_s=120.0)[0]
+        return box.call(GateRequest(**args), timeout_s=120.0)[0].model_dump()
 
     def runs() -> int:
         return log.read_text().count("ref64") if log.exists() else 0
@@ -255,7 +256,7 @@ def test_the_reference_runs_once_a_draw_for_all_of_a_problems_candidates(
 def test_a_resumed_runs_generator_starts_no_child_once_the_problem_is_analysed(tmp_path: Path) -> None:
     """The analysis is the generator's only use of a sandbox child: with it recorded (a resumed run),
     warming one would cost a torch import (and on a GPU a CUDA context) for nothing."""
-    from kernelbrain.events import GenerationDone, ProblemAnalysed
+    from kernelbrain.core.events import GenerationDone, ProblemAnalysed
 
     db = tmp_path / "kb.db"
     run_id = new_run(db)
@@ -328,7 +329,7 @@ class ModelNew(nn.Module):
 def test_the_candidate_gets_the_problems_own_input_layout(box: Sandbox) -> None:
     def gate_on(source: str) -> dict:
         args = {"problem_source": STRIDED_PROBLEM, "cand_source": source, "device": "cpu", "seeds": 3}
-        return box.call("gate", args, timeout_s=120.0)[0]
+        return box.call(GateRequest(**args), timeout_s=120.0)[0].model_dump()
 
     ignores_strides = gate_on(FLAT_DOUBLE.replace("PREPARE", "pass"))
     assert ignores_strides["passed"] is False and ignores_strides["category"] == "mismatch", ignores_strides
@@ -346,7 +347,7 @@ def test_a_candidate_that_changes_the_kept_reference_is_caught_and_the_memo_rebu
 
     def gate_on(source: str) -> dict:
         args = {"problem_source": problem, "cand_source": source, "device": "cpu", "seeds": 3}
-        return box.call("gate", args, timeout_s=120.0)[0]
+        return box.call(GateRequest(**args), timeout_s=120.0)[0].model_dump()
 
     def runs() -> int:
         return log.read_text().count("ref64")
@@ -368,13 +369,13 @@ def test_a_candidate_that_changes_the_kept_reference_is_caught_and_the_memo_rebu
 def test_the_memo_keys_on_every_weight_and_notices_a_changed_tensor() -> None:
     import torch
 
-    from kernelbrain import evaluate as ev
+    from kernelbrain.child import gate
 
     a = torch.tensor([1.0, float("nan")])
-    assert ev._fingerprint(a) == ev._fingerprint(a.clone())  # NaN bits compare equal
-    assert ev._fingerprint(torch.tensor([1, 2])) != ev._fingerprint(torch.tensor([2, 2]))
-    assert ev._fingerprint(torch.tensor([True])) != ev._fingerprint(torch.tensor([False]))
-    memo = ev._Memo()
+    assert gate.fingerprint(a) == gate.fingerprint(a.clone())  # NaN bits compare equal
+    assert gate.fingerprint(torch.tensor([1, 2])) != gate.fingerprint(torch.tensor([2, 2]))
+    assert gate.fingerprint(torch.tensor([True])) != gate.fingerprint(torch.tensor([False]))
+    memo = gate.Memo()
     kept = memo.get("p", ("k",), lambda: [torch.ones(4)])
     assert memo.intact() and memo.get("p", ("k",), lambda: [torch.zeros(4)]) is kept
     kept[0][2] = 5.0

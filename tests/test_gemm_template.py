@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from kernelbrain.diagnosis import LABELS
+from kernelbrain.core.diagnosis import LABELS
+from kernelbrain.core.protocol import GateRequest
 from kernelbrain.templates import gemm_epilogue as ge
 from tests.runs import run_inprocess
 
@@ -118,7 +119,7 @@ def test_round0_candidates_pass_the_gate(box, problems, analyses, variant, knobs
     assert ge.feasible(spec, knobs)
     source = ge.render(spec, knobs, analysis["signature"])
     args = {"problem_source": problems[variant], "cand_source": source, "device": "cpu", "seeds": 3}
-    r = box.call("gate", args, timeout_s=300)[0]
+    r = box.call(GateRequest(**args), timeout_s=300)[0].model_dump()
     assert r["passed"] is True, r
     assert r["max_abs_err"] < 1e-4
 

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from kernelbrain.diagnosis import LABELS
+from kernelbrain.core.diagnosis import LABELS
+from kernelbrain.core.protocol import GateRequest
 from kernelbrain.templates import FAMILIES, gemv
 from tests.runs import run_inprocess
 
@@ -120,7 +121,7 @@ def test_round0_candidates_pass_the_gate(box, problems, analyses, variant, knobs
     source = gemv.render(spec, knobs, analysis["signature"])
     assert "torch.matmul" not in source and ".matmul(" not in source and "bmm(" not in source
     args = {"problem_source": problems[variant], "cand_source": source, "device": "cpu", "seeds": 3}
-    r = box.call("gate", args, timeout_s=300)[0]
+    r = box.call(GateRequest(**args), timeout_s=300)[0].model_dump()
     assert r["passed"] is True, r
     assert r["max_rel_err"] < 1e-4
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from kernelbrain.core.protocol import GateRequest
 from kernelbrain.templates import FAMILIES, l2norm, row_norm
 from tests.runs import run_inprocess
 
@@ -125,7 +126,7 @@ def test_round0_candidates_pass_the_gate(box, problems, analyses, variant, knobs
     assert l2norm.feasible(spec, knobs)
     source = l2norm.render(spec, knobs, analyses[variant]["signature"])
     args = {"problem_source": problems[variant], "cand_source": source, "device": "cpu", "seeds": 3}
-    r = box.call("gate", args, timeout_s=120)[0]
+    r = box.call(GateRequest(**args), timeout_s=120)[0].model_dump()
     assert r["passed"] is True, r
 
 

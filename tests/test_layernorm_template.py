@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from kernelbrain.diagnosis import LABELS
-from kernelbrain.evaluate import load_module
+from kernelbrain.child.loading import load_module
+from kernelbrain.core.diagnosis import LABELS
+from kernelbrain.core.protocol import GateRequest
 from kernelbrain.templates import FAMILIES, layernorm, row_norm
 from tests.runs import run_inprocess
 
@@ -173,7 +174,7 @@ def test_round0_candidates_pass_the_gate(box, problems, analyses, variant, knobs
     source = layernorm.render(spec, knobs, analyses[variant]["signature"])
     assert "layer_norm(" not in source.replace("_layer_norm(", "")  # the kernels do the work
     args = {"problem_source": problems[variant], "cand_source": source, "device": "cpu", "seeds": 3}
-    r = box.call("gate", args, timeout_s=120)[0]
+    r = box.call(GateRequest(**args), timeout_s=120)[0].model_dump()
     assert r["passed"] is True, r
 
 

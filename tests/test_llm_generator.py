@@ -13,11 +13,12 @@ import pytest
 from llm_server import LLMServer, closed_port, drop, raw, reply, slow, status
 
 from kernelbrain import generators
-from kernelbrain.events import ProblemAnalysed, RungBenchmarked, ShapeTiming
+from kernelbrain.core.events import ProblemAnalysed, RungBenchmarked, ShapeTiming
+from kernelbrain.core.protocol import GateRequest
 from kernelbrain.generators import GenerationError, prompt
 from kernelbrain.generators.llm import LLMGenerator
 from kernelbrain.generators.repair import repair
-from kernelbrain.sandbox import Sandbox
+from kernelbrain.runtime.sandbox import Sandbox
 
 HERE = Path(__file__).resolve().parent
 PROBLEM = (HERE / "problems" / "softmax_small.py").read_text()
@@ -53,7 +54,7 @@ def make(server: LLMServer | None = None, base_url: str | None = None, **kw) -> 
 
 def gate(box: Sandbox, source: str) -> dict:
     args = {"problem_source": PROBLEM, "cand_source": source, "device": "cpu", "seeds": 2}
-    return box.call("gate", args, timeout_s=120.0)[0]
+    return box.call(GateRequest(**args), timeout_s=120.0)[0].model_dump()
 
 
 # --- round 0 ---------------------------------------------------------------------------------------

@@ -7,9 +7,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from kernelbrain.events import decode
-from kernelbrain.state import RunState
-from store import EventStore
+from kernelbrain.store import EventStore
+
+from kernelbrain.core.events import decode
+from kernelbrain.core.state import RunState
 from tests.invariants import check_run
 from tests.kbcli import SOFTMAX, kb, kb_env
 from tests.llm_server import LLMServer, reply, status

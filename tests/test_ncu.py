@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from kernelbrain.diagnosis import ncu_labels
-from kernelbrain.ncu import METRICS, NcuError, command, parse
+from kernelbrain.core.diagnosis import ncu_labels
+from kernelbrain.core.nsight import METRICS, NcuError, command, parse
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -107,4 +107,4 @@ def test_the_command_keeps_clocks_and_profiles_one_forward():
     assert cmd[:2] == ["ncu", "--csv"]
     assert cmd[cmd.index("--clock-control") + 1] == "none"
     assert cmd[cmd.index("--profile-from-start") + 1] == "off"
-    assert cmd[-5:] == ["python3", "-m", "kernelbrain.ncu_target", "p.py", "c.py"]
+    assert cmd[-5:] == ["python3", "-m", "kernelbrain.child.ncu_target", "p.py", "c.py"]

@@ -8,8 +8,8 @@ import subprocess
 import sys
 
 import pytest
+from kernelbrain.store import EventStore
 
-from store import EventStore
 from tests.invariants import check_run
 from tests.kbcli import SOFTMAX, kb, kb_env
 
@@ -114,8 +114,9 @@ def test_audit_explains_the_winner(finished_run):
 
 def test_audit_of_a_mutation_names_its_diagnosis(finished_run):
     db, run_id, _, _ = finished_run
-    from kernelbrain.state import RunState
-    from store import EventStore
+    from kernelbrain.store import EventStore
+
+    from kernelbrain.core.state import RunState
 
     with EventStore(db, create=False) as store:
         state = store.fold(RunState(run_id), run_id=run_id)

@@ -9,12 +9,12 @@ import sqlite3
 from pathlib import Path
 
 import pytest
+from kernelbrain.store import EventStore, NewEvent
 from rich.console import Console
 
-from kernelbrain import progress
-from kernelbrain.describe import QUIET_TYPES, status_dict
-from kernelbrain.state import RunState
-from store import EventStore, NewEvent
+from kernelbrain.core.state import RunState
+from kernelbrain.views import progress
+from kernelbrain.views.describe import QUIET_TYPES, status_dict
 from tests.kbcli import SOFTMAX, kb
 from tests.runs import SyntheticRun
 

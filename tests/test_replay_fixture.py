@@ -13,12 +13,12 @@ import shutil
 from pathlib import Path
 
 import pytest
+from kernelbrain.store import EventStore
 
-from kernelbrain import scheduler
-from kernelbrain.events import DECISION_TYPES, Promoted, decode
-from kernelbrain.replay import replay
-from kernelbrain.workers import decision_key
-from store import EventStore
+from kernelbrain.core import policy
+from kernelbrain.core.events import DECISION_TYPES, Promoted, decode
+from kernelbrain.core.policy import decision_key
+from kernelbrain.views.replay import replay
 from tests.kbcli import kb
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -53,12 +53,12 @@ def test_every_recorded_decision_is_recomputed_from_its_prefix(recorded):
 def test_a_changed_policy_is_caught(recorded, monkeypatch):
     db, expected = recorded
 
-    class Greedier(scheduler.AshaPolicy):  # what an unversioned tweak of the rules would look like
+    class Greedier(policy.AshaPolicy):  # what an unversioned tweak of the rules would look like
         def _promotions(self, state, rung, basis, dropped):
             out = super()._promotions(state, rung, basis, dropped)
             return [p.model_copy(update={"keep": p.keep + 1}) if isinstance(p, Promoted) else p for p in out]
 
-    monkeypatch.setitem(scheduler.POLICIES, 1, Greedier)
+    monkeypatch.setitem(policy.POLICIES, 1, Greedier)
     with EventStore(db, create=False) as store:
         report = replay(store, expected["run_id"])
     assert not report.agrees

@@ -18,8 +18,9 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
+from kernelbrain.store import EventStore
 
-from kernelbrain.events import (
+from kernelbrain.core.events import (
     BenchmarkFailed,
     CandidateProposed,
     GateFailed,
@@ -28,8 +29,8 @@ from kernelbrain.events import (
     RungBenchmarked,
     decode,
 )
-from kernelbrain.report import load_report_state, render, write_report
-from store import EventStore
+from kernelbrain.views.report import render, write_report
+from kernelbrain.views.report_data import load_report_state
 from tests.kbcli import kb
 from tests.runs import RUN, SyntheticRun
 

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from kernelbrain.diagnosis import LABELS
+from kernelbrain.core.diagnosis import LABELS
+from kernelbrain.core.protocol import GateRequest
 from kernelbrain.templates import FAMILIES, rmsnorm
 from tests.kbcli import kb
 
@@ -120,7 +121,7 @@ def test_round0_candidates_pass_the_gate(box, problems, analyses, variant, knobs
     assert rmsnorm.feasible(spec, knobs)
     source = rmsnorm.render(spec, knobs, analysis["signature"])
     args = {"problem_source": problems[variant], "cand_source": source, "device": "cpu", "seeds": 3}
-    r = box.call("gate", args, timeout_s=120)[0]
+    r = box.call(GateRequest(**args), timeout_s=120)[0].model_dump()
     assert r["passed"] is True, r
 
 
@@ -164,8 +165,9 @@ def test_kb_run_on_the_seed_problem_picks_an_rmsnorm_winner(tmp_path):
     status = json.loads(kb("status", run_id, "--db", str(db), "--json").stdout)
     assert status["state"] == "finished" and status["winner"]
 
-    from kernelbrain.state import RunState
-    from store import EventStore
+    from kernelbrain.store import EventStore
+
+    from kernelbrain.core.state import RunState
 
     with EventStore(db, create=False) as store:
         state = store.fold(RunState(run_id), run_id=run_id)

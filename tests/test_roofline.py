@@ -3,23 +3,24 @@
 
 from __future__ import annotations
 
-from kernelbrain.events import ProblemAnalysed
-from kernelbrain.state import RunState
-from kernelbrain.workers import ProfilerRole, Task
-from store import EventStore
+from kernelbrain.store import EventStore
+
+from kernelbrain.core.events import ProblemAnalysed
+from kernelbrain.core.state import RunState
+from kernelbrain.runtime.roles import ProfilerRole
 from tests.runs import run_interpreted
 
 SCRIPT = """
 import json, sys
 from pathlib import Path
-from kernelbrain import evaluate
+from kernelbrain.child import analysis, profile
 
 problem = Path("tests/problems/softmax_small.py").read_text()
 cand = Path("tests/candidates/good_softmax.py").read_text()
-given = evaluate.roofline(problem, cand, "cpu", repeats=1, flops=123.0, nbytes=4096.0)
+given = profile.roofline(problem, cand, "cpu", repeats=1, flops=123.0, nbytes=4096.0)
 counter_loaded = "torch.utils.flop_counter" in sys.modules
-analysis = evaluate.analyse(problem, "cpu")
-counted = evaluate.roofline(problem, cand, "cpu", repeats=1)
+analysis = analysis.analyse(problem, "cpu")
+counted = profile.roofline(problem, cand, "cpu", repeats=1)
 print(json.dumps({"given": given, "counted": counted, "analysis": analysis, "loaded": counter_loaded}))
 """
 
@@ -38,10 +39,9 @@ def test_the_profiler_passes_the_recorded_analysis_counts(tmp_path):
     with EventStore(tmp_path / "kb.db", create=True) as store:
         role = ProfilerRole(store)
         state = RunState("r")
-        task = Task("r/profile/c", "c", 2)
-        assert role.args(task, state) == {}  # no analysis recorded: the child counts for itself
+        assert role.counts(state) == {}  # no analysis recorded: the child counts for itself
         common = {"ops": [], "families": ["row_softmax"], "shapes": ["a"], "traced_on": "meta"}
         state.analysis = ProblemAnalysed(flops=1e6, bytes=2e6, **common)
-        assert role.args(task, state) == {"flops": 1e6, "nbytes": 2e6}
+        assert role.counts(state) == {"flops": 1e6, "nbytes": 2e6}
         state.analysis = ProblemAnalysed(flops=0, bytes=0, error="no Model", **common)
-        assert role.args(task, state) == {}
+        assert role.counts(state) == {}

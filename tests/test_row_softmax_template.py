@@ -10,7 +10,8 @@ import json
 
 import pytest
 
-from kernelbrain.evaluate import load_module
+from kernelbrain.child.loading import load_module
+from kernelbrain.core.protocol import GateRequest
 from kernelbrain.templates import row_softmax as rs
 from tests.runs import run_interpreted
 
@@ -61,7 +62,7 @@ def test_split_row_passes_the_gate(box, op, knobs):
     assert rs.feasible(spec, knobs)
     source = rs.render(spec, knobs, SIGNATURE)
     args = {"problem_source": long_rows(op), "cand_source": source, "device": "cpu", "seeds": 3}
-    r = box.call("gate", args, timeout_s=300)[0]
+    r = box.call(GateRequest(**args), timeout_s=300)[0].model_dump()
     assert r["passed"] is True, r
     assert r["max_abs_err"] < 1e-4
 
@@ -141,7 +142,7 @@ def test_split_row_prefetch_loads_the_next_chunk_before_waiting():
 # on a grid smaller than the work: each program takes several items, and prefetches past the last one.
 PHASE0 = """
 import json, sys, torch
-from kernelbrain.evaluate import load_module
+from kernelbrain.child.loading import load_module
 from kernelbrain.templates import row_softmax as rs
 
 knobs, grid = json.loads(sys.argv[1]), int(sys.argv[2])

@@ -1,4 +1,4 @@
-"""kernelbrain.sandbox.Sandbox through real child processes: work, hangs, crashes, a scrubbed environment.
+"""kernelbrain.runtime.sandbox.Sandbox through real child processes: work, hangs, crashes, a clean env.
 
 One module-scoped Sandbox is shared, as a worker shares its own: a fault must leave it able to serve
 the next request on a fresh child. The worker's environment holds fake secrets for the whole module,
@@ -13,10 +13,12 @@ import signal
 import threading
 import time
 from pathlib import Path
+from typing import ClassVar, Literal
 
 import pytest
 
-from kernelbrain.sandbox import Sandbox, SandboxError, SandboxFault
+from kernelbrain.core.protocol import GateReply, GateRequest, Message, Request
+from kernelbrain.runtime.sandbox import Sandbox, SandboxError, SandboxFault
 
 HERE = Path(__file__).resolve().parent
 PROBLEM = (HERE / "problems" / "softmax_small.py").read_text()
@@ -29,7 +31,8 @@ def candidate(name: str) -> str:
 
 def gate(box: Sandbox, name: str, timeout_s: float = 120.0) -> dict:
     args = {"problem_source": PROBLEM, "cand_source": candidate(name), "device": "cpu", "seeds": 3}
-    result, busy = box.call("gate", args, timeout_s=timeout_s, task=f"test/{name}")
+    reply, busy = box.call(GateRequest(**args), timeout_s=timeout_s, task=f"test/{name}")
+    result = reply.model_dump()
     assert busy >= 0.0
     return result
 
@@ -190,9 +193,16 @@ def test_sigint_to_the_child_group_does_not_kill_a_request(box: Sandbox, warm: i
     assert_passes(box)
 
 
+class Bogus(Request):
+    """A request the child does not serve: it cannot parse it, which is kb's failure, not a candidate's."""
+
+    reply: ClassVar[type[Message]] = GateReply
+    op: Literal["no_such_op"] = "no_such_op"
+
+
 def test_kbs_own_failure_is_a_sandbox_error_and_keeps_the_child(box: Sandbox, warm: int) -> None:
     with pytest.raises(SandboxError, match="no_such_op"):
-        box.call("no_such_op", {}, timeout_s=60)
+        box.call(Bogus(), timeout_s=60)
     assert box.proc is not None and box.proc.pid == warm
     assert_passes(box)
 
@@ -227,7 +237,7 @@ def test_a_malformed_reply_is_a_fault_and_the_next_request_gets_a_fresh_child(
 def test_a_gpu_roles_cuda_child_makes_its_context_before_its_first_task(tmp_path) -> None:
     """The gatekeeper's, benchmarker's and profiler's CUDA children make the context while they wait; the
     generator's (a run's first task, traced on the meta device) and every CPU child do not."""
-    from kernelbrain.workers import ROLE_CLASSES
+    from kernelbrain.runtime.roles import ROLE_CLASSES
 
     for device, role, expected in [
         ("cuda", "gatekeeper", "1"),

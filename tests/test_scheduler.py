@@ -5,10 +5,17 @@ from __future__ import annotations
 import math
 
 import pytest
+from kernelbrain.store import EventStore
 
-from kernelbrain.events import Adjudicated, AdjudicationRequested, Promoted, Pruned, RunFinished, ShapeTiming
-from kernelbrain.scheduler import SIGN_ALPHA, TIE_MARGIN, adjudicate, score, sign_test_p
-from store import EventStore
+from kernelbrain.core.events import (
+    Adjudicated,
+    AdjudicationRequested,
+    Promoted,
+    Pruned,
+    RunFinished,
+    ShapeTiming,
+)
+from kernelbrain.core.scoring import SIGN_ALPHA, TIE_MARGIN, adjudicate, score, sign_test_p
 from tests.runs import SyntheticRun
 
 
@@ -290,7 +297,7 @@ def test_decide_is_a_pure_function_of_the_prefix(store):
     assert first == again and first  # same log, same decisions, same numbers
     state = run.state()
     state2 = store.fold(type(state)(state.run_id), run_id=state.run_id, until=state.position)
-    from kernelbrain.scheduler import policy_for
+    from kernelbrain.core.policy import policy_for
 
     assert policy_for(1).decide(state2) == first
 
@@ -309,7 +316,7 @@ def test_score_is_geomean_discounted_by_spread():
 
 
 def test_token_budget_stops_the_run(store):
-    from kernelbrain.events import BudgetCharged
+    from kernelbrain.core.events import BudgetCharged
 
     run = SyntheticRun(store, budget_tokens=1000)
     finished_rung0(run, {"a": 1.0})
@@ -323,7 +330,7 @@ def test_wall_budget_counts_only_live_sessions(store):
     """Wall time is read from event timestamps: a pure function of the log, summed over sessions."""
     import time
 
-    from kernelbrain.events import RunResumed
+    from kernelbrain.core.events import RunResumed
 
     run = SyntheticRun(store, budget_wall_s=0.5)
     run.propose("a")
@@ -343,7 +350,7 @@ def test_wall_budget_counts_only_live_sessions(store):
 
 
 def test_a_candidate_that_fails_higher_up_gives_its_place_back(store):
-    from kernelbrain.events import BenchmarkFailed
+    from kernelbrain.core.events import BenchmarkFailed
 
     run = SyntheticRun(store, eta=3)
     finished_rung0(run, {"a": 3.0, "b": 2.0, "c": 1.0})
@@ -356,9 +363,9 @@ def test_a_candidate_that_fails_higher_up_gives_its_place_back(store):
 
 
 def test_new_runs_record_the_current_policy_and_every_version_stays_reachable():
-    from kernelbrain.events import RunConfig
-    from kernelbrain.runner import DEFAULT_RUNGS
-    from kernelbrain.scheduler import POLICIES, POLICY_VERSION, policy_for
+    from kernelbrain.core.events import RunConfig
+    from kernelbrain.core.policy import POLICIES, POLICY_VERSION, policy_for
+    from kernelbrain.runtime.runner import DEFAULT_RUNGS
 
     assert RunConfig(rungs=DEFAULT_RUNGS["cpu"]).policy_version == POLICY_VERSION == max(POLICIES)
     assert sorted(POLICIES) == list(range(1, POLICY_VERSION + 1))

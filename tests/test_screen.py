@@ -9,8 +9,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from kernelbrain.evaluate import SCREEN, CandidateFault, Problem, _screen
-from kernelbrain.sandbox import SandboxFault
+from kernelbrain.child import screen as screening
+from kernelbrain.child.loading import CandidateFault, Problem
+from kernelbrain.child.screen import SCREEN
+from kernelbrain.core.protocol import BenchRequest
+from kernelbrain.runtime.sandbox import SandboxFault
 from tests.kbcli import SOFTMAX
 
 CANDIDATES = Path(__file__).parent / "candidates"
@@ -19,7 +22,7 @@ SHAPE = {"batch_size": 8, "dim": 200}
 
 
 def screen(got, expected) -> None:
-    _screen(PROBLEM, SHAPE, [got], [expected])
+    screening.screen(PROBLEM, SHAPE, [got], [expected])
 
 
 def test_rounding_a_kernel_may_differ_by_passes():
@@ -80,7 +83,7 @@ def bench(box, name: str) -> dict:
         "repeats": 1,
         "warmup": 0,
     }
-    return box.call("bench", args, timeout_s=120)[0]
+    return box.call(BenchRequest(**args), timeout_s=120)[0].model_dump()
 
 
 @pytest.mark.parametrize("name", ["exp_only.py", "nan_output.py"])

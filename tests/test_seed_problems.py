@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from kernelbrain.problem import read_problem
+from kernelbrain.core.problem import read_problem
 
 ROOT = Path(__file__).resolve().parents[1]
 PROBLEMS = ROOT / "benchmarks" / "problems"
@@ -26,7 +26,7 @@ SEEDS = ("softmax", "matvec", "rmsnorm", "linear_relu_div", "sdp_attn", "group_c
 PROBE = r"""
 import json, math, sys, time
 import torch
-from kernelbrain.evaluate import Problem
+from kernelbrain.child.loading import Problem
 
 source = open(sys.argv[1], encoding="utf-8").read()
 p = Problem(source)
@@ -181,7 +181,7 @@ def test_the_gate_checks_every_dtype_a_problem_uses():
 
     code = """
 import json, sys
-from kernelbrain.evaluate import Problem
+from kernelbrain.child.loading import Problem
 out = {}
 for name in ("sdp_attn", "matvec"):
     p = Problem(open(f"benchmarks/problems/{name}.py").read())

@@ -10,8 +10,7 @@ from importlib import resources
 from pathlib import Path
 
 import pytest
-
-from store import (
+from kernelbrain.store import (
     CorruptDatabase,
     EventStore,
     ForeignDatabase,
@@ -24,9 +23,9 @@ from store import (
     StoreError,
     migrate,
 )
-from store._sqlite import sqlite3
+from kernelbrain.store.driver import sqlite3
 
-MIGRATIONS = Path(str(resources.files("migrations")))
+MIGRATIONS = Path(str(resources.files("kernelbrain.store.migrations")))
 
 
 def ev(key: str, run: str = "r1", type_: str = "T", **payload: object) -> NewEvent:

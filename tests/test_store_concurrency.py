@@ -12,9 +12,8 @@ import time
 from pathlib import Path
 
 import pytest
-
-from store import EventStore, NewEvent, StoreError
-from store._sqlite import sqlite3
+from kernelbrain.store import EventStore, NewEvent, StoreError
+from kernelbrain.store.driver import sqlite3
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -23,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 WORKER = r"""
 import json, random, sys, time
 from pathlib import Path
-from store import EventStore, NewEvent, StaleLease
+from kernelbrain.store import EventStore, NewEvent, StaleLease
 
 def barrier(d, name):
     Path(d, f"ready.{name}").touch()

@@ -7,9 +7,8 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
-
-from store import EventStore, NewEvent
-from store._sqlite import sqlite3 as store_sqlite3
+from kernelbrain.store import EventStore, NewEvent
+from kernelbrain.store.driver import sqlite3 as store_sqlite3
 
 # Both drivers: the triggers live in the file, so any client (even an old SQLite) is refused.
 DRIVERS = pytest.mark.parametrize("driver", [store_sqlite3, stdlib_sqlite3], ids=["store-driver", "stdlib"])

@@ -7,7 +7,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from kernelbrain.events import ProblemAnalysed
+from kernelbrain.core.events import ProblemAnalysed
 
 
 class GenerationError(Exception):

@@ -5,7 +5,7 @@ from __future__ import annotations
 from types import ModuleType
 from typing import Any
 
-from kernelbrain.events import ProblemAnalysed
+from kernelbrain.core.events import ProblemAnalysed
 from kernelbrain.generators.base import GenerationError, Generator, Proposal
 from kernelbrain.templates import FAMILIES
 

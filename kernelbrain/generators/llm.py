@@ -30,7 +30,7 @@ from typing import Any
 import httpx
 from tenacity import RetryCallState, Retrying, retry_if_exception_type, stop_after_attempt
 
-from kernelbrain.events import ProblemAnalysed
+from kernelbrain.core.events import ProblemAnalysed
 from kernelbrain.generators import prompt as prompts
 from kernelbrain.generators.base import GenerationError, Generator, Proposal
 from kernelbrain.generators.repair import repair

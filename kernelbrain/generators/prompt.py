@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from kernelbrain.events import ProblemAnalysed
+from kernelbrain.core.events import ProblemAnalysed
 
 
 @dataclass(frozen=True)
@@ -52,7 +52,7 @@ STRATEGY_HINTS: tuple[Hint, ...] = (
     ),
 )
 
-# What to try for each profiler label (kernelbrain.diagnosis.LABELS); unknown labels pass through.
+# What to try for each profiler label (kernelbrain.core.diagnosis.LABELS); unknown labels pass through.
 DIAGNOSIS_HINTS: dict[str, str] = {
     "memory-bound near peak": "The kernel already runs near DRAM bandwidth: cut the bytes moved "
     "(fuse passes, avoid re-reads, narrower intermediate types) rather than the instructions.",

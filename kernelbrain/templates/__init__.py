@@ -9,7 +9,8 @@ exposes `refine(spec, problem_source) -> dict | None`: the spec completed from t
 or None when the source shows something the family cannot reproduce.
 
 Shared, not families: `row_norm` (the row-normalisation kernels and knobs of layernorm and l2norm) and
-`model_source` (what a template reads from the problem's source).
+`model_source` (what a template reads from the problem's source). `attention_kernels` and
+`conv_transpose_kernels` hold the Triton source text those two families render.
 """
 
 from types import ModuleType

@@ -1,92 +1,58 @@
 """Scaled dot-product attention, no mask, flash-style forward: O = softmax(Q K^T * s) V.
 
 Shapes: Q (..., Lq, D), K (..., Lk, D), V (..., Lk, Dv), O (..., Lq, Dv); s = 1/sqrt(D) (SDPA's default).
-One program per (batch*head, BLOCK_M query rows); it walks the keys in BLOCK_N tiles and never holds a
-whole score row. With the scores of tile j, S_j = Q_blk K_j^T * s, the online softmax keeps per query
-row a running max m, a running sum l and an unnormalised fp32 accumulator acc:
-
-    m' = max(m, rowmax S_j)
-    alpha = exp(m - m')          (rescales what was summed under the old max; 0 at the start)
-    P_j = exp(S_j - m')
-    l' = alpha * l + rowsum P_j
-    acc' = alpha * acc + P_j V_j
-    O_blk = acc / l              (after the last tile)
-
-exp is taken as exp2, and the scale is applied after the max is subtracted: with R_j = Q_blk K_j^T the
-raw scores and m' their running max, P_j = exp2((R_j - m') * c), c = s * log2(e). Keys past Lk score
--inf (P = 0); rows past Lq and columns past D are masked loads (zeros) and masked stores.
-
-Precision (the knobs qk32, pv32, p16; one candidate serves every dtype of a problem's shapes):
-- fp32 Q K^T (`qk32`). The gate's x8 seed (signed inputs of std 8) makes the softmax nearly one-hot:
-  at D = 1024 the raw scores have std 2048, and where a row's two largest scores nearly tie the output
-  moves by ~|V| * (score error) * s. Any fp32 accumulation over D rounds partial sums of that size:
-  an ieee (FMA) dot, a chain over all of D, misses 1e-4 at ~1 % of the outputs (max err ~5e-3, what
-  the H200 measured), and so does PyTorch's own fp32 SDPA (2e-3 on CPU); fp32 chunks summed in fp64
-  still fail at the tail. TF32 (the fp32 default) is far worse, and 3xTF32 (products good to ~2^-21)
-  as bad as ieee. So "fp64" (the default) widens the Q and K tiles and accumulates the scores in an
-  fp64 dot (exact products, fp64 sums; DMMA tensor cores on sm80/sm90), keeps S - m' in fp64 and
-  rounds to fp32 only the exponent, which is small wherever P matters. "ieee" and "tf32x3" remain as
-  knob values (fine for a looser tolerance or a narrow head), never proposed in round 0.
-- fp32 P V (`pv32`): P in [0, 1] and V exact; products good to 2^-21 leave ~|V| * 1e-6, so both "ieee"
-  (FMA on the CUDA cores) and "tf32x3" (three TF32 tensor-core dots) pass 1e-4; round 0 spreads both
-  and the search keeps the faster. Plain TF32 rounds P to 10 bits: errors ~1e-2, never used.
-  "presplit" (materialized only; elsewhere it runs as tf32x3) is 3xTF32 with the splits done before
-  the GEMM: the softmax kernel writes P as hi + lo and a pass writes V likewise, each part rounded to
-  TF32's 10 mantissa bits (so the TF32 tensor cores take it exactly), and the GEMM sums
-  hi*hi + hi*lo + lo*hi in three plain TF32 dots of operands loaded straight from memory. The same
-  products as tf32x3 (the dropped lo*lo is ~2^-22 relative), but no per-tile splitting in registers:
-  on the H200 an in-register tf32x3 (or ieee) P V ran at ~40 TFLOP/s, slower than the fp64 scores.
-- 16-bit P V (`p16`). The tensor-core dot wants P in V's dtype. Rounding P to bf16 (8 bits) perturbs
-  each weight by 2^-9 relative; where weighted V values cancel (output near 0, |V| ~ 20) that leaves
-  ~0.04 > 1e-2 (bf16 fails the x8 seed; fp16's 11 bits come within 1e-3 of the tolerance). "split"
-  (the default) writes P = hi + lo, both in V's dtype (lo = P - hi is exact in fp32 before its own
-  rounding), and accumulates two tensor-core dots in fp32: error ~2^-17, for one extra dot per tile.
-  Casting V to fp16 for an fp16 P is not an option for bf16 inputs: bf16 values past fp16's range
-  (65504) or below its normal range would overflow or lose bits, changing what is computed. "single"
-  (one rounded P) remains as a knob value, never proposed. Q K^T in 16 bits is a tensor-core dot of
-  exact products with fp32 accumulation, which the 1e-2 tolerance absorbs.
-
-Tiles by dtype: one candidate serves every dtype of a problem's shapes, and the tiles that suit fp64
-scores on fp32 inputs (narrow head-dim steps, DMMA's small K) starve the 16-bit tensor cores (whose
-instructions step 16 elements of K at a time and want long K loops over wide tiles). The optional
-knobs wide16_{m,n,d,k,warps,stages} set the 16-bit inputs' tiles apart for heads too wide for full_d
-(materialized's GEMMs, d_tiled), narrow16_{m,n,d,warps,stages} for heads that fit it (full_d, and
-d_tiled's chunks; on the H200 the fp16 GEMMs and the bf16 flash kernel wanted different tiles), each
-falling back to its fp32 knob; `tiles()` says what a knob set launches with. feasible() checks the
-wide16 tiles at the traced head when it is wide; the narrow16 ones only for their form (a set out of
-resources at a narrow 16-bit head fails that shape's gate at run time: wasted budget, not a wrong
-result).
-For 16-bit inputs the materialized softmax writes P directly in V's dtype, as hi and lo planes for
-p16="split" (the P V GEMM then loads both and runs two tensor-core dots, with no rounding in its loop).
-With the knob short16, where the keys fit one tile (padded Lk <= SHORT16_MAX), a 16-bit wide head takes
-one kernel: each program holds its rows' whole scores (Q K^T over the head in wide16_d steps), takes
-their softmax in registers and multiplies P (split hi + lo as above) into each block_dv chunk of V: one
-launch, no scratch. Host time decides at this size: on the H200 the fp16 rung's three-kernel call spent
-154 us of host time a call against 80 us on the GPU, eager's one kernel 30 us against 116; short16 took
-50-97 us of host time and 108 us on the GPU (benchmarks/results/h200/probe4).
+The kernels `render` embeds, and the online softmax they run, are in `attention_kernels`.
 
 Strategies:
-- `full_d`: the Q block [BLOCK_M, D], K/V tiles [BLOCK_N, D] and acc [BLOCK_M, Dv] live whole (D padded
-  to a power of two). One pass, minimal FLOPs; only for heads small enough (feasible() decides: acc
-  within registers, one stage of K/V tiles within shared memory). At run time a head too wide for it
-  falls back to `d_tiled` (the ladder's shapes may differ from the traced one).
-- `materialized`: for heads too wide for `full_d` (padded D > FULL_D_MAX), three kernels: the scores
-  S = Q K^T as a batched GEMM tile by tile (fp64 for the fp64 recipe, else fp32) into a scratch
-  buffer, a row softmax of S into P (fp32, normalised), and O = P V as a batched GEMM. Q K^T and P V
-  each cost their FLOPs once, on large tiles, at the price of writing and reading S and P (bh is
-  processed in chunks so the scratch stays under SCRATCH_BYTES). Where the head fits `full_d`, the
-  same candidate runs `full_d` with its block_m/block_n: there the one-pass kernel needs no scratch.
-  Knobs: block_m x block_n score tiles stepping block_d over D; block_m x block_dv output tiles
-  stepping block_n over the keys.
-- `d_tiled`: the head dim is tiled twice. The output is split into BLOCK_DV-wide column chunks, one per
-  program (a third grid axis), each holding only acc [BLOCK_M, BLOCK_DV]; S_j is built as
-  sum over BLOCK_D chunks c of Q_blk[:, c] K_j[:, c]^T. Every output chunk recomputes the scores:
-  QK^T costs Dv/BLOCK_DV times its FLOPs (trading FLOPs for registers), the P V work is unchanged.
+- `full_d`: one pass. A program holds its Q block [BLOCK_M, D], K/V tiles [BLOCK_N, D] and acc
+  [BLOCK_M, Dv] whole (D padded to a power of two) and walks the keys with an online softmax: minimal
+  FLOPs, only for heads small enough (feasible() decides). At run time a head too wide for it falls
+  back to `d_tiled` (the ladder's shapes may differ from the traced one).
+- `d_tiled`: the head dim tiled twice. Each program holds one BLOCK_DV-wide output chunk (a third grid
+  axis), and S_j is summed over BLOCK_D chunks of the head: every output chunk recomputes the scores,
+  Dv/BLOCK_DV times Q K^T's FLOPs traded for registers.
+- `materialized`: for heads too wide for `full_d` (padded D > FULL_D_MAX), three kernels: S = Q K^T as
+  a batched GEMM into scratch, a row softmax of S into P, O = P V as a batched GEMM. Each GEMM costs
+  its FLOPs once, on large tiles, at the price of writing and reading S and P (bh in chunks under
+  SCRATCH_BYTES). Where the head fits `full_d` the same candidate runs `full_d`. With the knob
+  short16, a 16-bit wide head whose keys fit one tile (padded Lk <= SHORT16_MAX) takes one kernel
+  instead (scores, softmax in registers, P times each block_dv chunk of V): at that size the host
+  time of three launches decides the speed.
+
+Precision (one candidate serves every dtype of a problem's shapes):
+- `qk32`, fp32 Q K^T. The gate's x8 seed makes the softmax nearly one-hot, and where a row's two
+  largest scores nearly tie the output moves by ~|V| * (score error) * s: any fp32 accumulation over D
+  (ieee, TF32, 3xTF32, PyTorch's own fp32 SDPA) misses 1e-4. "fp64" (the default) widens the Q and K
+  tiles into an fp64 dot (exact products, fp64 sums), keeps S - m' in fp64 and rounds to fp32 only the
+  exponent. "ieee" and "tf32x3" remain as knob values, never proposed in round 0.
+- `pv32`, fp32 P V: P in [0, 1] and V exact, so products good to 2^-21 pass: "ieee" (FMA), "tf32x3"
+  (three TF32 tensor-core dots split in registers), and "presplit" (materialized only; elsewhere it
+  runs as tf32x3): the same three products with the splits done before the GEMM, P and V written as
+  hi + lo planes rounded to TF32's 10 mantissa bits, so the GEMM takes three plain TF32 dots of
+  operands loaded straight from memory. Plain TF32 rounds P to 10 bits (errors ~1e-2): never used.
+- `p16`, 16-bit P V: the tensor-core dot wants P in V's dtype, and one bf16 rounding of P fails the x8
+  seed. "split" (the default) writes P = hi + lo, both in V's dtype, and sums two dots in fp32 (error
+  ~2^-17); "single" (one rounded P) remains as a knob value. V is never cast to fp16: bf16 values out of
+  fp16's range would change what is computed. 16-bit Q K^T is a tensor-core dot of exact products with
+  fp32 accumulation, which the 1e-2 tolerance absorbs.
+
+Tiles by dtype: the tiles that suit fp64 scores on fp32 inputs (narrow head-dim steps, DMMA's small K)
+starve the 16-bit tensor cores (16 elements of K an instruction, long K loops over wide tiles). The
+optional knobs wide16_{m,n,d,k,warps,stages} set the 16-bit tiles apart for heads too wide for full_d
+(materialized's GEMMs, short16, d_tiled), narrow16_{m,n,d,warps,stages} for heads that fit it (full_d,
+and d_tiled's chunks), each falling back to its fp32 knob; `tiles()` says what a knob set launches
+with. feasible() checks the wide16 tiles at the traced head when it is wide; the narrow16 ones only
+for their form (a set out of resources at a narrow 16-bit head fails that shape's gate at run time:
+wasted budget, not a wrong result).
+
+What was measured behind these choices and the round-0 sets: docs/templates.md, "attention".
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+from kernelbrain.templates.attention_kernels import KERNELS
 
 FAMILY = "attention"
 FLOAT_DTYPES = {"float32", "float16", "bfloat16"}
@@ -116,21 +82,20 @@ def _tiles16(group: str, **fields: int) -> dict[str, int]:
     return {f"{group}_{f}": v for f, v in fields.items()}
 
 
-# the three-kernel 16-bit wide-head tiles the H200 ran fastest (probe4 stage 4: fp16 at D = 1024, GPU time)
+# 16-bit tiles for wide heads run as materialized's three kernels
 WIDE16_FAST = _tiles16("wide16", m=128, n=64, d=64, k=32, warps=4, stages=3)
-# short16's tiles the H200 timed fastest under kb's benchmark timer (probe4 stage 7: 1.05x eager at the fp16
-# rung against the three-kernel call's 0.93x in the same call; host time 54 us a call against 154)
+# short16 and its tiles: 16-bit wide heads whose keys fit one tile in one kernel
 SHORT16_FAST = {
     "short16": True,
     **_tiles16("wide16", m=32, n=64, d=128, k=32, warps=4, stages=2),
 }
+# 16-bit tiles for heads that fit full_d
 NARROW16_FAST = _tiles16("narrow16", m=64, n=64, warps=4, stages=3)
 
-# round 0 spreads pv32 over its three values; every set passes the gate on the H200 at every shape
-# (benchmarks/results/h200/probe3)
+# round 0 spreads pv32 over its three values (the search keeps the faster) and the strategies over the
+# head widths; why these tiles: docs/templates.md, "attention"
 ROUND0: list[dict[str, Any]] = [
-    # materialized: the H200 probe's fastest tiles (128 x 64 scores, 8 warps, 3 stages: 12.8 ms of fp64
-    # scores at the fp32 seed shape); presplit P V steps 32 keys (two planes of both operands per stage)
+    # materialized, 128 x 64 score tiles; presplit P V steps 32 keys (two planes of both operands per stage)
     {
         "strategy": "materialized",
         "block_m": 128,
@@ -143,8 +108,8 @@ ROUND0: list[dict[str, Any]] = [
         "qk32": "fp64",
         "pv32": "presplit",
         "p16": "split",
-        # 16-bit: fp16 at D = 1024 through short16 (one kernel); bf16 at D = 128 through full_d on the
-        # H200's fastest of seven tile sets (probe4 stage 4: 3.10 ms)
+        # 16-bit: wide heads (sdp_attn's fp16 rung, D = 1024) through short16 (one kernel); heads that fit
+        # full_d (its bf16 rung, D = 128) through full_d on NARROW16_FAST
         **SHORT16_FAST,
         **NARROW16_FAST,
     },
@@ -159,8 +124,8 @@ ROUND0: list[dict[str, Any]] = [
         "qk32": "fp64",
         "pv32": "ieee",
         "p16": "split",
-        # 16-bit: the three-kernel call at fp16 (0.110 ms on the GPU, but 154 us of host time a call); the
-        # probe's runner-up bf16 tiles (3.44 ms)
+        # 16-bit: wide heads through the three kernels on WIDE16_FAST; heads that fit full_d on a second
+        # narrow16 set (2 stages)
         **WIDE16_FAST,
         **_tiles16("narrow16", m=64, n=64, warps=4, stages=2),
     },
@@ -184,8 +149,7 @@ ROUND0: list[dict[str, Any]] = [
         "pv32": "ieee",
         "p16": "split",
     },
-    # the d_tiled tiles compile without spills at fp32 (fp64 scores, either P V) and fp16 on sm90
-    # (Triton 3.6, ptxas -v)
+    # d_tiled: tiles that compile without spills at fp32 (fp64 scores, either P V) and fp16
     {
         "strategy": "d_tiled",
         "block_m": 64,
@@ -345,8 +309,8 @@ def feasible(spec: dict, knobs: dict[str, Any]) -> bool:
         if t16["m"] * (SHORT16_MAX + knobs["block_dv"]) > MAX_REGS_PER_THREAD * 32 * t16["warps"]:
             return False
         # and stages Q and K chunks [m + SHORT16_MAX, d] per pipeline stage and P [m, SHORT16_MAX] in shared
-        # memory, at 16 bits: exact for one of the three sets the H200 refused, 10-12% off (either way)
-        # for the other two (probe5 tiles.log), so a set near the limit may be misjudged
+        # memory, at 16 bits: an estimate of what the compiler allocates, so a set near the limit may be
+        # misjudged (docs/templates.md, "attention")
         if 2 * (t16["stages"] * (t16["m"] + SHORT16_MAX) * t16["d"] + t16["m"] * SHORT16_MAX) > MAX_SMEM:
             return False
     own16 = dtype == "float32" and any(k in knobs for k in TILE16_KNOBS)
@@ -404,7 +368,7 @@ def _fits(spec: dict, knobs: dict[str, Any], prec: dict[str, str]) -> bool:
             parts, p_elt = (2 if prec["p16"] == "split" else 1), elt
         # the larger of the two GEMMs' needs: scores (fp64-widened operands) and P V. 16-bit P tiles go
         # to the tensor cores from shared memory as loaded (no conversion in registers): the
-        # accumulator alone counts (the H200 ran 128 x 128 of it on 4 warps fastest, probe4)
+        # accumulator alone counts
         pv_regs = bm * dv + (parts * bm * bk if dtype == "float32" else 0)
         regs = max(scores + (2 * (bm * bd + bd * bn) if wide else 0), pv_regs)
         smem = t["stages"] * max(
@@ -452,403 +416,6 @@ def mutate(knobs: dict[str, Any], move: str) -> dict[str, Any] | None:
     raise ValueError(f"unknown move {move!r}")
 
 
-_KERNELS = """
-@triton.jit
-def _dot16(a, b, acc, UPCAST: tl.constexpr):
-    if UPCAST:
-        # the Triton CPU interpreter's bf16 tl.dot returns garbage: there the tiles widen (exactly) to fp32
-        acc = tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
-    else:
-        acc = tl.dot(a, b, acc)
-    return acc
-
-
-@triton.jit
-def _qk(q, kt, s, QK: tl.constexpr, UPCAST: tl.constexpr):
-    # s += q kt. fp32 inputs: QK names the recipe (module docstring); 16-bit inputs (QK "mma"): exact
-    # products, fp32 sums on the tensor cores
-    if QK == "fp64":
-        s = tl.dot(q.to(tl.float64), kt.to(tl.float64), s, input_precision="ieee", out_dtype=tl.float64)
-    elif QK == "ieee":
-        s = tl.dot(q, kt, s, input_precision="ieee")
-    elif QK == "tf32x3":
-        s = tl.dot(q, kt, s, input_precision="tf32x3")
-    else:
-        s = _dot16(q, kt, s, UPCAST)
-    return s
-
-
-@triton.jit
-def _pv(p, v, acc, PV: tl.constexpr, UPCAST: tl.constexpr):
-    # acc += p v with p the fp32 probabilities. fp32 V: PV is "ieee" or "tf32x3". 16-bit V: the dot
-    # takes P in V's dtype; "split" adds the rounding remainder lo = p - hi as a second dot
-    if PV == "ieee":
-        acc = tl.dot(p, v, acc, input_precision="ieee")
-    elif PV == "tf32x3" or PV == "presplit":  # presplit's pre-split operands exist only in materialized
-        acc = tl.dot(p, v, acc, input_precision="tf32x3")
-    else:
-        hi = p.to(v.dtype)
-        acc = _dot16(hi, v, acc, UPCAST)
-        if PV == "split":
-            acc = _dot16((p - hi.to(tl.float32)).to(v.dtype), v, acc, UPCAST)
-    return acc
-
-
-@triton.jit
-def _attn_full_d(q_ptr, k_ptr, v_ptr, o_ptr, Lq, Lk, D, DV, qk_scale,
-                 QK: tl.constexpr, PV: tl.constexpr, UPCAST: tl.constexpr, BLOCK_M: tl.constexpr,
-                 BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr):
-    pid_m = tl.program_id(0)
-    bh = tl.program_id(1).to(tl.int64)
-    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    rn = tl.arange(0, BLOCK_N)
-    rd = tl.arange(0, BLOCK_D)
-    rdv = tl.arange(0, BLOCK_DV)
-    q_base = q_ptr + bh * Lq * D
-    k_base = k_ptr + bh * Lk * D
-    v_base = v_ptr + bh * Lk * DV
-    q_mask = (rm[:, None] < Lq) & (rd[None, :] < D)
-    q = tl.load(q_base + rm[:, None] * D + rd[None, :], mask=q_mask, other=0.0)
-    # scores (and their running max) in fp64 for the fp64 recipe, else fp32
-    s_zero = tl.zeros([BLOCK_M, BLOCK_N], tl.float64 if QK == "fp64" else tl.float32)
-    m_i = tl.full([BLOCK_M], -float("inf"), s_zero.dtype)
-    l_i = tl.zeros([BLOCK_M], tl.float32)
-    acc = tl.zeros([BLOCK_M, BLOCK_DV], tl.float32)
-    for n0 in range(0, Lk, BLOCK_N):
-        cols = n0 + rn
-        # K tile read transposed: [BLOCK_D, BLOCK_N]
-        kt = tl.load(k_base + cols[None, :] * D + rd[:, None], mask=(cols[None, :] < Lk) & (rd[:, None] < D),
-                     other=0.0)
-        s = _qk(q, kt, s_zero, QK, UPCAST)
-        s = tl.where(cols[None, :] < Lk, s, -float("inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        alpha = tl.exp2(((m_i - m_new) * qk_scale).to(tl.float32))
-        p = tl.exp2(((s - m_new[:, None]) * qk_scale).to(tl.float32))
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        v_mask = (cols[:, None] < Lk) & (rdv[None, :] < DV)
-        v = tl.load(v_base + cols[:, None] * DV + rdv[None, :], mask=v_mask, other=0.0)
-        acc = _pv(p, v, acc * alpha[:, None], PV, UPCAST)
-        m_i = m_new
-    out = acc / l_i[:, None]
-    o = o_ptr + bh * Lq * DV + rm[:, None] * DV + rdv[None, :]
-    tl.store(o, out.to(o_ptr.dtype.element_ty), mask=(rm[:, None] < Lq) & (rdv[None, :] < DV))
-
-
-@triton.jit
-def _attn_d_tiled(q_ptr, k_ptr, v_ptr, o_ptr, Lq, Lk, D, DV, qk_scale,
-                  QK: tl.constexpr, PV: tl.constexpr, UPCAST: tl.constexpr, BLOCK_M: tl.constexpr,
-                  BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr):
-    pid_m = tl.program_id(0)
-    bh = tl.program_id(1).to(tl.int64)
-    pid_dv = tl.program_id(2)
-    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    rn = tl.arange(0, BLOCK_N)
-    rd = tl.arange(0, BLOCK_D)
-    rdv = pid_dv * BLOCK_DV + tl.arange(0, BLOCK_DV)
-    q_base = q_ptr + bh * Lq * D
-    k_base = k_ptr + bh * Lk * D
-    v_base = v_ptr + bh * Lk * DV
-    m_mask = rm[:, None] < Lq
-    s_zero = tl.zeros([BLOCK_M, BLOCK_N], tl.float64 if QK == "fp64" else tl.float32)
-    m_i = tl.full([BLOCK_M], -float("inf"), s_zero.dtype)
-    l_i = tl.zeros([BLOCK_M], tl.float32)
-    acc = tl.zeros([BLOCK_M, BLOCK_DV], tl.float32)
-    for n0 in range(0, Lk, BLOCK_N):
-        cols = n0 + rn
-        n_mask = cols[None, :] < Lk
-        # scores of this key tile, summed over BLOCK_D chunks of the head dim in one accumulator
-        s = s_zero
-        for d0 in range(0, D, BLOCK_D):
-            dd = d0 + rd
-            q = tl.load(q_base + rm[:, None] * D + dd[None, :], mask=m_mask & (dd[None, :] < D), other=0.0)
-            kt = tl.load(k_base + cols[None, :] * D + dd[:, None], mask=n_mask & (dd[:, None] < D), other=0.0)
-            s = _qk(q, kt, s, QK, UPCAST)
-        s = tl.where(n_mask, s, -float("inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        alpha = tl.exp2(((m_i - m_new) * qk_scale).to(tl.float32))
-        p = tl.exp2(((s - m_new[:, None]) * qk_scale).to(tl.float32))
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        v_mask = (cols[:, None] < Lk) & (rdv[None, :] < DV)
-        v = tl.load(v_base + cols[:, None] * DV + rdv[None, :], mask=v_mask, other=0.0)
-        acc = _pv(p, v, acc * alpha[:, None], PV, UPCAST)
-        m_i = m_new
-    out = acc / l_i[:, None]
-    o = o_ptr + bh * Lq * DV + rm[:, None] * DV + rdv[None, :]
-    tl.store(o, out.to(o_ptr.dtype.element_ty), mask=m_mask & (rdv[None, :] < DV))
-
-
-@triton.jit
-def _scores(q_ptr, k_ptr, s_ptr, Lq, Lk, D, QK: tl.constexpr, UPCAST: tl.constexpr,
-            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
-    # S[bh] = Q[bh] K[bh]^T, raw (unscaled): one [BLOCK_M, BLOCK_N] tile, BLOCK_D steps over the head
-    pid_m = tl.program_id(0)
-    pid_n = tl.program_id(1)
-    bh = tl.program_id(2).to(tl.int64)
-    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    rd = tl.arange(0, BLOCK_D)
-    q_base = q_ptr + bh * Lq * D
-    k_base = k_ptr + bh * Lk * D
-    s = tl.zeros([BLOCK_M, BLOCK_N], tl.float64 if QK == "fp64" else tl.float32)
-    for d0 in range(0, D, BLOCK_D):
-        dd = d0 + rd
-        q_mask = (rm[:, None] < Lq) & (dd[None, :] < D)
-        q = tl.load(q_base + rm[:, None] * D + dd[None, :], mask=q_mask, other=0.0)
-        k_mask = (rn[None, :] < Lk) & (dd[:, None] < D)
-        kt = tl.load(k_base + rn[None, :] * D + dd[:, None], mask=k_mask, other=0.0)
-        s = _qk(q, kt, s, QK, UPCAST)
-    out = s_ptr + bh * Lq * Lk + rm[:, None].to(tl.int64) * Lk + rn[None, :]
-    tl.store(out, s.to(s_ptr.dtype.element_ty), mask=(rm[:, None] < Lq) & (rn[None, :] < Lk))
-
-
-@triton.jit
-def _finite(x):
-    return (x.to(tl.uint32, bitcast=True) & 0x7F800000) != 0x7F800000
-
-
-@triton.jit
-def _tf32(x):
-    # x rounded (to nearest, ties away) to TF32's 10 explicit mantissa bits: a TF32 dot takes it exactly.
-    # Within one rounding step of FLT_MAX it truncates instead (rounding up would give inf); inf and NaN
-    # pass unchanged (the carry of a rounded NaN could reach the sign bit)
-    b = x.to(tl.uint32, bitcast=True)
-    r = tl.where((b & 0x7FFFFFFF) < 0x7F7FF000, (b + 0x1000) & 0xFFFFE000, b & 0xFFFFE000)
-    return tl.where(_finite(x), r.to(tl.float32, bitcast=True), x)
-
-
-@triton.jit
-def _split_store(ptr, plane, x, mask, SPLIT: tl.constexpr):
-    # x itself (SPLIT "none"); or its hi part at ptr and its remainder one plane further, each rounded to
-    # TF32's 10 mantissa bits ("tf32": fp32 planes a TF32 dot takes exactly; a non-finite x is all hi, so
-    # inf stays inf and NaN NaN) or to the planes' 16-bit dtype ("half": P for a 16-bit V, x in [0, 1])
-    if SPLIT == "tf32":
-        hi = _tf32(x)
-        tl.store(ptr, hi, mask=mask)
-        tl.store(ptr + plane, tl.where(_finite(x), _tf32(x - hi), 0.0), mask=mask)
-    elif SPLIT == "half":
-        hi = x.to(ptr.dtype.element_ty)
-        tl.store(ptr, hi, mask=mask)
-        tl.store(ptr + plane, (x - hi.to(tl.float32)).to(ptr.dtype.element_ty), mask=mask)
-    else:
-        tl.store(ptr, x.to(ptr.dtype.element_ty), mask=mask)
-
-
-@triton.jit
-def _split_v(v_ptr, out_ptr, Lk, DV, plane, BLOCK_K: tl.constexpr, BLOCK_DV: tl.constexpr):
-    # V[bh] (Lk x DV) split into TF32 hi/lo planes stored transposed (DV x Lk): the P V GEMM then reads
-    # its B operand K-major, the layout Hopper's TF32 tensor-core instructions take from shared memory
-    bh = tl.program_id(2).to(tl.int64)
-    rk = tl.program_id(0) * BLOCK_K + tl.arange(0, BLOCK_K)
-    rdv = tl.program_id(1) * BLOCK_DV + tl.arange(0, BLOCK_DV)
-    mask = (rk[:, None] < Lk) & (rdv[None, :] < DV)
-    v = tl.load(v_ptr + bh * Lk * DV + rk[:, None] * DV + rdv[None, :], mask=mask, other=0.0)
-    _split_store(out_ptr + bh * Lk * DV + rdv[None, :] * Lk + rk[:, None], plane, v, mask, "tf32")
-
-
-@triton.jit
-def _softmax_rows(s_ptr, p_ptr, rows, Lk, qk_scale, plane, SPLIT: tl.constexpr, BLOCK_R: tl.constexpr,
-                  BLOCK_K: tl.constexpr):
-    # P: the softmax of S * scale along each row of S, in S's precision up to the exponent (as in the flash
-    # kernels): an online max/sum pass, then a pass that writes normalised fp32 P
-    rr = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
-    rk = tl.arange(0, BLOCK_K)
-    r_mask = rr[:, None] < rows
-    base = rr[:, None] * Lk
-    m = tl.full([BLOCK_R], -float("inf"), s_ptr.dtype.element_ty)
-    l = tl.zeros([BLOCK_R], tl.float32)
-    for k0 in range(0, Lk, BLOCK_K):
-        cols = k0 + rk
-        s = tl.load(s_ptr + base + cols[None, :], mask=r_mask & (cols[None, :] < Lk), other=-float("inf"))
-        m_new = tl.maximum(m, tl.max(s, axis=1))
-        # rows past the end stay at -inf: keep their shift finite (their P is never stored)
-        m_safe = tl.where(m_new == -float("inf"), 0.0, m_new)
-        alpha = tl.exp2(((m - m_safe) * qk_scale).to(tl.float32))
-        l = l * alpha + tl.sum(tl.exp2(((s - m_safe[:, None]) * qk_scale).to(tl.float32)), axis=1)
-        m = m_new
-    m = tl.where(m == -float("inf"), 0.0, m)
-    inv = 1.0 / l
-    for k0 in range(0, Lk, BLOCK_K):
-        cols = k0 + rk
-        mask = r_mask & (cols[None, :] < Lk)
-        s = tl.load(s_ptr + base + cols[None, :], mask=mask, other=-float("inf"))
-        p = tl.exp2(((s - m[:, None]) * qk_scale).to(tl.float32)) * inv[:, None]
-        _split_store(p_ptr + base + cols[None, :], plane, p, mask, SPLIT)
-
-
-@triton.jit
-def _pv_gemm(p_ptr, v_ptr, o_ptr, Lq, Lk, DV, p_plane, v_plane, PV: tl.constexpr, UPCAST: tl.constexpr,
-             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_DV: tl.constexpr):
-    # O[bh] = P[bh] V[bh]: one [BLOCK_M, BLOCK_DV] tile, BLOCK_N steps over the keys. presplit: P and V
-    # are hi/lo plane pairs (p_plane, v_plane apart), three exact TF32 dots
-    pid_m = tl.program_id(0)
-    pid_dv = tl.program_id(1)
-    bh = tl.program_id(2).to(tl.int64)
-    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    rn = tl.arange(0, BLOCK_N)
-    rdv = pid_dv * BLOCK_DV + tl.arange(0, BLOCK_DV)
-    p_base = p_ptr + bh * Lq * Lk + rm[:, None].to(tl.int64) * Lk
-    v_base = v_ptr + bh * Lk * DV
-    acc = tl.zeros([BLOCK_M, BLOCK_DV], tl.float32)
-    for n0 in range(0, Lk, BLOCK_N):
-        cols = n0 + rn
-        p_mask = (rm[:, None] < Lq) & (cols[None, :] < Lk)
-        p = tl.load(p_base + cols[None, :], mask=p_mask, other=0.0)
-        v_mask = (cols[:, None] < Lk) & (rdv[None, :] < DV)
-        if PV == "presplit":  # V's planes are stored transposed (DV x Lk)
-            v_offs = rdv[None, :] * Lk + cols[:, None]
-        else:
-            v_offs = cols[:, None] * DV + rdv[None, :]
-        v = tl.load(v_base + v_offs, mask=v_mask, other=0.0)
-        if PV == "presplit":
-            p_lo = tl.load(p_base + p_plane + cols[None, :], mask=p_mask, other=0.0)
-            v_lo = tl.load(v_base + v_plane + v_offs, mask=v_mask, other=0.0)
-            acc = tl.dot(p_lo, v, acc, input_precision="tf32")
-            acc = tl.dot(p, v_lo, acc, input_precision="tf32")
-            acc = tl.dot(p, v, acc, input_precision="tf32")
-        elif PV == "split16" or PV == "single16":  # P already in V's dtype: hi (and lo) planes
-            acc = _dot16(p, v, acc, UPCAST)
-            if PV == "split16":
-                p_lo = tl.load(p_base + p_plane + cols[None, :], mask=p_mask, other=0.0)
-                acc = _dot16(p_lo, v, acc, UPCAST)
-        else:
-            acc = _pv(p, v, acc, PV, UPCAST)
-    o = o_ptr + bh * Lq * DV + rm[:, None] * DV + rdv[None, :]
-    tl.store(o, acc.to(o_ptr.dtype.element_ty), mask=(rm[:, None] < Lq) & (rdv[None, :] < DV))
-
-
-@triton.jit
-def _attn_short16(q_ptr, k_ptr, v_ptr, o_ptr, Lq, Lk, D, DV, qk_scale, PV: tl.constexpr,
-                  UPCAST: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-                  BLOCK_DV: tl.constexpr):
-    # short16 (16-bit inputs, wide heads, every key in one tile): one program holds its BLOCK_M rows'
-    # whole score rows, S = Q K^T stepping BLOCK_D over the head, takes their softmax in registers, then
-    # walks the output in BLOCK_DV column chunks, P (split into V's dtype: hi and lo) times each V chunk.
-    # The materialized recipe's FLOPs and precision in one launch and no scratch
-    pid_m = tl.program_id(0)
-    bh = tl.program_id(1).to(tl.int64)
-    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    rn = tl.arange(0, BLOCK_N)
-    rd = tl.arange(0, BLOCK_D)
-    rdv = tl.arange(0, BLOCK_DV)
-    q_base = q_ptr + bh * Lq * D
-    k_base = k_ptr + bh * Lk * D
-    v_base = v_ptr + bh * Lk * DV
-    m_mask = rm[:, None] < Lq
-    n_ok = rn < Lk
-    s = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-    for d0 in range(0, D, BLOCK_D):
-        dd = d0 + rd
-        q = tl.load(q_base + rm[:, None] * D + dd[None, :], mask=m_mask & (dd[None, :] < D), other=0.0)
-        k_mask = n_ok[None, :] & (dd[:, None] < D)
-        kt = tl.load(k_base + rn[None, :] * D + dd[:, None], mask=k_mask, other=0.0)
-        s = _dot16(q, kt, s, UPCAST)
-    s = tl.where(n_ok[None, :], s, -float("inf"))
-    m = tl.max(s, axis=1)
-    p = tl.exp2((s - m[:, None]) * qk_scale)
-    p = p / tl.sum(p, axis=1)[:, None]
-    # P in V's dtype once, before the output chunks (hi, and for "split" the rounding remainder lo)
-    hi = p.to(v_ptr.dtype.element_ty)
-    lo = (p - hi.to(tl.float32)).to(v_ptr.dtype.element_ty)
-    for dv0 in range(0, DV, BLOCK_DV):
-        cols = dv0 + rdv
-        v_mask = n_ok[:, None] & (cols[None, :] < DV)
-        v = tl.load(v_base + rn[:, None] * DV + cols[None, :], mask=v_mask, other=0.0)
-        acc = _dot16(hi, v, tl.zeros([BLOCK_M, BLOCK_DV], tl.float32), UPCAST)
-        if PV == "split":
-            acc = _dot16(lo, v, acc, UPCAST)
-        o = o_ptr + bh * Lq * DV + rm[:, None] * DV + cols[None, :]
-        tl.store(o, acc.to(o_ptr.dtype.element_ty), mask=m_mask & (cols[None, :] < DV))
-
-
-def _materialized(q, k, v, o, qk, pv, upcast, qk_scale, t):
-    BH, Lq, D = q.shape
-    Lk, DV = k.shape[1], v.shape[2]
-    s_dtype = torch.float64 if qk == "fp64" else torch.float32
-    split = pv == "presplit"  # fp32 inputs only
-    # 16-bit inputs: the softmax writes P in V's dtype, as hi + lo planes ("split") or rounded once
-    half = q.dtype != torch.float32
-    if half:
-        pv = pv + "16"
-    parts = 2 if split or pv == "split16" else 1
-    p_dtype = v.dtype if half else torch.float32
-    p_bytes = torch.finfo(p_dtype).bits // 8
-    per_bh = Lq * Lk * (torch.finfo(s_dtype).bits // 8 + p_bytes * parts)
-    per_bh += Lk * DV * 4 * parts if split else 0
-    chunk = max(1, min(BH, SCRATCH_BYTES // max(1, per_bh)))
-    s = torch.empty((chunk, Lq, Lk), dtype=s_dtype, device=q.device)
-    # P (and for presplit V) as hi/lo planes: plane = the offset from a hi element to its lo
-    p = torch.empty((parts, chunk, Lq, Lk), dtype=p_dtype, device=q.device)
-    vs = torch.empty((parts, chunk, Lk, DV), dtype=torch.float32, device=q.device) if split else None
-    bm, bn = t["m"], t["n"]
-    bd = min(t["d"], max(16, triton.next_power_of_2(D)))
-    bdv = min(BLOCK_DV, max(16, triton.next_power_of_2(DV)))
-    bk = min(t["k"], max(16, triton.next_power_of_2(Lk)))
-    p_split = "tf32" if split else ("half" if pv == "split16" else "none")
-    row_block = min(1024, max(16, triton.next_power_of_2(Lk)))  # the softmax kernel's columns a step
-    block_r = max(1, 2048 // row_block)
-    for b0 in range(0, BH, chunk):
-        b1 = min(BH, b0 + chunk)
-        n = b1 - b0
-        # one chunk (the usual case) passes the tensors themselves: at ~0.1 ms a call, each view costs
-        qc, kc, vc, oc = (q, k, v, o) if n == BH else (q[b0:b1], k[b0:b1], v[b0:b1], o[b0:b1])
-        _scores[(triton.cdiv(Lq, bm), triton.cdiv(Lk, bn), n)](
-            qc, kc, s, Lq, Lk, D, QK=qk, UPCAST=upcast, BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=bd,
-            num_warps=t["warps"], num_stages=t["stages"])
-        _softmax_rows[(triton.cdiv(n * Lq, block_r),)](s, p, n * Lq, Lk, qk_scale, p[0].numel(),
-                                                      SPLIT=p_split, BLOCK_R=block_r, BLOCK_K=row_block,
-                                                      num_warps=4)
-        vv, v_plane = vc, 0
-        if split:
-            _split_v[(triton.cdiv(Lk, 64), triton.cdiv(DV, 64), n)](vv, vs, Lk, DV, vs[0].numel(), BLOCK_K=64,
-                                                                   BLOCK_DV=64)
-            vv, v_plane = vs, vs[0].numel()
-        _pv_gemm[(triton.cdiv(Lq, bm), triton.cdiv(DV, bdv), n)](
-            p, vv, oc, Lq, Lk, DV, p[0].numel(), v_plane, PV=pv, UPCAST=upcast, BLOCK_M=bm, BLOCK_N=bk,
-            BLOCK_DV=bdv, num_warps=t["warps"], num_stages=t["stages"])
-
-
-def _launch(q, k, v, o):
-    BH, Lq, D = q.shape
-    Lk, DV = k.shape[1], v.shape[2]
-    qk_scale = LOG2E / math.sqrt(D)
-    d_pad = max(16, triton.next_power_of_2(D))
-    dv_pad = max(16, triton.next_power_of_2(DV))
-    fits = max(d_pad, dv_pad) <= FULL_D_MAX
-    t = TILES["float32" if q.dtype == torch.float32 else "narrow16" if fits else "wide16"]
-    cap = max(16, triton.next_power_of_2(max(Lq, Lk)))
-    bm = min(t["m"], max(16, triton.next_power_of_2(Lq)))
-    bn = min(t["n"], cap)
-    if q.dtype == torch.float32:
-        qk, pv = QK32, PV32
-    else:
-        qk, pv = "mma", P16
-    upcast = q.dtype == torch.bfloat16 and os.environ.get("TRITON_INTERPRET") == "1"
-    lk_pad = max(16, triton.next_power_of_2(Lk))
-    short = SHORT16 and q.dtype != torch.float32 and lk_pad <= SHORT16_MAX
-    if STRATEGY == "materialized" and not fits and short:
-        _attn_short16[(triton.cdiv(Lq, bm), BH)](
-            q, k, v, o, Lq, Lk, D, DV, qk_scale, PV=pv, UPCAST=upcast, BLOCK_M=bm, BLOCK_N=lk_pad,
-            BLOCK_D=min(t["d"], d_pad), BLOCK_DV=min(BLOCK_DV, dv_pad), num_warps=t["warps"],
-            num_stages=t["stages"])
-        return
-    if STRATEGY == "materialized" and not fits:
-        _materialized(q, k, v, o, qk, pv, upcast, qk_scale, {**t, "m": bm, "n": bn})
-        return
-    if STRATEGY in ("full_d", "materialized") and fits:
-        grid = (triton.cdiv(Lq, bm), BH)
-        _attn_full_d[grid](q, k, v, o, Lq, Lk, D, DV, qk_scale, QK=qk, PV=pv, UPCAST=upcast,
-                           BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=d_pad, BLOCK_DV=dv_pad,
-                           num_warps=t["warps"], num_stages=t["stages"])
-        return
-    bd = min(t["d"], d_pad)
-    bdv = min(BLOCK_DV, dv_pad)
-    grid = (triton.cdiv(Lq, bm), BH, triton.cdiv(DV, bdv))
-    _attn_d_tiled[grid](q, k, v, o, Lq, Lk, D, DV, qk_scale, QK=qk, PV=pv, UPCAST=upcast,
-                        BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=bd, BLOCK_DV=bdv,
-                        num_warps=t["warps"], num_stages=t["stages"])
-"""
-
-
 def render(spec: dict, knobs: dict[str, Any], signature: dict[str, list[str]]) -> str:
     init_args = "".join(f", {a}" for a in signature["init"])
     fwd = list(signature["forward"])
@@ -889,7 +456,7 @@ import triton
 import triton.language as tl
 
 {chr(10).join(consts)}
-{_KERNELS}
+{KERNELS}
 
 class ModelNew(nn.Module):
     def __init__(self{init_args}):

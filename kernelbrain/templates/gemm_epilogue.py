@@ -14,8 +14,9 @@ Precision (fp32 inputs, tolerance 1e-4: a plain TF32 dot, ~5e-4 relative per pro
   acc += a_lo @ b_hi + a_hi @ b_lo + a_hi @ b_hi, three TF32 tensor-core dots (a_lo @ b_lo, ~2^-22
   relative, is dropped). ~fp32 accuracy at tensor-core rates. Each K tile's three dots go to a fresh
   accumulator that is then added to the running one in fp32 registers: tensor cores accumulate with
-  truncation, and chained over K = 8192 that alone measured ~3e-4 relative error on an H200. The
-  Triton CPU interpreter computes every dot in fp32, so there it equals ieee up to the dropped term.
+  truncation, and chained over a long K (8192) that alone exceeds the 1e-4 tolerance
+  (docs/templates.md, "gemm_epilogue"). The Triton CPU interpreter computes every dot in fp32, so
+  there it equals ieee up to the dropped term.
 Inputs that are not fp32 (fp16/bf16) take a plain dot with fp32 accumulation in either strategy.
 
 The divisor: from the trace when it is recorded (an int divisor is the second positional int the

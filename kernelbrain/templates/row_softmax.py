@@ -34,9 +34,8 @@ FAMILY = "row_softmax"
 MAX_BLOCK = 32768
 
 # split_row first: where it is feasible (rows past MAX_BLOCK) it is the one-read strategy, and a short
-# search budget may end before the last round-0 candidates are measured. On the H200 (softmax seed,
-# 4096 x 393216 fp32; benchmarks/results/h200/probe3) it varies from run to run: 1.15-1.48x eager at
-# 4 CTAs/SM of 8192 (8 warps), 1.39x with prefetch at 2 of 8192 (16 warps), 0.78-1.48x at 2 of 16384.
+# search budget may end before the last round-0 candidates are measured (why these two split_row sets:
+# docs/templates.md, "row_softmax")
 ROUND0: list[dict[str, Any]] = [
     {"strategy": "split_row", "block_n": 8192, "ctas_per_sm": 4, "num_warps": 8},
     {"strategy": "split_row", "block_n": 8192, "ctas_per_sm": 2, "num_warps": 16, "prefetch": True},

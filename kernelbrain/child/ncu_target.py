@@ -1,4 +1,4 @@
-"""The program Nsight Compute profiles: `python -m kernelbrain.ncu_target PROBLEM CANDIDATE`.
+"""The program Nsight Compute profiles: `python -m kernelbrain.child.ncu_target PROBLEM CANDIDATE`.
 
 Warms the candidate up at the primary shape, then runs one forward between cudaProfilerStart and
 cudaProfilerStop, so `ncu --profile-from-start off` sees exactly the kernels of one call.
@@ -13,12 +13,12 @@ import torch
 
 
 def main(problem_path: str, candidate_path: str) -> None:
-    from kernelbrain.evaluate import Problem, _build, load_module
+    from kernelbrain.child.loading import Problem, build, load_module
 
     problem = Problem(Path(problem_path).read_text())
     cand = load_module(Path(candidate_path).read_text(), "cand")
     shape = problem.ladder_shapes("cuda", "primary")[0]
-    _, new = _build(problem, cand, shape, "cuda")
+    _, new = build(problem, cand, shape, "cuda")
     inputs = problem.inputs(shape, 11, "cuda")
     with torch.no_grad():
         for _ in range(3):  # compile and autotune outside the profiled range

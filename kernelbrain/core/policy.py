@@ -9,44 +9,21 @@ would replay to different decisions.
 from __future__ import annotations
 
 import bisect
-import math
 import statistics
-import time
 
-from kernelbrain.events import (
+from kernelbrain.core.events import (
     Adjudicated,
     AdjudicationRequested,
     Event,
     Promoted,
     Pruned,
     RunFinished,
-    ShapeTiming,
 )
-from kernelbrain.state import Candidate, RunState
+from kernelbrain.core.scoring import NOISE_FLOOR
+from kernelbrain.core.state import Candidate, RunState
 
 POLICY_VERSION = 2  # new runs record it (RunConfig.policy_version's default); 1 replays older ones
-NOISE_FLOOR = 0.01  # no timing is trusted to better than 1%, however small its measured IQR
-TIE_MARGIN = 0.05  # an interleaved re-measurement must show more than 5% to rank one kernel over another
-# ... and its pairs must lean one way more than identical kernels would once in a thousand duels
-# (unanimity takes 11 pairs; 18 of 20 do)
-SIGN_ALPHA = 0.001
-# the fewest pairs a duel times: 12 of 12 clear the sign test (on a GPU the rungs ask for 20 or more;
-# under the interpreter a pair of a slow kernel takes seconds)
-DUEL_PAIRS = 12
 PEERS_SHOWN = 16  # a decision records the best peers (and the count): all of them would make a run O(n^2)
-
-
-def score(shapes: list[ShapeTiming]) -> float:
-    """S(p, r): geometric-mean speedup over the rung's shapes, discounted by the candidate's spread.
-
-    The stability term 1 / (1 + mean relative IQR) makes a noisy kernel rank below a steady one with
-    the same median.
-    """
-    if not shapes:
-        return 0.0
-    geo = math.exp(statistics.fmean(math.log(max(s.speedup, 1e-12)) for s in shapes))
-    spread = statistics.fmean(s.cand_iqr_s / s.cand_median_s if s.cand_median_s > 0 else 1.0 for s in shapes)
-    return geo / (1.0 + spread)
 
 
 class AshaPolicy:
@@ -318,8 +295,7 @@ class PatientAshaPolicy(AshaPolicy):
 
     Version 1 promoted a rung's first finisher at once, as the best of one, so the ladder spent its
     upper rungs on whichever candidates were gated first, good or not, while the rest were still being
-    gated. In session 5's budget-50 linear_relu_div run, the first round-0 candidate (0.28x eager)
-    reached the top rung before the eventual winner was first measured."""
+    gated (docs/architecture.md, "Scheduler policy", names the run that showed it)."""
 
     version = 2
 
@@ -344,41 +320,14 @@ def policy_for(version: int) -> AshaPolicy:
     return POLICIES[version]()
 
 
-def sign_test_p(ratios: list[float]) -> float:
-    """Two-sided exact sign test: the chance that identical kernels, each pair's ratio as likely above 1
-    as below, put at least this many of the pairs on one side. Free of the noise's size and shape."""
-    below, above = sum(r < 1.0 for r in ratios), sum(r > 1.0 for r in ratios)
-    n, k = below + above, min(below, above)
-    return min(1.0, 2 * sum(math.comb(n, i) for i in range(k + 1)) / 2**n) if n else 1.0
-
-
-def adjudicate(ratios: list[float]) -> tuple[str, float, float, float]:
-    """Verdict of an interleaved re-measurement from per-pair time ratios a/b: 'a' (a faster), 'b', or
-    'tie' when the ratios' interquartile range holds 1, the median is within TIE_MARGIN of it, or the
-    pairs are not lopsided enough to rule out chance (sign_test_p above SIGN_ALPHA).
-
-    The margin is wide on purpose: two builds of the same kernel can differ by a few percent
-    systematically (code placement, caches), and calling them different would be reporting noise.
-    The margin alone is not enough where one timing wobbles by 10-20% (a loaded host): 20 pairs of
-    identical kernels then put a median 5% off one with an IQR clear of it about once in a hundred
-    duels; the sign test's false verdicts stay under SIGN_ALPHA however large the wobble."""
-    q1, med, q3 = statistics.quantiles(ratios, n=4, method="inclusive") if len(ratios) > 1 else ratios * 3
-    if q1 <= 1.0 <= q3 or abs(med - 1.0) < TIE_MARGIN or sign_test_p(ratios) > SIGN_ALPHA:
-        return "tie", med, q1, q3
-    return ("a" if med < 1.0 else "b"), med, q1, q3
-
-
-def decision_latency_bench(state: RunState, repeats: int = 200) -> dict:
-    """Time `decide` on a folded state (store_bench calls this)."""
-    policy = policy_for(state.config.policy_version)
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        policy.decide(state)
-        times.append(time.perf_counter() - t)
-    return {
-        "decide_median_ms": statistics.median(times) * 1e3,
-        "decide_max_ms": max(times) * 1e3,
-        "candidates": len(state.candidates),
-        "events": state.event_count,
-    }
+def decision_key(run_id: str, d: Event) -> str:
+    """The idempotency key of a decision: one per decision a log prefix can call for, so schedulers that
+    decide the same thing concurrently append it once."""
+    cand = getattr(d, "candidate", None)
+    if d.TYPE == "Promoted":
+        return f"{run_id}/promote/{cand}/{d.rung_from}"  # type: ignore[attr-defined]
+    if d.TYPE == "Pruned":
+        return f"{run_id}/prune/{cand}"
+    if d.TYPE == "AdjudicationRequested":
+        return f"{run_id}/adjudication-requested/{d.rung}/{d.a}/{d.b}"  # type: ignore[attr-defined]
+    return f"{run_id}/finished"

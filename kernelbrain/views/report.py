@@ -16,226 +16,35 @@ from __future__ import annotations
 
 import difflib
 import html
-import io
-import math
-import statistics
 from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from kernelbrain.audit import _knobs, audit
-from kernelbrain.describe import fmt_s, status_dict
-from kernelbrain.events import BudgetCharged, GateFailed, GatePassed, ProfileCaptured, RungBenchmarked
-from kernelbrain.runner import RunError, require_run
-from kernelbrain.state import Candidate, RunState
-from store import EventStore, StoredEvent
+from kernelbrain.core.events import GateFailed, GatePassed
+from kernelbrain.core.state import Candidate, RunState
+from kernelbrain.runtime.runner import RunError
+from kernelbrain.store import EventStore
+from kernelbrain.views.audit import audit
+from kernelbrain.views.describe import fmt_s, knobs_text, status_dict
+from kernelbrain.views.report_data import (
+    ReportState,
+    funnel,
+    geo_speedup,
+    load_report_state,
+    roofline_metrics,
+    subject,
+)
+from kernelbrain.views.report_plots import failure_plot, funnel_plot, roofline_plot, speedup_plot
 
 if TYPE_CHECKING:
-    from matplotlib.figure import Figure
+    pass
 
-ROOFLINE_KEYS = ("time_s", "bytes", "flops", "bandwidth_Bps", "matmul_flops")
 NCU_HEADLINES = {  # Nsight Compute's own percentages of peak, shown beside the roofline's
     "dram_throughput_pct": "ncu DRAM throughput",
     "compute_throughput_pct": "ncu compute throughput",
     "achieved_occupancy_pct": "ncu achieved occupancy",
 }
-
-
-class ReportState(RunState):
-    """RunState plus the device seconds charged when each measurement was recorded."""
-
-    def __init__(self, run_id: str) -> None:
-        super().__init__(run_id)
-        self.measured: list[tuple[float, RungBenchmarked]] = []
-        self.gpu_by_role: Counter[str] = Counter()
-        self._unpaid: list[RungBenchmarked] = []
-
-    def _apply_RungBenchmarked(self, e: RungBenchmarked, raw: StoredEvent) -> None:
-        super()._apply_RungBenchmarked(e, raw)
-        self._unpaid.append(e)
-
-    def _apply_BudgetCharged(self, e: BudgetCharged, raw: StoredEvent) -> None:
-        # a worker appends a result and the charge that paid for it together: the result is placed
-        # after its own cost
-        super()._apply_BudgetCharged(e, raw)
-        self.gpu_by_role[e.role] += e.gpu_s
-        self.measured += [(self.gpu_s, r) for r in self._unpaid]
-        self._unpaid.clear()
-
-    def timeline(self) -> list[tuple[float, RungBenchmarked]]:
-        return self.measured + [(self.gpu_s, r) for r in self._unpaid]
-
-
-def load_report_state(store: EventStore, run_id: str) -> ReportState:
-    require_run(store, run_id)
-    state = store.fold(ReportState(run_id), run_id=run_id)
-    if state.started is None:
-        raise RunError(f"run {run_id} has no RunStarted event")
-    return state
-
-
-def geo_speedup(r: RungBenchmarked) -> float:
-    """Geometric mean of the per-shape speedups (the score without its spread discount)."""
-    if not r.shapes:
-        return 0.0
-    return math.exp(statistics.fmean(math.log(max(s.speedup, 1e-12)) for s in r.shapes))
-
-
-def subject(state: RunState) -> tuple[Candidate | None, str]:
-    """The candidate the report is about: the recorded winner, or the leader of a run still going."""
-    if state.finished is not None:
-        if state.finished.winner:
-            return state.candidates[state.finished.winner], "winner"
-        return None, "no winner"
-    leader = state.leader()
-    return (leader, "leader (run not finished)") if leader else (None, "no candidate measured yet")
-
-
-def roofline_metrics(profile: ProfileCaptured | None) -> dict[str, float] | None:
-    """The analytical roofline's numbers; an ncu profile carries them with a `roofline_` prefix."""
-    if profile is None:
-        return None
-    m = profile.metrics
-    if profile.source == "ncu":
-        m = {k.removeprefix("roofline_"): v for k, v in m.items() if k.startswith("roofline_")}
-    if not all(k in m for k in ROOFLINE_KEYS) or m["time_s"] <= 0 or m["bytes"] <= 0:
-        return None
-    return m
-
-
-# --- plots ---------------------------------------------------------------------------------------
-
-
-def _new_figure(width: float, height: float) -> Figure:
-    # imported when a plot is drawn: a bad run id or output path is reported without loading matplotlib
-    from matplotlib.figure import Figure
-
-    return Figure(figsize=(width, height))
-
-
-def _svg(fig: Figure, name: str) -> str:
-    import matplotlib
-
-    buf = io.StringIO()
-    # a salt per plot keeps the ids of markers and clip paths distinct between the inlined SVGs
-    with matplotlib.rc_context({"svg.fonttype": "none", "svg.hashsalt": name}):
-        fig.savefig(
-            buf,
-            format="svg",
-            bbox_inches="tight",
-            metadata={"Date": None, "Creator": None, "Format": None, "Type": None},
-        )
-    text = buf.getvalue()
-    return text[text.index("<svg") :]  # drop the XML prolog and DOCTYPE: this SVG lives inside HTML
-
-
-def _figure(name: str, fig: Figure, caption: str) -> str:
-    return (
-        f'<figure class="plot" data-plot="{name}">{_svg(fig, name)}'
-        f"<figcaption>{html.escape(caption)}</figcaption></figure>"
-    )
-
-
-def _speedup_plot(state: ReportState) -> str:
-    fig = _new_figure(8, 3.8)
-    ax = fig.add_subplot()
-    points = state.timeline()
-    values = [geo_speedup(r) for _, r in points]
-    for rung in sorted({r.rung for _, r in points}):
-        xs = [x for x, r in points if r.rung == rung]
-        ys = [geo_speedup(r) for _, r in points if r.rung == rung]
-        best = [max(ys[: i + 1]) for i in range(len(ys))]
-        color = f"C{rung % 10}"
-        ax.step(
-            [*xs, state.gpu_s], [*best, best[-1]], where="post", color=color, label=f"best at rung {rung}"
-        )
-        ax.scatter(xs, ys, color=color, s=18, alpha=0.6)
-    ax.axhline(1.0, color="0.4", linestyle="--", linewidth=1, label="reference (1x)")
-    if max(values) / max(min(values), 1e-12) > 20:
-        ax.set_yscale("log")
-    ax.set_xlabel("device seconds charged (cumulative)")
-    ax.set_ylabel("speedup vs reference (geomean over shapes)")
-    ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=8, loc="best")
-    return _figure(
-        "speedup",
-        fig,
-        "Each dot is one candidate measured at one rung, placed at the device time spent when its "
-        "result was recorded; the lines are the best so far at each rung.",
-    )
-
-
-def _funnel_plot(stages: list[tuple[str, int]]) -> str:
-    fig = _new_figure(8, 0.45 * len(stages) + 0.8)
-    ax = fig.add_subplot()
-    labels = [s for s, _ in stages][::-1]
-    counts = [n for _, n in stages][::-1]
-    bars = ax.barh(labels, counts, color="C0")
-    ax.bar_label(bars, padding=3)
-    ax.set_xlabel("candidates")
-    ax.set_xlim(0, max(max(counts), 1) * 1.12)
-    return _figure("funnel", fig, "How many candidates reached each stage of the ladder.")
-
-
-def _failure_plot(gate: Counter[str], ladder: Counter[str]) -> str:
-    cats = sorted(set(gate) | set(ladder), key=lambda c: (-(gate[c] + ladder[c]), c))[::-1]
-    fig = _new_figure(8, 0.45 * len(cats) + 1.0)
-    ax = fig.add_subplot()
-    g = ax.barh(cats, [gate[c] for c in cats], color="C3", label="at the gate")
-    ax.bar_label(g, label_type="center", labels=[str(gate[c]) if gate[c] else "" for c in cats])
-    b = ax.barh(
-        cats, [ladder[c] for c in cats], left=[gate[c] for c in cats], color="C1", label="on the ladder"
-    )
-    ax.bar_label(b, label_type="center", labels=[str(ladder[c]) if ladder[c] else "" for c in cats])
-    ax.set_xlabel("candidates")
-    ax.xaxis.get_major_locator().set_params(integer=True)
-    ax.legend(fontsize=8)
-    return _figure("failures", fig, "Failures per category: gate rejections and faults on the ladder.")
-
-
-def _roofline_plot(state: RunState, winner: Candidate, m: dict[str, float]) -> str:
-    bw, peak = m["bandwidth_Bps"], m["matmul_flops"]
-    ridge = peak / bw
-    points = [(winner, m)]
-    points += [
-        (c, rm)
-        for cid in state.profiled
-        if cid != winner.id and (rm := roofline_metrics((c := state.candidates[cid]).profile))
-    ]
-    intensities = [p["flops"] / p["bytes"] for _, p in points] + [ridge]
-    lo, hi = min(intensities) / 30, max(intensities) * 30
-    xs = [lo * (hi / lo) ** (i / 200) for i in range(201)]
-    fig = _new_figure(8, 4.2)
-    ax = fig.add_subplot()
-    ax.plot(xs, [min(bw * x, peak) for x in xs], color="0.2", label="measured ceilings")
-    ax.axvline(ridge, color="0.6", linestyle=":", linewidth=1)
-    for c, p in points[::-1]:
-        ai, achieved = p["flops"] / p["bytes"], p["flops"] / p["time_s"]
-        mine = c is winner
-        ax.scatter(
-            [ai],
-            [achieved],
-            s=70 if mine else 30,
-            color="C3" if mine else "0.55",
-            zorder=3,
-            label=f"winner {c.id}" if mine else None,
-        )
-        ax.annotate(c.id[:8], (ai, achieved), textcoords="offset points", xytext=(6, 4), fontsize=7)
-    if len(points) > 1:
-        ax.scatter([], [], color="0.55", s=30, label="other finalists")
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlabel("arithmetic intensity (FLOP/byte)")
-    ax.set_ylabel("achieved FLOP/s")
-    ax.grid(True, which="both", alpha=0.25)
-    ax.legend(fontsize=8, loc="lower right")
-    return _figure(
-        "roofline",
-        fig,
-        "Achieved rate at the primary shape against the device's measured copy bandwidth and matmul "
-        "rate (the analytical roofline of the profiler).",
-    )
 
 
 # --- sections ------------------------------------------------------------------------------------
@@ -307,7 +116,7 @@ def _speedup_section(state: ReportState, winner: Candidate | None) -> str:
                 "shapes",
             )
         )
-    parts.append(_speedup_plot(state))
+    parts.append(speedup_plot(state))
     return "".join(parts)
 
 
@@ -358,7 +167,7 @@ def _node(state: RunState, c: Candidate, kids: dict[str | None, list[Candidate]]
     return (
         f'<li class="node {cls}{path_cls}" data-candidate="{_esc(c.id)}" data-status="{cls}">'
         f'<div class="row" title="{_esc(title)}"><code class="cid">{_esc(c.id)}</code> '
-        f'<span class="what">{_esc(c.proposal.family)}: {_esc(_knobs(c))}</span> '
+        f'<span class="what">{_esc(c.proposal.family)}: {_esc(knobs_text(c))}</span> '
         f'<span class="badge {cls}">{_esc(status)}</span> '
         f'<span class="ladder">{" &#183; ".join(steps)}</span>'
         f'<div class="why">round {c.proposal.round}, {_esc(c.proposal.hint)}{_esc(origin)}'
@@ -394,34 +203,6 @@ def _lineage_section(state: RunState, winner: Candidate | None) -> str:
     return legend + f'<ul class="tree">{roots}</ul>'
 
 
-def funnel(state: RunState) -> list[dict[str, int | str]]:
-    """Per stage: how many candidates reached it, were measured there, failed, were promoted or pruned."""
-    d = status_dict(state)
-    rows: list[dict[str, int | str]] = [
-        {"stage": "proposed", "reached": d["candidates"]["proposed"]},
-        {
-            "stage": "gated",
-            "reached": d["candidates"]["gate_passed"] + d["candidates"]["gate_failed"],
-            "passed": d["candidates"]["gate_passed"],
-            "failed": d["candidates"]["gate_failed"],
-        },
-    ]
-    cs = list(state.candidates.values())
-    for rung, measured in enumerate(d["measured_at_rung"]):
-        rows.append(
-            {
-                "stage": f"rung {rung}",
-                "reached": sum(rung in c.admitted for c in cs),
-                "measured": measured,
-                "failed": sum(c.bench_failed is not None and c.bench_failed.rung == rung for c in cs),
-                "promoted": sum(rung in c.promotions for c in cs),
-                "pruned": sum(c.pruned is not None and c.pruned.rung == rung for c in cs),
-            }
-        )
-    rows.append({"stage": "profiled", "reached": d["candidates"]["finalists"]})
-    return rows
-
-
 def _funnel_section(state: RunState) -> str:
     rows = funnel(state)
     cols = ["reached", "measured", "passed", "failed", "promoted", "pruned"]
@@ -429,7 +210,7 @@ def _funnel_section(state: RunState) -> str:
     stages = [("proposed", rows[0]["reached"]), ("passed the gate", rows[1]["passed"])]
     stages += [(f"measured at {r['stage']}", r["measured"]) for r in rows[2:-1]]
     stages.append(("profiled", rows[-1]["reached"]))
-    return table + _funnel_plot([(s, int(n)) for s, n in stages])
+    return table + funnel_plot([(s, int(n)) for s, n in stages])
 
 
 def _failures_section(state: RunState) -> str:
@@ -455,7 +236,7 @@ def _failures_section(state: RunState) -> str:
     return (
         head
         + _table(["category", "at the gate", "on the ladder", "first example"], rows, "failures")
-        + _failure_plot(gate, ladder)
+        + failure_plot(gate, ladder)
     )
 
 
@@ -495,7 +276,7 @@ def _profile_section(state: RunState, winner: Candidate | None) -> str:
         ]
         rows += [(NCU_HEADLINES[k], f"{p.metrics[k]:.3g}%") for k in NCU_HEADLINES if k in p.metrics]
         parts.append(_table(["roofline", ""], rows, "kv roofline"))
-        parts.append(_roofline_plot(state, winner, m))
+        parts.append(roofline_plot(state, winner, m))
     if p.source == "ncu":
         ncu = sorted((k, v) for k, v in p.metrics.items() if not k.startswith("roofline_"))
         parts.append(

@@ -2,14 +2,10 @@
 
 from __future__ import annotations
 
-from kernelbrain.describe import fmt_s
-from kernelbrain.events import GatePassed
-from kernelbrain.runner import RunError
-from kernelbrain.state import Candidate, RunState
-
-
-def _knobs(c: Candidate) -> str:
-    return ", ".join(f"{k}={v}" for k, v in c.proposal.knobs.items())
+from kernelbrain.core.events import GatePassed
+from kernelbrain.core.state import Candidate, RunState
+from kernelbrain.runtime.runner import RunError
+from kernelbrain.views.describe import fmt_s, knobs_text
 
 
 def _lineage(state: RunState, c: Candidate) -> list[Candidate]:
@@ -42,7 +38,7 @@ def audit(state: RunState, candidate: str | None = None) -> str:
         if state.finished.note:
             lines.append(f"Winner vs runner-up: {state.finished.note}")
     role = "Winner" if state.finished and state.finished.winner == cid else "Candidate"
-    lines.append(f"{role}: {cid} ({c.proposal.family}/{c.proposal.strategy}: {_knobs(c)})")
+    lines.append(f"{role}: {cid} ({c.proposal.family}/{c.proposal.strategy}: {knobs_text(c)})")
 
     lines.append("\nLineage (root first):")
     for depth, a in enumerate(_lineage(state, c)):
@@ -107,7 +103,7 @@ def audit(state: RunState, candidate: str | None = None) -> str:
     for o in sorted(
         others, key=lambda o: (-max(o.results, default=-1), -(o.top_result.score if o.top_result else 0))
     ):
-        lines.append(f"  {o.id} ({o.proposal.strategy}: {_knobs(o)}): {_beaten_by(c, o)}")
+        lines.append(f"  {o.id} ({o.proposal.strategy}: {knobs_text(o)}): {_beaten_by(c, o)}")
     return "\n".join(lines)
 
 

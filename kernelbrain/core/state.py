@@ -9,7 +9,7 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass, field
 
-from kernelbrain.events import (
+from kernelbrain.core.events import (
     Adjudicated,
     AdjudicationRequested,
     BenchmarkFailed,
@@ -30,7 +30,7 @@ from kernelbrain.events import (
     RunStarted,
     decode,
 )
-from store import Projection, StoredEvent
+from kernelbrain.store import Projection, StoredEvent
 
 
 @dataclass

@@ -16,14 +16,14 @@ import re
 from pathlib import Path
 from typing import Literal
 
-from kernelbrain.problem import DEFAULT_TOLERANCE
-from kernelbrain.runner import RunError
-from kernelbrain.state import Candidate, RunState
-from store import EventStore
+from kernelbrain.core.problem import DEFAULT_TOLERANCE
+from kernelbrain.core.state import Candidate, RunState
+from kernelbrain.runtime.runner import RunError
+from kernelbrain.store import EventStore
 
 Format = Literal["standalone", "kernelbench"]
 FORMATS: tuple[Format, ...] = ("standalone", "kernelbench")
-KB_PACKAGES = {"kernelbrain", "store", "migrations"}  # what kb installs; an exported file imports none
+KB_PACKAGES = {"kernelbrain"}  # what kb installs (its store included); an exported file imports none
 HARNESS = Path(__file__).with_name("export_harness.py")
 HARNESS_START = "# --- HARNESS_START ---\n"
 
@@ -84,7 +84,7 @@ def _check_standalone(source: str, cid: str) -> None:
                 )
 
 
-def _string_literal(text: str) -> str:
+def string_literal(text: str) -> str:
     """text as a Python literal a reader can read: a raw triple-quoted block where that is exact."""
     for quote in ('"""', "'''"):
         literal = f"r{quote}{text}{quote}"
@@ -138,7 +138,7 @@ def export_source(
         + "\n\n# --- the reference kb measured against (problem "
         + f"{state.started.problem_name}, source hash {state.started.problem_hash[:16]}) ---\n"
         + "# Kept as text and loaded into a module of its own, so its names never clash with ModelNew's.\n"
-        + f"_KB_REFERENCE_SOURCE = {_string_literal(problem)}\n"
+        + f"_KB_REFERENCE_SOURCE = {string_literal(problem)}\n"
         + f"_KB_DEFAULT_TOLERANCE = {dict(DEFAULT_TOLERANCE)!r}\n\n\n"
         + "# --- check and time: python kernel.py [--device cpu|cuda] [--all-shapes] [--repeats N] ---\n\n\n"
         + _harness()

@@ -12,7 +12,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from store import NewEvent, StoredEvent
+from kernelbrain.store import NewEvent, StoredEvent
 
 
 class EventError(Exception):

@@ -4,7 +4,7 @@ Everything below HARNESS_START is copied verbatim into the exported file, after 
 source and the reference problem's source (kept as a string), so it must import nothing from
 kernelbrain and define nothing whose name could clash with a candidate's: every name starts with
 `_kb_` or `_Kb`, and imports are local to the functions. It re-states, in a few lines, what kb's gate and
-ladder do (kernelbrain.evaluate): same shapes, same tolerances, the reference in float64 as the
+ladder do (kernelbrain.child): same shapes, same tolerances, the reference in float64 as the
 judge, CUDA events with an L2 flush on a GPU, the wall clock under the Triton interpreter.
 """
 

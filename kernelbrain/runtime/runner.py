@@ -23,11 +23,12 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from kernelbrain.events import RunConfig, RunFinished, RungSpec, RunResumed, RunStarted
-from kernelbrain.problem import read_problem, source_hash
-from kernelbrain.state import RunState
-from kernelbrain.workers import ROLES, Worker
-from store import EventStore
+from kernelbrain.core.events import RunConfig, RunFinished, RungSpec, RunResumed, RunStarted
+from kernelbrain.core.problem import read_problem, source_hash
+from kernelbrain.core.state import RunState
+from kernelbrain.runtime.roles import ROLES
+from kernelbrain.runtime.worker import Worker
+from kernelbrain.store import EventStore
 
 MAX_RESTARTS = 5
 
@@ -100,10 +101,10 @@ def hardware() -> dict:
 
 def versions() -> dict[str, str]:
     out = {}
-    for pkg in ("kernelbrain", "torch", "triton", "pydantic", "sqlite-utils", "pysqlite3"):
+    for pkg in ("kernelbrain", "torch", "triton", "pydantic", "pysqlite3"):
         with contextlib.suppress(importlib.metadata.PackageNotFoundError):
             out[pkg] = importlib.metadata.version(pkg)
-    from store._sqlite import sqlite3
+    from kernelbrain.store.driver import sqlite3
 
     out["sqlite"] = sqlite3.sqlite_version
     return out

@@ -17,6 +17,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
+from kernelbrain.core import nsight
+
 Status = Literal["ok", "warn", "fail", "skip"]
 
 # SQLite's WAL-reset bug (sqlite.org/wal.html#walresetbug): a race between two checkpoints and a commit
@@ -100,7 +102,7 @@ def _nvidia_smi(timeout_s: float) -> list[str] | str | None:
 
 
 def check_gpu(timeout_s: float = 20.0) -> Check:
-    from kernelbrain.runner import detect_device
+    from kernelbrain.runtime.runner import detect_device
 
     smi = _nvidia_smi(timeout_s)
     facts: dict[str, Any] = {"nvidia_smi": smi, "kb_device": detect_device()}
@@ -159,7 +161,6 @@ def check_triton(gpu: bool) -> Check:
 
 def check_ncu(gpu: bool, timeout_s: float = 60.0) -> Check:
     """Is Nsight Compute there, and may it read the performance counters? (one tiny profiled kernel)"""
-    from kernelbrain import ncu
 
     path = shutil.which("ncu")
     if path is None:
@@ -184,7 +185,7 @@ def check_ncu(gpu: bool, timeout_s: float = 60.0) -> Check:
             facts=facts,
         )
     probe = ["ncu", "--csv", "--clock-control", "none", "--print-units", "base", "--target-processes", "all"]
-    probe += ["--metrics", ncu.METRICS["duration_ns"], sys.executable, "-c", NCU_PROBE]
+    probe += ["--metrics", nsight.METRICS["duration_ns"], sys.executable, "-c", NCU_PROBE]
     try:
         r = subprocess.run(probe, capture_output=True, text=True, timeout=timeout_s)
     except subprocess.TimeoutExpired:
@@ -195,8 +196,8 @@ def check_ncu(gpu: bool, timeout_s: float = 60.0) -> Check:
             facts=facts,
         )
     try:
-        metrics, kernels = ncu.parse(r.stdout + r.stderr)
-    except ncu.NcuError as e:
+        metrics, kernels = nsight.parse(r.stdout + r.stderr)
+    except nsight.NcuError as e:
         fix = (
             ": the counters need permission: run as root, or load the nvidia module with "
             "NVreg_RestrictProfilingToAdminUsers=0"
@@ -219,7 +220,7 @@ def check_sqlite() -> Check:
     """The driver the store actually uses (store/_sqlite.py picks pysqlite3 where installed)."""
     import sqlite3 as stdlib
 
-    from store._sqlite import sqlite3
+    from kernelbrain.store.driver import sqlite3
 
     version = sqlite3.sqlite_version
     driver = sqlite3.__name__.split(".")[0]

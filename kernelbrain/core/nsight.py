@@ -50,7 +50,7 @@ def command(python: str, problem_file: str, candidate_file: str) -> list[str]:
     return [
         "ncu", "--csv", "--clock-control", "none", "--profile-from-start", "off", "--target-processes", "all",
         "--print-units", "base", "--metrics", ",".join(METRICS.values()),
-        python, "-m", "kernelbrain.ncu_target", problem_file, candidate_file,
+        python, "-m", "kernelbrain.child.ncu_target", problem_file, candidate_file,
     ]  # fmt: skip
 
 

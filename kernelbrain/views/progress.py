@@ -26,10 +26,10 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from kernelbrain.describe import QUIET_TYPES, summary
-from kernelbrain.events import GatePassed, RunFinished, decode
-from kernelbrain.state import RunState
-from store import EventStore, StoredEvent
+from kernelbrain.core.events import GatePassed, RunFinished, decode
+from kernelbrain.core.state import RunState
+from kernelbrain.store import EventStore, StoredEvent
+from kernelbrain.views.describe import QUIET_TYPES, summary
 
 PLAIN_SUMMARY_EVERY_S = 30.0  # a CI log of a long GPU run still says where it stands
 

@@ -6,10 +6,11 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from kernelbrain.events import RungSpec, ShapeTiming
-from kernelbrain.problem import ProblemError, read_problem
-from kernelbrain.sandbox import Sandbox, SandboxError, SandboxFault
-from kernelbrain.scheduler import score
+from kernelbrain.core.events import RungSpec, ShapeTiming
+from kernelbrain.core.problem import ProblemError, read_problem
+from kernelbrain.core.protocol import BenchRequest, GateRequest
+from kernelbrain.core.scoring import score
+from kernelbrain.runtime.sandbox import Sandbox, SandboxError, SandboxFault
 
 GATE_TIMEOUT_S = 300.0
 BENCH_TIMEOUT_S = 600.0
@@ -55,17 +56,16 @@ def check(
     sandbox = Sandbox(device)
     try:
         try:
-            r, _ = sandbox.call("gate", {**args, "seeds": seeds}, timeout_s=GATE_TIMEOUT_S, task="check/gate")
+            r, _ = sandbox.call(GateRequest(**args, seeds=seeds), timeout_s=GATE_TIMEOUT_S, task="check/gate")
         except SandboxFault as f:
             return CheckResult(passed=False, category=f.category, detail=f.detail)
         except SandboxError as e:
             return CheckResult(passed=False, category="runtime", detail=str(e).splitlines()[0])
-        result = CheckResult(**r)
+        result = CheckResult(**r.model_dump())
         for i, rung in enumerate(rungs if result.passed and rungs else ()):
             try:
                 b, _ = sandbox.call(
-                    "bench",
-                    {**args, "which": rung.shapes, "repeats": rung.repeats, "warmup": rung.warmup},
+                    BenchRequest(**args, which=rung.shapes, repeats=rung.repeats, warmup=rung.warmup),
                     timeout_s=BENCH_TIMEOUT_S,
                     task=f"check/{i}",
                 )
@@ -77,8 +77,7 @@ def check(
                         "detail": f"rung {i}: {str(e).splitlines()[0]}",
                     }
                 )
-            shapes = [ShapeTiming(**s) for s in b["shapes"]]
-            result.rungs.append(RungResult(rung=i, shapes=shapes, score=score(shapes), timer=b["timer"]))
+            result.rungs.append(RungResult(rung=i, shapes=b.shapes, score=score(b.shapes), timer=b.timer))
         return result
     finally:
         sandbox.close()

@@ -4,7 +4,7 @@ Candidate code is untrusted. It runs in its own process and session with a scrub
 own temporary directory, no core dumps and capped file sizes, and it dies with its worker
 (PR_SET_PDEATHSIG). A hang, a segfault, an illegal memory access or an `os._exit` becomes a
 `SandboxFault` with its category; the next call starts a fresh child. A check the candidate fails
-inside an op (evaluate.CandidateFault) is a `SandboxFault` too, with the check's category, and the
+inside an op (the child's CandidateFault) is a `SandboxFault` too, with the check's category, and the
 child lives on. A warm child is reused until one faults, because importing torch and Triton costs
 seconds.
 """
@@ -23,10 +23,12 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import orjson
+from pydantic import ValidationError
 
-from kernelbrain.child import HEADER
+from kernelbrain.core.protocol import HEADER, Reply, Request
 
 # What a child may see of the worker's environment: the toolchain, never keys or tokens.
 ENV_ALLOWED = (
@@ -128,8 +130,9 @@ class Sandbox:
             preexec_fn=_child_setup,
         )
 
-    def call(self, op: str, args: dict, *, timeout_s: float, task: str = "-") -> tuple[dict, float]:
-        """Run one request; returns (result, busy seconds). Raises SandboxFault when the child dies."""
+    def call(self, request: Request, *, timeout_s: float, task: str = "-") -> tuple[Any, float]:
+        """Run one request; returns (its reply, busy seconds). Raises SandboxFault when the child dies or
+        the candidate failed a check, SandboxError when kb's own code failed in the child."""
         if self.proc is not None and self.proc.poll() is not None:
             # it died after its last answer (a stray thread of an earlier candidate): not this one's fault
             self.close()
@@ -137,31 +140,31 @@ class Sandbox:
             self.start()
         assert self.proc and self.proc.stdin and self.proc.stdout
         self.stderr_mark = self.stderr.tell()
-        frame = orjson.dumps({"op": op, "args": args, "task": task})
+        frame = orjson.dumps({"task": task, "request": request.model_dump(mode="json")})
         try:
             self.proc.stdin.write(HEADER.pack(len(frame)) + frame)
             self.proc.stdin.flush()
         except BrokenPipeError:
             raise self._fault("crash", self._died()) from None
         self.executions += 1
-        reply = self._read(time.monotonic() + timeout_s, timeout_s)
-        if (
-            not isinstance(reply, dict)
-            or "ok" not in reply
-            or ("result" if reply["ok"] else "error") not in reply
-        ):
+        try:
+            reply = Reply.model_validate(self._read(time.monotonic() + timeout_s, timeout_s))
+            result = None if reply.result is None else request.reply.model_validate(reply.result)
+        except ValidationError:
             raise self._fault(
                 "crash", "the child sent a malformed reply (candidate code wrote to the protocol pipe)"
-            )
-        if reply.get("recycle"):
+            ) from None
+        if reply.recycle:
             self.close()
-        if not reply["ok"] and "category" in reply:  # a candidate's fault; the child lives on
-            raise SandboxFault(reply["category"], reply["error"])
-        if not reply["ok"]:
-            raise SandboxError(f"{op} failed inside the sandbox: {reply['error']}\n{reply.get('trace', '')}")
-        return reply["result"], reply["busy_s"]
+        if reply.failure is not None and reply.failure.fault == "candidate":  # the child lives on
+            raise SandboxFault(reply.failure.category or "runtime", reply.failure.detail)
+        if reply.failure is not None or result is None:
+            detail = reply.failure.detail if reply.failure else "no result"
+            trace = reply.failure.trace if reply.failure else ""
+            raise SandboxError(f"{request.op} failed inside the sandbox: {detail}\n{trace or ''}")
+        return result, reply.busy_s
 
-    def _read(self, deadline: float, timeout_s: float) -> dict:
+    def _read(self, deadline: float, timeout_s: float) -> Any:
         assert self.proc and self.proc.stdout
         fd = self.proc.stdout.fileno()
         buf = b""

@@ -5,11 +5,16 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from kernelbrain.events import Event, decode
-from kernelbrain.state import RunState
-from store import StoredEvent
+from kernelbrain.core.events import Event, decode
+from kernelbrain.core.state import Candidate, RunState
+from kernelbrain.store import StoredEvent
 
 QUIET_TYPES = {"TaskClaimed", "BudgetCharged"}
+
+
+def knobs_text(c: Candidate) -> str:
+    """A candidate's knobs as `name=value, ...`."""
+    return ", ".join(f"{k}={v}" for k, v in c.proposal.knobs.items())
 
 
 def fmt_s(seconds: float) -> str:

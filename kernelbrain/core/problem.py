@@ -16,7 +16,7 @@ declare, at module level (all optional):
         atol = rtol per output dtype. Absent: these defaults (KernelBench's).
 
 This module does the static checks that need no torch (the CLI runs them before anything is
-written); `kernelbrain.evaluate` executes the file, in a sandboxed child only.
+written); `kernelbrain.child` executes the file, in a sandboxed child only.
 """
 
 from __future__ import annotations

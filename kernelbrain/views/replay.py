@@ -13,11 +13,10 @@ from collections import defaultdict
 
 from pydantic import BaseModel
 
-from kernelbrain.events import DECISION_TYPES, Event, EventError, decode
-from kernelbrain.scheduler import policy_for
-from kernelbrain.state import RunState
-from kernelbrain.workers import decision_key
-from store import EventStore
+from kernelbrain.core.events import DECISION_TYPES, Event, EventError, decode
+from kernelbrain.core.policy import decision_key, policy_for
+from kernelbrain.core.state import RunState
+from kernelbrain.store import EventStore
 
 
 class ReplayReport(BaseModel):

@@ -1,0 +1,1 @@
+"""Runs inside the sandboxed child, beside candidate code, and nowhere else."""

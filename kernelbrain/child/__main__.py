@@ -1,0 +1,95 @@
+"""Entry point of a sandboxed child: `python -m kernelbrain.child`.
+
+Speaks kernelbrain.core.protocol (length-prefixed orjson frames of typed requests and replies) on a
+private copy of stdout; the real stdout is pointed at stderr so a candidate's prints cannot corrupt the
+protocol. Exits when its parent closes stdin.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import sys
+import time
+import traceback
+
+import orjson
+
+from kernelbrain.core.protocol import HEADER, Envelope, Failure, Reply
+
+
+def _read_exact(stream, n: int) -> bytes:
+    buf = b""
+    while len(buf) < n:
+        chunk = stream.read(n - len(buf))
+        if not chunk:
+            return b""
+        buf += chunk
+    return buf
+
+
+def _log_execution(envelope: Envelope) -> None:
+    """Append one line per executed request when KB_EXEC_LOG is set: tests count real executions."""
+    path = os.environ.get("KB_EXEC_LOG")
+    if path:
+        line = f"{time.time():.6f} {envelope.task} {envelope.request.op}\n".encode()
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        try:
+            os.write(fd, line)
+        finally:
+            os.close(fd)
+
+
+def _init_cuda() -> None:
+    """Make the CUDA context now, while the worker waits for its first task: it costs a second or two,
+    which a warm child would otherwise add to its first candidate. A failure here is left to that
+    task to report."""
+    import torch
+
+    with contextlib.suppress(Exception):
+        torch.empty(1, device="cuda").zero_()
+        torch.cuda.synchronize()
+
+
+def _reply(frame: bytes) -> Reply:
+    """The reply to one frame: the op's result, the candidate's failed check, or kb's own failure."""
+    from kernelbrain.child.loading import CandidateFault
+    from kernelbrain.child.ops import serve, tainted
+
+    started = time.perf_counter()
+    result, failure = None, None
+    try:
+        envelope = Envelope.model_validate(orjson.loads(frame))
+        _log_execution(envelope)
+        result = serve(envelope.request).model_dump(mode="json")
+    except CandidateFault as f:  # the candidate failed a check: a verdict on it, not kb's failure
+        failure = Failure(fault="candidate", category=f.category, detail=f.detail)
+    except Exception as e:
+        failure = Failure(fault="kb", detail=f"{type(e).__name__}: {e}", trace=traceback.format_exc()[-4000:])
+    # recycle: a candidate changed process-wide state, so this child is not reused
+    return Reply(result=result, failure=failure, busy_s=time.perf_counter() - started, recycle=tainted())
+
+
+def main() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the worker decides when we stop
+    out = os.fdopen(os.dup(1), "wb", buffering=0)
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    inp = sys.stdin.buffer
+
+    import kernelbrain.child.ops  # noqa: F401 - imports torch and Triton: after the protocol is safe
+
+    if os.environ.get("KB_WARM_CUDA") == "1":
+        _init_cuda()
+
+    while True:
+        header = _read_exact(inp, HEADER.size)
+        if not header:
+            return
+        frame = orjson.dumps(_reply(_read_exact(inp, HEADER.unpack(header)[0])).model_dump(mode="json"))
+        out.write(HEADER.pack(len(frame)) + frame)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,101 @@
+"""The reference's analysis: the torch calls it makes, its FLOP and byte counts, its signature."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from kernelbrain.child.loading import (
+    Problem,
+    build,
+    numel,
+    outputs,
+    signature,
+)
+from kernelbrain.core.problem import shape_label
+
+
+def record_calls(model: torch.nn.Module, inputs: list) -> list[dict]:
+    from torch.overrides import TorchFunctionMode
+
+    calls: list[dict] = []
+
+    class Recorder(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            name = getattr(func, "__name__", str(func))
+            if name not in {"__get__", "__set__", "dim", "size", "shape", "__len__"}:
+                detail: dict[str, Any] = {"op": name}
+                tensor = next((a for a in args if isinstance(a, torch.Tensor)), None)
+                if tensor is not None:
+                    detail["ndim"] = tensor.dim()
+                    detail["shape"] = list(tensor.shape)
+                    detail["dtype"] = str(tensor.dtype).removeprefix("torch.")
+                for k in ("dim", "keepdim", "p", "eps"):
+                    if k in kwargs and isinstance(kwargs[k], int | float | bool | tuple | list):
+                        detail[k] = kwargs[k]
+                if "dim" not in detail and len(args) > 1 and isinstance(args[1], int):
+                    detail["dim"] = args[1]
+                if detail not in calls:
+                    calls.append(detail)
+            return func(*args, **(kwargs or {}))
+
+    with torch.no_grad(), Recorder():
+        model(*inputs)
+    return calls
+
+
+def traced(device: str, fn: Callable[[str], Any]) -> tuple[Any, str]:
+    """fn(where) on the meta device, where tensors have shapes and dtypes but no data: the counts need
+    no memory and no GPU time. A reference that needs real values (.item(), a data-dependent shape)
+    fails there and runs on `device`."""
+    try:
+        return fn("meta"), "meta"
+    except Exception:
+        return fn(device), device
+
+
+def flops_and_bytes(problem: Problem, shape: dict, device: str) -> tuple[float, float]:
+    """Of the reference at a shape, counted from shapes alone (see traced)."""
+    return traced(device, lambda where: count(problem, shape, where))[0]
+
+
+def count(problem: Problem, shape: dict, device: str) -> tuple[float, float]:
+    from torch.utils.flop_counter import FlopCounterMode
+
+    ref, _ = build(problem, None, shape, device)
+    inputs = problem.inputs(shape, 0, device)
+    counter = FlopCounterMode(display=False)
+    with torch.no_grad(), counter:
+        out = outputs(ref(*inputs))
+    flops = float(counter.get_total_flops())
+    if flops == 0:  # elementwise and reductions: FlopCounterMode counts only matmul-like ops
+        flops = float(sum(o.numel() for o in out) + sum(numel(x) for x in inputs))
+    nbytes = sum(x.numel() * x.element_size() for x in inputs if isinstance(x, torch.Tensor))
+    nbytes += sum(o.numel() * o.element_size() for o in out)
+    nbytes += sum(p.numel() * p.element_size() for p in ref.parameters())
+    return flops, float(nbytes)
+
+
+def analyse(problem_source: str, device: str) -> dict:
+    problem = Problem(problem_source)
+    shape = problem.ladder_shapes(device, "primary")[0]
+
+    def trace(where: str) -> tuple[list[dict], tuple[float, float]]:
+        ref, _ = build(problem, None, shape, where)
+        return record_calls(ref, problem.inputs(shape, 0, where)), count(problem, shape, where)
+
+    (ops, (flops, nbytes)), traced_on = traced(device, trace)
+    labels = [shape_label(s) for s in problem.shapes]
+    model_cls = problem.module.Model
+    names = {m: [n for n, _ in signature(getattr(model_cls, m))] for m in ("__init__", "forward")}
+    return {
+        "ops": ops,
+        "flops": flops,
+        "bytes": nbytes,
+        "shapes": labels,
+        "signature": {"init": names["__init__"], "forward": names["forward"]},
+        "traced_on": traced_on,  # "meta": the analysis used no GPU time
+    }

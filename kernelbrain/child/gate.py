@@ -1,0 +1,271 @@
+"""The gate V(p): the candidate compiles, matches the signature, obeys the policy, and matches the float64
+reference on several draws."""
+
+from __future__ import annotations
+
+import ast
+import copy
+import inspect
+from collections.abc import Callable
+from types import ModuleType
+from typing import Any
+
+import torch
+
+from kernelbrain.child import guard
+from kernelbrain.child.analysis import record_calls
+from kernelbrain.child.loading import (
+    CandidateFault,
+    Problem,
+    build,
+    load_module,
+    outputs,
+    signature,
+    tensors,
+    to_device,
+    variant,
+)
+from kernelbrain.core.problem import shape_label
+
+
+def _has_jit_kernel(tree: ast.Module) -> bool:
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef):
+            for d in node.decorator_list:
+                target = d.func if isinstance(d, ast.Call) else d
+                name = target.attr if isinstance(target, ast.Attribute) else getattr(target, "id", "")
+                if name == "jit":
+                    return True
+    return False
+
+
+def _load_candidate(cand_source: str) -> ModuleType:
+    try:
+        tree = ast.parse(cand_source, "<candidate>")
+    except SyntaxError as e:
+        raise CandidateFault("compile", f"line {e.lineno}: {e.msg}") from e
+    if not _has_jit_kernel(tree):
+        raise CandidateFault(
+            "policy", "no @triton.jit kernel: a candidate's work must be done by Triton kernels"
+        )
+    guard.install()
+    try:
+        return load_module(cand_source, "cand")
+    except Exception as e:
+        raise CandidateFault("compile", f"importing the candidate failed: {type(e).__name__}: {e}") from e
+
+
+def _check_signature(problem: Problem, cand: ModuleType) -> None:
+    new_cls = getattr(cand, "ModelNew", None)
+    if not inspect.isclass(new_cls) or not issubclass(new_cls, torch.nn.Module):
+        raise CandidateFault("signature", "the candidate defines no class ModelNew(nn.Module)")
+    ref_cls = problem.module.Model
+    for method in ("__init__", "forward"):
+        want, got = signature(getattr(ref_cls, method)), signature(getattr(new_cls, method))
+        if [n for n, _ in want] != [n for n, _ in got]:
+            raise CandidateFault(
+                "signature",
+                f"ModelNew.{method}({', '.join(n for n, _ in got)}) differs from "
+                f"Model.{method}({', '.join(n for n, _ in want)})",
+            )
+
+
+def _policy(check: Callable[..., None], *args: Any, prefix: str = "") -> None:
+    try:
+        check(*args)
+    except guard.Violation as v:
+        raise CandidateFault("policy", f"{prefix}{v}") from None
+
+
+def _same(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
+    return len(a) == len(b) and all(
+        x.shape == y.shape and torch.equal(x.to(y.dtype), y) for x, y in zip(a, b, strict=True)
+    )
+
+
+_SAME_SIZE_INT = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def fingerprint(t: torch.Tensor) -> tuple:
+    """A tensor's shape, dtype and the wrapping sum of its bits: two tensors with equal fingerprints
+    are equal but for a collision, NaNs included (their bits are summed, not their values)."""
+    as_int = _SAME_SIZE_INT.get(t.element_size())
+    bits = t.view(as_int) if as_int is not None else t.contiguous().view(torch.uint8)
+    return tuple(t.shape), str(t.dtype), int(bits.sum(dtype=torch.int64)) if t.numel() else 0
+
+
+class Memo:
+    """What the gate computes from the problem alone, kept for the child's next candidates: the float64
+    reference's outputs on each seed's inputs, and the torch ops the reference calls. Every candidate of
+    a run is checked against the same draws, so each costs one reference run, not one per candidate.
+    A different problem clears it; a draw over the byte limit is recomputed rather than held. Each
+    entry's fingerprint is checked after every candidate (`intact`): a kernel that writes outside its
+    outputs may land in memory the memo holds."""
+
+    LIMIT_BYTES = {"cuda": 8 << 30, "cpu": 1 << 30}
+
+    def __init__(self) -> None:
+        self.problem = ""
+        self.entries: dict[tuple, tuple[Any, list[tuple]]] = {}
+        self.bytes = 0
+
+    def get(self, problem: str, key: tuple, make: Callable[[], Any]) -> Any:
+        if problem != self.problem:
+            self.clear(problem)
+        if key in self.entries:
+            return self.entries[key][0]
+        value = make()
+        kept = tensors(value)
+        size = sum(t.numel() * t.element_size() for t in kept)
+        if self.bytes + size <= self.LIMIT_BYTES.get(kept[0].device.type if kept else "cpu", 1 << 30):
+            self.entries[key] = (value, [fingerprint(t) for t in kept])
+            self.bytes += size
+        return value
+
+    def clear(self, problem: str = "") -> None:
+        self.problem, self.entries, self.bytes = problem, {}, 0
+
+    def intact(self) -> bool:
+        """Whether every kept tensor still holds what it held when kept; if not, the memo is emptied."""
+        ok = all(
+            [fingerprint(t) for t in tensors(value)] == prints for value, prints in self.entries.values()
+        )
+        if not ok:
+            self.clear()
+        return ok
+
+
+_MEMO = Memo()
+
+
+def _layout_copy(x: Any) -> Any:
+    """A copy of a tensor with its own layout (offset, strides, overlap): a clone would be contiguous,
+    and a candidate that ignores strides would pass on it."""
+    if not isinstance(x, torch.Tensor):
+        return copy.deepcopy(x)
+    out = torch.empty(0, dtype=x.dtype, device=x.device)
+    return out.set_(x.untyped_storage().clone(), x.storage_offset(), x.size(), x.stride())
+
+
+def _reference_draw(
+    problem: Problem, ref: torch.nn.Module, shape: dict, device: str, seed: int, weights: tuple
+) -> tuple[list, list[torch.Tensor]]:
+    """A seed's inputs at a gate shape and the float64 reference's outputs on them, from the memo.
+    `weights` (fingerprints of the reference's state_dict) is part of the key: a Model whose init does
+    not follow torch.manual_seed (numpy, say) gets a new reference with each build."""
+
+    def make() -> tuple[list, list[torch.Tensor]]:
+        ref64 = copy.deepcopy(ref).to(torch.float64)
+        inputs = [to_device(x, device) for x in variant(problem.inputs(shape, seed, device), seed)]
+        with torch.no_grad():
+            return inputs, outputs(ref64(*[to_device(x, device, torch.float64) for x in inputs]))
+
+    return _MEMO.get(problem.hash, ("draw", device, shape_label(shape), seed, weights), make)
+
+
+def gate(problem_source: str, cand_source: str, device: str, seeds: int) -> dict:
+    """V(p): compiles, signature matches, outputs match the float64 reference on several draws."""
+    try:
+        result = {"passed": True, **_gate(Problem(problem_source), cand_source, device, seeds)}
+    except CandidateFault as f:
+        result = {"passed": False, "category": f.category, "detail": f.detail, **f.figures}
+    if not _MEMO.intact() and result["passed"]:
+        result = {
+            "passed": False,
+            "category": "runtime",
+            "detail": "memory outside the candidate's outputs changed while it ran (the gate's kept inputs "
+            "or reference outputs): an out-of-bounds write? Check its masks",
+        }
+    return result
+
+
+def _gate(problem: Problem, cand_source: str, device: str, seeds: int) -> dict:
+    timers = guard.timer_identities()
+    cand = _load_candidate(cand_source)
+    _check_signature(problem, cand)
+    _policy(guard.check_timers, timers)
+    worst_abs = worst_rel = 0.0
+    tol = 0.0
+    # one shape per input-dtype signature: a problem whose shapes change dtype (fp32, fp16, bf16) has every
+    # dtype path gated, each at its smallest shape
+    shapes = problem.gate_shapes(device)
+    for shape in shapes:
+        where = f"shape {shape_label(shape)}, " if len(shapes) > 1 else ""
+        try:
+            ref, new = build(problem, cand, shape, device)
+        except Exception as e:
+            raise CandidateFault(
+                "runtime", f"ModelNew(*get_init_inputs()) raised {type(e).__name__}: {e}"
+            ) from e
+        forbidden = _MEMO.get(
+            problem.hash,
+            ("forbidden", device, shape_label(shape)),
+            lambda r=ref, s=shape: guard.forbidden_ops(record_calls(r, problem.inputs(s, 0, device))),
+        )
+        weights = tuple(fingerprint(t) for t in ref.state_dict().values())
+        previous: tuple[list[torch.Tensor], list[torch.Tensor]] | None = None
+        for seed in range(seeds):
+            # the memo's inputs stay as drawn: the candidate gets copies, and is checked against them
+            before, expected = _reference_draw(problem, ref, shape, device, seed, weights)
+            inputs = [_layout_copy(x) for x in before]
+            with torch.no_grad():
+                watch = guard.Watch(forbidden, problem.module.Model, device)
+                try:
+                    with watch:
+                        got = outputs(new(*inputs))
+                        if device == "cuda":
+                            torch.cuda.synchronize()
+                except CandidateFault:
+                    raise
+                except Exception as e:
+                    raise CandidateFault(
+                        "runtime", f"{where}seed {seed}: forward raised {type(e).__name__}: {e}"
+                    ) from e
+                _policy(watch.check, prefix=f"{where}seed {seed}: ")
+                _policy(guard.check_timers, timers, prefix=f"{where}seed {seed}: ")
+            for x, b in zip(inputs, before, strict=True):
+                if isinstance(x, torch.Tensor) and not torch.equal(x, b):
+                    raise CandidateFault("policy", f"{where}seed {seed}: the candidate mutated its inputs")
+            if len(got) != len(expected):
+                raise CandidateFault("mismatch", f"{len(got)} outputs, the reference returns {len(expected)}")
+            if previous is not None and _same(got, previous[0]) and not _same(expected, previous[1]):
+                raise CandidateFault(
+                    "policy",
+                    f"{where}seed {seed}: fresh inputs gave the previous call's outputs "
+                    "(results cached across calls)",
+                )
+            previous = ([g.detach().clone() for g in got], expected)
+            for i, (g, e) in enumerate(zip(got, expected, strict=True)):
+                if g.shape != e.shape:
+                    raise CandidateFault(
+                        "mismatch", f"output {i} has shape {tuple(g.shape)}, expected {tuple(e.shape)}"
+                    )
+                tol = problem.tolerance_of(g.dtype)
+                g64 = g.detach().to(torch.float64)
+                bad_g, bad_e = ~torch.isfinite(g64), ~torch.isfinite(e)
+                if (bad_g & ~bad_e).any():
+                    raise CandidateFault(
+                        "nan",
+                        f"{where}seed {seed}: output {i} has {int((bad_g & ~bad_e).sum())} NaN/Inf where "
+                        "the reference has none (outputs are allocated NaN-filled: are some elements never "
+                        "written?)",
+                    )
+                ok = bad_e | torch.isclose(g64, e, rtol=tol, atol=tol)
+                diff = (g64 - e).abs().masked_fill(bad_e, 0)
+                abs_err = float(diff.max()) if diff.numel() else 0.0
+                rel_err = (
+                    float((diff / e.abs().clamp_min(1e-12)).masked_fill(bad_e, 0).max())
+                    if diff.numel()
+                    else 0.0
+                )
+                worst_abs, worst_rel = max(worst_abs, abs_err), max(worst_rel, rel_err)
+                if not bool(ok.all()):
+                    raise CandidateFault(
+                        "mismatch",
+                        f"{where}seed {seed}: output {i} differs from the reference at {int((~ok).sum())} "
+                        f"of {ok.numel()} "
+                        f"elements (max abs err {abs_err:.3g}, tolerance {tol:g})",
+                        max_abs_err=abs_err,
+                        max_rel_err=rel_err,
+                    )
+    return {"seeds": seeds, "max_abs_err": worst_abs, "max_rel_err": worst_rel, "tolerance": tol}

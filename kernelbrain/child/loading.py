@@ -1,0 +1,206 @@
+"""Loading inside the sandboxed child: a problem file with its extras, a candidate's module, models built
+the same way for reference and candidate, inputs drawn at a shape and seed."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import inspect
+import os
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import torch
+
+from kernelbrain.core.problem import DEFAULT_TOLERANCE
+
+_MODULES: dict[str, ModuleType] = {}
+
+
+class CandidateFault(Exception):
+    """A candidate failed a check; `category` is one of GateFailed's categories."""
+
+    def __init__(self, category: str, detail: str, **figures: float | None) -> None:
+        super().__init__(detail)
+        self.category = category
+        self.detail = detail
+        self.figures = figures
+
+
+def load_module(source: str, prefix: str) -> ModuleType:
+    """Import source from a real file: Triton's @jit reads a kernel's source through inspect."""
+    digest = hashlib.sha256(source.encode()).hexdigest()[:16]
+    name = f"kb_{prefix}_{digest}"
+    if name in _MODULES:
+        return _MODULES[name]
+    path = Path(tempfile.gettempdir()) / f"{name}.py"
+    # written under a private name, then renamed into place: another process loading the same source
+    # at the same moment (test workers share /tmp) reads the whole file, never a half-written one
+    fd, part = tempfile.mkstemp(prefix=f".{name}.", suffix=".part", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(source)
+        os.replace(part, path)
+    except BaseException:
+        Path(part).unlink(missing_ok=True)
+        raise
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[name]
+        raise
+    _MODULES[name] = module
+    return module
+
+
+class Problem:
+    """A loaded KernelBench problem with kb's optional extras resolved."""
+
+    def __init__(self, source: str) -> None:
+        self.module = load_module(source, "problem")
+        self.hash = hashlib.sha256(source.encode()).hexdigest()
+        m = self.module
+        self.base_globals = {k: getattr(m, k) for k in dir(m) if not k.startswith("__")}
+        shapes = getattr(m, "KB_SHAPES", None) or [{}]
+        self.shapes: list[dict] = [dict(s) for s in shapes]
+        smoke = getattr(m, "KB_SMOKE_SHAPE", None)
+        self.smoke: dict | None = dict(smoke) if smoke else None
+        # shapes the GPU gate checks instead of the smallest of each dtype: a problem whose every
+        # shape is huge (a float64 reference of 500M outputs, three seeds) names cheaper ones here
+        self.gate: list[dict] | None = [dict(s) for s in getattr(m, "KB_GATE_SHAPES", None) or []] or None
+        self.tolerance = {**DEFAULT_TOLERANCE, **(getattr(m, "KB_TOLERANCE", None) or {})}
+
+    def tolerance_of(self, dtype: torch.dtype) -> float:
+        return self.tolerance.get(str(dtype).removeprefix("torch."), 1e-4)
+
+    def use(self, shape: dict) -> None:
+        for k, v in self.base_globals.items():
+            setattr(self.module, k, v)
+        for k, v in shape.items():
+            setattr(self.module, k, v)
+
+    def inputs(self, shape: dict, seed: int, device: str = "cpu") -> list:
+        """get_inputs() at a shape, drawn on the device itself: a GPU-sized tensor is never built on
+        the host first. Tensors the problem puts on another device explicitly are moved."""
+        self.use(shape)
+        torch.manual_seed(seed)
+        with torch.device(device):
+            return [to_device(x, device) for x in self.module.get_inputs()]
+
+    def init_inputs(self, shape: dict) -> list:
+        self.use(shape)
+        return list(self.module.get_init_inputs())
+
+    def ladder_shapes(self, device: str, which: str) -> list[dict]:
+        """The shapes a rung measures: the smoke shape on CPU, else smallest/primary/all."""
+        if device == "cpu":
+            return [self.smoke if self.smoke is not None else self.smallest()]
+        if which == "primary":
+            return [self.shapes[0]]
+        if which == "smallest":
+            return [self.smallest()]
+        return self.shapes
+
+    def gate_shapes(self, device: str) -> list[dict]:
+        """The shapes the gate checks: the CPU shape, or on GPU the problem's KB_GATE_SHAPES, else the
+        smallest of each input-dtype group."""
+        if device == "cpu":
+            return self.ladder_shapes("cpu", "smallest")
+        if self.gate is not None:
+            return self.gate
+        groups: dict[tuple, list[dict]] = {}
+        for s in self.shapes:
+            key = tuple(str(x.dtype) for x in self.inputs(s, 0, "meta") if isinstance(x, torch.Tensor))
+            groups.setdefault(key, []).append(s)
+        return [min(g, key=self._size) for g in groups.values()]
+
+    def _size(self, shape: dict) -> int:
+        return sum(numel(x) for x in self.inputs(shape, 0, "meta"))
+
+    def smallest(self) -> dict:
+        # sized on the meta device: no memory is touched to compare shapes
+        return min(self.shapes, key=self._size)
+
+
+def numel(x: Any) -> int:
+    return x.numel() if isinstance(x, torch.Tensor) else 0
+
+
+def to_device(x: Any, device: str, dtype: torch.dtype | None = None) -> Any:
+    if isinstance(x, torch.Tensor):
+        x = x.to(device)
+        return x.to(dtype) if dtype is not None and x.is_floating_point() else x
+    return x
+
+
+def signature(fn: Callable) -> list[tuple[str, Any]]:
+    return [(p.name, p.kind) for p in list(inspect.signature(fn).parameters.values())[1:]]
+
+
+def construct(cls: type, init: list, device: str) -> torch.nn.Module:
+    """cls(*init) built on the device, so a large layer's weights are drawn there rather than on one
+    host core and copied; an __init__ that needs the host (numpy, a CPU generator) is built there and
+    moved. Seeded either way."""
+    torch.manual_seed(1234)
+    if device != "cpu":
+        try:
+            with torch.device(device):
+                return cls(*init).to(device).eval()
+        except Exception:
+            torch.manual_seed(1234)
+    return cls(*init).to(device).eval()
+
+
+def build(problem: Problem, cand: ModuleType | None, shape: dict, device: str):
+    init = problem.init_inputs(shape)
+    ref = construct(problem.module.Model, init, device)
+    if cand is None:
+        return ref, None
+    new = construct(cand.ModelNew, init, device)
+    ref_state, new_state = ref.state_dict(), new.state_dict()
+    if ref_state.keys() == new_state.keys() and all(
+        ref_state[k].shape == new_state[k].shape for k in ref_state
+    ):
+        new.load_state_dict(ref_state)
+    return ref, new
+
+
+def variant(inputs: list, seed: int) -> list:
+    """Seed 0: the problem's own draw. Later seeds: signed, larger-magnitude values of the same shapes."""
+    if seed == 0:
+        return inputs
+    scale = 1.0 if seed % 2 else 8.0
+    # drawn where the input lives: a host draw of a GPU gate shape's tens of millions of float64 values
+    # cost seconds a seed
+    gens: dict[torch.device, torch.Generator] = {}
+    out = []
+    for x in inputs:
+        if isinstance(x, torch.Tensor) and x.is_floating_point():
+            g = gens.setdefault(x.device, torch.Generator(device=x.device).manual_seed(seed))
+            x = (torch.randn(x.shape, generator=g, dtype=torch.float64, device=x.device) * scale).to(x.dtype)
+        out.append(x)
+    return out
+
+
+def outputs(out: Any) -> list[torch.Tensor]:
+    if isinstance(out, torch.Tensor):
+        return [out]
+    if isinstance(out, list | tuple):
+        return [o for o in out if isinstance(o, torch.Tensor)]
+    raise CandidateFault("mismatch", f"forward returned {type(out).__name__}, not a tensor")
+
+
+def tensors(value: Any) -> list[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, list | tuple):
+        return [t for v in value for t in tensors(v)]
+    return []

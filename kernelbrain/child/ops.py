@@ -1,0 +1,45 @@
+"""The operations a sandboxed child serves, by request type, and the check that no candidate replaced a
+clock or a synchronisation point in this process."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from kernelbrain.child import guard
+from kernelbrain.child.analysis import analyse
+from kernelbrain.child.gate import gate
+from kernelbrain.child.profile import ncu, roofline
+from kernelbrain.child.timing import bench, duel
+from kernelbrain.core.protocol import (
+    AnalyseRequest,
+    BenchRequest,
+    DuelRequest,
+    GateRequest,
+    Message,
+    NcuRequest,
+    Request,
+    RooflineRequest,
+)
+
+OPS: dict[type[Request], Callable[..., dict]] = {
+    GateRequest: gate,
+    BenchRequest: bench,
+    DuelRequest: duel,
+    AnalyseRequest: analyse,
+    RooflineRequest: roofline,
+    NcuRequest: ncu,
+}
+
+
+def serve(request: Request) -> Message:
+    """Run one request: its op's function on the request's fields, its result validated as the reply."""
+    result = OPS[type(request)](**request.model_dump(exclude={"op"}))
+    return request.reply.model_validate(result)
+
+
+_PRISTINE = guard.timer_identities()
+
+
+def tainted() -> bool:
+    """Whether a candidate replaced a clock or a synchronisation point in this process."""
+    return any(_PRISTINE[k] is not v for k, v in guard.timer_identities().items() if k in _PRISTINE)

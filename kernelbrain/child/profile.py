@@ -1,0 +1,105 @@
+"""Profiling a candidate: the analytical roofline against measured ceilings, and Nsight Compute."""
+
+from __future__ import annotations
+
+import gc
+import math
+import shutil
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+from kernelbrain.child.analysis import flops_and_bytes
+from kernelbrain.child.loading import (
+    Problem,
+    build,
+    load_module,
+)
+from kernelbrain.child.timing import Timer
+
+_CEILINGS: dict[str, dict[str, float]] = {}
+
+
+def ceilings(device: str) -> dict[str, float]:
+    """Measured copy bandwidth (bytes/s) and fp32 matmul rate (FLOP/s) of this device, once per child."""
+    if device in _CEILINGS:
+        return _CEILINGS[device]
+    timer = Timer(device)
+    n = (256 if device == "cuda" else 8) * 1024 * 1024
+    src = torch.rand(n, device=device)
+    dst = torch.empty_like(src)
+    copy_t = min(timer(lambda: dst.copy_(src)) for _ in range(5))
+    m = 4096 if device == "cuda" else 512
+    a, b = torch.rand(m, m, device=device), torch.rand(m, m, device=device)
+    mm_t = min(timer(lambda: a @ b) for _ in range(5))
+    _CEILINGS[device] = {"bandwidth_Bps": 2 * n * 4 / copy_t, "matmul_flops": 2 * m**3 / mm_t}
+    return _CEILINGS[device]
+
+
+def roofline(
+    problem_source: str,
+    cand_source: str,
+    device: str,
+    repeats: int = 5,
+    flops: float | None = None,
+    nbytes: float | None = None,
+) -> dict:
+    """Achieved fractions of the measured memory and compute ceilings at the primary shape. `flops`
+    and `nbytes`: the reference's counts there, as the run's analysis recorded them (counting again
+    loads torch's FLOP counter, a second or more in every profiler child)."""
+    problem = Problem(problem_source)
+    cand = load_module(cand_source, "cand")
+    shape = problem.ladder_shapes(device, "primary")[0]
+    if flops is None or nbytes is None:
+        flops, nbytes = flops_and_bytes(problem, shape, device)
+    _, new = build(problem, cand, shape, device)
+    inputs = problem.inputs(shape, 7, device)
+    timer = Timer(device)
+    with torch.no_grad():
+        new(*inputs)
+        gc.collect()
+        gc.disable()
+        try:
+            median = statistics.median(timer(lambda: new(*inputs)) for _ in range(repeats))
+        finally:
+            gc.enable()
+    ceil = ceilings(device)
+    floor_s = max(nbytes / ceil["bandwidth_Bps"], flops / ceil["matmul_flops"])
+    return {
+        "time_s": median,
+        "bytes": nbytes,
+        "flops": flops,
+        "arith_intensity": flops / nbytes if nbytes else math.inf,
+        "ridge_intensity": ceil["matmul_flops"] / ceil["bandwidth_Bps"],
+        "dram_frac": nbytes / median / ceil["bandwidth_Bps"],
+        "compute_frac": flops / median / ceil["matmul_flops"],
+        "floor_frac": floor_s / median,
+        "bandwidth_Bps": ceil["bandwidth_Bps"],
+        "matmul_flops": ceil["matmul_flops"],
+    }
+
+
+def ncu(problem_source: str, cand_source: str, device: str, timeout_s: float = 400.0) -> dict:
+    """Nsight Compute on one forward of the candidate at the primary shape (see kernelbrain.core.nsight)."""
+    import subprocess
+
+    from kernelbrain.core import nsight as nsight
+
+    if device != "cuda" or shutil.which("ncu") is None:
+        return {"error": "ncu is not on this machine" if device == "cuda" else "ncu needs a GPU"}
+    workdir = Path(tempfile.mkdtemp(prefix="ncu-"))
+    (workdir / "problem.py").write_text(problem_source)
+    (workdir / "candidate.py").write_text(cand_source)
+    cmd = nsight.command(sys.executable, str(workdir / "problem.py"), str(workdir / "candidate.py"))
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, cwd=workdir)
+    except subprocess.TimeoutExpired:
+        return {"error": f"ncu took longer than {timeout_s:g} s"}
+    try:
+        metrics, kernels = nsight.parse(proc.stdout)
+    except nsight.NcuError as e:
+        return {"error": f"{e} (exit {proc.returncode}): {proc.stderr.strip()[-300:]}"}
+    return {"metrics": metrics, "kernels": kernels, "raw": proc.stdout}

@@ -1,0 +1,67 @@
+"""The benchmark screen: a benchmarked shape's first outputs against the reference's, for faults that show
+only at scale."""
+
+from __future__ import annotations
+
+import torch
+
+from kernelbrain.child.loading import (
+    CandidateFault,
+    Problem,
+)
+from kernelbrain.core.problem import shape_label
+
+# a benchmark shape's outputs fail only past this many times the gate's tolerance (see screen)
+SCREEN = 10
+
+
+_SLICE = 1 << 24  # elements compared at once: no temporaries the size of a large output
+
+
+def screen(problem: Problem, shape: dict, got: list[torch.Tensor], expected: list[torch.Tensor]) -> None:
+    """A benchmark shape's first outputs against the reference's, on the device. The gate checked the
+    candidate closely (float64, several draws) at its small shapes; here only errors SCREEN times its
+    tolerance fail: those a kernel makes only at scale (a grid-wide wait on programs that never ran,
+    a 32-bit offset that wrapped, tiles never written), where eager's own rounding is far inside.
+
+    Two tests, each at SCREEN x tol: elementwise (|g - e| <= tol + tol |e|), and per line of the last
+    dimension, the error's RMS against the reference's (floored at 1e-3 of the whole output's). The
+    second sees what an absolute tolerance cannot: a softmax row of 393216 columns holds values near
+    2.5e-6, so a row normalised by half its sum is wrong by far less than 1e-3 at every element."""
+    where = f"benchmark shape {shape_label(shape)}"
+    if len(got) != len(expected):
+        raise CandidateFault(
+            "mismatch", f"{where}: {len(got)} outputs, the reference returns {len(expected)}"
+        )
+    for i, (g, e) in enumerate(zip(got, expected, strict=True)):
+        if g.shape != e.shape:
+            raise CandidateFault(
+                "mismatch", f"{where}: output {i} has shape {tuple(g.shape)}, expected {tuple(e.shape)}"
+            )
+        if e.numel() == 0:
+            continue
+        tol = SCREEN * problem.tolerance_of(g.dtype)
+        wide = torch.float64 if torch.float64 in (g.dtype, e.dtype) else torch.float32
+        g, e = g.detach(), e.detach()
+        if g.dim() < 2:  # one line
+            g, e = g.reshape(1, -1), e.reshape(1, -1)
+        rows = max(1, _SLICE // max(1, e[0].numel()))
+        bad, err_rms, ref_rms = 0, [], []
+        for gs, es in zip(g.split(rows), e.split(rows), strict=True):
+            gs, es = gs.reshape(-1, gs.shape[-1]).to(wide), es.reshape(-1, es.shape[-1]).to(wide)
+            # where the reference is not finite, any value goes (the gate judged those)
+            finite = torch.isfinite(es)
+            bad += int((finite & ~torch.isclose(gs, es, rtol=tol, atol=tol)).sum())
+            es = torch.where(finite, es, 0)
+            err_rms.append(torch.where(finite, gs - es, 0).square().mean(-1).sqrt())  # NaN in gs stays NaN
+            ref_rms.append(es.square().mean(-1).sqrt())
+        err, ref = torch.cat(err_rms), torch.cat(ref_rms)
+        floor = 1e-3 * float(ref.square().mean().sqrt())  # the whole output's RMS: lines are equally long
+        lines = int((~(err <= tol * ref.clamp_min(floor))).sum())
+        if bad or lines:
+            raise CandidateFault(
+                "mismatch",
+                f"{where}: output {i} differs from the reference at {bad} of {e.numel()} elements and in "
+                f"{lines} of {len(err)} lines by more than {SCREEN}x the tolerance ({tol:g}): a fault only "
+                "at this size? (a wait on programs that never ran, a 32-bit offset, tiles never written)",
+            )

@@ -1,0 +1,152 @@
+"""Timing: the reference and candidates measured side by side in this process (bench), and two candidates
+interleaved (duel)."""
+
+from __future__ import annotations
+
+import gc
+import math
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from kernelbrain.child.loading import (
+    Problem,
+    build,
+    load_module,
+    outputs,
+)
+from kernelbrain.child.screen import screen
+from kernelbrain.core.problem import shape_label
+
+
+def quartiles(xs: list[float]) -> tuple[float, float]:
+    if len(xs) < 2:
+        return xs[0], 0.0
+    q = statistics.quantiles(xs, n=4, method="inclusive")
+    return statistics.median(xs), q[2] - q[0]
+
+
+class Timer:
+    """CUDA events with an L2 flush before each sample on GPU; wall clock under the interpreter.
+
+    A sample is `calls` back-to-back calls between one event pair, divided by `calls`: a kernel of a
+    few microseconds is shorter than the jitter of one launch, so it is timed as a batch (the flush
+    still precedes each batch, so only the batch's first call starts with a cold L2)."""
+
+    # a sample shorter than this is dominated by launch jitter: batch calls up to it (GPU only)
+    MIN_SAMPLE_S = 200e-6
+    MAX_CALLS = 100
+
+    def __init__(self, device: str) -> None:
+        self.device = device
+        self.name = "cuda-events" if device == "cuda" else "interpreter-wallclock"
+        # 256 MiB: several times the H200's 50 MiB L2, so a timed call never starts warm
+        self.flush = (
+            torch.empty(64 * 1024 * 1024, dtype=torch.int32, device="cuda") if device == "cuda" else None
+        )
+
+    def __call__(self, fn: Callable[[], Any], calls: int = 1) -> float:
+        if self.flush is None:
+            t = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            return (time.perf_counter() - t) / calls
+        self.flush.zero_()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(calls):
+            fn()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) / 1e3 / calls
+
+    def calls_for(self, *fns: Callable[[], Any]) -> int:
+        """Calls per sample for this shape, the same for every contender: enough that the fastest
+        one's sample lasts MIN_SAMPLE_S (1 under the interpreter, where a call takes milliseconds)."""
+        if self.flush is None:
+            return 1
+        fastest = min(min(self(fn) for _ in range(3)) for fn in fns)
+        return max(1, min(self.MAX_CALLS, math.ceil(self.MIN_SAMPLE_S / max(fastest, 1e-9))))
+
+
+def bench(problem_source: str, cand_source: str, device: str, which: str, repeats: int, warmup: int) -> dict:
+    """Candidate and reference timed in this process, interleaved, on rotating fresh inputs."""
+    problem = Problem(problem_source)
+    cand = load_module(cand_source, "cand")
+    timer = Timer(device)
+    shapes = []
+    with torch.no_grad():
+        for shape in problem.ladder_shapes(device, which):
+            ref, new = build(problem, cand, shape, device)
+            sets = [problem.inputs(shape, 100 + i, device) for i in range(3)]
+            t0 = time.perf_counter()
+            got = outputs(new(*sets[0]))  # first call: Triton compiles (and autotunes) here, untimed
+            if device == "cuda":
+                torch.cuda.synchronize()
+            compile_s = time.perf_counter() - t0
+            screen(problem, shape, got, outputs(ref(*sets[0])))
+            del got
+            for i in range(warmup):
+                ref(*sets[i % 3])
+                new(*sets[i % 3])
+            ref_t, new_t = [], []
+            calls = timer.calls_for(lambda f=ref, a=sets[0]: f(*a), lambda f=new, a=sets[0]: f(*a))
+            # the interpreter leaves garbage behind: no collection may land inside a timed call
+            gc.collect()
+            gc.disable()
+            try:
+                for i in range(repeats):
+                    args = sets[i % 3]
+                    ref_t.append(timer(lambda a=args, f=ref: f(*a), calls))
+                    new_t.append(timer(lambda a=args, f=new: f(*a), calls))
+            finally:
+                gc.enable()
+            (cm, ci), (rm, ri) = quartiles(new_t), quartiles(ref_t)
+            shapes.append(
+                {
+                    "shape": shape_label(shape),
+                    "cand_median_s": cm,
+                    "cand_iqr_s": ci,
+                    "ref_median_s": rm,
+                    "ref_iqr_s": ri,
+                    "repeats": repeats,
+                    "speedup": rm / cm if cm > 0 else 0.0,
+                    "compile_s": compile_s,
+                    "calls": calls,
+                }
+            )
+    return {"shapes": shapes, "timer": timer.name}
+
+
+def duel(
+    problem_source: str, a_source: str, b_source: str, device: str, which: str, repeats: int, warmup: int
+) -> dict:
+    """Two candidates timed interleaved (A, B, B, A, A, B, ...: neither always goes first) on the same
+    rotating inputs; per pair, the ratio of A's time to B's (geometric mean over the rung's shapes)."""
+    problem = Problem(problem_source)
+    ma, mb = load_module(a_source, "cand"), load_module(b_source, "cand")
+    timer = Timer(device)
+    logs = [0.0] * repeats
+    shapes = problem.ladder_shapes(device, which)
+    with torch.no_grad():
+        for shape in shapes:
+            (_, na), (_, nb) = build(problem, ma, shape, device), build(problem, mb, shape, device)
+            sets = [problem.inputs(shape, 200 + i, device) for i in range(3)]
+            for i in range(warmup + 1):  # the first call compiles
+                na(*sets[i % 3])
+                nb(*sets[i % 3])
+            calls = timer.calls_for(lambda f=na, a=sets[0]: f(*a), lambda f=nb, a=sets[0]: f(*a))
+            gc.collect()
+            gc.disable()
+            try:
+                for i in range(repeats):
+                    args = sets[i % 3]
+                    order = (na, nb) if i % 2 == 0 else (nb, na)
+                    t = {id(f): timer(lambda a=args, f=f: f(*a), calls) for f in order}
+                    logs[i] += math.log(t[id(na)] / t[id(nb)]) / len(shapes)
+            finally:
+                gc.enable()
+    return {"ratios": [math.exp(x) for x in logs], "timer": timer.name}

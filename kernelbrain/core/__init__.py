@@ -1,0 +1,1 @@
+"""Pure domain: events, run state, scheduler policy, scoring, problems. No processes."""

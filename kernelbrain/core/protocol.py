@@ -1,0 +1,179 @@
+"""The sandbox protocol: one request and one reply model per operation, shared by the child and its
+client, and the frame both write (a 4-byte little-endian length, then the orjson document).
+
+A request names its operation in `op` (the discriminator the child dispatches on) and knows its reply
+type, so the client validates what comes back as strictly as the events. A reply that failed carries
+a `Failure`: whose fault it was (`candidate`: a check the candidate failed, with its GateFailed
+category; `kb`: kb's own code raised), never a string to parse.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Annotated, Any, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from kernelbrain.core.events import ShapeTiming
+
+HEADER = struct.Struct("<I")
+
+Device = Literal["cpu", "cuda", "meta"]
+Which = Literal["smallest", "primary", "all"]
+
+
+class Message(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class GateReply(Message):
+    """V(p)'s verdict. Passed: the seeds checked and the worst errors. Failed: the category and detail,
+    with the error figures where the failure was a mismatch."""
+
+    passed: bool
+    seeds: int | None = None
+    category: str | None = None
+    detail: str | None = None
+    max_abs_err: float | None = None
+    max_rel_err: float | None = None
+    tolerance: float | None = None
+
+
+class BenchReply(Message):
+    shapes: list[ShapeTiming]
+    timer: str
+
+
+class DuelReply(Message):
+    ratios: list[float]  # per interleaved pair: A's time / B's (geometric mean over the rung's shapes)
+    timer: str
+
+
+class Signature(Message):
+    init: list[str]
+    forward: list[str]
+
+
+class AnalyseReply(Message):
+    ops: list[dict[str, Any]]
+    flops: float
+    bytes: float
+    shapes: list[str]
+    signature: Signature
+    traced_on: str  # "meta": the analysis used no GPU time
+
+
+class RooflineReply(Message):
+    time_s: float
+    bytes: float
+    flops: float
+    arith_intensity: float
+    ridge_intensity: float
+    dram_frac: float
+    compute_frac: float
+    floor_frac: float
+    bandwidth_Bps: float
+    matmul_flops: float
+
+
+class NcuReply(Message):
+    """Nsight Compute's metrics, or why it was not used (`error`)."""
+
+    metrics: dict[str, float] = {}
+    kernels: int = 0
+    raw: str = ""
+    error: str | None = None
+
+
+class Request(Message):
+    reply: ClassVar[type[Message]]
+
+
+class GateRequest(Request):
+    reply: ClassVar[type[Message]] = GateReply
+    op: Literal["gate"] = "gate"
+    problem_source: str
+    cand_source: str
+    device: Device
+    seeds: int
+
+
+class BenchRequest(Request):
+    reply: ClassVar[type[Message]] = BenchReply
+    op: Literal["bench"] = "bench"
+    problem_source: str
+    cand_source: str
+    device: Device
+    which: Which
+    repeats: int
+    warmup: int
+
+
+class DuelRequest(Request):
+    reply: ClassVar[type[Message]] = DuelReply
+    op: Literal["duel"] = "duel"
+    problem_source: str
+    a_source: str
+    b_source: str
+    device: Device
+    which: Which
+    repeats: int
+    warmup: int
+
+
+class AnalyseRequest(Request):
+    reply: ClassVar[type[Message]] = AnalyseReply
+    op: Literal["analyse"] = "analyse"
+    problem_source: str
+    device: Device
+
+
+class RooflineRequest(Request):
+    reply: ClassVar[type[Message]] = RooflineReply
+    op: Literal["roofline"] = "roofline"
+    problem_source: str
+    cand_source: str
+    device: Device
+    repeats: int = 5
+    flops: float | None = None  # the reference's counts at the primary shape, from the run's analysis
+    nbytes: float | None = None
+
+
+class NcuRequest(Request):
+    reply: ClassVar[type[Message]] = NcuReply
+    op: Literal["ncu"] = "ncu"
+    problem_source: str
+    cand_source: str
+    device: Device
+    timeout_s: float = 400.0
+
+
+AnyRequest = Annotated[
+    GateRequest | BenchRequest | DuelRequest | AnalyseRequest | RooflineRequest | NcuRequest,
+    Field(discriminator="op"),
+]
+
+
+class Envelope(Message):
+    """One frame from the client: the request and the task it serves (for the execution log)."""
+
+    task: str = "-"
+    request: AnyRequest
+
+
+class Failure(Message):
+    fault: Literal["candidate", "kb"]
+    category: str | None = None  # a candidate's fault: one of GateFailed's categories
+    detail: str
+    trace: str | None = None  # kb's fault: the end of the child's traceback
+
+
+class Reply(Message):
+    """One frame from the child. `result` is the op's reply as a document (validated by the client
+    against the request's reply type); `recycle`: a candidate changed process-wide state (a clock, a
+    synchronisation point), so the child must not be reused."""
+
+    result: dict[str, Any] | None = None
+    failure: Failure | None = None
+    busy_s: float
+    recycle: bool = False

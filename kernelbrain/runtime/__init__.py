@@ -1,0 +1,1 @@
+"""The processes: the worker loop, one module per role, the runner, the sandbox client."""

@@ -1,0 +1,181 @@
+"""What every worker role shares: its task, its identity as a lease owner, its sandbox children, and the
+one path by which a role asks a child for work and records what that cost (`consult`, `with_charge`)."""
+
+from __future__ import annotations
+
+import abc
+import os
+import socket
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from kernelbrain.core.events import BudgetCharged, Event
+from kernelbrain.core.protocol import Request
+from kernelbrain.core.state import RunState
+from kernelbrain.runtime.sandbox import Sandbox, SandboxError, SandboxFault
+from kernelbrain.store import EventStore, NewEvent
+
+
+def _proc_start(pid: int) -> str | None:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[19]  # field 22: start time in clock ticks
+    except (OSError, IndexError):
+        return None
+
+
+def owner_id(role: str) -> str:
+    pid = os.getpid()
+    return f"{role}@{socket.gethostname()}:{pid}:{_proc_start(pid)}"
+
+
+def owner_alive(owner: str) -> bool:
+    """A lease held by a dead process on this host can be taken before its deadline."""
+    try:
+        host, pid, start = owner.rsplit("@", 1)[1].rsplit(":", 2)
+    except ValueError:
+        return True
+    if host != socket.gethostname():
+        return True  # cannot tell: wait for the deadline
+    return _proc_start(int(pid)) == start
+
+
+@dataclass(frozen=True)
+class Task:
+    key: str  # lease name and idempotency-key prefix
+    candidate: str | None = None
+    rung: int | None = None
+    kind: str = ""  # the generator's: "round0" or "mutate/<parent>"
+    rival: str | None = None  # a duel's second candidate (the first is `candidate`)
+
+
+@dataclass(frozen=True)
+class Consulted:
+    """A child's answer to one request, or the fault that stood in for it, and what it cost."""
+
+    reply: Any | None
+    fault: SandboxFault | SandboxError | None
+    busy_s: float  # the child's own busy time (0 when it faulted)
+    started: float  # perf_counter when the role began the task
+
+    @property
+    def line(self) -> str:
+        """The fault in one line, as events record it."""
+        return str(self.fault).splitlines()[0] if self.fault is not None else ""
+
+
+class Role(abc.ABC):
+    name: str
+    uses_sandbox = False
+    # its child makes the CUDA context before its first task (the generator's analysis needs none)
+    warms_cuda = True
+
+    def __init__(self, store: EventStore, gpu: int | None = None) -> None:
+        self.store = store
+        self.gpu = gpu
+        self.sandboxes: dict[str, Sandbox] = {}
+        self.actor = owner_id(self.name)
+
+    def wants_warm(self, state: RunState) -> bool:
+        """Whether a child is worth starting ahead of a first task (a torch import, a CUDA context)."""
+        return self.uses_sandbox
+
+    def sandbox(self, device: str) -> Sandbox:
+        if device not in self.sandboxes:
+            self.sandboxes[device] = Sandbox(device, gpu=self.gpu, warm_cuda=self.warms_cuda)
+        return self.sandboxes[device]
+
+    def close(self) -> None:
+        for sb in self.sandboxes.values():
+            sb.close()
+
+    @abc.abstractmethod
+    def tasks(self, state: RunState) -> list[Task]: ...
+
+    @abc.abstractmethod
+    def execute(self, task: Task, state: RunState) -> list[NewEvent]: ...
+
+    def consult(
+        self, device: str, request: Request, *, timeout_s: float, task: str, started: float | None = None
+    ) -> Consulted:
+        """One request to this role's child on `device`; a fault (the candidate's or kb's) is returned,
+        not raised, so every role records it and its cost the same way."""
+        t0 = time.perf_counter() if started is None else started
+        try:
+            reply, busy = self.sandbox(device).call(request, timeout_s=timeout_s, task=task)
+        except (SandboxFault, SandboxError) as e:
+            return Consulted(None, e, 0.0, t0)
+        return Consulted(reply, None, busy, t0)
+
+    def cost(self, state: RunState, task: Task, asked: Consulted) -> NewEvent:
+        """What a consultation cost: the child's busy seconds, or the wall time where the child died
+        before it could say."""
+        wall = time.perf_counter() - asked.started
+        return self.charge(state, task, gpu_s=asked.busy_s or wall, wall_s=wall)
+
+    def with_charge(self, state: RunState, task: Task, event: Event, asked: Consulted) -> list[NewEvent]:
+        """The task's result and its BudgetCharged."""
+        return [self.new(state, event, task.key, task), self.cost(state, task, asked)]
+
+    def new(self, state: RunState, event: Event, key: str, task: Task | None = None) -> NewEvent:
+        return event.to_new(
+            state.run_id,
+            key,
+            self.actor,
+            subject=task.candidate if task else None,
+            stage=task.rung if task else None,
+        )
+
+    def charge(
+        self, state: RunState, task: Task, *, gpu_s: float = 0.0, wall_s: float = 0.0, tokens: int = 0
+    ) -> NewEvent:
+        return self.new(
+            state,
+            BudgetCharged(action=task.key, role=self.name, gpu_s=gpu_s, wall_s=wall_s, tokens=tokens),
+            f"{task.key}/budget",
+            task,
+        )
+
+    def problem_source(self, state: RunState) -> str:
+        assert state.started
+        return self.store.get_blob(state.started.problem_hash).decode()
+
+    def candidate_source(self, state: RunState, cid: str) -> str:
+        return self.store.get_blob(state.candidates[cid].proposal.source).decode()
+
+
+class CandidateRole(Role):
+    """A role that runs one sandbox request on one candidate and records its outcome or its fault."""
+
+    uses_sandbox = True
+
+    def timeout_s(self, state: RunState) -> float:
+        return state.config.bench_timeout_s
+
+    @abc.abstractmethod
+    def request(self, task: Task, state: RunState) -> Request: ...
+
+    @abc.abstractmethod
+    def on_result(self, task: Task, result: Any) -> Event: ...
+
+    @abc.abstractmethod
+    def on_fault(self, task: Task, category: str, detail: str) -> Event: ...
+
+    def outcome(self, task: Task, asked: Consulted) -> Event:
+        if isinstance(asked.fault, SandboxFault):
+            return self.on_fault(task, asked.fault.category, asked.fault.detail)
+        if asked.fault is not None:  # kb's own failure in the child: recorded, so the run moves on
+            return self.on_fault(task, "runtime", asked.line)
+        return self.on_result(task, asked.reply)
+
+    def execute(self, task: Task, state: RunState) -> list[NewEvent]:
+        t0 = time.perf_counter()
+        asked = self.consult(
+            state.config.device,
+            self.request(task, state),
+            timeout_s=self.timeout_s(state),
+            task=task.key,
+            started=t0,
+        )
+        return self.with_charge(state, task, self.outcome(task, asked), asked)

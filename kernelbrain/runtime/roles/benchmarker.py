@@ -1,0 +1,84 @@
+"""The benchmarker role: a candidate's rung (timed beside the reference), and the interleaved duels the
+scheduler asks for before it ranks two candidates on a difference within noise."""
+
+from __future__ import annotations
+
+import time
+
+from kernelbrain.core.events import Adjudicated, BenchmarkFailed, Event, RungBenchmarked
+from kernelbrain.core.protocol import BenchReply, BenchRequest, DuelRequest
+from kernelbrain.core.scoring import DUEL_PAIRS, adjudicate, score
+from kernelbrain.core.state import RunState
+from kernelbrain.runtime.role import CandidateRole, Task
+from kernelbrain.store import NewEvent
+
+
+class BenchmarkerRole(CandidateRole):
+    name = "benchmarker"
+
+    def tasks(self, state: RunState) -> list[Task]:
+        # adjudications first, then the highest rung: those are what the scheduler's decisions wait on
+        duels = [
+            Task(f"{state.run_id}/adjudicate/{r.rung}/{r.a}/{r.b}", r.a, r.rung, rival=r.b)
+            for r in state.adjudication_tasks()
+        ]
+        todo = sorted(state.bench_tasks(), key=lambda cr: (-cr[1], cr[0].seq))
+        return duels + [Task(f"{state.run_id}/bench/{c.id}/{r}", c.id, r) for c, r in todo]
+
+    def request(self, task: Task, state: RunState) -> BenchRequest:
+        assert task.candidate is not None and task.rung is not None
+        rung = state.config.rungs[task.rung]
+        return BenchRequest(
+            problem_source=self.problem_source(state),
+            cand_source=self.candidate_source(state, task.candidate),
+            device=state.config.device,
+            which=rung.shapes,
+            repeats=rung.repeats,
+            warmup=rung.warmup,
+        )
+
+    def execute(self, task: Task, state: RunState) -> list[NewEvent]:
+        return super().execute(task, state) if task.rival is None else self.duel(task, state)
+
+    def duel(self, task: Task, state: RunState) -> list[NewEvent]:
+        assert task.candidate is not None and task.rival is not None and task.rung is not None
+        rung = state.config.rungs[task.rung]
+        t0 = time.perf_counter()
+        request = DuelRequest(
+            problem_source=self.problem_source(state),
+            a_source=self.candidate_source(state, task.candidate),
+            b_source=self.candidate_source(state, task.rival),
+            device=state.config.device,
+            which=rung.shapes,
+            repeats=max(DUEL_PAIRS, 2 * rung.repeats),
+            warmup=rung.warmup,
+        )
+        asked = self.consult(
+            state.config.device, request, timeout_s=self.timeout_s(state), task=task.key, started=t0
+        )
+        if asked.fault is None:
+            outcome, med, q1, q3 = adjudicate(asked.reply.ratios)
+            timer, pairs = asked.reply.timer, len(asked.reply.ratios)
+        else:
+            # the pair cannot be re-measured (each ran alone before): do not rank them on noise
+            outcome, med, q1, q3, timer, pairs = "tie", 1.0, 1.0, 1.0, "failed", 0
+        event = Adjudicated(
+            rung=task.rung,
+            a=task.candidate,
+            b=task.rival,
+            pairs=pairs,
+            ratio_median=med,
+            ratio_q1=q1,
+            ratio_q3=q3,
+            outcome=outcome,
+            timer=timer,
+        )
+        return self.with_charge(state, task, event, asked)
+
+    def on_result(self, task: Task, r: BenchReply) -> Event:
+        return RungBenchmarked(
+            candidate=task.candidate, rung=task.rung, shapes=r.shapes, score=score(r.shapes), timer=r.timer
+        )
+
+    def on_fault(self, task: Task, category: str, detail: str) -> Event:
+        return BenchmarkFailed(candidate=task.candidate, rung=task.rung, category=category, detail=detail)

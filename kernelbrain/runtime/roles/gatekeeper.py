@@ -1,0 +1,47 @@
+"""The gatekeeper role: V(p) on each proposed candidate, in its sandboxed child."""
+
+from __future__ import annotations
+
+from kernelbrain.core.events import Event, GateFailed, GatePassed
+from kernelbrain.core.protocol import GateReply, GateRequest
+from kernelbrain.core.state import RunState
+from kernelbrain.runtime.role import CandidateRole, Task
+
+
+class GatekeeperRole(CandidateRole):
+    name = "gatekeeper"
+
+    def tasks(self, state: RunState) -> list[Task]:
+        return [Task(f"{state.run_id}/gate/{c.id}", c.id) for c in state.gate_tasks()]
+
+    def request(self, task: Task, state: RunState) -> GateRequest:
+        assert task.candidate is not None
+        return GateRequest(
+            problem_source=self.problem_source(state),
+            cand_source=self.candidate_source(state, task.candidate),
+            device=state.config.device,
+            seeds=state.config.gate_seeds,
+        )
+
+    def timeout_s(self, state: RunState) -> float:
+        return state.config.gate_timeout_s
+
+    def on_result(self, task: Task, r: GateReply) -> Event:
+        if r.passed:
+            return GatePassed(
+                candidate=task.candidate,
+                seeds=r.seeds,
+                max_abs_err=r.max_abs_err,
+                max_rel_err=r.max_rel_err,
+                tolerance=r.tolerance,
+            )
+        return GateFailed(
+            candidate=task.candidate,
+            category=r.category,
+            detail=r.detail,
+            max_abs_err=r.max_abs_err,
+            max_rel_err=r.max_rel_err,
+        )
+
+    def on_fault(self, task: Task, category: str, detail: str) -> Event:
+        return GateFailed(candidate=task.candidate, category=category, detail=detail)

@@ -1,0 +1,114 @@
+"""The generator role: the run's analysis (its first task), then round 0 and each mutation."""
+
+from __future__ import annotations
+
+import time
+
+from kernelbrain import generators
+from kernelbrain.core.events import CandidateProposed, GenerationDone, ProblemAnalysed
+from kernelbrain.core.protocol import AnalyseRequest
+from kernelbrain.core.state import RunState
+from kernelbrain.generators.prompt import describe_numbers
+from kernelbrain.runtime.role import Role, Task
+from kernelbrain.store import NewEvent
+from kernelbrain.templates import FAMILIES
+
+
+class GeneratorRole(Role):
+    name = "generator"
+    uses_sandbox = True
+    warms_cuda = False  # the analysis traces on the meta device, and it is the first task of a run
+
+    def tasks(self, state: RunState) -> list[Task]:
+        return [Task(f"{state.run_id}/gen/{t}", kind=t) for t in state.generation_tasks()]
+
+    def wants_warm(self, state: RunState) -> bool:
+        return state.analysis is None  # the analysis is this role's only use of a child
+
+    def analyse(self, task: Task, state: RunState) -> tuple[ProblemAnalysed, float]:
+        """The problem's analysis and the GPU seconds it cost (none when traced on the meta device)."""
+        cfg = state.config
+        request = AnalyseRequest(problem_source=self.problem_source(state), device=cfg.device)
+        asked = self.consult(cfg.device, request, timeout_s=cfg.gate_timeout_s, task=task.key)
+        if asked.fault is not None:
+            analysis = ProblemAnalysed(ops=[], families=[], flops=0, bytes=0, shapes=[], error=asked.line)
+            busy = asked.busy_s
+        else:
+            analysis = ProblemAnalysed(**asked.reply.model_dump(), families=[])
+            busy = 0.0 if analysis.traced_on == "meta" else asked.busy_s  # shapes only: no GPU used
+        # the template families that match, for the record
+        families = [f.FAMILY for f in FAMILIES if f.matches(analysis.ops) is not None]
+        return analysis.model_copy(update={"families": families}), busy
+
+    def execute(self, task: Task, state: RunState) -> list[NewEvent]:
+        cfg = state.config
+        t0 = time.perf_counter()
+        out: list[NewEvent] = []
+        busy = 0.0
+        analysis = state.analysis
+        if analysis is None:
+            analysis, busy = self.analyse(task, state)
+            out.append(self.new(state, analysis, f"{state.run_id}/analysis"))
+        parent = None
+        note = ""
+        proposals: list[generators.Proposal] = []
+        tokens = 0
+        if not analysis.error:
+            try:
+                gen = generators.get(cfg.generator, **cfg.generator_options())
+                source = self.problem_source(state)
+                if task.kind == "round0":
+                    proposals = gen.first_round(analysis, problem_source=source)
+                else:
+                    parent = state.candidates[task.kind.split("/", 1)[1]]
+                    proposals = gen.mutate(
+                        analysis,
+                        parent.proposal.knobs,
+                        parent.proposal.family,
+                        parent.profile.labels if parent.profile else [],
+                        problem_source=source,
+                        parent_source=self.candidate_source(state, parent.id),
+                        numbers=describe_numbers(parent.results, parent.profile),
+                    )
+                tokens = sum(d.tokens for d in gen.discarded)  # replies that gave nothing still cost tokens
+                if not proposals and gen.discarded:
+                    note = "; ".join(f"{d.hint}: {d.reason}" for d in gen.discarded[:3])
+            except generators.GenerationError as e:
+                note = str(e)
+        slots = cfg.max_candidates - len(state.candidates)
+        proposed, duplicates = [], 0
+        round_no = 0 if parent is None else parent.proposal.round + 1
+        for p in proposals:
+            tokens += p.tokens
+            source_hash = self.store.put_blob(p.source)
+            cid = source_hash[:16]
+            if cid in state.candidates or cid in proposed:
+                duplicates += 1
+                continue
+            if len(proposed) >= slots:
+                break
+            proposed.append(cid)
+            event = CandidateProposed(
+                candidate=cid,
+                source=source_hash,
+                parent=parent.id if parent else None,
+                generator=gen.name,
+                family=p.family,
+                strategy=p.strategy,
+                knobs=p.knobs,
+                round=round_no,
+                hint=p.hint,
+                diagnosis=p.diagnosis,
+                prompt=self.store.put_blob(p.prompt) if p.prompt else None,
+                reply=self.store.put_blob(p.reply) if p.reply else None,
+            )
+            out.append(event.to_new(state.run_id, f"{state.run_id}/propose/{cid}", self.actor, subject=cid))
+        out.append(
+            self.new(
+                state,
+                GenerationDone(task=task.kind, proposed=proposed, duplicates=duplicates, note=note),
+                f"{task.key}/done",
+            )
+        )
+        out.append(self.charge(state, task, gpu_s=busy, wall_s=time.perf_counter() - t0, tokens=tokens))
+        return out

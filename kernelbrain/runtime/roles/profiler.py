@@ -1,0 +1,81 @@
+"""The profiler role: the analytical roofline of each finalist, and Nsight Compute on a GPU."""
+
+from __future__ import annotations
+
+import time
+
+from kernelbrain.core.diagnosis import ncu_labels, roofline_labels
+from kernelbrain.core.events import Event, ProfileCaptured
+from kernelbrain.core.protocol import NcuRequest, RooflineReply, RooflineRequest
+from kernelbrain.core.state import RunState
+from kernelbrain.runtime.role import CandidateRole, Task
+from kernelbrain.store import NewEvent
+
+
+class ProfilerRole(CandidateRole):
+    """Nsight Compute where it can read the counters; the analytical roofline always, and in its place
+    where ncu is absent or refuses (recorded as such)."""
+
+    name = "profiler"
+
+    def tasks(self, state: RunState) -> list[Task]:
+        return [Task(f"{state.run_id}/profile/{c.id}", c.id, state.top_rung) for c in state.profile_tasks()]
+
+    @staticmethod
+    def counts(state: RunState) -> dict[str, float]:
+        """The reference's FLOP and byte counts from the run's analysis (at the primary shape, where the
+        roofline times the candidate), so the child need not count again; none where it failed."""
+        a = state.analysis
+        return {"flops": a.flops, "nbytes": a.bytes} if a is not None and a.error is None else {}
+
+    def request(self, task: Task, state: RunState) -> RooflineRequest:
+        assert task.candidate is not None
+        return RooflineRequest(
+            problem_source=self.problem_source(state),
+            cand_source=self.candidate_source(state, task.candidate),
+            device=state.config.device,
+            **self.counts(state),
+        )
+
+    def on_result(self, task: Task, r: RooflineReply) -> Event:
+        metrics = r.model_dump()
+        return ProfileCaptured(
+            candidate=task.candidate, source="roofline", metrics=metrics, labels=roofline_labels(metrics)
+        )
+
+    def on_fault(self, task: Task, category: str, detail: str) -> Event:
+        return ProfileCaptured(
+            candidate=task.candidate,
+            source="roofline",
+            metrics={},
+            labels=[f"profile failed ({category}): {detail}"],
+        )
+
+    def execute(self, task: Task, state: RunState) -> list[NewEvent]:
+        events = super().execute(task, state)  # the roofline, and its charge
+        if state.config.device != "cuda":
+            return events
+        assert task.candidate is not None
+        roof = ProfileCaptured.model_validate(events[0].payload)
+        ncu_task = Task(f"{task.key}/ncu", task.candidate, task.rung)
+        t0 = time.perf_counter()
+        request = NcuRequest(
+            problem_source=self.problem_source(state),
+            cand_source=self.candidate_source(state, task.candidate),
+            device="cuda",
+        )
+        asked = self.consult("cuda", request, timeout_s=self.timeout_s(state), task=ncu_task.key, started=t0)
+        error = asked.line if asked.fault is not None else asked.reply.error
+        if error is not None:
+            profile = roof.model_copy(update={"note": f"ncu not used: {error}"})
+        else:
+            metrics = {**asked.reply.metrics, **{f"roofline_{k}": v for k, v in roof.metrics.items()}}
+            profile = ProfileCaptured(
+                candidate=task.candidate,
+                source="ncu",
+                metrics=metrics,
+                labels=ncu_labels(asked.reply.metrics),
+                report=self.store.put_blob(asked.reply.raw),
+            )
+        # the profile stands in for the roofline's event under the task's key; each part keeps its charge
+        return [self.new(state, profile, task.key, task), events[1], self.cost(state, ncu_task, asked)]
