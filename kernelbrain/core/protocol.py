@@ -31,12 +31,12 @@ class GateReply(Message):
     with the error figures where the failure was a mismatch."""
 
     passed: bool
-    seeds: int | None = None
     category: str | None = None
     detail: str | None = None
     max_abs_err: float | None = None
     max_rel_err: float | None = None
     tolerance: float | None = None
+    seeds: int | None = None
 
 
 class BenchReply(Message):
@@ -89,62 +89,55 @@ class Request(Message):
     reply: ClassVar[type[Message]]
 
 
-class GateRequest(Request):
+class ProblemRequest(Request):
+    problem_source: str
+    device: Device
+
+
+class CandidateRequest(ProblemRequest):
+    cand_source: str
+
+
+class GateRequest(CandidateRequest):
     reply: ClassVar[type[Message]] = GateReply
     op: Literal["gate"] = "gate"
-    problem_source: str
-    cand_source: str
-    device: Device
     seeds: int
 
 
-class BenchRequest(Request):
+class BenchRequest(CandidateRequest):
     reply: ClassVar[type[Message]] = BenchReply
     op: Literal["bench"] = "bench"
-    problem_source: str
-    cand_source: str
-    device: Device
     which: Which
     repeats: int
     warmup: int
 
 
-class DuelRequest(Request):
+class DuelRequest(ProblemRequest):
     reply: ClassVar[type[Message]] = DuelReply
     op: Literal["duel"] = "duel"
-    problem_source: str
     a_source: str
     b_source: str
-    device: Device
     which: Which
     repeats: int
     warmup: int
 
 
-class AnalyseRequest(Request):
+class AnalyseRequest(ProblemRequest):
     reply: ClassVar[type[Message]] = AnalyseReply
     op: Literal["analyse"] = "analyse"
-    problem_source: str
-    device: Device
 
 
-class RooflineRequest(Request):
+class RooflineRequest(CandidateRequest):
     reply: ClassVar[type[Message]] = RooflineReply
     op: Literal["roofline"] = "roofline"
-    problem_source: str
-    cand_source: str
-    device: Device
     repeats: int = 5
     flops: float | None = None  # the reference's counts at the primary shape, from the run's analysis
     nbytes: float | None = None
 
 
-class NcuRequest(Request):
+class NcuRequest(CandidateRequest):
     reply: ClassVar[type[Message]] = NcuReply
     op: Literal["ncu"] = "ncu"
-    problem_source: str
-    cand_source: str
-    device: Device
     timeout_s: float = 400.0
 
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict
 
 from kernelbrain.core.events import RungSpec, ShapeTiming
 from kernelbrain.core.problem import ProblemError, read_problem
-from kernelbrain.core.protocol import BenchRequest, GateRequest
+from kernelbrain.core.protocol import BenchRequest, GateReply, GateRequest
 from kernelbrain.core.scoring import score
 from kernelbrain.runtime.sandbox import Sandbox, SandboxError, SandboxFault
 
@@ -23,14 +23,10 @@ class RungResult(BaseModel):
     timer: str
 
 
-class CheckResult(BaseModel):
-    passed: bool
-    category: str | None = None
-    detail: str | None = None
-    max_abs_err: float | None = None
-    max_rel_err: float | None = None
-    tolerance: float | None = None
-    seeds: int | None = None
+class CheckResult(GateReply):
+    """The gate's verdict, then each rung's numbers while it passes."""
+
+    model_config = ConfigDict(frozen=False)
     rungs: list[RungResult] = []
 
 
