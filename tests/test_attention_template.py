@@ -387,7 +387,7 @@ def test_16_bit_inputs_take_their_own_tiles_where_set():
     assert at.feasible(spec, short) and not at.feasible(spec, {**short, "wide16_m": 128})
     # and its staged Q/K chunks and P fit shared memory: these three passed the register rule, and
     # Triton refused them on the H200 (needing 278528, 327680 and 294912 bytes of 232448; probe5)
-    # (round 0's first set at 64 rows on 8 warps, then each change tools/attn_host.py was given)
+    # (round 0's first set at 64 rows on 8 warps, then each change experiments/attn_host.py was given)
     probed = {**at.ROUND0[0], "wide16_m": 64, "wide16_warps": 8}
     for over in ({"wide16_stages": 3}, {"wide16_d": 256}, {"wide16_m": 128, "wide16_warps": 16}):
         assert not at.feasible(spec, {**probed, **over}), over

@@ -22,12 +22,12 @@ CONFIGURATION = ROOT / "docs" / "configuration.md"
 # flags the docs name that belong to other programs, and the file that must define each
 FOREIGN = {
     "--index-url": None,  # pip's
-    "--all-shapes": "kernelbrain/export_harness.py",  # the exported kernel.py's harness
-    "--seeds": "kernelbrain/export_harness.py",
-    "--repeats": "kernelbrain/export_harness.py",
-    "--warmup": "kernelbrain/export_harness.py",
-    "--csv": "kernelbrain/ncu.py",  # ncu's, as kb runs it
-    "--clock-control": "kernelbrain/ncu.py",
+    "--all-shapes": "kernelbrain/views/export_harness.py",  # the exported kernel.py's harness
+    "--seeds": "kernelbrain/views/export_harness.py",
+    "--repeats": "kernelbrain/views/export_harness.py",
+    "--warmup": "kernelbrain/views/export_harness.py",
+    "--csv": "kernelbrain/core/nsight.py",  # ncu's, as kb runs it
+    "--clock-control": "kernelbrain/core/nsight.py",
     "--write": "tools/event_catalogue.py",
     "--knobs": "tools/gpu_template_check.py",  # a tuning variant for the GPU check
     "--extra": "tools/attn_check.py",

@@ -1,7 +1,8 @@
 """tools/h200_measure.py's report phase over the recorded session-4 and session-5 H200 runs
-(benchmarks/results/h200/session4, session5-b50, session5-b80): the verdicts it writes, the
-ablation's GPU seconds and what they paid for, and where the GPU's idle time went, from the real
-databases and compare files."""
+(tests/fixtures/h200/session4, session5-b50, session5-b80: the databases, compare files and ceilings
+of benchmarks/results/h200/ as measured; session5-b80 is the run benchmarks/results/RESULTS.md reports):
+the verdicts it writes, the ablation's GPU seconds and what they paid for, and where the GPU's idle
+time went, from the real databases and compare files."""
 
 from __future__ import annotations
 
@@ -14,12 +15,12 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "benchmarks" / "results" / "h200"
+RECORDED = ROOT / "tests" / "fixtures" / "h200"
 
 
 @pytest.fixture(scope="module", params=["session4", "session5-b50", "session5-b80"])
 def report(request, tmp_path_factory) -> tuple[dict, str, str]:
-    RUN = RESULTS / request.param
+    RUN = RECORDED / request.param
     out = tmp_path_factory.mktemp("report")
     before = {p: p.stat().st_mtime_ns for p in RUN.rglob("*.db")}
     proc = subprocess.run(

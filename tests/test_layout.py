@@ -198,11 +198,17 @@ def test_the_wheel_installs_nothing_but_kernelbrain(tmp_path: Path) -> None:
     top = {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")}
     assert top == {"kernelbrain"}, top
     assert "kernelbrain/store/migrations/0001_events.sql" in names
+    missing = [
+        str(init.relative_to(ROOT))
+        for init in (ROOT / "kernelbrain").rglob("__init__.py")
+        if str(init.relative_to(ROOT)) not in names
+    ]
+    assert not missing, f"packages the wheel leaves out (pyproject's packages list): {missing}"
     site = tmp_path / "site"
     with zipfile.ZipFile(wheel) as z:
         z.extractall(site)
     probe = (
-        "from kernelbrain.store.migrate import discover; import kernelbrain; "
+        "from kernelbrain.store.migrate import discover; import kernelbrain, kernelbrain.cli; "
         "print(kernelbrain.__file__); print(' '.join(m.name for m in discover()))"
     )
     env = {**os.environ, "PYTHONPATH": str(site)}

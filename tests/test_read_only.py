@@ -1,8 +1,8 @@
 """Reading a recorded database never changes it: `EventStore(readonly=True)` and the commands that only
 read (ls, status, events, replay, audit, report, export) leave the file's bytes and mtime, and its
-folder's listing, as they were. Run on copies of committed databases: a rollback-journal one from
-benchmarks/results (the journal-mode switch of a read-write open rewrote its header) and the WAL one in
-tests/fixtures."""
+folder's listing, as they were. Run on copies of committed databases: a rollback-journal one recorded on
+the H200 (tests/fixtures/h200/session2; the journal-mode switch of a read-write open rewrote its header)
+and the WAL one in tests/fixtures."""
 
 from __future__ import annotations
 
@@ -12,16 +12,16 @@ import shutil
 from pathlib import Path
 
 import pytest
+from kernelbrain.store import EventStore, NewEvent, SchemaTooNew, StoreError
+from kernelbrain.store.driver import sqlite3
 
-from kernelbrain.state import RunState
-from store import EventStore, NewEvent, SchemaTooNew, StoreError
-from store._sqlite import sqlite3
+from kernelbrain.core.state import RunState
 from tests.kbcli import kb
 from tests.test_bad_input import Snapshot, assert_user_error, corrupt_db, foreign_db, newer_db
 from tests.test_bad_input import kb as kb_in
 
 ROOT = Path(__file__).resolve().parents[1]
-ROLLBACK = ROOT / "benchmarks" / "results" / "h200" / "flat" / "softmax.db"  # journal_mode=delete
+ROLLBACK = ROOT / "tests" / "fixtures" / "h200" / "session2" / "flat" / "softmax.db"  # journal_mode=delete
 WAL = ROOT / "tests" / "fixtures" / "softmax_run.db"  # journal_mode=wal
 PAST_NS = 1_500_000_000 * 10**9  # an mtime no open in this test can produce by accident
 

@@ -11,8 +11,8 @@ Inputs: at the gate shapes, exactly the gate's (evaluate's draw and seed variant
 shapes the seed variants are drawn on the device by the same recipe (--draw device, the default): the
 gate's host-side draw of a 537M-element shape takes minutes per seed; --draw gate uses it anyway.
 
-    PYTHONPATH=. python3 tools/attn_check.py --out $OUT/attn.json            # on the GPU machine
-    PYTHONPATH=. TRITON_INTERPRET=1 python3 tools/attn_check.py --device cpu --out /tmp/attn.json
+    . tools/device_env.sh && python3 tools/attn_check.py --out $OUT/attn.json     # on the GPU machine
+    TRITON_INTERPRET=1 .venv/bin/python tools/attn_check.py --device cpu --out /tmp/attn.json
 
 On CPU (the Triton interpreter) it checks the problem's smoke shape only, and cannot show TF32
 effects: the interpreter computes every dot in numpy.
@@ -31,13 +31,14 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+if str(ROOT) not in sys.path:  # for tools.*; appended, so an installed kb (tools/device_env.sh) comes first
+    sys.path.append(str(ROOT))
 
 import torch  # noqa: E402
 from pydantic import BaseModel  # noqa: E402
 
-from kernelbrain import evaluate  # noqa: E402
-from kernelbrain.problem import shape_label  # noqa: E402
+from kernelbrain.child import loading, timing  # noqa: E402
+from kernelbrain.core.problem import shape_label  # noqa: E402
 from kernelbrain.templates import attention as at  # noqa: E402
 from kernelbrain.templates import knobs_with  # noqa: E402
 from tools.gpu_setup import Log, compare, device_name, device_ok, sync, trace  # noqa: E402
@@ -134,7 +135,7 @@ def _extra(text: str) -> dict[str, Any]:
     return knobs_with(at, json.loads(text))
 
 
-def _dtype(problem: evaluate.Problem, shape: dict) -> str:
+def _dtype(problem: loading.Problem, shape: dict) -> str:
     x = next(t for t in problem.inputs(shape, 0, "meta") if isinstance(t, torch.Tensor))
     return str(x.dtype).removeprefix("torch.")
 
@@ -145,7 +146,7 @@ def _compare(got: torch.Tensor, expected: torch.Tensor, tol: float, seed: int) -
 
 
 def _device_variant(inputs: list, seed: int, device: str) -> list:
-    """evaluate._variant's recipe (seed 0 as drawn; later seeds signed normal, x8 on even seeds) drawn
+    """loading.variant's recipe (seed 0 as drawn; later seeds signed normal, x8 on even seeds) drawn
     on the device: the same distribution, not the gate's bit-identical values."""
     if seed == 0:
         return inputs
@@ -159,12 +160,12 @@ def _device_variant(inputs: list, seed: int, device: str) -> list:
     ]
 
 
-def _median(timer: evaluate._Timer, fn, reps: int, calls: int) -> float:
+def _median(timer: timing.Timer, fn, reps: int, calls: int) -> float:
     return statistics.median(timer(fn, calls) for _ in range(reps))
 
 
 def check_shape(
-    problem: evaluate.Problem,
+    problem: loading.Problem,
     shape: dict,
     kind: str,
     draw: str,
@@ -204,29 +205,29 @@ def check_shape(
             tolerance=tol,
         )
         try:
-            models[v.name] = evaluate._build(problem, module, shape, dev)[1]
+            models[v.name] = loading.build(problem, module, shape, dev)[1]
         except Exception as e:  # a render that cannot even be built is a result, not a crash
             rows[v.name].error = f"build: {type(e).__name__}: {e}"[:500]
-    ref, _ = evaluate._build(problem, None, shape, dev)
+    ref, _ = loading.build(problem, None, shape, dev)
     ref64 = copy.deepcopy(ref).to(torch.float64)
     with torch.no_grad():
         for seed in range(args.seeds):
             t0 = time.perf_counter()
             # the problem's own draw, then the signed (x8 on even seeds) variants: the gate's, or its recipe
             drawn = problem.inputs(shape, seed, dev)
-            varied = evaluate._variant(drawn, seed) if draw == "gate" else _device_variant(drawn, seed, dev)
-            inputs = [evaluate._to(x, dev) for x in varied]
+            varied = loading.variant(drawn, seed) if draw == "gate" else _device_variant(drawn, seed, dev)
+            inputs = [loading.to_device(x, dev) for x in varied]
             del drawn, varied
-            expected = evaluate._outputs(ref64(*[evaluate._to(x, dev, torch.float64) for x in inputs]))[0]
+            expected = loading.outputs(ref64(*[loading.to_device(x, dev, torch.float64) for x in inputs]))[0]
             sync(dev)
             log(f"  {label} seed {seed}: inputs + float64 reference {time.perf_counter() - t0:.1f}s")
-            rows["eager"].seeds.append(_compare(evaluate._outputs(ref(*inputs))[0], expected, tol, seed))
+            rows["eager"].seeds.append(_compare(loading.outputs(ref(*inputs))[0], expected, tol, seed))
             for name, model in models.items():
                 if rows[name].error:
                     continue
                 t0 = time.perf_counter()
                 try:
-                    got = evaluate._outputs(model(*inputs))[0]
+                    got = loading.outputs(model(*inputs))[0]
                     sync(dev)
                 except Exception as e:
                     rows[name].error = f"seed {seed}: {type(e).__name__}: {e}"[:500]
@@ -243,7 +244,7 @@ def check_shape(
             if dev == "cuda":
                 torch.cuda.empty_cache()
         if args.reps > 0:
-            timer = evaluate._Timer(dev)
+            timer = timing.Timer(dev)
             inputs = problem.inputs(shape, 100, dev)  # what the benchmarker times on
             fns = {"eager": lambda: ref(*inputs)}
             fns |= {n: (lambda m=m: m(*inputs)) for n, m in models.items() if not rows[n].error}
@@ -361,7 +362,7 @@ def main(argv: list[str] | None = None) -> int:
         reps=args.reps,
     )
     cands = [
-        (v, evaluate.load_module(at.render(spec, v.knobs, analysis["signature"]), "cand"))
+        (v, loading.load_module(at.render(spec, v.knobs, analysis["signature"]), "cand"))
         for v in variants(spec, args.all_round0, not args.no_controls, [_extra(e) for e in args.extra])
     ]
     log(f"spec {spec}; {len(cands)} renders: {', '.join(v.name for v, _ in cands)}")

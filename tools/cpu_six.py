@@ -16,11 +16,13 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+if str(ROOT) not in sys.path:  # for tools.*; appended, so an installed kb (tools/device_env.sh) comes first
+    sys.path.append(str(ROOT))
 
-from kernelbrain.events import GatePassed  # noqa: E402
-from kernelbrain.state import RunState  # noqa: E402
-from store import EventStore  # noqa: E402
+from kernelbrain.store import EventStore  # noqa: E402
+
+from kernelbrain.core.events import GatePassed  # noqa: E402
+from kernelbrain.core.state import RunState  # noqa: E402
 
 
 def summarise(db: Path, run_id: str) -> dict:

@@ -2,7 +2,8 @@
 
 1. `kb doctor --json`: the GPU, driver, torch/triton builds and the ncu counter probe as this machine
    has them (the CPU tests run the probe against recorded ncu output and a permission error).
-2. For every winner recorded in benchmarks/results/gpu_pipeline/*.db: `kb export` it, then run
+2. For every winner recorded in benchmarks/results/h200/session5-b80/ladder/*.db (the ladder arm of
+   the run benchmarks/results/RESULTS.md reports, one database per seed problem): `kb export` it, then run
    `python kernel.py --all-shapes` on the GPU in a clean environment (no repo on the path, cwd outside
    it): CUDA-event timing, every KB_SHAPES entry, the float64 check. And `--format kernelbench`: load
    it the way KernelBench does (a module named temp_module from the file) and gate its ModelNew with
@@ -10,7 +11,7 @@
 
 On the device machine, from the repository root:
 
-    python3 tools/gpu_cli_check.py [--out $OUT/gpu_cli_check.json]
+    . tools/device_env.sh && python3 tools/gpu_cli_check.py [--out $OUT/gpu_cli_check.json]
 
 Prints what each step saw and exits 1 if any exported kernel fails or doctor finds no GPU.
 """
@@ -28,13 +29,14 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-RECORDED = sorted((ROOT / "benchmarks" / "results" / "gpu_pipeline").glob("*.db"))
+RECORDED = sorted((ROOT / "benchmarks" / "results" / "h200" / "session5-b80" / "ladder").glob("*.db"))
 
 
 def kb(*args: str) -> subprocess.CompletedProcess[str]:
     env = {
         **os.environ,
-        "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p),
+        # the checkout after what PYTHONPATH already has: an installed kb (tools/device_env.sh) comes first
+        "PYTHONPATH": os.pathsep.join(p for p in (os.environ.get("PYTHONPATH"), str(ROOT)) if p),
     }
     return subprocess.run(
         [sys.executable, "-m", "kernelbrain", *args], capture_output=True, text=True, env=env, timeout=900

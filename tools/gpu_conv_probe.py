@@ -9,8 +9,8 @@ tolerance) rule, and timed next to eager PyTorch with the benchmarker's timer (C
 before each sample, batched calls only where one call is launch-jitter short), median of --reps
 samples after a warm-up. Eager is timed before and after the renders, so drift shows.
 
-    PYTHONPATH=. python3 tools/gpu_conv_probe.py --out $OUT/conv_probe.json            # on the H200
-    PYTHONPATH=. TRITON_INTERPRET=1 python3 tools/gpu_conv_probe.py --device cpu --out /tmp/conv.json
+    . tools/device_env.sh && python3 tools/gpu_conv_probe.py --out $OUT/conv_probe.json     # on the H200
+    TRITON_INTERPRET=1 .venv/bin/python tools/gpu_conv_probe.py --device cpu --out /tmp/conv.json
 
 On CPU (the Triton interpreter) it checks tiny shapes only (the smoke shape and a smaller odd one);
 the times there say nothing about a GPU. --knobs '{"strategy": "rows_dense", ...}' (repeatable) adds
@@ -30,12 +30,13 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+if str(ROOT) not in sys.path:  # for tools.*; appended, so an installed kb (tools/device_env.sh) comes first
+    sys.path.append(str(ROOT))
 
 import torch  # noqa: E402
 
-from kernelbrain import evaluate  # noqa: E402
-from kernelbrain.problem import shape_label  # noqa: E402
+from kernelbrain.child import loading, timing  # noqa: E402
+from kernelbrain.core.problem import shape_label  # noqa: E402
 from kernelbrain.templates import conv_transpose as ct  # noqa: E402
 from kernelbrain.templates import knobs_with  # noqa: E402
 from tools.gpu_setup import Log, compare, device_name, device_ok, sync, trace  # noqa: E402
@@ -86,7 +87,7 @@ def _compare(got: torch.Tensor, expected: torch.Tensor, tol: float) -> dict[str,
 
 
 def probe_shape(
-    problem: evaluate.Problem,
+    problem: loading.Problem,
     shape: dict,
     cands: list[tuple[str, dict[str, Any], Any]],
     args: argparse.Namespace,
@@ -94,7 +95,7 @@ def probe_shape(
 ) -> list[dict[str, Any]]:
     dev = args.device
     label = shape_label(shape)
-    ref, _ = evaluate._build(problem, None, shape, dev)
+    ref, _ = loading.build(problem, None, shape, dev)
     rows: dict[str, dict[str, Any]] = {
         "eager": {"shape": label, "name": "eager", "knobs": {}, "seeds": [], "error": None}
     }
@@ -102,7 +103,7 @@ def probe_shape(
     for name, knobs, module in cands:
         rows[name] = {"shape": label, "name": name, "knobs": knobs, "seeds": [], "error": None}
         try:
-            models[name] = evaluate._build(problem, module, shape, dev)[1]
+            models[name] = loading.build(problem, module, shape, dev)[1]
         except Exception as e:  # a render that cannot be built is a result, not a crash
             rows[name]["error"] = f"build: {type(e).__name__}: {e}"[:500]
     ref64 = copy.deepcopy(ref).to(torch.float64)
@@ -111,20 +112,21 @@ def probe_shape(
     with torch.no_grad():
         for seed in range(args.seeds):
             t0 = time.perf_counter()
-            inputs = [evaluate._to(x, dev) for x in evaluate._variant(problem.inputs(shape, seed, dev), seed)]
-            expected = evaluate._outputs(ref64(*[evaluate._to(x, dev, torch.float64) for x in inputs]))[0]
+            drawn = loading.variant(problem.inputs(shape, seed, dev), seed)
+            inputs = [loading.to_device(x, dev) for x in drawn]
+            expected = loading.outputs(ref64(*[loading.to_device(x, dev, torch.float64) for x in inputs]))[0]
             tol = problem.tolerance_of(inputs[0].dtype)
             in_bytes = sum(x.numel() * x.element_size() for x in inputs if isinstance(x, torch.Tensor))
             out_bytes = expected.numel() * inputs[0].element_size()
             sync(dev)
             log(f"  {label} seed {seed}: inputs + float64 reference {time.perf_counter() - t0:.1f}s")
-            rows["eager"]["seeds"].append(_compare(evaluate._outputs(ref(*inputs))[0], expected, tol))
+            rows["eager"]["seeds"].append(_compare(loading.outputs(ref(*inputs))[0], expected, tol))
             for name, model in models.items():
                 if rows[name]["error"]:
                     continue
                 t0 = time.perf_counter()
                 try:
-                    got = evaluate._outputs(model(*inputs))[0]
+                    got = loading.outputs(model(*inputs))[0]
                     sync(dev)
                 except Exception as e:
                     rows[name]["error"] = f"seed {seed}: {type(e).__name__}: {e}"[:500]
@@ -144,7 +146,7 @@ def probe_shape(
             if dev == "cuda":
                 torch.cuda.empty_cache()
         if args.reps > 0:
-            timer = evaluate._Timer(dev)
+            timer = timing.Timer(dev)
             inputs = problem.inputs(shape, 100, dev)  # what the benchmarker times on
             fns = {"eager": lambda: ref(*inputs)}
             fns |= {n: (lambda m=m: m(*inputs)) for n, m in models.items() if not rows[n]["error"]}
@@ -239,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
             log(f"{name} {_short(knobs)}: infeasible at {spec}, skipped")
             continue
         cands.append(
-            (name, knobs, evaluate.load_module(ct.render(spec, knobs, analysis["signature"]), "cand"))
+            (name, knobs, loading.load_module(ct.render(spec, knobs, analysis["signature"]), "cand"))
         )
     shapes = CPU_SHAPES if args.device == "cpu" else problem.shapes[: args.shapes]
     report: dict[str, Any] = {
@@ -251,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
         "spec": spec,
         "seeds": args.seeds,
         "reps": args.reps,
-        "timer": evaluate._Timer.__doc__.splitlines()[0],
+        "timer": timing.Timer.__doc__.splitlines()[0],
         "rows": [],
     }
     log(f"spec {spec}; {len(cands)} renders; shapes {[shape_label(s) for s in shapes]}")

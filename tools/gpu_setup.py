@@ -1,6 +1,7 @@
 """The setup the GPU tools in tools/ share: whether the asked device can run here, a log stamped with the
 seconds since the tool began, the problem read and traced, its template family matched, and the gate's
-comparison rule. Imported by the tools after they put the repository root on sys.path."""
+comparison rule. Imported by the tools after they put the repository root on sys.path (appended: kb itself
+is imported installed, from the venv or, on the device machine, tools/device_env.sh's /tmp/kb)."""
 
 from __future__ import annotations
 
@@ -15,10 +16,10 @@ from typing import NamedTuple
 
 import torch
 
-from kernelbrain import evaluate
-from kernelbrain.events import ProblemAnalysed
+from kernelbrain.child import analysis, loading
+from kernelbrain.core.events import ProblemAnalysed
+from kernelbrain.core.problem import read_problem
 from kernelbrain.generators.expert import ExpertGenerator
-from kernelbrain.problem import read_problem
 
 
 def device_ok(tool: str, device: str) -> bool:
@@ -59,14 +60,14 @@ class Log:
 
 class Traced(NamedTuple):
     source: str  # the problem file as read_problem passes it
-    problem: evaluate.Problem
-    analysis: dict  # evaluate.analyse's: ops, signature, flops, bytes, shapes
+    problem: loading.Problem
+    analysis: dict  # analysis.analyse's: ops, signature, flops, bytes, shapes
 
 
 def trace(path: Path, device: str) -> Traced:
     """The problem at `path` read through the static check, loaded, and traced on `device`."""
     source = read_problem(path)
-    return Traced(source, evaluate.Problem(source), evaluate.analyse(source, device))
+    return Traced(source, loading.Problem(source), analysis.analyse(source, device))
 
 
 def match_family(source: str, analysis: dict) -> tuple[ModuleType, dict]:

@@ -23,11 +23,13 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+if str(ROOT) not in sys.path:  # for tools.*; appended, so an installed kb (tools/device_env.sh) comes first
+    sys.path.append(str(ROOT))
 
-from kernelbrain.events import ProblemAnalysed  # noqa: E402
+from kernelbrain.core.events import ProblemAnalysed  # noqa: E402
+from kernelbrain.core.protocol import AnalyseRequest, BenchRequest, GateRequest  # noqa: E402
 from kernelbrain.generators.expert import ExpertGenerator  # noqa: E402
-from kernelbrain.sandbox import Sandbox, SandboxFault  # noqa: E402
+from kernelbrain.runtime.sandbox import Sandbox, SandboxFault  # noqa: E402
 from kernelbrain.templates import knobs_with  # noqa: E402
 
 DEFAULT = [
@@ -76,31 +78,27 @@ def _candidates(source: str, analysis: dict, extra: list[dict], round0: bool) ->
 
 def check(box: Sandbox, path: Path, device: str, extra: list[dict], round0: bool, which: str) -> list[dict]:
     source = path.read_text()
-    analysis, _ = box.call("analyse", {"problem_source": source, "device": device}, timeout_s=300)
+    analysis = box.call(AnalyseRequest(problem_source=source, device=device), timeout_s=300)[0].model_dump()
     rows = []
     for family, knobs, cand in _candidates(source, analysis, extra, round0):
         row = {"problem": path.name, "family": family, "knobs": knobs}
         try:
-            gate, _ = box.call(
-                "gate",
-                {"problem_source": source, "cand_source": cand, "device": device, "seeds": 3},
-                timeout_s=300,
-            )
-            row["gate"] = gate
-            if gate["passed"]:
+            request = GateRequest(problem_source=source, cand_source=cand, device=device, seeds=3)
+            gate = box.call(request, timeout_s=300)[0]
+            row["gate"] = gate.model_dump()
+            if gate.passed:
                 bench, _ = box.call(
-                    "bench",
-                    {
-                        "problem_source": source,
-                        "cand_source": cand,
-                        "device": device,
-                        "which": which,
-                        "repeats": 20,
-                        "warmup": 5,
-                    },
+                    BenchRequest(
+                        problem_source=source,
+                        cand_source=cand,
+                        device=device,
+                        which=which,
+                        repeats=20,
+                        warmup=5,
+                    ),
                     timeout_s=300,
                 )
-                row["speedup"] = [s["speedup"] for s in bench["shapes"]]
+                row["speedup"] = [s.speedup for s in bench.shapes]
         except SandboxFault as e:
             row["fault"] = str(e)
         verdict = _verdict(row)

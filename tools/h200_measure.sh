@@ -1,23 +1,24 @@
 #!/usr/bin/env bash
-# Issue 5's measurement on an H200 machine (see DEVELOPERS.md, "GPU work"); carry .whl.
+# Issue 5's measurement on an H200 machine. Run it on the device machine from the repository root,
+# with .whl/ (kb's dependency wheels: tools/device_env.sh says which and how to make them) carried:
 #   bash tools/h200_measure.sh search [BUDGET_GPU_S]   ceilings, then the ladder arm on GPU 0 and the
 #                                                      flat arm on GPU 1, side by side
 #   bash tools/h200_measure.sh compare [WORK.tgz]      winners vs eager vs torch.compile (problems split
 #                                                      over the GPUs), then the report
 #   bash tools/h200_measure.sh all [BUDGET_GPU_S]      both phases in one call, no tar in between
 # A phase leaves $OUT/work.tgz (databases, JSON, logs) and, for compare, $OUT/results (h200.json,
-# RESULTS.md); compare reads the search phase's work.tgz. Extra checks the tools/ scripts make on
-# GPU-only paths run after the timed work, never beside it on the same GPU; EXTRA_CHECKS=0 skips them
+# RESULTS.md); compare reads the search phase's work.tgz. The extra checks of GPU-only paths
+# (tools/attn_check.py, gpu_template_check.py, gpu_cli_check.py) run after the timed work, never beside
+# it on the same GPU; EXTRA_CHECKS=0 skips them
 # (when device time is short: they are not part of the measurement). PROBLEMS (comma-separated seed
 # problems, default all six) and ARMS ("ladder flat" by default; "ladder" alone needs one GPU) narrow
 # a run; with one GPU the compare phase runs every problem on it. MAX_CANDIDATES (default 12) caps each
 # run's candidates; KB_RUN_TIMEOUT_S (default 100) bounds each run's wall time.
 set -uo pipefail
 : "${OUT:?set OUT to the folder the results go to}"
-if [ "${MEASURE_DEVICE:-cuda}" = cuda ]; then  # the device machine lacks these; a dry run has them
-  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
-fi
-export PYTHONPATH=$PWD:/tmp/site PYTHONUNBUFFERED=1
+# kb installed from this checkout into /tmp/kb, its dependencies from .whl/ (skipped on a dry run,
+# whose venv has them), and PYTHONPATH to match
+. tools/device_env.sh || exit 1
 # MEASURE_DEVICE=cpu (with TRITON_INTERPRET=1): a dry run of the script's plumbing on a machine without a GPU
 M="python3 tools/h200_measure.py"
 dev="--device ${MEASURE_DEVICE:-cuda}"

@@ -20,13 +20,14 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+if str(ROOT) not in sys.path:  # for tools.*; appended, so an installed kb (tools/device_env.sh) comes first
+    sys.path.append(str(ROOT))
 
 import torch  # noqa: E402
 from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
-from kernelbrain import evaluate  # noqa: E402
-from kernelbrain.problem import shape_label  # noqa: E402
+from kernelbrain.child import loading  # noqa: E402
+from kernelbrain.core.problem import shape_label  # noqa: E402
 from kernelbrain.templates import knobs_with  # noqa: E402
 from tools.gpu_setup import host_us, match_family, trace  # noqa: E402
 
@@ -84,7 +85,7 @@ def main() -> int:
     shape = problem.shapes[args.shape]
     report = {"problem": args.problem.name, "shape": shape_label(shape), "renders": []}
     with torch.no_grad():
-        ref, _ = evaluate._build(problem, None, shape, "cuda")
+        ref, _ = loading.build(problem, None, shape, "cuda")
         inputs = problem.inputs(shape, 100, "cuda")
         entries = [("eager", None, ref)]
         for text in args.knobs:
@@ -93,8 +94,8 @@ def main() -> int:
                 print(f"skipped (infeasible at the traced shape): {json.dumps(knobs)}", flush=True)
                 continue
             try:
-                cand = evaluate.load_module(family.render(spec, knobs, analysis["signature"]), "cand")
-                _, new = evaluate._build(problem, cand, shape, "cuda")
+                cand = loading.load_module(family.render(spec, knobs, analysis["signature"]), "cand")
+                _, new = loading.build(problem, cand, shape, "cuda")
             except Exception as e:  # one bad knob set must not hide the others' numbers
                 print(f"render failed: {json.dumps(knobs)}: {type(e).__name__}: {str(e)[:200]}", flush=True)
                 continue
