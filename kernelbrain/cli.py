@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -16,6 +17,8 @@ from kernelbrain import __version__
 from kernelbrain.core.events import EventError, RunConfig
 from kernelbrain.core.problem import ProblemError
 from kernelbrain.generators import GenerationError
+from kernelbrain.runtime import isolation
+from kernelbrain.runtime.isolation import IsolationError
 from kernelbrain.runtime.roles import ROLES
 from kernelbrain.runtime.runner import (
     DEFAULT_RUNGS,
@@ -28,11 +31,12 @@ from kernelbrain.runtime.runner import (
     start_run,
     supervise,
 )
+from kernelbrain.runtime.sandbox import without_secrets
 from kernelbrain.runtime.worker import Worker
 from kernelbrain.store import EventStore, StoreError
 
 DEFAULT_DB = "kernelbrain.db"
-USER_ERRORS = (StoreError, ProblemError, RunError, EventError, GenerationError, LookupError)
+USER_ERRORS = (StoreError, ProblemError, RunError, EventError, GenerationError, LookupError, IsolationError)
 
 
 def db_option(f: Callable) -> Callable:
@@ -132,6 +136,14 @@ def _drive(
 ) -> None:
     """Supervise the run, showing it live (kernelbrain.views.progress), then say how it ended."""
     from kernelbrain.views import progress
+
+    level = isolation.chosen()
+    if level != "bwrap":  # one line: candidates are untrusted code, and this is how far they are held
+        click.echo(
+            f"kb: warning: candidates run with sandbox isolation {isolation.describe(level)}; "
+            "install bubblewrap (bwrap) for full isolation",
+            err=True,
+        )
 
     reader = EventStore(db, create=False)
     try:
@@ -377,6 +389,11 @@ def resume(run_id: str, db: str, gpu: int | None, inprocess: bool, quiet: bool, 
 @user_errors
 def worker(role: str, db: str, run_id: str | None, gpu: int | None, idle_exit_s: float | None) -> None:
     """Run one worker process (kb run starts all five for you)."""
+    if role != "generator" and without_secrets(dict(os.environ)) != dict(os.environ):
+        # started by hand with the keys in its environment, which its children could read in /proc:
+        # start again without them (only the generator talks to the LLM)
+        argv = [sys.executable, "-m", "kernelbrain", *sys.argv[1:]]
+        os.execve(sys.executable, argv, without_secrets(dict(os.environ)))
     if run_id is not None:
         with open_store(db) as store:
             require_run(store, run_id)  # a worker for a run that is not there would idle forever

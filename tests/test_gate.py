@@ -227,9 +227,20 @@ def counting_problem(log: Path, dim: int = 200) -> str:
     return source.replace('"dim": 200}', f'"dim": {dim}}}')
 
 
+@pytest.fixture
+def counting_box(tmp_path: Path):
+    """A sandbox whose child may write tmp_path, where counting_problem logs each reference run."""
+    sb = Sandbox("cpu", writable=(str(tmp_path),))
+    try:
+        yield sb
+    finally:
+        sb.close()
+
+
 def test_the_reference_runs_once_a_draw_for_all_of_a_problems_candidates(
-    box: Sandbox, tmp_path: Path
+    counting_box: Sandbox, tmp_path: Path
 ) -> None:
+    box = counting_box
     log = tmp_path / "ref64.log"
 
     def gate_on(problem: str, source: str) -> dict:
@@ -338,10 +349,11 @@ def test_the_candidate_gets_the_problems_own_input_layout(box: Sandbox) -> None:
 
 
 def test_a_candidate_that_changes_the_kept_reference_is_caught_and_the_memo_rebuilt(
-    box: Sandbox, tmp_path: Path
+    counting_box: Sandbox, tmp_path: Path
 ) -> None:
     """Stands in for an out-of-bounds write landing in the gate's kept draws: the memo's fingerprints
     no longer match after the candidate ran, so it is emptied and the next candidate redraws."""
+    box = counting_box
     log = tmp_path / "ref64.log"
     problem = counting_problem(log)
 

@@ -26,7 +26,9 @@ from pydantic import ValidationError
 from kernelbrain.core.events import RunConfig, RunFinished, RungSpec, RunResumed, RunStarted
 from kernelbrain.core.problem import read_problem, source_hash
 from kernelbrain.core.state import RunState
+from kernelbrain.runtime import isolation
 from kernelbrain.runtime.roles import ROLES
+from kernelbrain.runtime.sandbox import without_secrets
 from kernelbrain.runtime.worker import Worker
 from kernelbrain.store import EventStore
 
@@ -83,6 +85,7 @@ def hardware() -> dict:
         "machine": platform.machine(),
         "cpus": os.cpu_count(),
         "python": platform.python_version(),
+        "sandbox": isolation.chosen(),
     }
     if shutil.which("nvidia-smi"):
         with contextlib.suppress(Exception):
@@ -163,7 +166,10 @@ def _spawn(db: str, role: str, run_id: str, gpu: int | None) -> subprocess.Popen
     cmd = [sys.executable, "-m", "kernelbrain", "worker", role, "--db", db, "--run", run_id]
     if gpu is not None:
         cmd += ["--gpu", str(gpu)]
-    return subprocess.Popen(cmd, stdin=subprocess.DEVNULL)
+    # a process's first environment stays readable in /proc/PID/environ: the roles that start
+    # candidates' children are started without the keys the generator needs
+    env = dict(os.environ) if role == "generator" else without_secrets(dict(os.environ))
+    return subprocess.Popen(cmd, stdin=subprocess.DEVNULL, env=env)
 
 
 def supervise(

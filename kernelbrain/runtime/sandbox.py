@@ -29,6 +29,7 @@ import orjson
 from pydantic import ValidationError
 
 from kernelbrain.core.protocol import HEADER, Reply, Request
+from kernelbrain.runtime import isolation
 
 # What a child may see of the worker's environment: the toolchain, never keys or tokens.
 ENV_ALLOWED = (
@@ -52,10 +53,18 @@ ENV_PREFIXES = ("CUDA_", "NVIDIA_", "NCCL_", "NVSHMEM_", "TORCH_SYMM_MEM", "TRIT
 ENV_SECRET_WORDS = ("KEY", "TOKEN", "SECRET", "PASSWORD", "CREDENTIAL")
 
 
+def is_secret(name: str) -> bool:
+    return any(word in name.upper() for word in ENV_SECRET_WORDS)
+
+
 def child_env_allowed(name: str) -> bool:
-    if any(word in name.upper() for word in ENV_SECRET_WORDS):
-        return False
-    return name in ENV_ALLOWED or name.startswith(ENV_PREFIXES)
+    return not is_secret(name) and (name in ENV_ALLOWED or name.startswith(ENV_PREFIXES))
+
+
+def without_secrets(env: dict[str, str]) -> dict[str, str]:
+    """env less every key, token, secret, password or credential: what a worker that starts sandboxes
+    holds (only the generator, which talks to the LLM, keeps the key)."""
+    return {k: v for k, v in env.items() if not is_secret(k)}
 
 
 MAX_REPLY = 64 << 20  # replies are small JSON documents; more means something else wrote to the pipe
@@ -75,6 +84,9 @@ class SandboxError(Exception):
 
 
 def _child_setup() -> None:
+    # ignored across exec: a SIGINT to the child's group (a terminal's Ctrl-C) must not stop a request
+    # in a wrapper (bwrap) before the child itself ignores it
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     resource.setrlimit(resource.RLIMIT_FSIZE, (4 << 30, 4 << 30))
     with contextlib.suppress(OSError, AttributeError):
@@ -89,7 +101,9 @@ def _signal_name(code: int) -> str:
 
 
 class Sandbox:
-    def __init__(self, device: str, *, gpu: int | None = None, warm_cuda: bool = True) -> None:
+    def __init__(
+        self, device: str, *, gpu: int | None = None, warm_cuda: bool = True, writable: tuple[str, ...] = ()
+    ) -> None:
         self.device = device
         self.gpu = gpu
         self.warm_cuda = warm_cuda and device == "cuda"
@@ -97,6 +111,8 @@ class Sandbox:
         self.tmp: Path | None = None
         self.executions = 0
         self.stderr_mark = 0
+        self.isolation: isolation.Isolation | None = None  # chosen when the first child starts
+        self.writable = writable  # host paths beside its own folder the child may write (tests' logs)
 
     def _env(self) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if child_env_allowed(k)}
@@ -105,6 +121,10 @@ class Sandbox:
         if self.warm_cuda:
             env["KB_WARM_CUDA"] = "1"  # the child makes its CUDA context while it waits (kernelbrain.child)
         env.setdefault("TRITON_CACHE_DIR", str(Path.home() / ".cache" / "kernelbrain" / "triton"))
+        if self.isolation == "bwrap":
+            # the child writes only its own folder: a shared cache would let one candidate replace
+            # another's compiled kernels
+            env.update(TRITON_CACHE_DIR=str(self.tmp / "triton"), USER="kb", LOGNAME="kb")
         if self.device == "cpu":
             env["TRITON_INTERPRET"] = "1"
         if self.gpu is not None:
@@ -117,10 +137,16 @@ class Sandbox:
     def start(self) -> None:
         if self.proc is not None:
             return
+        self.isolation = isolation.chosen()
         self.tmp = Path(tempfile.mkdtemp(prefix="kb-sandbox-"))
         self.stderr = open(self.tmp / "stderr.log", "wb")  # noqa: SIM115 - lives as long as the child
+        writable = self.writable
+        if log := os.environ.get("KB_EXEC_LOG"):  # the tests' count of executed requests
+            Path(log).touch()
+            writable = (*writable, log)
+        argv = [sys.executable, "-m", "kernelbrain.child"]
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "kernelbrain.child"],
+            isolation.wrap(self.isolation, argv, self.tmp, self.device, writable),
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=self.stderr,
@@ -201,7 +227,8 @@ class Sandbox:
             code = self.proc.wait(timeout=5)
         except subprocess.TimeoutExpired:
             return "the child closed its pipe but did not exit"
-        how = f"was killed by {_signal_name(code)}" if code < 0 else f"exited with status {code}"
+        sig = isolation.exit_signal(self.isolation or "none", code)
+        how = f"was killed by {_signal_name(-sig)}" if sig is not None else f"exited with status {code}"
         return f"the child {how}{self._stderr_tail()}"
 
     def _stderr_tail(self) -> str:

@@ -281,6 +281,19 @@ def check_llm(base_url: str | None, model: str | None, timeout_s: float = 5.0) -
     return Check(name="llm", status="ok", detail=f"{gen.base_url} answers with {listed}", facts=facts)
 
 
+def check_sandbox() -> Check:
+    """The isolation candidates' children get here: bubblewrap, unshare, or none (each tried for real)."""
+    from kernelbrain.runtime import isolation
+
+    usable = {level: isolation.usable(level) for level in isolation.LEVELS}
+    level = isolation.chosen()
+    facts = {"isolation": level, "usable": usable, "bwrap": isolation.bwrap_binary()}
+    if level == "bwrap":
+        return Check(name="sandbox", status="ok", detail=isolation.describe(level), facts=facts)
+    fix = "install bubblewrap (apt install bubblewrap), or set KB_BWRAP to a bwrap binary"
+    return Check(name="sandbox", status="warn", detail=f"{isolation.describe(level)}; {fix}", facts=facts)
+
+
 def _guarded(name: str, fn: Callable[[], Check]) -> Check:
     """A check that raises anyway (a bug or an odd machine) still shows, as a failure naming why."""
     try:
@@ -303,6 +316,7 @@ def run(
         _guarded("triton", lambda: check_triton(has_gpu)),
         _guarded("ncu", lambda: check_ncu(has_gpu, ncu_timeout_s)),
         _guarded("sqlite", check_sqlite),
+        _guarded("sandbox", check_sandbox),
         _guarded("llm", lambda: check_llm(llm_base_url, llm_model, timeout_s)),
     ]
     return Report(checks=checks)
