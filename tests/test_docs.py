@@ -28,6 +28,7 @@ FOREIGN = {
     "--warmup": "kernelbrain/views/export_harness.py",
     "--csv": "kernelbrain/core/nsight.py",  # ncu's, as kb runs it
     "--clock-control": "kernelbrain/core/nsight.py",
+    "--die-with-parent": "kernelbrain/runtime/isolation.py",  # bubblewrap's, as the sandbox runs it
     "--write": "tools/event_catalogue.py",
     "--knobs": "tools/gpu_template_check.py",  # a tuning variant for the GPU check
     "--extra": "tools/attn_check.py",

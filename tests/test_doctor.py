@@ -16,13 +16,14 @@ from kernelbrain.store.driver import sqlite3
 
 from kernelbrain.cli import main
 from kernelbrain.generators.llm import EndpointError, LLMGenerator
+from kernelbrain.runtime import isolation
 from kernelbrain.runtime.runner import detect_device
 from kernelbrain.views import doctor
 from tests.kbcli import kb, kb_env
 from tests.llm_server import LLMServer, closed_port
 
 ROOT = Path(__file__).resolve().parents[1]
-NAMES = ["kb", "torch", "gpu", "triton", "ncu", "sqlite", "llm"]
+NAMES = ["kb", "torch", "gpu", "triton", "ncu", "sqlite", "sandbox", "llm"]
 
 
 def bare_env(tmp_path: Path, **extra: str) -> dict[str, str]:
@@ -57,6 +58,22 @@ def test_this_machine(tmp_path: Path) -> None:
     assert sq["facts"]["driver"] == sqlite3.__name__.split(".")[0]
     assert sq["status"] == ("warn" if doctor.wal_reset_bug(sqlite3.sqlite_version) else "ok")
     assert checks["llm"]["status"] == "skip" and "KB_LLM_BASE_URL" in checks["llm"]["detail"]
+    # with neither bwrap nor unshare on its PATH, the sandbox says it isolates nothing, and how to fix it
+    sb = checks["sandbox"]
+    assert sb["status"] == "warn" and sb["facts"]["isolation"] == "none", sb
+
+
+def test_the_sandbox_check_names_the_strongest_isolation_that_works() -> None:
+    sb = doctor_json(kb_env())["sandbox"]
+    want = next(level for level in isolation.LEVELS if isolation.usable(level))
+    assert sb["facts"]["isolation"] == want and sb["status"] == ("ok" if want == "bwrap" else "warn"), sb
+
+
+def test_a_weaker_sandbox_is_named_with_its_fix(tmp_path: Path) -> None:
+    checks = doctor_json({**bare_env(tmp_path), "KB_SANDBOX": "none"})
+    sb = checks["sandbox"]
+    assert sb["status"] == "warn" and sb["facts"]["isolation"] == "none", sb
+    assert "install bubblewrap" in sb["detail"]
 
 
 def test_text_output_is_one_line_per_check() -> None:

@@ -17,7 +17,9 @@ from kernelbrain.child.analysis import record_calls
 from kernelbrain.child.loading import (
     CandidateFault,
     Problem,
-    build,
+    build_guarded,
+    check_reference,
+    fingerprint,
     load_module,
     outputs,
     signature,
@@ -81,17 +83,6 @@ def _same(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
     return len(a) == len(b) and all(
         x.shape == y.shape and torch.equal(x.to(y.dtype), y) for x, y in zip(a, b, strict=True)
     )
-
-
-_SAME_SIZE_INT = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
-
-
-def fingerprint(t: torch.Tensor) -> tuple:
-    """A tensor's shape, dtype and the wrapping sum of its bits: two tensors with equal fingerprints
-    are equal but for a collision, NaNs included (their bits are summed, not their values)."""
-    as_int = _SAME_SIZE_INT.get(t.element_size())
-    bits = t.view(as_int) if as_int is not None else t.contiguous().view(torch.uint8)
-    return tuple(t.shape), str(t.dtype), int(bits.sum(dtype=torch.int64)) if t.numel() else 0
 
 
 class Memo:
@@ -182,6 +173,7 @@ def gate(problem_source: str, cand_source: str, device: str, seeds: int) -> dict
 def _gate(problem: Problem, cand_source: str, device: str, seeds: int) -> dict:
     timers = guard.timer_identities()
     cand = _load_candidate(cand_source)
+    _policy(guard.check_untouched, problem.module, problem.pristine, prefix="importing it: ")
     _check_signature(problem, cand)
     _policy(guard.check_timers, timers)
     worst_abs = worst_rel = 0.0
@@ -192,7 +184,7 @@ def _gate(problem: Problem, cand_source: str, device: str, seeds: int) -> dict:
     for shape in shapes:
         where = f"shape {shape_label(shape)}, " if len(shapes) > 1 else ""
         try:
-            ref, new = build(problem, cand, shape, device)
+            ref, new, weights = build_guarded(problem, cand, shape, device)
         except Exception as e:
             raise CandidateFault(
                 "runtime", f"ModelNew(*get_init_inputs()) raised {type(e).__name__}: {e}"
@@ -202,7 +194,7 @@ def _gate(problem: Problem, cand_source: str, device: str, seeds: int) -> dict:
             ("forbidden", device, shape_label(shape)),
             lambda r=ref, s=shape: guard.forbidden_ops(record_calls(r, problem.inputs(s, 0, device))),
         )
-        weights = tuple(fingerprint(t) for t in ref.state_dict().values())
+        _policy(check_reference, problem, ref, weights, prefix=where)
         previous: tuple[list[torch.Tensor], list[torch.Tensor]] | None = None
         for seed in range(seeds):
             # the memo's inputs stay as drawn: the candidate gets copies, and is checked against them
@@ -222,10 +214,12 @@ def _gate(problem: Problem, cand_source: str, device: str, seeds: int) -> dict:
                         "runtime", f"{where}seed {seed}: forward raised {type(e).__name__}: {e}"
                     ) from e
                 _policy(watch.check, prefix=f"{where}seed {seed}: ")
+                _policy(check_reference, problem, ref, weights, prefix=f"{where}seed {seed}: ")
                 _policy(guard.check_timers, timers, prefix=f"{where}seed {seed}: ")
             for x, b in zip(inputs, before, strict=True):
                 if isinstance(x, torch.Tensor) and not torch.equal(x, b):
                     raise CandidateFault("policy", f"{where}seed {seed}: the candidate mutated its inputs")
+            _policy(guard.check_outputs, got, inputs, prefix=f"{where}seed {seed}: ")
             if len(got) != len(expected):
                 raise CandidateFault("mismatch", f"{len(got)} outputs, the reference returns {len(expected)}")
             if previous is not None and _same(got, previous[0]) and not _same(expected, previous[1]):

@@ -10,11 +10,13 @@ from __future__ import annotations
 import math
 import threading
 import time
+import types
 from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
 
 # Calls that move, view or allocate data but compute nothing a reference could be made of
 GLUE = frozenset(
@@ -30,6 +32,21 @@ GLUE = frozenset(
 )
 
 ALLOCATORS = {"empty", "empty_like", "empty_strided", "new_empty"}
+# calls that hand a tensor's values to numpy or Python, where the dispatcher no longer sees what is done
+HOST_ESCAPES = {"numpy", "tolist", "__array__"}
+
+# The ATen ops a candidate's forward may run outside its Triton kernels, whatever Python name reached
+# them (torch.softmax, torch._softmax and torch.ops.aten._softmax all dispatch `_softmax`): allocation,
+# views, copies and casts, which compute nothing a result could be made of
+ATEN_GLUE = frozenset(
+    """
+    empty empty_like empty_strided new_empty new_empty_strided zeros zeros_like ones ones_like full
+    full_like new_zeros new_ones new_full fill fill_ zero_ scalar_tensor lift_fresh arange
+    view _unsafe_view view_as reshape _reshape_alias as_strided expand expand_as permute transpose t
+    unsqueeze squeeze slice select narrow split split_with_sizes chunk unbind unflatten alias
+    detach clone copy_ _to_copy to contiguous resize_ set_ _local_scalar_dense is_same_size
+    """.split()  # noqa: SIM905 - a word list reads better than quoted strings
+)
 
 
 class Violation(Exception):
@@ -81,6 +98,24 @@ class _Recorder(TorchFunctionMode):
         return out
 
 
+class _AtenRecorder(TorchDispatchMode):
+    """The ATen ops a forward runs outside Triton's own launches, by name (`aten._softmax` -> `_softmax`)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: set[str] = set()
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        if not _Launches.depth:
+            self.ops.add(func.overloadpacket.__name__)
+        return func(*args, **(kwargs or {}))
+
+
+# TorchDispatchMode wraps a subclass's hook to disable dynamo, importing torch._dynamo on its first
+# call: 2-3 s a child, and the import replaces torch.manual_seed and others as it loads
+_AtenRecorder.__torch_dispatch__ = _AtenRecorder.__torch_dispatch__.__wrapped__  # type: ignore[method-assign]
+
+
 def timer_identities() -> dict[str, Any]:
     """The clocks and synchronisation points a timing depends on, to check nobody replaced them."""
     ids: dict[str, Any] = {
@@ -100,6 +135,69 @@ def timer_identities() -> dict[str, Any]:
     except ImportError:
         pass
     return ids
+
+
+# torch's namespaces whose functions a reference calls: a candidate that replaces one (torch.softmax
+# slowed down, F.layer_norm returning zeros) changes the reference it is compared and timed against
+NAMESPACES = ("torch", "torch.nn.functional", "torch.special", "torch.linalg", "torch.fft", "torch.Tensor")
+
+
+def torch_identities() -> dict[str, Any]:
+    """Every public attribute of torch's namespaces, and each torch.nn module's forward."""
+    import importlib
+
+    found: dict[str, Any] = {}
+    for name in NAMESPACES:
+        space = torch.Tensor if name == "torch.Tensor" else importlib.import_module(name)
+        for attr in dir(space):
+            if not attr.startswith("__"):
+                found[f"{name}.{attr}"] = getattr(space, attr, None)
+    for attr in dir(torch.nn):
+        cls = getattr(torch.nn, attr)
+        if isinstance(cls, type) and issubclass(cls, torch.nn.Module):
+            found[f"torch.nn.{attr}.forward"] = cls.forward
+    return found
+
+
+def problem_identities(module: Any) -> dict[str, Any]:
+    """A problem module's functions, classes and modules, and everything its Model class defines (its
+    size constants change with each shape, so they are not among them)."""
+    found = {
+        f"problem.{k}": v
+        for k, v in vars(module).items()
+        if not k.startswith("__") and (callable(v) or isinstance(v, types.ModuleType))
+    }
+    model = getattr(module, "Model", None)
+    if isinstance(model, type):
+        found.update({f"Model.{k}": v for k, v in vars(model).items() if k != "__weakref__"})
+    return found
+
+
+_PRISTINE_TORCH: dict[str, Any] = {}
+
+
+def replaced(problem_module: Any, pristine_problem: dict[str, Any]) -> list[str]:
+    """What was replaced since the child started (torch) or the problem was first loaded."""
+    now = {**torch_identities(), **problem_identities(problem_module)}
+    before = {**_PRISTINE_TORCH, **pristine_problem}
+    return sorted(k for k, v in before.items() if now.get(k) is not v)
+
+
+def check_untouched(problem_module: Any, pristine_problem: dict[str, Any]) -> None:
+    names = replaced(problem_module, pristine_problem)
+    if names:
+        shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+        raise Violation(
+            f"the candidate replaced {shown}: the reference and torch are off limits (it would be "
+            "compared or timed against a changed reference)"
+        )
+
+
+def torch_tampered() -> bool:
+    """Whether anything in torch's namespaces was replaced since the first candidate was loaded."""
+    return bool(_PRISTINE_TORCH) and any(
+        v is not _PRISTINE_TORCH.get(k) for k, v in torch_identities().items() if k in _PRISTINE_TORCH
+    )
 
 
 def check_timers(before: dict[str, Any]) -> None:
@@ -132,9 +230,11 @@ class _Streams:
 
 
 def install() -> None:
-    """Hooks that must be in place before a candidate module is imported."""
+    """Hooks that must be in place before a candidate module is imported, and torch as it was then."""
     _Launches.install()
     _Streams.install()
+    if not _PRISTINE_TORCH:
+        _PRISTINE_TORCH.update(torch_identities())
 
 
 class Watch:
@@ -145,6 +245,7 @@ class Watch:
         self.reference_cls = reference_cls
         self.device = device
         self.recorder = _Recorder(poison=True)
+        self.aten = _AtenRecorder()
         self.reference_calls = 0
 
     def __enter__(self) -> Watch:
@@ -160,11 +261,13 @@ class Watch:
             return watch.original_forward(model, *args, **kwargs)
 
         self.reference_cls.forward = forward
+        self.aten.__enter__()
         self.recorder.__enter__()
         return self
 
     def __exit__(self, *exc: Any) -> None:
         self.recorder.__exit__(*exc)
+        self.aten.__exit__(*exc)
         self.reference_cls.forward = self.original_forward
 
     def check(self) -> None:
@@ -175,6 +278,18 @@ class Watch:
         used = sorted(self.recorder.calls & self.forbidden)
         if used:
             raise Violation(f"forward computes with torch ({', '.join(used)}), the reference's own ops")
+        host = sorted(self.recorder.calls & HOST_ESCAPES)
+        if host:
+            raise Violation(
+                f"forward moved data out of torch ({', '.join(host)}): computing on the host with numpy or "
+                "Python is not the candidate's kernels doing the work"
+            )
+        computed = sorted(self.aten.ops - ATEN_GLUE)
+        if computed:
+            raise Violation(
+                f"forward computes with torch (ATen {', '.join(computed)}): outside its Triton kernels a "
+                "candidate may only allocate, view and copy"
+            )
         if _Launches.count == self.launches:
             raise Violation(
                 "forward launched no Triton kernel; the work must be done by the candidate's kernels"
@@ -186,6 +301,23 @@ class Watch:
         started = [t for t in threading.enumerate() if t not in self.threads]
         if started:
             raise Violation(f"forward left {len(started)} thread(s) running: work off the caller's thread")
+
+
+def check_outputs(outputs: list[torch.Tensor], inputs: list[Any]) -> None:
+    """Outputs are plain dense tensors of their own: not a subclass that computes when read, not a
+    view of an input's memory."""
+    taken = [
+        (x.untyped_storage().data_ptr(), x.untyped_storage().nbytes())
+        for x in inputs
+        if isinstance(x, torch.Tensor) and x.untyped_storage().nbytes()
+    ]
+    for i, o in enumerate(outputs):
+        if type(o) is not torch.Tensor or o.layout != torch.strided:
+            what = f"{type(o).__name__} ({o.layout})"
+            raise Violation(f"output {i} is a {what}, not a plain dense torch.Tensor")
+        start, size = o.untyped_storage().data_ptr(), o.untyped_storage().nbytes()
+        if size and any(start < p + n and p < start + size for p, n in taken):
+            raise Violation(f"output {i} shares memory with an input: outputs must be written to their own")
 
 
 def forbidden_ops(reference_calls: list[dict]) -> set[str]:

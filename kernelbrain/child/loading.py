@@ -16,9 +16,11 @@ from typing import Any
 
 import torch
 
+from kernelbrain.child import guard
 from kernelbrain.core.problem import DEFAULT_TOLERANCE
 
 _MODULES: dict[str, ModuleType] = {}
+_PRISTINE: dict[str, dict[str, Any]] = {}
 
 
 class CandidateFault(Exception):
@@ -66,6 +68,8 @@ class Problem:
 
     def __init__(self, source: str) -> None:
         self.module = load_module(source, "problem")
+        # what the module defines as first loaded, before any candidate code could replace it
+        self.pristine = _PRISTINE.setdefault(self.module.__name__, guard.problem_identities(self.module))
         self.hash = hashlib.sha256(source.encode()).hexdigest()
         m = self.module
         self.base_globals = {k: getattr(m, k) for k in dir(m) if not k.startswith("__")}
@@ -159,17 +163,59 @@ def construct(cls: type, init: list, device: str) -> torch.nn.Module:
     return cls(*init).to(device).eval()
 
 
-def build(problem: Problem, cand: ModuleType | None, shape: dict, device: str):
+_SAME_SIZE_INT = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def fingerprint(t: torch.Tensor) -> tuple:
+    """A tensor's shape, dtype and the wrapping sum of its bits: two tensors with equal fingerprints
+    are equal but for a collision, NaNs included (their bits are summed, not their values)."""
+    as_int = _SAME_SIZE_INT.get(t.element_size())
+    bits = t.view(as_int) if as_int is not None else t.contiguous().view(torch.uint8)
+    return tuple(t.shape), str(t.dtype), int(bits.sum(dtype=torch.int64)) if t.numel() else 0
+
+
+def weight_prints(model: torch.nn.Module) -> tuple:
+    return tuple(fingerprint(t) for t in model.state_dict().values())
+
+
+def build_guarded(
+    problem: Problem, cand: ModuleType | None, shape: dict, device: str
+) -> tuple[torch.nn.Module, torch.nn.Module | None, tuple]:
+    """The reference and the candidate built alike, the candidate given the reference's weights as they
+    were before any candidate code ran, and their fingerprints then (a candidate's __init__ may reach
+    the reference through gc)."""
     init = problem.init_inputs(shape)
     ref = construct(problem.module.Model, init, device)
-    if cand is None:
-        return ref, None
+    if cand is None:  # no candidate code runs: nothing to guard (and meta tensors have no bits)
+        return ref, None, ()
+    prints = weight_prints(ref)
+    pristine = {k: v.detach().clone() for k, v in ref.state_dict().items()}
     new = construct(cand.ModelNew, init, device)
-    ref_state, new_state = ref.state_dict(), new.state_dict()
-    if ref_state.keys() == new_state.keys() and all(
-        ref_state[k].shape == new_state[k].shape for k in ref_state
-    ):
-        new.load_state_dict(ref_state)
+    new_state = new.state_dict()
+    if pristine.keys() == new_state.keys() and all(pristine[k].shape == new_state[k].shape for k in pristine):
+        new.load_state_dict(pristine)
+    return ref, new, prints
+
+
+def problems_tampered() -> bool:
+    """Whether a problem module loaded in this process no longer holds what it held when first loaded."""
+    for name, pristine in _PRISTINE.items():
+        now = guard.problem_identities(_MODULES[name]) if name in _MODULES else pristine
+        if any(now.get(k) is not v for k, v in pristine.items()):
+            return True
+    return False
+
+
+def check_reference(problem: Problem, ref: torch.nn.Module, weights: tuple) -> None:
+    """The reference as it was before any candidate code ran: its weights, its class and module, torch.
+    Raises guard.Violation naming what changed."""
+    guard.check_untouched(problem.module, problem.pristine)
+    if weight_prints(ref) != weights:
+        raise guard.Violation("the candidate changed the reference model's weights")
+
+
+def build(problem: Problem, cand: ModuleType | None, shape: dict, device: str):
+    ref, new, _ = build_guarded(problem, cand, shape, device)
     return ref, new
 
 

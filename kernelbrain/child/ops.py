@@ -3,11 +3,13 @@ clock or a synchronisation point in this process."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 
 from kernelbrain.child import guard
 from kernelbrain.child.analysis import analyse
 from kernelbrain.child.gate import gate
+from kernelbrain.child.loading import problems_tampered
 from kernelbrain.child.profile import ncu, roofline
 from kernelbrain.child.timing import bench, duel
 from kernelbrain.core.protocol import (
@@ -38,8 +40,12 @@ def serve(request: Request) -> Message:
 
 
 _PRISTINE = guard.timer_identities()
+_THREADS = set(threading.enumerate())
 
 
 def tainted() -> bool:
-    """Whether a candidate replaced a clock or a synchronisation point in this process."""
-    return any(_PRISTINE[k] is not v for k, v in guard.timer_identities().items() if k in _PRISTINE)
+    """Whether a candidate replaced a clock, a synchronisation point or anything of torch's or of the
+    problem's in this process, or left a thread running: the next request gets a fresh child."""
+    timers = any(_PRISTINE[k] is not v for k, v in guard.timer_identities().items() if k in _PRISTINE)
+    threads = any(t.is_alive() and t not in _THREADS for t in threading.enumerate())
+    return timers or threads or guard.torch_tampered() or problems_tampered()

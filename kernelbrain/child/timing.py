@@ -12,9 +12,13 @@ from typing import Any
 
 import torch
 
+from kernelbrain.child import guard
 from kernelbrain.child.loading import (
+    CandidateFault,
     Problem,
     build,
+    build_guarded,
+    check_reference,
     load_module,
     outputs,
 )
@@ -72,21 +76,31 @@ class Timer:
         return max(1, min(self.MAX_CALLS, math.ceil(self.MIN_SAMPLE_S / max(fastest, 1e-9))))
 
 
+def untouched(problem: Problem, ref: torch.nn.Module, weights: tuple, where: str) -> None:
+    try:
+        check_reference(problem, ref, weights)
+    except guard.Violation as v:
+        raise CandidateFault("policy", f"{where}: {v}") from None
+
+
 def bench(problem_source: str, cand_source: str, device: str, which: str, repeats: int, warmup: int) -> dict:
     """Candidate and reference timed in this process, interleaved, on rotating fresh inputs."""
     problem = Problem(problem_source)
+    guard.install()  # torch as it was before the candidate, for the checks below
     cand = load_module(cand_source, "cand")
     timer = Timer(device)
     shapes = []
     with torch.no_grad():
         for shape in problem.ladder_shapes(device, which):
-            ref, new = build(problem, cand, shape, device)
+            ref, new, weights = build_guarded(problem, cand, shape, device)
+            untouched(problem, ref, weights, f"benchmark shape {shape_label(shape)}")
             sets = [problem.inputs(shape, 100 + i, device) for i in range(3)]
             t0 = time.perf_counter()
             got = outputs(new(*sets[0]))  # first call: Triton compiles (and autotunes) here, untimed
             if device == "cuda":
                 torch.cuda.synchronize()
             compile_s = time.perf_counter() - t0
+            untouched(problem, ref, weights, f"benchmark shape {shape_label(shape)}")
             screen(problem, shape, got, outputs(ref(*sets[0])))
             del got
             for i in range(warmup):
@@ -104,6 +118,9 @@ def bench(problem_source: str, cand_source: str, device: str, which: str, repeat
                     new_t.append(timer(lambda a=args, f=new: f(*a), calls))
             finally:
                 gc.enable()
+            # a reference slowed or changed while the candidate was timed beside it (a patched torch
+            # function, weights reached through gc) would fake the ratio
+            untouched(problem, ref, weights, f"benchmark shape {shape_label(shape)}")
             (cm, ci), (rm, ri) = quartiles(new_t), quartiles(ref_t)
             shapes.append(
                 {
@@ -127,6 +144,7 @@ def duel(
     """Two candidates timed interleaved (A, B, B, A, A, B, ...: neither always goes first) on the same
     rotating inputs; per pair, the ratio of A's time to B's (geometric mean over the rung's shapes)."""
     problem = Problem(problem_source)
+    guard.install()
     ma, mb = load_module(a_source, "cand"), load_module(b_source, "cand")
     timer = Timer(device)
     logs = [0.0] * repeats

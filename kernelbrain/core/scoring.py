@@ -19,6 +19,7 @@ SIGN_ALPHA = 0.001
 # under the interpreter a pair of a slow kernel takes seconds)
 DUEL_PAIRS = 12
 
+
 def score(shapes: list[ShapeTiming]) -> float:
     """S(p, r): geometric-mean speedup over the rung's shapes, discounted by the candidate's spread.
 
