@@ -20,6 +20,7 @@ from kernelbrain.child.loading import (
     build_guarded,
     check_reference,
     fingerprint,
+    layout_copy,
     load_module,
     outputs,
     signature,
@@ -129,15 +130,6 @@ class Memo:
 _MEMO = Memo()
 
 
-def _layout_copy(x: Any) -> Any:
-    """A copy of a tensor with its own layout (offset, strides, overlap): a clone would be contiguous,
-    and a candidate that ignores strides would pass on it."""
-    if not isinstance(x, torch.Tensor):
-        return copy.deepcopy(x)
-    out = torch.empty(0, dtype=x.dtype, device=x.device)
-    return out.set_(x.untyped_storage().clone(), x.storage_offset(), x.size(), x.stride())
-
-
 def _reference_draw(
     problem: Problem, ref: torch.nn.Module, shape: dict, device: str, seed: int, weights: tuple
 ) -> tuple[list, list[torch.Tensor]]:
@@ -199,7 +191,7 @@ def _gate(problem: Problem, cand_source: str, device: str, seeds: int) -> dict:
         for seed in range(seeds):
             # the memo's inputs stay as drawn: the candidate gets copies, and is checked against them
             before, expected = _reference_draw(problem, ref, shape, device, seed, weights)
-            inputs = [_layout_copy(x) for x in before]
+            inputs = [layout_copy(x) for x in before]
             with torch.no_grad():
                 watch = guard.Watch(forbidden, problem.module.Model, device)
                 try:

@@ -8,6 +8,8 @@ working on a side stream or thread, mutating inputs, and patching timers or sync
 from __future__ import annotations
 
 import math
+import os
+import secrets
 import threading
 import time
 import types
@@ -122,6 +124,8 @@ def timer_identities() -> dict[str, Any]:
         "time.perf_counter": time.perf_counter,
         "time.time": time.time,
         "time.monotonic": time.monotonic,
+        "secrets.randbelow": secrets.randbelow,  # picks the timed calls whose outputs are checked
+        "os.urandom": os.urandom,
         "torch.cuda.synchronize": torch.cuda.synchronize,
         "torch.cuda.Event": torch.cuda.Event,
         "torch.cuda.Event.record": torch.cuda.Event.record,

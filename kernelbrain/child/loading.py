@@ -3,6 +3,7 @@ the same way for reference and candidate, inputs drawn at a shape and seed."""
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import importlib.util
 import inspect
@@ -172,6 +173,15 @@ def fingerprint(t: torch.Tensor) -> tuple:
     as_int = _SAME_SIZE_INT.get(t.element_size())
     bits = t.view(as_int) if as_int is not None else t.contiguous().view(torch.uint8)
     return tuple(t.shape), str(t.dtype), int(bits.sum(dtype=torch.int64)) if t.numel() else 0
+
+
+def layout_copy(x: Any) -> Any:
+    """A copy of a tensor with its own layout (offset, strides, overlap): a clone would be contiguous,
+    and a candidate that ignores strides would pass on it."""
+    if not isinstance(x, torch.Tensor):
+        return copy.deepcopy(x)
+    out = torch.empty(0, dtype=x.dtype, device=x.device)
+    return out.set_(x.untyped_storage().clone(), x.storage_offset(), x.size(), x.stride())
 
 
 def weight_prints(model: torch.nn.Module) -> tuple:

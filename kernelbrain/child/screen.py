@@ -18,7 +18,21 @@ SCREEN = 10
 _SLICE = 1 << 24  # elements compared at once: no temporaries the size of a large output
 
 
-def screen(problem: Problem, shape: dict, got: list[torch.Tensor], expected: list[torch.Tensor]) -> None:
+AT_SCALE = (
+    "a fault only at this size? (a wait on programs that never ran, a 32-bit offset, tiles never written)"
+)
+# what a timed call's wrong outputs point at: its inputs' contents changed in place since the last call
+CHANGED = "a result kept from an earlier call, or a path taken only when unwatched?"
+
+
+def screen(
+    problem: Problem,
+    shape: dict,
+    got: list[torch.Tensor],
+    expected: list[torch.Tensor],
+    when: str = "",
+    hint: str = AT_SCALE,
+) -> None:
     """A benchmark shape's first outputs against the reference's, on the device. The gate checked the
     candidate closely (float64, several draws) at its small shapes; here only errors SCREEN times its
     tolerance fail: those a kernel makes only at scale (a grid-wide wait on programs that never ran,
@@ -28,7 +42,7 @@ def screen(problem: Problem, shape: dict, got: list[torch.Tensor], expected: lis
     dimension, the error's RMS against the reference's (floored at 1e-3 of the whole output's). The
     second sees what an absolute tolerance cannot: a softmax row of 393216 columns holds values near
     2.5e-6, so a row normalised by half its sum is wrong by far less than 1e-3 at every element."""
-    where = f"benchmark shape {shape_label(shape)}"
+    where = f"benchmark shape {shape_label(shape)}{when}"
     if len(got) != len(expected):
         raise CandidateFault(
             "mismatch", f"{where}: {len(got)} outputs, the reference returns {len(expected)}"
@@ -62,6 +76,5 @@ def screen(problem: Problem, shape: dict, got: list[torch.Tensor], expected: lis
             raise CandidateFault(
                 "mismatch",
                 f"{where}: output {i} differs from the reference at {bad} of {e.numel()} elements and in "
-                f"{lines} of {len(err)} lines by more than {SCREEN}x the tolerance ({tol:g}): a fault only "
-                "at this size? (a wait on programs that never ran, a 32-bit offset, tiles never written)",
+                f"{lines} of {len(err)} lines by more than {SCREEN}x the tolerance ({tol:g}): {hint}",
             )

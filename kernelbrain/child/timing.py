@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gc
 import math
+import secrets
 import statistics
 import time
 from collections.abc import Callable
@@ -19,10 +20,11 @@ from kernelbrain.child.loading import (
     build,
     build_guarded,
     check_reference,
+    layout_copy,
     load_module,
     outputs,
 )
-from kernelbrain.child.screen import screen
+from kernelbrain.child.screen import CHANGED, screen
 from kernelbrain.core.problem import shape_label
 
 
@@ -83,8 +85,33 @@ def untouched(problem: Problem, ref: torch.nn.Module, weights: tuple, where: str
         raise CandidateFault("policy", f"{where}: {v}") from None
 
 
+# timed samples whose outputs are kept and checked against the reference afterwards: about this many a
+# shape, chosen after each sample ran (the candidate cannot tell which), and always the last of each
+# input set
+CHECKED_SAMPLES = 3
+
+
+class Rotation:
+    """One set of input tensors whose contents are replaced in place before each sample, by each of
+    three drawn sets in turn: the same addresses, new values, so a result kept from an earlier call
+    (keyed on an address) is a wrong answer rather than a fast one."""
+
+    def __init__(self, problem: Problem, shape: dict, device: str, seed: int) -> None:
+        self.sets = [problem.inputs(shape, seed + i, device) for i in range(3)]
+        self.live = [layout_copy(x) for x in self.sets[0]]
+        self.current = 0
+
+    def load(self, k: int) -> list:
+        self.current = k % len(self.sets)
+        for dst, src in zip(self.live, self.sets[self.current], strict=True):
+            if isinstance(dst, torch.Tensor):
+                dst.copy_(src)
+        return self.live
+
+
 def bench(problem_source: str, cand_source: str, device: str, which: str, repeats: int, warmup: int) -> dict:
-    """Candidate and reference timed in this process, interleaved, on rotating fresh inputs."""
+    """Candidate and reference timed in this process, interleaved, on inputs whose contents change in
+    place between samples; the outputs of some timed calls are checked against the reference's after."""
     problem = Problem(problem_source)
     guard.install()  # torch as it was before the candidate, for the checks below
     cand = load_module(cand_source, "cand")
@@ -92,35 +119,55 @@ def bench(problem_source: str, cand_source: str, device: str, which: str, repeat
     shapes = []
     with torch.no_grad():
         for shape in problem.ladder_shapes(device, which):
+            label = f"benchmark shape {shape_label(shape)}"
             ref, new, weights = build_guarded(problem, cand, shape, device)
-            untouched(problem, ref, weights, f"benchmark shape {shape_label(shape)}")
-            sets = [problem.inputs(shape, 100 + i, device) for i in range(3)]
+            untouched(problem, ref, weights, label)
+            inputs = Rotation(problem, shape, device, 100)
+            live = inputs.load(0)
             t0 = time.perf_counter()
-            got = outputs(new(*sets[0]))  # first call: Triton compiles (and autotunes) here, untimed
+            got = outputs(new(*live))  # first call: Triton compiles (and autotunes) here, untimed
             if device == "cuda":
                 torch.cuda.synchronize()
             compile_s = time.perf_counter() - t0
-            untouched(problem, ref, weights, f"benchmark shape {shape_label(shape)}")
-            screen(problem, shape, got, outputs(ref(*sets[0])))
+            untouched(problem, ref, weights, label)
+            screen(problem, shape, got, outputs(ref(*inputs.sets[0])))
             del got
             for i in range(warmup):
-                ref(*sets[i % 3])
-                new(*sets[i % 3])
+                ref(*inputs.load(i))
+                new(*inputs.load(i))
             ref_t, new_t = [], []
-            calls = timer.calls_for(lambda f=ref, a=sets[0]: f(*a), lambda f=new, a=sets[0]: f(*a))
+            calls = timer.calls_for(lambda f=ref, a=live: f(*a), lambda f=new, a=live: f(*a))
+            kept: list[tuple[int, int, list[torch.Tensor]]] = []
+            last: list[Any] = [None]
+
+            def call(f: Any = new, out: list[Any] = last, a: list = live) -> None:
+                out[0] = f(*a)
+
             # the interpreter leaves garbage behind: no collection may land inside a timed call
             gc.collect()
             gc.disable()
             try:
                 for i in range(repeats):
-                    args = sets[i % 3]
-                    ref_t.append(timer(lambda a=args, f=ref: f(*a), calls))
-                    new_t.append(timer(lambda a=args, f=new: f(*a), calls))
+                    inputs.load(i)
+                    ref_t.append(timer(lambda f=ref, a=live: f(*a), calls))
+                    inputs.load(i)  # the reference's call may not leave the candidate anything either
+                    new_t.append(timer(call, calls))
+                    if i >= repeats - len(inputs.sets) or secrets.randbelow(repeats) < CHECKED_SAMPLES:
+                        kept.append((i, inputs.current, [o.detach().clone() for o in outputs(last[0])]))
+                    last[0] = None
             finally:
                 gc.enable()
             # a reference slowed or changed while the candidate was timed beside it (a patched torch
-            # function, weights reached through gc) would fake the ratio
-            untouched(problem, ref, weights, f"benchmark shape {shape_label(shape)}")
+            # function, weights reached through gc) would fake the ratio; it is checked before it says
+            # what the kept calls should have returned (computed only now: no expected output is in
+            # memory while the candidate runs)
+            untouched(problem, ref, weights, label)
+            expected: dict[int, list[torch.Tensor]] = {}
+            for i, k, got in kept:
+                if k not in expected:
+                    expected[k] = outputs(ref(*inputs.sets[k]))
+                screen(problem, shape, got, expected[k], when=f", timed call {i}", hint=CHANGED)
+            del kept, expected
             (cm, ci), (rm, ri) = quartiles(new_t), quartiles(ref_t)
             shapes.append(
                 {
@@ -152,18 +199,21 @@ def duel(
     with torch.no_grad():
         for shape in shapes:
             (_, na), (_, nb) = build(problem, ma, shape, device), build(problem, mb, shape, device)
-            sets = [problem.inputs(shape, 200 + i, device) for i in range(3)]
+            inputs = Rotation(problem, shape, device, 200)
+            live = inputs.live
             for i in range(warmup + 1):  # the first call compiles
-                na(*sets[i % 3])
-                nb(*sets[i % 3])
-            calls = timer.calls_for(lambda f=na, a=sets[0]: f(*a), lambda f=nb, a=sets[0]: f(*a))
+                na(*inputs.load(i))
+                nb(*inputs.load(i))
+            calls = timer.calls_for(lambda f=na, a=live: f(*a), lambda f=nb, a=live: f(*a))
             gc.collect()
             gc.disable()
             try:
                 for i in range(repeats):
-                    args = sets[i % 3]
                     order = (na, nb) if i % 2 == 0 else (nb, na)
-                    t = {id(f): timer(lambda a=args, f=f: f(*a), calls) for f in order}
+                    t = {}
+                    for f in order:
+                        inputs.load(i)
+                        t[id(f)] = timer(lambda f=f, a=live: f(*a), calls)
                     logs[i] += math.log(t[id(na)] / t[id(nb)]) / len(shapes)
             finally:
                 gc.enable()

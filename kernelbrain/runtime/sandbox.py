@@ -28,6 +28,7 @@ from typing import Any
 import orjson
 from pydantic import ValidationError
 
+import kernelbrain
 from kernelbrain.core.protocol import HEADER, Reply, Request
 from kernelbrain.runtime import isolation
 
@@ -130,7 +131,7 @@ class Sandbox:
         if self.gpu is not None:
             env["CUDA_VISIBLE_DEVICES"] = str(self.gpu)
         # the child imports kernelbrain from wherever this worker did
-        root = str(Path(__file__).resolve().parent.parent)
+        root = str(Path(kernelbrain.__file__).resolve().parent.parent)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
         return env
 

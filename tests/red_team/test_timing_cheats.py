@@ -1,0 +1,46 @@
+"""Cheats aimed at the timed calls rather than the gate, through a real sandboxed child: a candidate
+that behaves only while watched (the gate runs under torch's mode stack, the timed calls do not) and
+keeps results by input address. The benchmark changes the inputs' contents in place between samples
+and checks the outputs of timed calls it picks afterwards, so the kept results are wrong answers."""
+
+from __future__ import annotations
+
+from kernelbrain.core.protocol import BenchRequest, GateRequest
+from tests.red_team.test_gate_cheats import SOFTMAX, softmax_cheat
+
+WATCHED_ONLY = softmax_cheat(
+    "watched = torch._C._len_torch_function_stack() > 0\n"
+    "if not watched and x.data_ptr() in self.kept:\n"
+    "    token_launch(torch.empty(1))\n"
+    "    return self.kept[x.data_ptr()]\n"
+    "y = kernel_softmax(x, torch.empty_like(x))\n"
+    "if not watched:\n"
+    "    self.kept[x.data_ptr()] = y\n"
+    "return y",
+    init="self.kept = {}",
+)
+HONEST = softmax_cheat("y = torch.empty_like(x)\nreturn kernel_softmax(x, y)")
+
+
+def bench(box, source: str, repeats: int = 6):
+    args = {"problem_source": SOFTMAX, "cand_source": source, "device": "cpu", "which": "smallest"}
+    return box.call(BenchRequest(**args, repeats=repeats, warmup=1), timeout_s=300)[0]
+
+
+def test_a_cheat_that_behaves_only_while_watched_passes_the_gate_and_fails_the_timed_calls(box) -> None:
+    gate = box.call(
+        GateRequest(problem_source=SOFTMAX, cand_source=WATCHED_ONLY, device="cpu", seeds=3), timeout_s=300
+    )
+    assert gate[0].passed is True, gate  # the gate alone cannot see it
+    try:
+        bench(box, WATCHED_ONLY)
+        raised = None
+    except Exception as e:  # the sandbox's SandboxFault for a candidate's failed check
+        raised = e
+    assert raised is not None and getattr(raised, "category", None) == "mismatch", raised
+    assert "timed call" in raised.detail and "earlier call" in raised.detail, raised.detail
+
+
+def test_an_honest_kernel_passes_the_checked_timed_calls(box) -> None:
+    r = bench(box, HONEST)
+    assert len(r.shapes) == 1 and r.shapes[0].cand_median_s > 0
