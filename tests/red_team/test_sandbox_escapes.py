@@ -19,6 +19,7 @@ import pytest
 
 from kernelbrain.runtime import isolation
 from tests.kbcli import SOFTMAX, kb, kb_env
+from tests.red_team.test_gate_cheats import softmax_cheat
 
 SECRET = "sk-kb-red-team-secret-7f3a"
 FIXTURE_DB = Path(__file__).resolve().parents[1] / "fixtures" / "softmax_run.db"
@@ -28,42 +29,15 @@ pytestmark = pytest.mark.skipif(
     reason="bubblewrap is not installed here (.ci/run installs it; in CI its absence fails these tests)",
 )
 
-CANDIDATE = '''
-import os, socket, sqlite3, subprocess, sys
-import torch
-import torch.nn as nn
-import triton
-import triton.language as tl
-
-
-@triton.jit
-def _softmax_kernel(x_ptr, y_ptr, n_cols, BLOCK: tl.constexpr):
-    row = tl.program_id(0)
-    cols = tl.arange(0, BLOCK)
-    mask = cols < n_cols
-    x = tl.load(x_ptr + row * n_cols + cols, mask=mask, other=-float("inf"))
-    e = tl.exp(x - tl.max(x, axis=0))
-    tl.store(y_ptr + row * n_cols + cols, e / tl.sum(e, axis=0), mask=mask)
-
-
-def attack():
-    """True when the attack got through."""
-ATTACK
-
-
-class ModelNew(nn.Module):
-    def __init__(self):
-        super().__init__()
-
-    def forward(self, x):
-        y = torch.empty_like(x)
-        _softmax_kernel[(x.shape[0],)](x, y, x.shape[1], BLOCK=triton.next_power_of_2(x.shape[1]))
-        try:
-            escaped = attack()
-        except Exception:
-            escaped = False
-        return torch.zeros_like(y) if escaped else y
-'''
+# the attack runs in forward, after an honest kernel: zeros if it got through
+ATTACKED = """
+try:
+    escaped = attack()
+except Exception:
+    escaped = False
+y = kernel_softmax(x, torch.empty_like(x))
+return torch.zeros_like(y) if escaped else y
+"""
 
 
 def indent(code: str) -> str:
@@ -73,7 +47,8 @@ def indent(code: str) -> str:
 def check(tmp_path: Path, attack: str, level: str | None = None) -> dict:
     """`kb check` of the attack's candidate, the secret in its environment; its JSON verdict."""
     cand = tmp_path / f"attack_{level or 'default'}.py"
-    cand.write_text(CANDIDATE.replace("ATTACK", indent(attack)))
+    top = "import os, socket, sqlite3, subprocess\n\n\ndef attack():\n" + indent(attack) + "\n"
+    cand.write_text(softmax_cheat(ATTACKED, top=top))
     env = kb_env(OPENAI_API_KEY=SECRET, KB_LLM_API_KEY=SECRET)
     env.pop("KB_SANDBOX", None)
     if level is not None:
