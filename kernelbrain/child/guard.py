@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 from torch.overrides import TorchFunctionMode
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
 # Calls that move, view or allocate data but compute nothing a reference could be made of
 GLUE = frozenset(
@@ -74,7 +74,9 @@ class _Launches:
                 cls.count += 1
                 cls.depth += 1  # torch calls Triton makes itself are not the candidate's
                 try:
-                    return _original(self, *args, **kwargs)
+                    # nor seen by the dispatch recorder: the interpreter makes thousands of them a launch
+                    with _disable_current_modes():
+                        return _original(self, *args, **kwargs)
                 finally:
                     cls.depth -= 1
 
