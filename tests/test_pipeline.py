@@ -10,6 +10,7 @@ import sys
 import pytest
 from kernelbrain.store import EventStore
 
+from kernelbrain.core.policy import POLICY_VERSION
 from tests.invariants import check_run
 from tests.kbcli import SOFTMAX, kb, kb_env
 
@@ -91,7 +92,7 @@ def test_replay_agrees(finished_run):
     db, run_id, _, _ = finished_run
     r = kb("replay", run_id, "--db", str(db))
     assert r.returncode == 0, r.stdout + r.stderr
-    assert "agree with policy v2" in r.stdout  # new runs decide under v2
+    assert f"agree with policy v{POLICY_VERSION}" in r.stdout  # new runs decide under the current policy
 
 
 def test_audit_explains_the_winner(finished_run):

@@ -63,9 +63,10 @@ def test_v1_promotion_is_never_repeated_and_waits_for_more_peers(store):
 
 
 def test_v2_promotes_fewer_than_eta_finishers_only_once_no_more_can_arrive(store):
-    """Policy v2 (the default): the top n // eta go up as results arrive; with fewer finishers than eta,
-    the best one waits until nothing is left to generate, gate or measure at or below its rung."""
-    run = SyntheticRun(store, eta=3)
+    """Policy v2 (and v3, which keeps its rule): the top n // eta go up as results arrive; with fewer
+    finishers than eta, the best one waits until nothing is left to generate, gate or measure at or below
+    its rung."""
+    run = SyntheticRun(store, eta=3, policy_version=2)
     assert run.state().config.policy_version == 2
     finished_rung0(run, {"a": 2.0, "b": 1.0})
     run.propose("c")  # proposed, not yet gated

@@ -60,7 +60,7 @@ class RunConfig(BaseModel):
     budget_tokens: int | None = None
     eta: int = Field(default=3, ge=2)
     rungs: tuple[RungSpec, ...]
-    policy_version: int = 2
+    policy_version: int = 3
     gate_seeds: int = Field(default=3, ge=1)
     gate_timeout_s: float = 300.0
     bench_timeout_s: float = 600.0

@@ -22,7 +22,7 @@ from kernelbrain.core.events import (
 from kernelbrain.core.scoring import NOISE_FLOOR
 from kernelbrain.core.state import Candidate, RunState
 
-POLICY_VERSION = 2  # new runs record it (RunConfig.policy_version's default); 1 replays older ones
+POLICY_VERSION = 3  # new runs record it (RunConfig.policy_version's default); 1 and 2 replay older ones
 PEERS_SHOWN = 16  # a decision records the best peers (and the count): all of them would make a run O(n^2)
 
 
@@ -88,8 +88,15 @@ class AshaPolicy:
         """How many of a rung's n ranked finishers go up (v1: at least the best one, at once)."""
         return max(1, n // state.config.eta)
 
+    def _ordered(
+        self, state: RunState, rung: int, ranking: list[tuple[float, str]]
+    ) -> list[tuple[float, str]]:
+        """The order places are given in (v1, v2: by score alone)."""
+        return ranking
+
     def _promotions(self, state: RunState, rung: int, basis: int, dropped: set[str]) -> list[Event]:
         ranking, shown = self._ranked(state, rung)
+        ranking = self._ordered(state, rung, ranking)
         keep = self._keep(state, rung, len(ranking))
         if keep == 0 or not ranking:
             return []
@@ -98,7 +105,7 @@ class AshaPolicy:
         if len(ranking) > keep:  # the boundary: is the last kept place really ahead of the first left out?
             (_, a), (_, b) = ranking[keep - 1], ranking[keep]
             pending = all(rung not in state.candidates[x].promotions for x in (a, b))
-            if pending and self._within_noise(state, rung, a, b):
+            if self._consults(state, rung, a, b, pending):
                 verdict = self._adjudication(state, rung, a, b, basis, "promotion boundary")
                 if isinstance(verdict, AdjudicationRequested):
                     out.append(verdict)
@@ -113,11 +120,7 @@ class AshaPolicy:
                         f"(time ratio {1 / verdict.ratio_median:.3g})",
                     )
                 elif verdict.outcome == "a":
-                    chosen[-1] = (
-                        *chosen[-1][:3],
-                        f"confirmed ahead of {b} by an interleaved re-measurement "
-                        f"(time ratio {verdict.ratio_median:.3g})",
-                    )
+                    chosen[-1] = (*chosen[-1][:3], self._ahead_note(state, rung, a, b, verdict))
                 else:
                     spread = (
                         f"(time ratio median {verdict.ratio_median:.3g}, IQR {verdict.ratio_q1:.3g}-"
@@ -153,6 +156,16 @@ class AshaPolicy:
                 )
             )
         return out
+
+    def _ahead_note(self, state: RunState, rung: int, a: str, b: str, verdict: Adjudicated) -> str:
+        return (
+            f"confirmed ahead of {b} by an interleaved re-measurement (time ratio {verdict.ratio_median:.3g})"
+        )
+
+    def _consults(self, state: RunState, rung: int, a: str, b: str, pending: bool) -> bool:
+        """Whether the boundary pair's duel decides who takes the last place (v1, v2: only while neither
+        has gone up, so once b beat a and went up, a went up on its score too)."""
+        return pending and self._within_noise(state, rung, a, b)
 
     @staticmethod
     def _spread(state: RunState, rung: int, cid: str) -> float:
@@ -311,7 +324,68 @@ class PatientAshaPolicy(AshaPolicy):
         return 0 if waiting or not n else 1
 
 
-POLICIES = {p.version: p for p in (AshaPolicy, PatientAshaPolicy)}
+class DuelBoundPolicy(PatientAshaPolicy):
+    """Version 3: a recorded duel at the boundary decides the last place for as long as that pair stands
+    there. Under v2, once b had beaten a and gone up, the next decision no longer consulted the duel
+    and promoted a on its score as well: a duel's loser went up, and could win the run."""
+
+    version = 3
+
+    def _consults(self, state: RunState, rung: int, a: str, b: str, pending: bool) -> bool:
+        if (rung, a, b) in state.adjudicated or (rung, b, a) in state.adjudicated:
+            return True
+        return pending and self._within_noise(state, rung, a, b)
+
+    def _adjudication(
+        self, state: RunState, rung: int, a: str, b: str, basis: int, why: str
+    ) -> Adjudicated | AdjudicationRequested | None:
+        """As v2, but a pair measured the other way round (b, a) needs no second duel: its verdict, seen
+        from a's side."""
+        v = state.adjudicated.get((rung, b, a))
+        if v is None:
+            return super()._adjudication(state, rung, a, b, basis, why)
+        flip = {"a": "b", "b": "a", "tie": "tie"}[v.outcome]
+        return v.model_copy(
+            update={
+                "a": a,
+                "b": b,
+                "outcome": flip,
+                "ratio_median": 1 / v.ratio_median,
+                "ratio_q1": 1 / v.ratio_q3,
+                "ratio_q3": 1 / v.ratio_q1,
+            }
+        )
+
+    def _ahead_note(self, state: RunState, rung: int, a: str, b: str, verdict: Adjudicated) -> str:
+        if (rung, b, a) in state.adjudicated:  # a ranked below b on score and beat it
+            return f"beat {b} in an interleaved re-measurement (time ratio {verdict.ratio_median:.3g})"
+        return super()._ahead_note(state, rung, a, b, verdict)
+
+    def _ordered(
+        self, state: RunState, rung: int, ranking: list[tuple[float, str]]
+    ) -> list[tuple[float, str]]:
+        """By score, but every duel's winner at this rung ahead of its loser, so a loser never takes a
+        place (or a rank) before the candidate that beat it. Cycles of verdicts stop after n passes."""
+        order = [cid for _, cid in ranking]
+        verdicts = [
+            (b, a) if v.outcome == "b" else (a, b)
+            for (r, a, b), v in sorted(state.adjudicated.items())
+            if r == rung and v.outcome != "tie" and a in order and b in order
+        ]
+        for _ in range(len(order)):
+            moved = False
+            for winner, loser in verdicts:
+                if order.index(loser) < order.index(winner):
+                    order.remove(winner)
+                    order.insert(order.index(loser), winner)
+                    moved = True
+            if not moved:
+                break
+        negated = {cid: neg for neg, cid in ranking}
+        return [(negated[cid], cid) for cid in order]
+
+
+POLICIES = {p.version: p for p in (AshaPolicy, PatientAshaPolicy, DuelBoundPolicy)}
 
 
 def policy_for(version: int) -> AshaPolicy:
