@@ -126,6 +126,17 @@ def test_the_child_is_imported_by_nothing_else_in_kb() -> None:
     assert not bad, "\n".join(bad)
 
 
+def test_nothing_imports_the_experiments() -> None:
+    """experiments/ holds one-off probes: the product, its tests and its tools never depend on them."""
+    bad = [
+        f"{p.relative_to(ROOT)}:{line}: imports {name}"
+        for p in python_files(CHECKED)
+        for line, name in imports_of(p).modules
+        if name == "experiments" or name.startswith("experiments.")
+    ]
+    assert not bad, "\n".join(bad)
+
+
 @pytest.mark.parametrize("layer", sorted(ALLOWED))
 def test_each_lower_layer_imports_only_what_it_may(layer: str) -> None:
     """child -> core, store; core -> store; store -> nothing of kb. So the child imports nothing of the
