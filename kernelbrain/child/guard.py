@@ -182,11 +182,15 @@ def problem_identities(module: Any) -> dict[str, Any]:
 _PRISTINE_TORCH: dict[str, Any] = {}
 
 
+def moved(before: dict[str, Any], now: dict[str, Any]) -> list[str]:
+    """The names whose object is not the one `before` held (replaced or removed)."""
+    return sorted(k for k, v in before.items() if now.get(k) is not v)
+
+
 def replaced(problem_module: Any, pristine_problem: dict[str, Any]) -> list[str]:
     """What was replaced since the child started (torch) or the problem was first loaded."""
     now = {**torch_identities(), **problem_identities(problem_module)}
-    before = {**_PRISTINE_TORCH, **pristine_problem}
-    return sorted(k for k, v in before.items() if now.get(k) is not v)
+    return moved({**_PRISTINE_TORCH, **pristine_problem}, now)
 
 
 def check_untouched(problem_module: Any, pristine_problem: dict[str, Any]) -> None:
@@ -201,9 +205,7 @@ def check_untouched(problem_module: Any, pristine_problem: dict[str, Any]) -> No
 
 def torch_tampered() -> bool:
     """Whether anything in torch's namespaces was replaced since the first candidate was loaded."""
-    return bool(_PRISTINE_TORCH) and any(
-        v is not _PRISTINE_TORCH.get(k) for k, v in torch_identities().items() if k in _PRISTINE_TORCH
-    )
+    return bool(moved(_PRISTINE_TORCH, torch_identities()))
 
 
 def check_timers(before: dict[str, Any]) -> None:

@@ -209,11 +209,11 @@ def build_guarded(
 
 def problems_tampered() -> bool:
     """Whether a problem module loaded in this process no longer holds what it held when first loaded."""
-    for name, pristine in _PRISTINE.items():
-        now = guard.problem_identities(_MODULES[name]) if name in _MODULES else pristine
-        if any(now.get(k) is not v for k, v in pristine.items()):
-            return True
-    return False
+    return any(
+        guard.moved(pristine, guard.problem_identities(_MODULES[name]))
+        for name, pristine in _PRISTINE.items()
+        if name in _MODULES
+    )
 
 
 def check_reference(problem: Problem, ref: torch.nn.Module, weights: tuple) -> None:

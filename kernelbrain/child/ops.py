@@ -46,6 +46,6 @@ _THREADS = set(threading.enumerate())
 def tainted() -> bool:
     """Whether a candidate replaced a clock, a synchronisation point or anything of torch's or of the
     problem's in this process, or left a thread running: the next request gets a fresh child."""
-    timers = any(_PRISTINE[k] is not v for k, v in guard.timer_identities().items() if k in _PRISTINE)
+    timers = bool(guard.moved(_PRISTINE, guard.timer_identities()))
     threads = any(t.is_alive() and t not in _THREADS for t in threading.enumerate())
     return timers or threads or guard.torch_tampered() or problems_tampered()
