@@ -112,16 +112,17 @@ def test_round0_candidates_pass_the_gate(box, problems, analyses, variant, knobs
         assert r["max_abs_err"] < 1e-3
 
 
-def test_one_rounded_p_fails_bf16_at_the_x8_seed(box, problems, analyses):
-    """Why p16 defaults to "split" (which passes this shape above): P rounded once to bf16 before P V
-    misses 1e-2 where weighted values cancel, and the gate's seed 2 (signed, x8) finds it."""
+def test_one_rounded_p_passes_bf16_within_the_references_own_error(box, problems, analyses):
+    """P rounded once to bf16 before P V errs where weighted values cancel, as PyTorch's own bf16
+    attention does: under the gate's rule (within 16x the bf16 reference's own error against float64
+    truth) it passes every seed, the wide-range one included."""
     analysis = analyses["bf16"]
     single = {**TILED, "p16": "single"}
     source = at.render(at.matches(analysis["ops"]), single, analysis["signature"])
     args = {"problem_source": problems["bf16"], "cand_source": source, "device": "cpu", "seeds": 3}
     r = box.call(GateRequest(**args), timeout_s=300)[0].model_dump()
-    assert r["passed"] is False and r["category"] == "mismatch", r
-    assert "seed 2" in r["detail"], r
+    assert r["passed"] is True, r
+    assert r["tolerance"] == 1e-2
 
 
 # Runs in a fresh interpreter: TRITON_INTERPRET must be set before triton.language is first imported

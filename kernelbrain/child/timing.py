@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from kernelbrain.child import guard
+from kernelbrain.child.launches import check_launches, triton_kernel_names
 from kernelbrain.child.loading import (
     CandidateFault,
     Problem,
@@ -92,21 +93,82 @@ CHECKED_SAMPLES = 1
 
 
 class Rotation:
-    """One set of input tensors whose contents are replaced in place before each sample, by each of
-    three drawn sets in turn: the same addresses, new values, so a result kept from an earlier call
-    (keyed on an address) is a wrong answer rather than a fast one."""
+    """Input tensors whose contents are replaced in place before each sample: the same addresses, new
+    values, so a result kept from an earlier call (keyed on an address) is a wrong answer rather than a
+    fast one. Each load takes one of three drawn sets in turn, then overwrites a strided subset of each
+    floating-point input (offset and stride chosen then, with `secrets`) with the next set's values
+    there: no two calls see the same contents, so a cache keyed on part of them returns a stale answer,
+    and one keyed on all of them never hits.
+
+    A sample of several back-to-back calls (a kernel of microseconds) gives each call its own slot, a
+    set of input tensors loaded alike with its own subset: calls within a sample never repeat an input
+    either. `calls` is inversely proportional to a call's time, so the slots of a memory-bound kernel
+    hold about what one 200 us call reads; they are capped at SLOT_BYTES all the same."""
+
+    STRIDES = (61, 128)  # the mixed subset: every 61st to 127th element
+    SLOT_BYTES = 2 << 30
 
     def __init__(self, problem: Problem, shape: dict, device: str, seed: int) -> None:
         self.sets = [problem.inputs(shape, seed + i, device) for i in range(3)]
-        self.live = [layout_copy(x) for x in self.sets[0]]
+        self.slots = [[layout_copy(x) for x in self.sets[0]]]
         self.current = 0
+        self.mixes = [(0, 1)]
+        self.turn = 0
+
+    @property
+    def live(self) -> list:
+        return self.slots[0]
+
+    def use_slots(self, calls: int) -> int:
+        """Slots for samples of `calls` calls (fewer if over SLOT_BYTES); how many there are."""
+        size = sum(x.numel() * x.element_size() for x in self.sets[0] if isinstance(x, torch.Tensor))
+        want = max(1, min(calls, self.SLOT_BYTES // max(size, 1)))
+        while len(self.slots) < want:
+            self.slots.append([layout_copy(x) for x in self.sets[0]])
+        return len(self.slots)
 
     def load(self, k: int) -> list:
-        self.current = k % len(self.sets)
-        for dst, src in zip(self.live, self.sets[self.current], strict=True):
-            if isinstance(dst, torch.Tensor):
-                dst.copy_(src)
+        """Load every slot from set k (mod 3), each with a mix of its own; the first slot's tensors."""
+        low, high = self.STRIDES
+        self.current, self.mixes, self.turn = k % len(self.sets), [], 0
+        for slot in self.slots:
+            stride = low + secrets.randbelow(high - low)
+            self.mixes.append((secrets.randbelow(stride), stride))
+            self.fill(slot, self.current, self.mixes[-1])
         return self.live
+
+    def next(self) -> list:
+        """The slot for a sample's next call, in turn."""
+        slot = self.slots[self.turn % len(self.slots)]
+        self.turn += 1
+        return slot
+
+    def last_mix(self) -> tuple[int, int]:
+        """The mix of the slot the last call took."""
+        return self.mixes[(self.turn - 1) % len(self.slots)]
+
+    def fill(self, into: list, k: int, mix: tuple[int, int]) -> None:
+        offset, stride = mix
+        after = self.sets[(k + 1) % len(self.sets)]
+        for dst, src, other in zip(into, self.sets[k], after, strict=True):
+            if not isinstance(dst, torch.Tensor):
+                continue
+            dst.copy_(src)
+            if dst.is_floating_point() and dst.is_contiguous() and other.is_contiguous():
+                dst.view(-1)[offset::stride] = other.reshape(-1)[offset::stride]
+
+    def inputs(self, k: int, mix: tuple[int, int]) -> list:
+        """Fresh tensors holding what a slot loaded from set `k` with `mix` held."""
+        fresh = [layout_copy(x) for x in self.sets[k]]
+        self.fill(fresh, k, mix)
+        return fresh
+
+
+def _check_kept(problem: Problem, shape: dict, ref: torch.nn.Module, inputs: Rotation, kept: list) -> None:
+    """The kept timed calls' outputs against the reference's on the same contents, rebuilt now."""
+    for i, k, mix, got in kept:
+        expected = outputs(ref(*inputs.inputs(k, mix)))
+        screen(problem, shape, got, expected, when=f", timed call {i}", hint=CHANGED)
 
 
 def bench(problem_source: str, cand_source: str, device: str, which: str, repeats: int, warmup: int) -> dict:
@@ -130,18 +192,19 @@ def bench(problem_source: str, cand_source: str, device: str, which: str, repeat
                 torch.cuda.synchronize()
             compile_s = time.perf_counter() - t0
             untouched(problem, ref, weights, label)
-            screen(problem, shape, got, outputs(ref(*inputs.sets[0])))
+            screen(problem, shape, got, outputs(ref(*inputs.inputs(0, inputs.mixes[0]))))
             del got
             for i in range(warmup):
                 ref(*inputs.load(i))
                 new(*inputs.load(i))
             ref_t, new_t = [], []
             calls = timer.calls_for(lambda f=ref, a=live: f(*a), lambda f=new, a=live: f(*a))
-            kept: list[tuple[int, int, list[torch.Tensor]]] = []
+            inputs.use_slots(calls)
+            kept: list[tuple[int, int, tuple[int, int], list[torch.Tensor]]] = []
             last: list[Any] = [None]
 
-            def call(f: Any = new, out: list[Any] = last, a: list = live) -> None:
-                out[0] = f(*a)
+            def call(f: Any = new, out: list[Any] = last, r: Rotation = inputs) -> None:
+                out[0] = f(*r.next())
 
             # the interpreter leaves garbage behind: no collection may land inside a timed call
             gc.collect()
@@ -149,25 +212,32 @@ def bench(problem_source: str, cand_source: str, device: str, which: str, repeat
             try:
                 for i in range(repeats):
                     inputs.load(i)
-                    ref_t.append(timer(lambda f=ref, a=live: f(*a), calls))
+                    ref_t.append(timer(lambda f=ref, r=inputs: f(*r.next()), calls))
                     inputs.load(i)  # the reference's call may not leave the candidate anything either
                     new_t.append(timer(call, calls))
                     if i >= repeats - len(inputs.sets) or secrets.randbelow(repeats) < CHECKED_SAMPLES:
-                        kept.append((i, inputs.current, [o.detach().clone() for o in outputs(last[0])]))
+                        got = [o.detach().clone() for o in outputs(last[0])]
+                        kept.append((i, inputs.current, inputs.last_mix(), got))
                     last[0] = None
             finally:
                 gc.enable()
+            if device == "cuda":
+                # one more call as timed, under the profiler: the kernels it ran, whoever launched them
+                inputs.load(repeats)
+                try:
+                    check_launches(call, triton_kernel_names(cand))
+                except guard.Violation as v:
+                    raise CandidateFault("policy", f"{label}, a timed call: {v}") from None
+                got = [o.detach().clone() for o in outputs(last[0])]
+                kept.append((repeats, inputs.current, inputs.last_mix(), got))
+                last[0] = None
             # a reference slowed or changed while the candidate was timed beside it (a patched torch
             # function, weights reached through gc) would fake the ratio; it is checked before it says
             # what the kept calls should have returned (computed only now: no expected output is in
             # memory while the candidate runs)
             untouched(problem, ref, weights, label)
-            expected: dict[int, list[torch.Tensor]] = {}
-            for i, k, got in kept:
-                if k not in expected:
-                    expected[k] = outputs(ref(*inputs.sets[k]))
-                screen(problem, shape, got, expected[k], when=f", timed call {i}", hint=CHANGED)
-            del kept, expected
+            _check_kept(problem, shape, ref, inputs, kept)
+            del kept
             (cm, ci), (rm, ri) = quartiles(new_t), quartiles(ref_t)
             shapes.append(
                 {
@@ -205,6 +275,7 @@ def duel(
                 na(*inputs.load(i))
                 nb(*inputs.load(i))
             calls = timer.calls_for(lambda f=na, a=live: f(*a), lambda f=nb, a=live: f(*a))
+            inputs.use_slots(calls)
             gc.collect()
             gc.disable()
             try:
@@ -213,7 +284,7 @@ def duel(
                     t = {}
                     for f in order:
                         inputs.load(i)
-                        t[id(f)] = timer(lambda f=f, a=live: f(*a), calls)
+                        t[id(f)] = timer(lambda f=f, r=inputs: f(*r.next()), calls)
                     logs[i] += math.log(t[id(na)] / t[id(nb)]) / len(shapes)
             finally:
                 gc.enable()

@@ -16,7 +16,7 @@ import re
 from pathlib import Path
 from typing import Literal
 
-from kernelbrain.core.problem import DEFAULT_TOLERANCE
+from kernelbrain.core.problem import DEFAULT_TOLERANCE, REFERENCE_MULTIPLE
 from kernelbrain.core.state import Candidate, RunState
 from kernelbrain.runtime.runner import RunError
 from kernelbrain.store import EventStore
@@ -139,11 +139,14 @@ def export_source(
         + f"{state.started.problem_name}, source hash {state.started.problem_hash[:16]}) ---\n"
         + "# Kept as text and loaded into a module of its own, so its names never clash with ModelNew's.\n"
         + f"_KB_REFERENCE_SOURCE = {string_literal(problem)}\n"
-        + f"_KB_DEFAULT_TOLERANCE = {dict(DEFAULT_TOLERANCE)!r}\n\n\n"
+        + f"_KB_DEFAULT_TOLERANCE = {dict(DEFAULT_TOLERANCE)!r}\n"
+        + f"_KB_REFERENCE_MULTIPLE = {REFERENCE_MULTIPLE}\n\n\n"
         + "# --- check and time: python kernel.py [--device cpu|cuda] [--all-shapes] [--repeats N] ---\n\n\n"
         + _harness()
         + '\n\n\nif __name__ == "__main__":\n'
-        + "    raise SystemExit(_kb_main(ModelNew, _KB_REFERENCE_SOURCE, _KB_DEFAULT_TOLERANCE))\n"
+        + "    raise SystemExit(\n"
+        + "        _kb_main(ModelNew, _KB_REFERENCE_SOURCE, _KB_DEFAULT_TOLERANCE, _KB_REFERENCE_MULTIPLE)\n"
+        + "    )\n"
     )
 
 

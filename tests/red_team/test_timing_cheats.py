@@ -44,3 +44,60 @@ def test_a_cheat_that_behaves_only_while_watched_passes_the_gate_and_fails_the_t
 def test_an_honest_kernel_passes_the_checked_timed_calls(box) -> None:
     r = bench(box, HONEST)
     assert len(r.shapes) == 1 and r.shapes[0].cand_median_s > 0
+
+
+# keyed on the values of the first 16 elements: the three rotated draws alone would give it a hit on
+# every call after the third, each the right answer; mixed subsets make the hits stale
+CONTENT_KEYED = softmax_cheat(
+    "watched = torch._C._len_torch_function_stack() > 0\n"
+    "key = None if watched else tuple(x.reshape(-1)[:16].tolist())\n"
+    "if key in self.kept:\n"
+    "    token_launch(torch.empty(1))\n"
+    "    return self.kept[key]\n"
+    "y = kernel_softmax(x, torch.empty_like(x))\n"
+    "if key is not None:\n"
+    "    self.kept[key] = y.clone()\n"
+    "return y",
+    init="self.kept = {}",
+)
+
+
+def test_a_cache_keyed_on_part_of_the_contents_fails_the_timed_calls(box) -> None:
+    gate = box.call(
+        GateRequest(problem_source=SOFTMAX, cand_source=CONTENT_KEYED, device="cpu", seeds=3),
+        timeout_s=300,
+    )
+    assert gate[0].passed is True, gate
+    try:
+        bench(box, CONTENT_KEYED)
+        raised = None
+    except Exception as e:
+        raised = e
+    assert raised is not None and getattr(raised, "category", None) == "mismatch", raised
+    assert "timed call" in raised.detail, raised.detail
+
+
+def test_no_two_calls_see_the_same_inputs_and_each_is_rebuilt_exactly() -> None:
+    import torch
+
+    from kernelbrain.child.loading import Problem
+    from kernelbrain.child.timing import Rotation
+
+    r = Rotation(Problem(SOFTMAX), {"batch_size": 8, "dim": 200}, "cpu", 100)
+    assert r.use_slots(5) == 5
+    seen = []
+    for i in range(6):
+        r.load(i)
+        for _ in range(5):
+            (x,) = r.next()
+            seen.append(x.clone())
+            assert torch.equal(x, r.inputs(r.current, r.last_mix())[0])
+    addresses = {x.data_ptr() for slot in r.slots for x in slot}
+    assert len(addresses) == 5  # the same five tensors, refilled
+    distinct = {tuple(x.reshape(-1).tolist()) for x in seen}
+    assert len(distinct) == len(seen)
+    # each differs from its plain draw in a strided subset only
+    (x,) = r.slots[0]
+    plain = r.sets[r.current][0]
+    changed = int((x != plain).sum())
+    assert x.numel() // 128 <= changed <= x.numel() // 61 + 1

@@ -1,0 +1,58 @@
+"""The gate's tolerance rule: how far from float64 truth a candidate's output element may be.
+
+An element passes where the truth is not finite (nothing to match), or where its error against the truth
+is within either bound:
+
+- KernelBench's allclose: |g - t| <= tol + tol |t|, tol the output dtype's tolerance (1e-4 for float32,
+  1e-2 for float16 and bfloat16; a problem's KB_TOLERANCE overrides it);
+- REFERENCE_MULTIPLE times the reference's own error there: the reference run at its own dtype (the
+  user's PyTorch, what the candidate replaces) against the same truth. An element where the reference
+  happened to round exactly right would allow nothing, so its error is floored at the median of the
+  reference's errors over that output.
+
+The first bound alone fails correct kernels wherever the reference itself fails it (a float32 sum over
+K = 4096 near zero, bfloat16 attention's one rounding of P); the second alone would allow nothing where
+the reference is exact. Precision downgrades stay out: TF32 or 16-bit arithmetic in a float32 problem
+errs by thousands of times float32's rounding, far past the multiple.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+from kernelbrain.core.problem import REFERENCE_MULTIPLE
+
+__all__ = ["REFERENCE_MULTIPLE", "Comparison", "compare"]
+
+
+class Comparison(NamedTuple):
+    """One output against the truth: which elements fail, and the worst errors."""
+
+    failed: int
+    numel: int
+    max_abs_err: float
+    max_rel_err: float
+    unwritten: int  # non-finite where the truth is finite
+
+
+def compare(got: torch.Tensor, truth: torch.Tensor, native: torch.Tensor, tol: float) -> Comparison:
+    """`got` and `native` (the reference at its own dtype) against the float64 `truth`, by the rule above."""
+    g = got.detach().to(torch.float64)
+    t = truth.to(torch.float64)
+    finite = torch.isfinite(t)
+    err = (g - t).abs()
+    ref_err = torch.where(finite & torch.isfinite(native), (native.detach().to(torch.float64) - t).abs(), 0)
+    floor = float(ref_err[finite].median()) if bool(finite.any()) else 0.0
+    bound = torch.maximum(tol + tol * t.abs(), REFERENCE_MULTIPLE * ref_err.clamp_min(floor))
+    ok = ~finite | (err <= bound)  # a NaN error is never <= a bound
+    err = err.masked_fill(~finite, 0)
+    rel = (err / t.abs().clamp_min(1e-12)).masked_fill(~finite, 0)
+    return Comparison(
+        failed=int((~ok).sum()),
+        numel=ok.numel(),
+        max_abs_err=float(err.max()) if err.numel() else 0.0,
+        max_rel_err=float(rel.max()) if rel.numel() else 0.0,
+        unwritten=int((finite & ~torch.isfinite(g)).sum()),
+    )

@@ -1,0 +1,153 @@
+"""The gate's tolerance rule (kernelbrain/child/tolerance.py) and its wide-range draws.
+
+A correct float32 sum over a long K fails a plain allclose against float64 truth where the output is
+near zero (the float32 reference fails it there too); within 16x the reference's own error it passes.
+A precision downgrade and a softmax that never subtracts its row max still fail."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from kernelbrain.child.loading import SPANS, variant
+from kernelbrain.child.tolerance import REFERENCE_MULTIPLE, compare
+from kernelbrain.core.protocol import GateRequest
+from kernelbrain.runtime.sandbox import Sandbox
+
+HERE = Path(__file__).resolve().parent
+SOFTMAX = (HERE / "problems" / "softmax_small.py").read_text()
+GOOD_SOFTMAX = (HERE / "candidates" / "good_softmax.py").read_text()
+# the batched GEMV of bmv_small at K = 4096: long float32 sums, outputs near zero on signed draws
+BMV = (
+    (HERE / "problems" / "bmv_small.py")
+    .read_text()
+    .replace(
+        'KB_SMOKE_SHAPE = {"batch": 3, "M": 19, "K": 333}',
+        'KB_SMOKE_SHAPE = {"batch": 4, "M": 64, "K": 4096}',
+    )
+)
+
+GEMV = """
+import torch
+import torch.nn as nn
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _gemv(a_ptr, x_ptr, y_ptr, M, K, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, LOW: tl.constexpr):
+    b, pm = tl.program_id(0), tl.program_id(1)
+    rows = pm * BLOCK_M + tl.arange(0, BLOCK_M)
+    acc = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        cols = k0 + tl.arange(0, BLOCK_K)
+        a = tl.load(a_ptr + b * M * K + rows[:, None] * K + cols[None, :],
+                    mask=(rows[:, None] < M) & (cols[None, :] < K), other=0.0)
+        x = tl.load(x_ptr + b * K + cols, mask=cols < K, other=0.0)
+        if LOW:  # the precision downgrade: bfloat16 operands
+            a = a.to(tl.bfloat16).to(tl.float32)
+            x = x.to(tl.bfloat16).to(tl.float32)
+        acc += tl.sum(a * x[None, :], axis=1)
+    tl.store(y_ptr + b * M + rows, acc, mask=rows < M)
+
+
+class ModelNew(nn.Module):
+    def __init__(self):
+        super().__init__()
+
+    def forward(self, A: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        B, M, K = A.shape
+        A, x = A.contiguous(), x.contiguous()
+        y = torch.empty(B, M, 1, dtype=A.dtype, device=A.device)
+        _gemv[(B, triton.cdiv(M, 32))](A, x, y, M, K, BLOCK_M=32, BLOCK_K=128, LOW=LOW)
+        return y
+"""
+
+NO_MAX_SOFTMAX = GOOD_SOFTMAX.replace("z = x - tl.max(x, axis=0)", "z = x")
+
+
+def _gate(box: Sandbox, problem: str, source: str) -> dict:
+    args = {"problem_source": problem, "cand_source": source, "device": "cpu", "seeds": 3}
+    return box.call(GateRequest(**args), timeout_s=300)[0].model_dump()
+
+
+def _bmv_draw(seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(truth, float32 reference, a tiled float32 sum like a kernel's, a bfloat16 one) on a draw."""
+    torch.manual_seed(0)
+    a, x = variant([torch.rand(4, 64, 4096), torch.rand(4, 4096, 64)], seed)
+    truth, ref = torch.bmm(a.double(), x.double()), torch.bmm(a, x)
+    tiled = sum(torch.bmm(a[:, :, k : k + 32], x[:, k : k + 32]) for k in range(0, 4096, 32))
+    low = torch.bmm(a.bfloat16(), x.bfloat16()).float()
+    return truth, ref, tiled, low
+
+
+def test_a_correct_long_float32_sum_passes_where_plain_allclose_fails() -> None:
+    truth, ref, tiled, _ = _bmv_draw(2)
+    plain = ~torch.isclose(tiled.double(), truth, rtol=1e-4, atol=1e-4)
+    assert int(plain.sum()) > 0  # what the old rule rejected
+    assert int((~torch.isclose(ref.double(), truth, rtol=1e-4, atol=1e-4)).sum()) > 0  # the reference too
+    c = compare(tiled, truth, ref, 1e-4)
+    assert c.failed == 0 and c.unwritten == 0
+    assert c.max_abs_err > 1e-4
+
+
+def test_a_precision_downgrade_fails_on_every_draw() -> None:
+    for seed in (1, 2):
+        truth, ref, _, low = _bmv_draw(seed)
+        c = compare(low, truth, ref, 1e-4)
+        assert c.failed > c.numel // 4, (seed, c)
+
+
+def test_where_the_reference_is_exact_only_allclose_remains() -> None:
+    truth = torch.linspace(-3, 3, 101, dtype=torch.float64)
+    exact = truth.float()  # a ReLU-like reference: no arithmetic, no error beyond the cast
+    assert compare(exact, truth, exact, 1e-4).failed == 0
+    off = exact + 1e-3  # an error the reference never makes, past allclose at |t| < 9
+    c = compare(off, truth, exact, 1e-4)
+    assert c.failed == 101
+    # a reference error floors every element's bound at its median times the multiple
+    noisy = exact + torch.full_like(exact, 1e-3)
+    assert compare(off, truth, noisy, 1e-4).failed == 0
+    assert compare(exact + REFERENCE_MULTIPLE * 1.1e-3, truth, noisy, 1e-4).failed == 101
+
+
+def test_wide_draws_are_signed_and_span_the_range() -> None:
+    (x,) = variant([torch.rand(100_000)], 2)
+    assert bool((x < 0).any()) and bool((x > 0).any())
+    assert 50 < float(x.abs().max()) <= SPANS[0]
+    assert float(x.abs().min()) < 0.02
+    (y,) = variant([torch.rand(100_000)], 2, span=3.0)
+    assert float(y.abs().max()) <= 3.0
+    (z,) = variant([torch.rand(1000)], 1)
+    assert float(z.abs().max()) < 6  # odd seeds stay standard normal
+
+
+def test_the_gate_passes_a_correct_gemv_over_k_4096(box: Sandbox) -> None:
+    r = _gate(box, BMV, "LOW = False\n" + GEMV)
+    assert r["passed"] is True, r
+    assert r["max_abs_err"] > 1e-4  # past the plain tolerance somewhere, inside the rule
+
+
+def test_the_gate_fails_a_bfloat16_gemv(box: Sandbox) -> None:
+    r = _gate(box, BMV, "LOW = True\n" + GEMV)
+    assert (r["passed"], r["category"]) == (False, "mismatch"), r
+    assert "16x the reference's own error" in r["detail"]
+
+
+def test_the_gate_fails_a_softmax_without_its_row_max(box: Sandbox) -> None:
+    r = _gate(box, SOFTMAX, NO_MAX_SOFTMAX)
+    assert r["passed"] is False, r
+    # exp overflows on the wide draw only: the problem's own [0, 1) draw and the normal one pass
+    assert r["category"] == "nan" and "seed 2" in r["detail"], r
+
+
+def test_the_exported_harness_states_the_same_rule() -> None:
+    from kernelbrain.views import export_harness
+
+    within = vars(export_harness)["_kb_within"]  # the harness's names are private by design
+    for seed in (1, 2):
+        truth, ref, tiled, low = _bmv_draw(seed)
+        for got in (tiled, low, ref):
+            c = compare(got, truth, ref, 1e-4)
+            assert within(got, truth, ref, 1e-4, REFERENCE_MULTIPLE) == (c.failed, c.max_abs_err)
