@@ -1,7 +1,8 @@
 """The GPU launch check (kernelbrain.child.launches): which recorded kernels break the rule, the Triton
 kernel names a candidate module defines, and (on a GPU only) the profiler's records themselves.
 
-The kernel names are CUPTI's demangled names as torch 2.11's profiler reports them on an H200."""
+The kernel names are CUPTI's demangled names as torch 2.11's profiler reported them on an H200
+(tools/gpu_launch_check.py, benchmarks/results/trust/launch_check.txt)."""
 
 from __future__ import annotations
 
@@ -46,9 +47,9 @@ HALF_CAST = (
     "at::TensorIteratorBase&)::{lambda(float)#1}, std::array<char*, 2ul>, c10::Half, float>(int, ...)"
 )
 ARANGE = (
-    "void at::native::elementwise_kernel_with_index<int, at::native::arange_cuda_out(c10::Scalar const&, "
-    "c10::Scalar const&, c10::Scalar const&, at::Tensor&)::{lambda()#1}::operator()() const::{lambda()#4}::"
-    "operator()() const::{lambda(long)#1}>(int, ...)"
+    "void (anonymous namespace)::elementwise_kernel_with_index<int, at::native::arange_cuda_out("
+    "c10::Scalar const&, c10::Scalar const&, c10::Scalar const&, at::Tensor&)::{lambda()#1}::"
+    "operator()() const::{lambda()#4}::operator()() const::{lambda(long)#1}>(int, ...)"
 )
 MEMCPY = [
     "Memcpy HtoD (Pageable -> Device)",

@@ -242,6 +242,10 @@ def install() -> None:
     _Launches.install()
     _Streams.install()
     if not _PRISTINE_TORCH:
+        if torch.cuda.is_available():
+            from kernelbrain.child.launches import prepare
+
+            prepare()  # torch as the profiler leaves it: its first start replaces torch.manual_seed
         _PRISTINE_TORCH.update(torch_identities())
 
 
