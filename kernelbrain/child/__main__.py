@@ -42,14 +42,17 @@ def _log_execution(envelope: Envelope) -> None:
 
 
 def _init_cuda() -> None:
-    """Make the CUDA context now, while the worker waits for its first task: it costs a second or two,
-    which a warm child would otherwise add to its first candidate. A failure here is left to that
-    task to report."""
+    """Make the CUDA context now, while the worker waits for its first task, and install the guard
+    (its first profiler start imports dynamo and initialises CUPTI): seconds that a warm child would
+    otherwise add to its first candidate. A failure here is left to that task to report."""
     import torch
+
+    from kernelbrain.child import guard
 
     with contextlib.suppress(Exception):
         torch.empty(1, device="cuda").zero_()
         torch.cuda.synchronize()
+        guard.install()
 
 
 def _reply(frame: bytes) -> Reply:
