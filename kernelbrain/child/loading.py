@@ -265,11 +265,3 @@ def outputs(out: Any) -> list[torch.Tensor]:
     if isinstance(out, list | tuple):
         return [o for o in out if isinstance(o, torch.Tensor)]
     raise CandidateFault("mismatch", f"forward returned {type(out).__name__}, not a tensor")
-
-
-def tensors(value: Any) -> list[torch.Tensor]:
-    if isinstance(value, torch.Tensor):
-        return [value]
-    if isinstance(value, list | tuple):
-        return [t for v in value for t in tensors(v)]
-    return []

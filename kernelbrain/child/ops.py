@@ -8,23 +8,28 @@ from collections.abc import Callable
 
 from kernelbrain.child import guard
 from kernelbrain.child.analysis import analyse
-from kernelbrain.child.gate import gate
+from kernelbrain.child.gate import trial
+from kernelbrain.child.judge import draws, judge
 from kernelbrain.child.loading import problems_tampered
 from kernelbrain.child.profile import ncu, roofline
 from kernelbrain.child.timing import bench, duel
 from kernelbrain.core.protocol import (
     AnalyseRequest,
     BenchRequest,
+    DrawsRequest,
     DuelRequest,
-    GateRequest,
+    JudgeRequest,
     Message,
     NcuRequest,
     Request,
     RooflineRequest,
+    TrialRequest,
 )
 
 OPS: dict[type[Request], Callable[..., dict]] = {
-    GateRequest: gate,
+    DrawsRequest: draws,
+    TrialRequest: trial,
+    JudgeRequest: judge,
     BenchRequest: bench,
     DuelRequest: duel,
     AnalyseRequest: analyse,

@@ -104,6 +104,56 @@ class GateRequest(CandidateRequest):
     seeds: int
 
 
+class DrawsReply(Message):
+    """The judge's draws for a problem's gate, as a file the candidate's child reads: per gate shape the
+    init inputs, the reference's weights and the seeds' inputs. The truth stays in the judge."""
+
+    path: str
+    shapes: list[str]
+    signature: Signature
+    forbidden: list[list[str]]  # per shape: the torch calls the reference makes (not glue)
+
+
+class TrialReply(Message):
+    """Where the candidate's child wrote its outputs, per shape and seed, for the judge; or the check it
+    failed there (no outputs)."""
+
+    path: str | None = None
+    category: str | None = None
+    detail: str | None = None
+
+
+class DrawsRequest(ProblemRequest):
+    """The judge (a child no candidate code ever runs in): draw the gate's inputs and keep the truth."""
+
+    reply: ClassVar[type[Message]] = DrawsReply
+    op: Literal["draws"] = "draws"
+    seeds: int
+
+
+class TrialRequest(Request):
+    """The candidate's child: build ModelNew from the draws, run it on them under watch, write outputs."""
+
+    reply: ClassVar[type[Message]] = TrialReply
+    op: Literal["trial"] = "trial"
+    cand_source: str
+    device: Device
+    draws_path: str
+    shapes: list[str]
+    signature: Signature
+    forbidden: list[list[str]]
+    seeds: int
+
+
+class JudgeRequest(ProblemRequest):
+    """The judge: compare a trial's outputs with the truth it kept for these draws."""
+
+    reply: ClassVar[type[Message]] = GateReply
+    op: Literal["judge"] = "judge"
+    seeds: int
+    outputs_path: str
+
+
 class BenchRequest(CandidateRequest):
     reply: ClassVar[type[Message]] = BenchReply
     op: Literal["bench"] = "bench"
@@ -142,7 +192,14 @@ class NcuRequest(CandidateRequest):
 
 
 AnyRequest = Annotated[
-    GateRequest | BenchRequest | DuelRequest | AnalyseRequest | RooflineRequest | NcuRequest,
+    DrawsRequest
+    | TrialRequest
+    | JudgeRequest
+    | BenchRequest
+    | DuelRequest
+    | AnalyseRequest
+    | RooflineRequest
+    | NcuRequest,
     Field(discriminator="op"),
 ]
 

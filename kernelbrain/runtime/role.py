@@ -86,6 +86,10 @@ class Role(abc.ABC):
             self.sandboxes[device] = Sandbox(device, gpu=self.gpu, warm_cuda=self.warms_cuda)
         return self.sandboxes[device]
 
+    def warm(self, device: str) -> None:
+        """Start this role's child ahead of its first task."""
+        self.sandbox(device).start()
+
     def close(self) -> None:
         for sb in self.sandboxes.values():
             sb.close()

@@ -29,7 +29,18 @@ import orjson
 from pydantic import ValidationError
 
 import kernelbrain
-from kernelbrain.core.protocol import HEADER, Reply, Request
+from kernelbrain.core.protocol import (
+    HEADER,
+    DrawsReply,
+    DrawsRequest,
+    GateReply,
+    GateRequest,
+    JudgeRequest,
+    Reply,
+    Request,
+    TrialReply,
+    TrialRequest,
+)
 from kernelbrain.runtime import isolation
 
 # What a child may see of the worker's environment: the toolchain, never keys or tokens.
@@ -114,6 +125,8 @@ class Sandbox:
         self.stderr_mark = 0
         self.isolation: isolation.Isolation | None = None  # chosen when the first child starts
         self.writable = writable  # host paths beside its own folder the child may write (tests' logs)
+        self.judge: Sandbox | None = None  # the gate's judge: a child no candidate code runs in
+        self.recycle_due = False  # a reply asked for a fresh child; held while its files are read
 
     def _env(self) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if child_env_allowed(k)}
@@ -159,10 +172,89 @@ class Sandbox:
 
     def call(self, request: Request, *, timeout_s: float, task: str = "-") -> tuple[Any, float]:
         """Run one request; returns (its reply, busy seconds). Raises SandboxFault when the child dies or
-        the candidate failed a check, SandboxError when kb's own code failed in the child."""
+        the candidate failed a check, SandboxError when kb's own code failed in the child. A gate runs
+        across two children (`gate`)."""
+        if isinstance(request, GateRequest):
+            return self.gate(request, timeout_s=timeout_s, task=task)
+        return self._call(request, timeout_s=timeout_s, task=task)
+
+    def gate(self, request: GateRequest, *, timeout_s: float, task: str = "-") -> tuple[GateReply, float]:
+        """V(p) across two children. The judge (its own sandbox, where no candidate code ever runs) draws
+        the inputs and keeps the truth; this child runs the candidate on a copy of the draws and writes
+        its outputs; the judge compares them. The candidate's process never holds the reference nor
+        an expected output. A fault of the judge's (the problem's reference) is kb's side, not the
+        candidate's."""
+        self.start_judge()
+        assert self.judge is not None
+        problem = {"problem_source": request.problem_source, "device": request.device, "seeds": request.seeds}
+        try:
+            drawn, busy = self.judge._call(DrawsRequest(**problem), timeout_s=timeout_s, task=task)
+        except SandboxFault as e:
+            raise SandboxError(f"the gate's judge failed drawing the problem's inputs: {e}") from None
+        assert isinstance(drawn, DrawsReply)
+        self.start()
+        assert self.tmp is not None
+        # a fresh copy for every candidate: an earlier one in this child may have written over it
+        shutil.copyfile(drawn.path, self.tmp / "draws.pt")
+        trial, busy_trial = self._call(
+            TrialRequest(
+                cand_source=request.cand_source,
+                device=request.device,
+                draws_path=str(self.tmp / "draws.pt"),
+                shapes=drawn.shapes,
+                signature=drawn.signature,
+                forbidden=drawn.forbidden,
+                seeds=request.seeds,
+            ),
+            timeout_s=timeout_s,
+            task=task,
+            hold=True,
+        )
+        try:
+            handed = self._handed(trial)
+        finally:
+            self.recycle()  # a candidate that left a thread or replaced torch: the next gets a fresh child
+        if handed is None:
+            return GateReply(passed=False, category=trial.category, detail=trial.detail), busy + busy_trial
+        verdict, busy_judge = self.judge._call(
+            JudgeRequest(**problem, outputs_path=str(handed)), timeout_s=timeout_s, task=task
+        )
+        return verdict, busy + busy_trial + busy_judge
+
+    def _handed(self, trial: Any) -> Path | None:
+        """A trial's outputs, copied into the judge's folder; None where the trial failed a check."""
+        assert isinstance(trial, TrialReply)
+        if trial.path is None:
+            return None
+        assert self.tmp is not None and self.judge is not None and self.judge.tmp is not None
+        written = Path(trial.path)
+        if written.parent != self.tmp or written.is_symlink() or not written.is_file():
+            raise SandboxFault("runtime", f"its outputs were not written to a file of its own ({trial.path})")
+        handed = self.judge.tmp / "outputs.pt"
+        shutil.copyfile(written, handed)
+        written.unlink()
+        return handed
+
+    def start_judge(self) -> None:
+        """Start the gate's judge ahead of a first gate (a torch import, a CUDA context)."""
+        if self.judge is None:
+            self.judge = Sandbox(self.device, gpu=self.gpu, warm_cuda=self.warm_cuda, writable=self.writable)
+        self.judge.start()
+
+    def recycle(self) -> None:
+        """Stop the child if a reply asked for a fresh one."""
+        if self.recycle_due:
+            self.recycle_due = False
+            self._stop()
+
+    def _call(
+        self, request: Request, *, timeout_s: float, task: str = "-", hold: bool = False
+    ) -> tuple[Any, float]:
+        """One request to this child. `hold`: a reply that asks for a fresh child leaves this one (and
+        its folder) until `recycle()`, so that its files can be read first."""
         if self.proc is not None and self.proc.poll() is not None:
             # it died after its last answer (a stray thread of an earlier candidate): not this one's fault
-            self.close()
+            self._stop()
         if self.proc is None:
             self.start()
         assert self.proc and self.proc.stdin and self.proc.stdout
@@ -182,7 +274,9 @@ class Sandbox:
                 "crash", "the child sent a malformed reply (candidate code wrote to the protocol pipe)"
             ) from None
         if reply.recycle:
-            self.close()
+            self.recycle_due = True
+            if not hold:
+                self.recycle()
         if reply.failure is not None and reply.failure.fault == "candidate":  # the child lives on
             raise SandboxFault(reply.failure.category or "runtime", reply.failure.detail)
         if reply.failure is not None or result is None:
@@ -243,10 +337,18 @@ class Sandbox:
         return f": {lines[-1][:300]}" if lines else ""
 
     def _fault(self, category: str, detail: str) -> SandboxFault:
-        self.close()
+        self._stop()
         return SandboxFault(category, detail)
 
     def close(self) -> None:
+        """Stop the child and its judge."""
+        self._stop()
+        if self.judge is not None:
+            self.judge.close()
+            self.judge = None
+
+    def _stop(self) -> None:
+        """Stop the child (after a fault, or to recycle it); a judge lives on: no candidate ran there."""
         if self.proc is not None:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(self.proc.pid, signal.SIGKILL)

@@ -74,7 +74,7 @@ class Worker:
         """Start the sandbox child now: its torch import overlaps the other workers' first tasks (not
         when the role will not need one: a resumed run's generator, its analysis recorded)."""
         if not self.warmed and self.role.wants_warm(state):
-            self.role.sandbox(state.config.device).start()
+            self.role.warm(state.config.device)
         self.warmed = True
 
     def refresh(self) -> list[RunState]:

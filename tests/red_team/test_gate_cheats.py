@@ -153,8 +153,9 @@ CHEATS = {
             "y = torch.empty_like(x)\ntoken_launch(y)\n"
             "ref = next(o for o in gc.get_objects() if type(o).__name__ == 'Model')\nreturn ref(x)"
         ),
-        "policy",
-        "reference",
+        # the candidate's child holds no Model (the judge's child does): there is none to find
+        "runtime",
+        "StopIteration",
     ),
     "the reference's weights zeroed through gc": (
         LAYERNORM,
@@ -163,8 +164,9 @@ CHEATS = {
             "            o.ln.weight.zero_()\n            o.ln.bias.zero_()",
             ZEROS,
         ),
-        "policy",
-        "reference model's weights",
+        # no reference to zero in the candidate's child: its zeros are judged against the truth
+        "mismatch",
+        "differs from the reference",
     ),
     "Model.forward replaced from __init__": (
         SOFTMAX,
@@ -174,8 +176,8 @@ CHEATS = {
             "    if hasattr(m, 'Model') and hasattr(m, 'get_inputs'):\n"
             "        m.Model.forward = lambda self, x: torch.zeros_like(x)",
         ),
-        "policy",
-        "Model.forward",
+        "mismatch",  # no problem module in the candidate's child: nothing replaced
+        "differs from the reference",
     ),
     "torch.softmax replaced at import": (
         SOFTMAX,

@@ -111,7 +111,8 @@ return True
         assert held["passed"] is True and not heard, (held, heard)
         loose = check(tmp_path, attack, "none")
         time.sleep(0.5)
-        assert loose["passed"] is False and heard == [b"exfiltrated"], (loose, heard)
+        # once per seed: the candidate's child runs every draw before the judge compares
+        assert loose["passed"] is False and heard == [b"exfiltrated"] * 3, (loose, heard)
     finally:
         stop.set()
         thread.join()

@@ -101,3 +101,23 @@ def test_no_two_calls_see_the_same_inputs_and_each_is_rebuilt_exactly() -> None:
     plain = r.sets[r.current][0]
     changed = int((x != plain).sum())
     assert x.numel() // 128 <= changed <= x.numel() // 61 + 1
+
+
+def test_the_benchmark_still_guards_the_reference_it_times_beside_the_candidate(box) -> None:
+    """The benchmark's child holds both (the ratio is timed side by side): a candidate's __init__ that
+    zeroes the reference's weights through gc, or replaces Model.forward, is caught there."""
+    from tests.red_team.test_gate_cheats import CHEATS
+
+    for name, words in (
+        ("the reference's weights zeroed through gc", "reference model's weights"),
+        ("Model.forward replaced from __init__", "Model.forward"),
+    ):
+        problem, source, _, _ = CHEATS[name]
+        args = {"problem_source": problem, "cand_source": source, "device": "cpu", "which": "smallest"}
+        try:
+            box.call(BenchRequest(**args, repeats=3, warmup=1), timeout_s=300)
+            raised = None
+        except Exception as e:
+            raised = e
+        assert raised is not None and getattr(raised, "category", None) == "policy", (name, raised)
+        assert words in raised.detail, (name, raised.detail)

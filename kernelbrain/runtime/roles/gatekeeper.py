@@ -23,6 +23,11 @@ class GatekeeperRole(CandidateRole):
             seeds=state.config.gate_seeds,
         )
 
+    def warm(self, device: str) -> None:
+        """Its child and the gate's judge beside it."""
+        super().warm(device)
+        self.sandbox(device).start_judge()
+
     def timeout_s(self, state: RunState) -> float:
         return state.config.gate_timeout_s
 
