@@ -12,7 +12,7 @@ from kernelbrain.child.gate import trial
 from kernelbrain.child.judge import draws, judge
 from kernelbrain.child.loading import problems_tampered
 from kernelbrain.child.profile import ncu, roofline
-from kernelbrain.child.timing import bench, duel
+from kernelbrain.child.timing import bench, duel, reference_time
 from kernelbrain.core.protocol import (
     AnalyseRequest,
     BenchRequest,
@@ -21,6 +21,7 @@ from kernelbrain.core.protocol import (
     JudgeRequest,
     Message,
     NcuRequest,
+    ReferenceTimeRequest,
     Request,
     RooflineRequest,
     TrialRequest,
@@ -31,6 +32,7 @@ OPS: dict[type[Request], Callable[..., dict]] = {
     TrialRequest: trial,
     JudgeRequest: judge,
     BenchRequest: bench,
+    ReferenceTimeRequest: reference_time,
     DuelRequest: duel,
     AnalyseRequest: analyse,
     RooflineRequest: roofline,

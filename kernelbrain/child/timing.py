@@ -255,6 +255,36 @@ def bench(problem_source: str, cand_source: str, device: str, which: str, repeat
     return {"shapes": shapes, "timer": timer.name}
 
 
+def reference_time(
+    problem_source: str, device: str, which: str, calls: list[int], repeats: int, warmup: int
+) -> dict:
+    """The reference alone at a bench's shapes, with its calls per sample, its inputs rotated alike."""
+    problem = Problem(problem_source)
+    timer = Timer(device)
+    medians, iqrs = [], []
+    with torch.no_grad():
+        for shape, n in zip(problem.ladder_shapes(device, which), calls, strict=True):
+            ref, _ = build(problem, None, shape, device)
+            inputs = Rotation(problem, shape, device, 100)
+            inputs.use_slots(n)
+            for i in range(warmup + 1):
+                ref(*inputs.load(i))
+            times = []
+            gc.collect()
+            gc.disable()
+            try:
+                for i in range(repeats):
+                    inputs.load(i)
+                    times.append(timer(lambda f=ref, r=inputs: f(*r.next()), n))
+            finally:
+                gc.enable()
+            median, iqr = quartiles(times)
+            medians.append(median)
+            iqrs.append(iqr)
+            del inputs
+    return {"medians_s": medians, "iqrs_s": iqrs}
+
+
 def duel(
     problem_source: str, a_source: str, b_source: str, device: str, which: str, repeats: int, warmup: int
 ) -> dict:

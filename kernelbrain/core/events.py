@@ -184,6 +184,7 @@ class ShapeTiming(BaseModel):
     speedup: float
     compile_s: float = 0.0
     calls: int = 1  # calls per timed sample (short kernels are timed in batches; medians are per call)
+    ref_alone_median_s: float | None = None  # the reference alone, where no candidate ran (None: older)
 
 
 class RungBenchmarked(Event):

@@ -154,6 +154,23 @@ class JudgeRequest(ProblemRequest):
     outputs_path: str
 
 
+class ReferenceTimeReply(Message):
+    medians_s: list[float]  # per shape, per call
+    iqrs_s: list[float]
+
+
+class ReferenceTimeRequest(ProblemRequest):
+    """The reference alone, in a child no candidate code ever ran in, at a bench's shapes and calls per
+    sample: what it costs when nothing can slow it."""
+
+    reply: ClassVar[type[Message]] = ReferenceTimeReply
+    op: Literal["reference_time"] = "reference_time"
+    which: Which
+    calls: list[int]
+    repeats: int
+    warmup: int
+
+
 class BenchRequest(CandidateRequest):
     reply: ClassVar[type[Message]] = BenchReply
     op: Literal["bench"] = "bench"
@@ -195,6 +212,7 @@ AnyRequest = Annotated[
     DrawsRequest
     | TrialRequest
     | JudgeRequest
+    | ReferenceTimeRequest
     | BenchRequest
     | DuelRequest
     | AnalyseRequest

@@ -55,3 +55,24 @@ def adjudicate(ratios: list[float]) -> tuple[str, float, float, float]:
     if q1 <= 1.0 <= q3 or abs(med - 1.0) < TIE_MARGIN or sign_test_p(ratios) > SIGN_ALPHA:
         return "tie", med, q1, q3
     return ("a" if med < 1.0 else "b"), med, q1, q3
+
+
+# how much slower the reference may run beside a candidate than where no candidate ran, before it is
+# the candidate's doing: more than DRIFT times its time alone, plus SLACK seconds a call. On a GPU each
+# sample starts after a synchronise and an L2 flush in both processes, so only a slowed reference moves
+# far. On the CPU the wall clock is no such measure: beside the interpreter, under load, a reference of
+# 20 us was seen at 3-4 ms (threads woken, caches cold), so only a gross slowdown counts there
+REFERENCE_DRIFT = {"cuda": 1.5, "cpu": 10.0}
+REFERENCE_SLACK_S = {"cuda": 0.0, "cpu": 0.02}
+
+
+def reference_moved(
+    beside: float, beside_iqr: float, clean: float, clean_iqr: float, device: str
+) -> float | None:
+    """The factor by which the reference ran slower beside the candidate than alone, if past noise: past
+    the device's bound, and the two middle halves apart. None where it did not move."""
+    if clean <= 0:
+        return None
+    bound = REFERENCE_DRIFT.get(device, 10.0) * clean + REFERENCE_SLACK_S.get(device, 0.02)
+    apart = beside - beside_iqr / 2 > clean + clean_iqr / 2
+    return beside / clean if beside > bound and apart else None

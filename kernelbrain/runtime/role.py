@@ -86,9 +86,14 @@ class Role(abc.ABC):
             self.sandboxes[device] = Sandbox(device, gpu=self.gpu, warm_cuda=self.warms_cuda)
         return self.sandboxes[device]
 
+    # its requests run the judge's child beside its own (the gate, the reference timed alone)
+    uses_judge = False
+
     def warm(self, device: str) -> None:
-        """Start this role's child ahead of its first task."""
+        """Start this role's child (and the judge's) ahead of its first task."""
         self.sandbox(device).start()
+        if self.uses_judge:
+            self.sandbox(device).start_judge()
 
     def close(self) -> None:
         for sb in self.sandboxes.values():

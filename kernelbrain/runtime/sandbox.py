@@ -31,16 +31,21 @@ from pydantic import ValidationError
 import kernelbrain
 from kernelbrain.core.protocol import (
     HEADER,
+    BenchReply,
+    BenchRequest,
     DrawsReply,
     DrawsRequest,
     GateReply,
     GateRequest,
     JudgeRequest,
+    ReferenceTimeReply,
+    ReferenceTimeRequest,
     Reply,
     Request,
     TrialReply,
     TrialRequest,
 )
+from kernelbrain.core.scoring import reference_moved
 from kernelbrain.runtime import isolation
 
 # What a child may see of the worker's environment: the toolchain, never keys or tokens.
@@ -176,7 +181,35 @@ class Sandbox:
         across two children (`gate`)."""
         if isinstance(request, GateRequest):
             return self.gate(request, timeout_s=timeout_s, task=task)
+        if isinstance(request, BenchRequest):
+            return self.bench(request, timeout_s=timeout_s, task=task)
         return self._call(request, timeout_s=timeout_s, task=task)
+
+    def bench(self, request: BenchRequest, *, timeout_s: float, task: str = "-") -> tuple[BenchReply, float]:
+        """A rung timed beside the reference (the ratio is measured side by side, in one process), then
+        the reference alone in the judge's child, where no candidate code ever ran: a reference that ran
+        slower beside the candidate than there, past noise, was slowed by it (`policy`), however it was
+        done (a patch that restores itself before the checks, one below Python)."""
+        timed, busy = self._call(request, timeout_s=timeout_s, task=task)
+        assert isinstance(timed, BenchReply)
+        self.start_judge()
+        assert self.judge is not None
+        try:
+            alone, busy_alone = self._alone(request, timed, timeout_s, task)
+        except SandboxFault as e:
+            raise SandboxError(f"the judge's child failed timing the reference alone: {e}") from None
+        shapes = []
+        for s, clean, clean_iqr in zip(timed.shapes, alone.medians_s, alone.iqrs_s, strict=True):
+            moved = reference_moved(s.ref_median_s, s.ref_iqr_s, clean, clean_iqr, request.device)
+            if moved is not None:
+                raise SandboxFault(
+                    "policy",
+                    f"benchmark shape {s.shape}: the reference ran {moved:.2f}x slower beside the candidate "
+                    f"({s.ref_median_s:.3g} s) than in a process where no candidate ran ({clean:.3g} s): "
+                    "the candidate slowed the reference it is timed against",
+                )
+            shapes.append(s.model_copy(update={"ref_alone_median_s": clean}))
+        return timed.model_copy(update={"shapes": shapes}), busy + busy_alone
 
     def gate(self, request: GateRequest, *, timeout_s: float, task: str = "-") -> tuple[GateReply, float]:
         """V(p) across two children. The judge (its own sandbox, where no candidate code ever runs) draws
@@ -234,6 +267,25 @@ class Sandbox:
         shutil.copyfile(written, handed)
         written.unlink()
         return handed
+
+    def _alone(
+        self, request: BenchRequest, timed: BenchReply, timeout_s: float, task: str
+    ) -> tuple[ReferenceTimeReply, float]:
+        assert self.judge is not None
+        alone, busy = self.judge._call(
+            ReferenceTimeRequest(
+                problem_source=request.problem_source,
+                device=request.device,
+                which=request.which,
+                calls=[s.calls for s in timed.shapes],
+                repeats=request.repeats,
+                warmup=request.warmup,
+            ),
+            timeout_s=timeout_s,
+            task=task,
+        )
+        assert isinstance(alone, ReferenceTimeReply)
+        return alone, busy
 
     def start_judge(self) -> None:
         """Start the gate's judge ahead of a first gate (a torch import, a CUDA context)."""

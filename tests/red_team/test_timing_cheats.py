@@ -121,3 +121,35 @@ def test_the_benchmark_still_guards_the_reference_it_times_beside_the_candidate(
             raised = e
         assert raised is not None and getattr(raised, "category", None) == "policy", (name, raised)
         assert words in raised.detail, (name, raised.detail)
+
+
+# slows the reference between its own timed calls with a patch that undoes itself once the reference
+# ran through it, and leaves none in place where the benchmark checks torch (after its first call and
+# after its last): the reference's time beside it is a lie only the clean child's time shows
+SELF_RESTORING = softmax_cheat(
+    "self.calls += 1\n"
+    "if 1 < self.calls < self.last:\n"
+    "    original = torch.softmax\n"
+    "    def slow(*a, **k):\n"
+    "        torch.softmax = original\n"
+    "        time.sleep(0.2)\n"
+    "        return original(*a, **k)\n"
+    "    torch.softmax = slow\n"
+    "return kernel_softmax(x, torch.empty_like(x))",
+    init="self.calls = 0\nself.last = 8  # compile, one warmup, six timed",
+)
+
+
+def test_a_reference_slowed_by_a_self_restoring_patch_is_caught_by_its_clean_time(box) -> None:
+    try:
+        bench(box, SELF_RESTORING, repeats=6)
+        raised = None
+    except Exception as e:
+        raised = e
+    assert raised is not None and getattr(raised, "category", None) == "policy", raised
+    assert "slower beside the candidate" in raised.detail, raised.detail
+
+
+def test_the_clean_time_is_recorded_beside_the_ratio(box) -> None:
+    (shape,) = bench(box, HONEST).shapes
+    assert shape.ref_alone_median_s is not None and shape.ref_alone_median_s > 0

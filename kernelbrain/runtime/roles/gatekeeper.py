@@ -10,6 +10,7 @@ from kernelbrain.runtime.role import CandidateRole, Task
 
 class GatekeeperRole(CandidateRole):
     name = "gatekeeper"
+    uses_judge = True
 
     def tasks(self, state: RunState) -> list[Task]:
         return [Task(f"{state.run_id}/gate/{c.id}", c.id) for c in state.gate_tasks()]
@@ -22,11 +23,6 @@ class GatekeeperRole(CandidateRole):
             device=state.config.device,
             seeds=state.config.gate_seeds,
         )
-
-    def warm(self, device: str) -> None:
-        """Its child and the gate's judge beside it."""
-        super().warm(device)
-        self.sandbox(device).start_judge()
 
     def timeout_s(self, state: RunState) -> float:
         return state.config.gate_timeout_s
