@@ -59,11 +59,12 @@ def adjudicate(ratios: list[float]) -> tuple[str, float, float, float]:
 
 # how much slower the reference may run beside a candidate than where no candidate ran, before it is
 # the candidate's doing: more than DRIFT times its time alone, plus SLACK seconds a call. On a GPU each
-# sample starts after a synchronise and an L2 flush in both processes, so only a slowed reference moves
-# far. On the CPU the wall clock is no such measure: beside the interpreter, under load, a reference of
-# 20 us was seen at 3-4 ms (threads woken, caches cold), so only a gross slowdown counts there
-REFERENCE_DRIFT = {"cuda": 1.5, "cpu": 10.0}
-REFERENCE_SLACK_S = {"cuda": 0.0, "cpu": 0.02}
+# sample starts after a synchronise and an L2 flush in both processes, so only a slowed reference should
+# move far (2x is a first bound, not yet measured on the H200: ShapeTiming.ref_alone_median_s records
+# both). On the CPU the wall clock is no such measure: with the test suite's children on two cores, a
+# 20 us reference was seen at a 28 ms median beside the interpreter, so only a gross slowdown counts
+REFERENCE_DRIFT = {"cuda": 2.0, "cpu": 10.0}
+REFERENCE_SLACK_S = {"cuda": 0.0, "cpu": 0.5}
 
 
 def reference_moved(
@@ -73,6 +74,6 @@ def reference_moved(
     the device's bound, and the two middle halves apart. None where it did not move."""
     if clean <= 0:
         return None
-    bound = REFERENCE_DRIFT.get(device, 10.0) * clean + REFERENCE_SLACK_S.get(device, 0.02)
+    bound = REFERENCE_DRIFT.get(device, 10.0) * clean + REFERENCE_SLACK_S.get(device, 0.5)
     apart = beside - beside_iqr / 2 > clean + clean_iqr / 2
     return beside / clean if beside > bound and apart else None

@@ -132,7 +132,7 @@ SELF_RESTORING = softmax_cheat(
     "    original = torch.softmax\n"
     "    def slow(*a, **k):\n"
     "        torch.softmax = original\n"
-    "        time.sleep(0.2)\n"
+    "        time.sleep(1.0)\n"
     "        return original(*a, **k)\n"
     "    torch.softmax = slow\n"
     "return kernel_softmax(x, torch.empty_like(x))",
