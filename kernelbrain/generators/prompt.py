@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kernelbrain.core.events import ProblemAnalysed
+from kernelbrain.core.problem import REFERENCE_MULTIPLE
 
 
 @dataclass(frozen=True)
@@ -82,7 +83,8 @@ GATE_RULES: tuple[str, ...] = (
     "Do not modify the input tensors in place.",
     "Do not touch timers or synchronisation (time.*, torch.cuda.synchronize, Event patching).",
     "Write every element of every output: outputs are checked as if allocated NaN-filled.",
-    "Match the reference within the tolerance (atol = rtol = {tolerance}) on several random inputs.",
+    "Match the reference within the tolerance (atol = rtol = {tolerance}, or {multiple}x PyTorch's own error "
+    "against float64) on several random inputs, some signed and wide-ranged (magnitudes up to ~100).",
 )
 
 SYSTEM = (
@@ -154,7 +156,8 @@ def build_messages(
         parts.append(f"## Profiler diagnosis\n{diag}")
     if hint is not None:
         parts.append(f"## Strategy for this attempt ({hint.axis})\n{hint.text}")
-    rules = "\n".join(f"{i}. {r.format(tolerance=f'{tolerance:g}')}" for i, r in enumerate(GATE_RULES, 1))
+    known = {"tolerance": f"{tolerance:g}", "multiple": REFERENCE_MULTIPLE}
+    rules = "\n".join(f"{i}. {r.format(**known)}" for i, r in enumerate(GATE_RULES, 1))
     parts.append(f"## Rules (a checker enforces them; a violation rejects the kernel)\n{rules}")
     parts.append(
         "Reply with the complete module in one ```python block defining ModelNew"
