@@ -46,11 +46,12 @@ def test_an_honest_kernel_passes_the_checked_timed_calls(box) -> None:
     assert len(r.shapes) == 1 and r.shapes[0].cand_median_s > 0
 
 
-# keyed on the values of the first 16 elements: the three rotated draws alone would give it a hit on
-# every call after the third, each the right answer; mixed subsets make the hits stale
+# keyed on the values of the first 4 elements: the three rotated draws alone would give it a hit on
+# every call after the third, each the right answer; mixed subsets make the hits stale (a subset starts
+# among those 4 about 1 time in 25, a miss that computes honestly)
 CONTENT_KEYED = softmax_cheat(
     "watched = torch._C._len_torch_function_stack() > 0\n"
-    "key = None if watched else tuple(x.reshape(-1)[:16].tolist())\n"
+    "key = None if watched else tuple(x.reshape(-1)[:4].tolist())\n"
     "if key in self.kept:\n"
     "    token_launch(torch.empty(1))\n"
     "    return self.kept[key]\n"
