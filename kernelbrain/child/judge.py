@@ -42,9 +42,8 @@ class Draw(NamedTuple):
 
 
 class Drawn(NamedTuple):
-    """A problem's draws for the gate, and the file the candidate's child reads them from."""
+    """A problem's draws for the gate, and the reply that names the file the candidate's child reads."""
 
-    path: Path
     shapes: list[dict]
     draws: list[list[Draw]]  # per shape, per seed
     reply: dict
@@ -87,8 +86,10 @@ def draws(problem_source: str, device: str, seeds: int) -> dict:
     for shape in shapes:
         init = problem.init_inputs(shape)
         ref = construct(problem.module.Model, init, device)
-        forbidden.append(sorted(guard.forbidden_ops(record_calls(ref, problem.inputs(shape, 0, device)))))
         per_seed = [_draw(problem, ref, shape, device, seed) for seed in range(seeds)]
+        # traced on a copy of seed 0's draw, the problem's own: no second draw for it
+        traced = record_calls(ref, [layout_copy(x) for x in per_seed[0].inputs])
+        forbidden.append(sorted(guard.forbidden_ops(traced)))
         kept.append(per_seed)
         state = {k: v.detach() for k, v in ref.state_dict().items()}
         sent.append({"init": init, "state": state, "inputs": [d.inputs for d in per_seed]})
@@ -104,7 +105,7 @@ def draws(problem_source: str, device: str, seeds: int) -> dict:
         },
         "forbidden": forbidden,
     }
-    _KEPT[key] = Drawn(path, shapes, kept, reply)
+    _KEPT[key] = Drawn(shapes, kept, reply)
     return reply
 
 

@@ -193,7 +193,6 @@ class Sandbox:
         timed, busy = self._call(request, timeout_s=timeout_s, task=task)
         assert isinstance(timed, BenchReply)
         self.start_judge()
-        assert self.judge is not None
         try:
             alone, busy_alone = self._alone(request, timed, timeout_s, task)
         except SandboxFault as e:
@@ -243,6 +242,7 @@ class Sandbox:
             task=task,
             hold=True,
         )
+        assert isinstance(trial, TrialReply)
         try:
             handed = self._handed(trial)
         finally:
@@ -254,9 +254,8 @@ class Sandbox:
         )
         return verdict, busy + busy_trial + busy_judge
 
-    def _handed(self, trial: Any) -> Path | None:
+    def _handed(self, trial: TrialReply) -> Path | None:
         """A trial's outputs, copied into the judge's folder; None where the trial failed a check."""
-        assert isinstance(trial, TrialReply)
         if trial.path is None:
             return None
         assert self.tmp is not None and self.judge is not None and self.judge.tmp is not None
