@@ -13,6 +13,7 @@ from kernelbrain.store import EventStore
 
 from kernelbrain.core.events import CandidateProposed, GateFailed, GatePassed, RunConfig, decode
 from kernelbrain.core.protocol import GateRequest
+from kernelbrain.runtime import sandbox
 from kernelbrain.runtime.runner import DEFAULT_RUNGS, start_run
 from kernelbrain.runtime.sandbox import Sandbox, SandboxFault
 from kernelbrain.runtime.worker import Worker
@@ -265,6 +266,65 @@ def test_the_reference_runs_once_a_draw_for_all_of_a_problems_candidates(
     # another problem is drawn and run anew
     assert gate_on(counting_problem(log, dim=136), GOOD)["passed"] is True
     assert runs() == 6
+
+
+def test_truth_past_the_judges_budget_is_recomputed_for_each_candidate(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A problem too large to hold its truth between candidates (a full-size KernelBench shape) holds
+    none: each candidate's judging runs the reference again on the inputs' files, with the same
+    verdicts."""
+    monkeypatch.setattr(sandbox, "JUDGE_KEEP_BYTES", {"cpu": 0})
+    log = tmp_path / "ref64.log"
+    problem = counting_problem(log)
+    box = Sandbox("cpu", writable=(str(tmp_path),))
+
+    def gate_on(source: str) -> dict:
+        args = {"problem_source": problem, "cand_source": source, "device": "cpu", "seeds": 3}
+        return box.call(GateRequest(**args), timeout_s=120.0)[0].model_dump()
+
+    try:
+        assert gate_on(GOOD)["passed"] is True
+        assert log.read_text().count("ref64") == 6  # 3 seeds drawn, then 3 judged
+        assert gate_on(candidate("exp_only"))["category"] == "mismatch"
+        assert log.read_text().count("ref64") == 7  # judged up to its first wrong seed
+        assert gate_on(GOOD)["passed"] is True
+        assert log.read_text().count("ref64") == 10
+    finally:
+        box.close()
+
+
+def test_an_inputs_file_changed_under_the_judge_is_the_candidates_fault(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without a read-only folder (KB_SANDBOX=none) a candidate can rewrite the judge's inputs files, to
+    be judged on zeros; the judge reads back a file whose fingerprints moved and fails it (`policy`), and
+    draws afresh for the next candidate."""
+    monkeypatch.setattr(sandbox, "JUDGE_KEEP_BYTES", {"cpu": 0})
+    monkeypatch.setenv("KB_SANDBOX", "none")
+    spoils = GOOD.replace(
+        FORWARD,
+        FORWARD
+        + "\n        import glob, sys\n"
+        + "        frame = sys._getframe()\n"  # its own gate's folder, from the trial's frame
+        + "        while 'folder' not in frame.f_locals:\n"
+        + "            frame = frame.f_back\n"
+        + "        for path in glob.glob(frame.f_locals['folder'] + '/*-inputs.pt'):\n"
+        + "            torch.save([torch.zeros_like(x)], path)\n",
+    )
+    garbles = spoils.replace("torch.save([torch.zeros_like(x)], path)", "open(path, 'r+b').write(b'spoilt')")
+    box = Sandbox("cpu")
+    try:
+        r = gate(box, spoils)
+        assert (r["passed"], r["category"]) == (False, "policy"), r
+        assert "changed after the judge wrote it" in r["detail"], r
+        assert gate(box, GOOD)["passed"] is True  # drawn afresh
+        r = gate(box, garbles)  # its own next seed's file no longer reads
+        assert (r["passed"], r["category"]) == (False, "policy"), r
+        assert "no longer reads" in r["detail"], r
+        assert gate(box, GOOD)["passed"] is True  # the judge saw its files written since: drawn afresh
+    finally:
+        box.close()
 
 
 def test_a_resumed_runs_generator_starts_no_child_once_the_problem_is_analysed(tmp_path: Path) -> None:

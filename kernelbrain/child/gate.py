@@ -23,6 +23,7 @@ from kernelbrain.child.loading import (
     outputs,
     signature,
 )
+from kernelbrain.core import handoff
 
 
 def _has_jit_kernel(tree: ast.Module) -> bool:
@@ -82,10 +83,22 @@ def _build(cand: ModuleType, entry: dict, device: str) -> torch.nn.Module:
     return new
 
 
+def _drawn(path: Path, device: str) -> Any:
+    """One of the judge's files. Only a candidate can spoil one (where the sandbox does not bind the
+    judge's folder read-only), so one that does not read back is this candidate's doing."""
+    try:
+        return torch.load(path, map_location=device, weights_only=False)
+    except Exception as e:
+        raise CandidateFault(
+            "policy",
+            f"the gate's file {path.name} no longer reads ({type(e).__name__}: {e}): it wrote over it",
+        ) from None
+
+
 def trial(
     cand_source: str,
     device: str,
-    draws_path: str,
+    folder: str,
     shapes: list[str],
     signature: dict[str, list[str]],
     forbidden: list[list[str]],
@@ -95,7 +108,7 @@ def trial(
     the judge's draws under watch, obeys the policy; its outputs go to a file for the judge. A check it
     fails is the reply (no outputs), as a gate's verdict."""
     try:
-        return {"path": _trial(cand_source, device, draws_path, shapes, signature, forbidden, seeds)}
+        return {"folder": _trial(cand_source, device, folder, shapes, signature, forbidden, seeds)}
     except CandidateFault as f:
         return {"category": f.category, "detail": f.detail}
 
@@ -103,7 +116,7 @@ def trial(
 def _trial(
     cand_source: str,
     device: str,
-    draws_path: str,
+    folder: str,
     shapes: list[str],
     signature: dict[str, list[str]],
     forbidden: list[list[str]],
@@ -114,19 +127,23 @@ def _trial(
     _policy(guard.check_untouched, None, {}, prefix="importing it: ")
     _check_signature(signature, cand)
     _policy(guard.check_timers, timers)
-    entries = torch.load(draws_path, map_location=device, weights_only=False)
-    results = []
-    for label, entry, names in zip(shapes, entries, forbidden, strict=True):
+    out = Path(tempfile.gettempdir()) / "outputs"
+    out.mkdir(exist_ok=True)
+    for old in out.glob("*.pt"):
+        old.unlink()
+    # one draw in memory at a time: a gate shape at a problem's full size holds gigabytes a seed
+    for i, (label, names) in enumerate(zip(shapes, forbidden, strict=True)):
         where = f"shape {label}, " if len(shapes) > 1 else ""
+        entry = _drawn(handoff.init_file(folder, i), device)
         try:
             new = _build(cand, entry, device)
         except Exception as e:
             raise CandidateFault(
                 "runtime", f"ModelNew(*get_init_inputs()) raised {type(e).__name__}: {e}"
             ) from e
-        per_seed = []
+        del entry
         for seed in range(seeds):
-            before = entry["inputs"][seed]
+            before = _drawn(handoff.inputs_file(folder, i, seed), device)
             inputs = [layout_copy(x) for x in before]
             with torch.no_grad():
                 watch = guard.Watch(set(names), device)
@@ -148,8 +165,6 @@ def _trial(
                 if isinstance(x, torch.Tensor) and not torch.equal(x, b):
                     raise CandidateFault("policy", f"{where}seed {seed}: the candidate mutated its inputs")
             _policy(guard.check_outputs, got, inputs, prefix=f"{where}seed {seed}: ")
-            per_seed.append([g.detach() for g in got])
-        results.append(per_seed)
-    path = Path(tempfile.gettempdir()) / "outputs.pt"
-    torch.save(results, path)
-    return str(path)
+            torch.save([g.detach() for g in got], handoff.outputs_file(out, i, seed))
+            del before, inputs, got
+    return str(out)

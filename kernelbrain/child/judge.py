@@ -9,7 +9,6 @@ sabotage the reference nor return the truth it found in memory.
 from __future__ import annotations
 
 import copy
-import tempfile
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -22,6 +21,7 @@ from kernelbrain.child.loading import (
     CandidateFault,
     Problem,
     construct,
+    fingerprint,
     layout_copy,
     outputs,
     signature,
@@ -29,75 +29,107 @@ from kernelbrain.child.loading import (
     variant,
 )
 from kernelbrain.child.tolerance import REFERENCE_MULTIPLE, compare
+from kernelbrain.core import handoff
 from kernelbrain.core.problem import shape_label
 
 
-class Draw(NamedTuple):
-    """A seed's inputs at a gate shape, the float64 reference's outputs on them (the truth), and the
-    reference's own at its own dtype (its error is part of the tolerance rule)."""
+class Truth(NamedTuple):
+    """What a seed's draw at a gate shape is judged by: the float64 reference's outputs on its inputs (the
+    truth) and the reference's own at its own dtype (its error is part of the tolerance rule)."""
 
-    inputs: list
     truth: list[torch.Tensor]
     native: list[torch.Tensor]
 
 
 class Drawn(NamedTuple):
-    """A problem's draws for the gate, and the reply that names the file the candidate's child reads."""
+    """A problem's draws for the gate: the folder holding their inputs, the reference built per shape,
+    the truths kept (within the request's bytes; the others are recomputed from the inputs' file when
+    judged), the inputs' fingerprints (a file read back must still hold them), the reply."""
 
+    folder: str
     shapes: list[dict]
-    draws: list[list[Draw]]  # per shape, per seed
+    refs: list[torch.nn.Module]
+    kept: dict[tuple[int, int], Truth]
+    prints: dict[tuple[int, int], list[tuple]]
+    stats: dict[str, tuple[int, int]]  # each file's size and time written: one written since is drawn anew
     reply: dict
 
 
 _KEPT: dict[tuple, Drawn] = {}  # the latest problem's draws, for all of its candidates
 
 
-def _finite_where_truth_is(draw: Draw) -> bool:
-    pairs = zip(draw.native, draw.truth, strict=True)
-    return all(bool((torch.isfinite(n) | ~torch.isfinite(t)).all()) for n, t in pairs)
+def _finite_where_truth_is(t: Truth) -> bool:
+    pairs = zip(t.native, t.truth, strict=True)
+    return all(bool((torch.isfinite(n) | ~torch.isfinite(x)).all()) for n, x in pairs)
 
 
-def _draw(problem: Problem, ref: torch.nn.Module, shape: dict, device: str, seed: int) -> Draw:
-    """A seed's draw at a gate shape. A wide-range seed takes the widest span on which the reference
-    stays finite wherever the truth is."""
+def _truth(ref: torch.nn.Module, inputs: list, device: str) -> Truth:
     ref64 = copy.deepcopy(ref).to(torch.float64)
+    with torch.no_grad():
+        truth = outputs(ref64(*[to_device(x, device, torch.float64) for x in inputs]))
+        native = outputs(ref(*[layout_copy(x) for x in inputs]))
+    return Truth(truth, [n.detach() for n in native])
+
+
+def _draw(problem: Problem, ref: torch.nn.Module, shape: dict, device: str, seed: int) -> tuple[list, Truth]:
+    """A seed's inputs at a gate shape and their truth. A wide-range seed takes the widest span on which
+    the reference stays finite wherever the truth is."""
     own = problem.inputs(shape, seed, device)
     for span in SPANS if seed and seed % 2 == 0 else SPANS[:1]:
         inputs = [to_device(x, device) for x in variant(own, seed, span)]
-        with torch.no_grad():
-            truth = outputs(ref64(*[to_device(x, device, torch.float64) for x in inputs]))
-            native = outputs(ref(*[layout_copy(x) for x in inputs]))
-        draw = Draw(inputs, truth, [n.detach() for n in native])
-        if len(native) != len(truth) or _finite_where_truth_is(draw):
+        truth = _truth(ref, inputs, device)
+        if len(truth.native) != len(truth.truth) or _finite_where_truth_is(truth):
             break
-    return draw
+    return inputs, truth
 
 
-def draws(problem_source: str, device: str, seeds: int) -> dict:
-    """The gate's draws of a problem: computed once and kept for its candidates (the reference runs once
-    a seed and shape, whoever is gated); a different problem replaces them."""
+def _stats(folder: str) -> dict[str, tuple[int, int]]:
+    return {p.name: (p.stat().st_size, p.stat().st_mtime_ns) for p in Path(folder).glob("*.pt")}
+
+
+def _prints(inputs: list) -> list[tuple]:
+    return [fingerprint(x) for x in inputs if isinstance(x, torch.Tensor)]
+
+
+def _size(t: Truth) -> int:
+    return sum(x.numel() * x.element_size() for x in (*t.truth, *t.native))
+
+
+def draws(problem_source: str, device: str, seeds: int, folder: str, keep_bytes: int) -> dict:
+    """The gate's draws of a problem, written one file a shape and seed into `folder` (the candidate's
+    child reads them there) and drawn once for all of its candidates: the reference runs once a seed and
+    shape, whoever is gated, and only one draw is in memory at a time. Truth past `keep_bytes` is
+    recomputed from the inputs' file for each candidate rather than held. A different problem replaces
+    them."""
     problem = Problem(problem_source)
-    key = (problem.hash, device, seeds)
-    if key in _KEPT:
+    key = (problem.hash, device, seeds, folder, keep_bytes)
+    if key in _KEPT and _KEPT[key].stats == _stats(folder):
         return _KEPT[key].reply
     _KEPT.clear()
+    for old in Path(folder).glob("*.pt"):
+        old.unlink()
     shapes = problem.gate_shapes(device)
-    kept, sent, forbidden = [], [], []
-    for shape in shapes:
+    refs, kept, prints, forbidden = [], {}, {}, []
+    held = 0
+    for i, shape in enumerate(shapes):
         init = problem.init_inputs(shape)
         ref = construct(problem.module.Model, init, device)
-        per_seed = [_draw(problem, ref, shape, device, seed) for seed in range(seeds)]
-        # traced on a copy of seed 0's draw, the problem's own: no second draw for it
-        traced = record_calls(ref, [layout_copy(x) for x in per_seed[0].inputs])
-        forbidden.append(sorted(guard.forbidden_ops(traced)))
-        kept.append(per_seed)
+        refs.append(ref)
         state = {k: v.detach() for k, v in ref.state_dict().items()}
-        sent.append({"init": init, "state": state, "inputs": [d.inputs for d in per_seed]})
-    path = Path(tempfile.gettempdir()) / f"draws-{problem.hash[:16]}-{device}-{seeds}.pt"
-    torch.save(sent, path)
+        torch.save({"init": init, "state": state}, handoff.init_file(folder, i))
+        for seed in range(seeds):
+            inputs, truth = _draw(problem, ref, shape, device, seed)
+            torch.save(inputs, handoff.inputs_file(folder, i, seed))
+            prints[(i, seed)] = _prints(inputs)
+            if seed == 0:  # traced on a copy of the problem's own draw: no second draw for it
+                traced = record_calls(ref, [layout_copy(x) for x in inputs])
+                forbidden.append(sorted(guard.forbidden_ops(traced)))
+            if held + _size(truth) <= keep_bytes:
+                kept[(i, seed)] = truth
+                held += _size(truth)
+            del inputs, truth
     model = problem.module.Model
     reply = {
-        "path": str(path),
         "shapes": [shape_label(s) for s in shapes],
         "signature": {
             "init": [n for n, _ in signature(model.__init__)],
@@ -105,26 +137,19 @@ def draws(problem_source: str, device: str, seeds: int) -> dict:
         },
         "forbidden": forbidden,
     }
-    _KEPT[key] = Drawn(shapes, kept, reply)
+    _KEPT[key] = Drawn(folder, shapes, refs, kept, prints, _stats(folder), reply)
     return reply
 
 
-def _load_outputs(path: str, device: str, shapes: int, seeds: int) -> list[list[list[torch.Tensor]]]:
-    """A trial's outputs, read as data only (weights_only: no code of the candidate's runs here)."""
+def _load_outputs(path: Path, device: str) -> list[torch.Tensor]:
+    """A trial's outputs at one shape and seed, read as data only (weights_only: no code of the
+    candidate's runs here)."""
     try:
         got = torch.load(path, map_location=device, weights_only=True)
     except Exception as e:
         raise CandidateFault("runtime", f"its outputs could not be read back: {type(e).__name__}: {e}") from e
-    ok = (
-        isinstance(got, list)
-        and len(got) == shapes
-        and all(isinstance(s, list) and len(s) == seeds for s in got)
-        and all(isinstance(o, list) and all(type(t) is torch.Tensor for t in o) for s in got for o in s)
-    )
-    if not ok:
-        raise CandidateFault(
-            "runtime", "its outputs file does not hold one list of tensors per shape and seed"
-        )
+    if not (isinstance(got, list) and all(type(t) is torch.Tensor for t in got)):
+        raise CandidateFault("runtime", f"its outputs file {path.name} does not hold a list of tensors")
     return got
 
 
@@ -134,25 +159,42 @@ def _same(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
     )
 
 
-def judge(problem_source: str, device: str, seeds: int, outputs_path: str) -> dict:
-    """A trial's outputs against the truth kept for the problem's draws: the gate's verdict."""
+def judge(problem_source: str, device: str, seeds: int, folder: str, outputs_dir: str) -> dict:
+    """A trial's outputs against the truth of the problem's draws: the gate's verdict."""
     problem = Problem(problem_source)
-    drawn = _KEPT.get((problem.hash, device, seeds))
+    drawn = next((d for k, d in _KEPT.items() if k[:4] == (problem.hash, device, seeds, folder)), None)
     if drawn is None:
         raise RuntimeError("judge: no draws kept for this problem (a draws request comes first)")
     try:
-        return {"passed": True, **_judge(problem, drawn, device, seeds, outputs_path)}
+        return {"passed": True, **_judge(problem, drawn, device, seeds, Path(outputs_dir))}
     except CandidateFault as f:
         return {"passed": False, "category": f.category, "detail": f.detail, **f.figures}
 
 
-def _judge(problem: Problem, drawn: Drawn, device: str, seeds: int, path: str) -> dict[str, Any]:
-    got_all = _load_outputs(path, device, len(drawn.shapes), seeds)
+def _truth_of(drawn: Drawn, shape: int, seed: int, device: str) -> Truth:
+    kept = drawn.kept.get((shape, seed))
+    if kept is not None:
+        return kept
+    path = handoff.inputs_file(drawn.folder, shape, seed)
+    inputs = torch.load(path, map_location=device, weights_only=False)
+    if _prints(inputs) != drawn.prints[(shape, seed)]:
+        # only a candidate's child can write there, and only where the sandbox does not bind it read-only
+        _KEPT.clear()  # drawn afresh for the next candidate
+        raise CandidateFault(
+            "policy",
+            f"the gate's inputs file {path.name} changed after the judge wrote it: the candidate did it",
+        )
+    return _truth(drawn.refs[shape], inputs, device)
+
+
+def _judge(problem: Problem, drawn: Drawn, device: str, seeds: int, handed: Path) -> dict[str, Any]:
     worst_abs = worst_rel = tol = 0.0
-    for shape, per_seed, got_seeds in zip(drawn.shapes, drawn.draws, got_all, strict=True):
+    for i, shape in enumerate(drawn.shapes):
         where = f"shape {shape_label(shape)}, " if len(drawn.shapes) > 1 else ""
         previous: tuple[list[torch.Tensor], list[torch.Tensor]] | None = None
-        for seed, (draw, got) in enumerate(zip(per_seed, got_seeds, strict=True)):
+        for seed in range(seeds):
+            got = _load_outputs(handoff.outputs_file(handed, i, seed), device)
+            draw = _truth_of(drawn, i, seed, device)
             expected = draw.truth
             if len(got) != len(expected):
                 raise CandidateFault("mismatch", f"{len(got)} outputs, the reference returns {len(expected)}")
@@ -163,17 +205,17 @@ def _judge(problem: Problem, drawn: Drawn, device: str, seeds: int, path: str) -
                     "(results cached across calls)",
                 )
             previous = (got, expected)
-            for i, (g, e) in enumerate(zip(got, expected, strict=True)):
+            for k, (g, e) in enumerate(zip(got, expected, strict=True)):
                 if g.shape != e.shape:
                     raise CandidateFault(
-                        "mismatch", f"output {i} has shape {tuple(g.shape)}, expected {tuple(e.shape)}"
+                        "mismatch", f"output {k} has shape {tuple(g.shape)}, expected {tuple(e.shape)}"
                     )
                 tol = problem.tolerance_of(g.dtype)
-                c = compare(g, e, draw.native[i], tol)
+                c = compare(g, e, draw.native[k], tol)
                 if c.unwritten:
                     raise CandidateFault(
                         "nan",
-                        f"{where}seed {seed}: output {i} has {c.unwritten} NaN/Inf where the reference has "
+                        f"{where}seed {seed}: output {k} has {c.unwritten} NaN/Inf where the reference has "
                         "none (outputs are allocated NaN-filled: are some elements never written? Or did it "
                         "overflow?)",
                     )
@@ -181,7 +223,7 @@ def _judge(problem: Problem, drawn: Drawn, device: str, seeds: int, path: str) -
                 if c.failed:
                     raise CandidateFault(
                         "mismatch",
-                        f"{where}seed {seed}: output {i} differs from the reference at {c.failed} of "
+                        f"{where}seed {seed}: output {k} differs from the reference at {c.failed} of "
                         f"{c.numel} elements (max abs err {c.max_abs_err:.3g}, tolerance {tol:g} or "
                         f"{REFERENCE_MULTIPLE}x the reference's own error)",
                         max_abs_err=c.max_abs_err,

@@ -247,13 +247,17 @@ def variant(inputs: list, seed: int, span: float = SPANS[0]) -> list:
     for x in inputs:
         if isinstance(x, torch.Tensor) and x.is_floating_point():
             g = gens.setdefault(x.device, torch.Generator(device=x.device).manual_seed(seed))
+            # drawn in float32 (float64 for a float64 input), in place: a full-size input of gigabytes
+            # has no float64 temporaries beside it
+            work = torch.float64 if x.dtype == torch.float64 else torch.float32
             if seed % 2:
-                v = torch.randn(x.shape, generator=g, dtype=torch.float64, device=x.device)
+                v = torch.randn(x.shape, generator=g, dtype=work, device=x.device)
             else:
                 low, high = math.log(1e-2), math.log(span)
-                u = torch.rand(x.shape, generator=g, dtype=torch.float64, device=x.device)
-                sign = torch.randint(0, 2, x.shape, generator=g, device=x.device).to(torch.float64) * 2 - 1
-                v = sign * torch.exp(low + (high - low) * u)
+                v = torch.rand(x.shape, generator=g, dtype=work, device=x.device)
+                v.mul_(high - low).add_(low).exp_()
+                sign = torch.randint(0, 2, x.shape, generator=g, dtype=torch.int8, device=x.device)
+                v.mul_(sign.mul_(2).sub_(1))
             x = v.to(x.dtype)
         out.append(x)
     return out

@@ -105,20 +105,20 @@ class GateRequest(CandidateRequest):
 
 
 class DrawsReply(Message):
-    """The judge's draws for a problem's gate, as a file the candidate's child reads: per gate shape the
-    init inputs, the reference's weights and the seeds' inputs. The truth stays in the judge."""
+    """The judge's draws for a problem's gate, as files the candidate's child reads (kernelbrain.core.
+    handoff): per gate shape the init inputs and the reference's weights, per seed the inputs. The truth
+    stays in the judge."""
 
-    path: str
     shapes: list[str]
     signature: Signature
     forbidden: list[list[str]]  # per shape: the torch calls the reference makes (not glue)
 
 
 class TrialReply(Message):
-    """Where the candidate's child wrote its outputs, per shape and seed, for the judge; or the check it
-    failed there (no outputs)."""
+    """The folder where the candidate's child wrote its outputs, a file per shape and seed, for the judge;
+    or the check it failed there (no outputs)."""
 
-    path: str | None = None
+    folder: str | None = None
     category: str | None = None
     detail: str | None = None
 
@@ -129,6 +129,8 @@ class DrawsRequest(ProblemRequest):
     reply: ClassVar[type[Message]] = DrawsReply
     op: Literal["draws"] = "draws"
     seeds: int
+    folder: str  # where the draws' files go: the candidate's child sees it read-only
+    keep_bytes: int  # the truth held for the next candidates; past it, recomputed for each
 
 
 class TrialRequest(Request):
@@ -138,7 +140,7 @@ class TrialRequest(Request):
     op: Literal["trial"] = "trial"
     cand_source: str
     device: Device
-    draws_path: str
+    folder: str  # the judge's draws
     shapes: list[str]
     signature: Signature
     forbidden: list[list[str]]
@@ -151,7 +153,8 @@ class JudgeRequest(ProblemRequest):
     reply: ClassVar[type[Message]] = GateReply
     op: Literal["judge"] = "judge"
     seeds: int
-    outputs_path: str
+    folder: str  # the draws'
+    outputs_dir: str  # the trial's outputs, handed to the judge
 
 
 class ReferenceTimeReply(Message):

@@ -107,7 +107,9 @@ def _readable_roots() -> list[str]:
     return kept
 
 
-def bwrap_command(binary: str, tmp: Path, device: str, writable: tuple[str, ...] = ()) -> list[str]:
+def bwrap_command(
+    binary: str, tmp: Path, device: str, writable: tuple[str, ...] = (), readable: tuple[str, ...] = ()
+) -> list[str]:
     cmd = [binary, "--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL"]
     # a fresh /tmp first: what is bound below may live under the host's /tmp (a --target install)
     cmd += ["--tmpfs", "/tmp", "--dev", "/dev", "--proc", "/proc"]
@@ -129,6 +131,8 @@ def bwrap_command(binary: str, tmp: Path, device: str, writable: tuple[str, ...]
     cmd += ["--bind", str(tmp), str(tmp), "--chdir", str(tmp)]
     for path in writable:
         cmd += ["--bind", path, path]
+    for path in readable:
+        cmd += ["--ro-bind", path, path]
     return cmd
 
 
@@ -141,10 +145,16 @@ def unshare_command() -> list[str]:
 
 
 def wrap(
-    level: Isolation, argv: list[str], tmp: Path, device: str, writable: tuple[str, ...] = ()
+    level: Isolation,
+    argv: list[str],
+    tmp: Path,
+    device: str,
+    writable: tuple[str, ...] = (),
+    readable: tuple[str, ...] = (),
 ) -> list[str]:
     """argv confined at `level`; `tmp` is the folder the child may write (with `writable`: existing
-    files kb itself has it write, such as the tests' execution log)."""
+    files kb itself has it write, such as the tests' execution log; `readable`: folders it may read,
+    such as the judge's draws). Under `unshare` and `none` every path stays as the host has it."""
     if level == "bwrap":
         binary = bwrap_binary()
         assert binary is not None
@@ -152,7 +162,7 @@ def wrap(
         user = f"kb:x:{os.getuid()}:{os.getgid()}:kb:{tmp}:/usr/sbin/nologin\n"
         (tmp / ".etc" / "passwd").write_text(user)
         (tmp / ".etc" / "group").write_text(f"kb:x:{os.getgid()}:\n")
-        return [*bwrap_command(binary, tmp, device, writable), "--", *argv]
+        return [*bwrap_command(binary, tmp, device, writable, readable), "--", *argv]
     if level == "unshare":
         return [*unshare_command(), *argv]
     return argv

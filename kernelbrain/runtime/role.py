@@ -90,10 +90,11 @@ class Role(abc.ABC):
     uses_judge = False
 
     def warm(self, device: str) -> None:
-        """Start this role's child (and the judge's) ahead of its first task."""
-        self.sandbox(device).start()
+        """Start this role's child (and the judge's, first: the child sees its draws) ahead of its first
+        task."""
         if self.uses_judge:
             self.sandbox(device).start_judge()
+        self.sandbox(device).start()
 
     def close(self) -> None:
         for sb in self.sandboxes.values():

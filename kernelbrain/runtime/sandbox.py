@@ -29,6 +29,7 @@ import orjson
 from pydantic import ValidationError
 
 import kernelbrain
+from kernelbrain.core import handoff
 from kernelbrain.core.protocol import (
     HEADER,
     BenchReply,
@@ -84,6 +85,9 @@ def without_secrets(env: dict[str, str]) -> dict[str, str]:
     return {k: v for k, v in env.items() if not is_secret(k)}
 
 
+# the truth (float64 outputs and the reference's own) a judge holds for a problem's next candidates; a
+# draw past it is recomputed for each candidate from its inputs' file
+JUDGE_KEEP_BYTES = {"cuda": 8 << 30, "cpu": 1 << 30}
 MAX_REPLY = 64 << 20  # replies are small JSON documents; more means something else wrote to the pipe
 
 
@@ -131,6 +135,9 @@ class Sandbox:
         self.isolation: isolation.Isolation | None = None  # chosen when the first child starts
         self.writable = writable  # host paths beside its own folder the child may write (tests' logs)
         self.judge: Sandbox | None = None  # the gate's judge: a child no candidate code runs in
+        # the judge's draws: written by the judge, read-only to this child (both live as long as this)
+        self.draws: Path | None = None
+        self.bound: tuple[str, ...] = ()  # the folders this child was started with read-only
         self.recycle_due = False  # a reply asked for a fresh child; held while its files are read
 
     def _env(self) -> dict[str, str]:
@@ -164,8 +171,9 @@ class Sandbox:
             Path(log).touch()
             writable = (*writable, log)
         argv = [sys.executable, "-m", "kernelbrain.child"]
+        self.bound = (str(self.draws),) if self.draws is not None else ()
         self.proc = subprocess.Popen(
-            isolation.wrap(self.isolation, argv, self.tmp, self.device, writable),
+            isolation.wrap(self.isolation, argv, self.tmp, self.device, writable, self.bound),
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=self.stderr,
@@ -212,27 +220,30 @@ class Sandbox:
 
     def gate(self, request: GateRequest, *, timeout_s: float, task: str = "-") -> tuple[GateReply, float]:
         """V(p) across two children. The judge (its own sandbox, where no candidate code ever runs) draws
-        the inputs and keeps the truth; this child runs the candidate on a copy of the draws and writes
-        its outputs; the judge compares them. The candidate's process never holds the reference nor
-        an expected output. A fault of the judge's (the problem's reference) is kb's side, not the
-        candidate's."""
+        the inputs into a folder this child sees read-only, and keeps the truth; this child runs the
+        candidate on them and writes its outputs; the judge compares them. The candidate's process never
+        holds the reference nor an expected output. A fault of the judge's (the problem's reference) is
+        kb's side, not the candidate's."""
         self.start_judge()
         assert self.judge is not None
         problem = {"problem_source": request.problem_source, "device": request.device, "seeds": request.seeds}
+        problem["folder"] = str(self.draws)
+        keep = JUDGE_KEEP_BYTES.get(request.device, 0)
         try:
-            drawn, busy = self.judge._call(DrawsRequest(**problem), timeout_s=timeout_s, task=task)
+            drawn, busy = self.judge._call(
+                DrawsRequest(**problem, keep_bytes=keep), timeout_s=timeout_s, task=task
+            )
         except SandboxFault as e:
             raise SandboxError(f"the gate's judge failed drawing the problem's inputs: {e}") from None
         assert isinstance(drawn, DrawsReply)
+        if self.proc is not None and str(self.draws) not in self.bound:
+            self._stop()  # started before the judge: it cannot see the draws
         self.start()
-        assert self.tmp is not None
-        # a fresh copy for every candidate: an earlier one in this child may have written over it
-        shutil.copyfile(drawn.path, self.tmp / "draws.pt")
         trial, busy_trial = self._call(
             TrialRequest(
                 cand_source=request.cand_source,
                 device=request.device,
-                draws_path=str(self.tmp / "draws.pt"),
+                folder=str(self.draws),
                 shapes=drawn.shapes,
                 signature=drawn.signature,
                 forbidden=drawn.forbidden,
@@ -244,27 +255,39 @@ class Sandbox:
         )
         assert isinstance(trial, TrialReply)
         try:
-            handed = self._handed(trial)
+            handed = self._handed(trial, len(drawn.shapes), request.seeds)
         finally:
             self.recycle()  # a candidate that left a thread or replaced torch: the next gets a fresh child
         if handed is None:
             return GateReply(passed=False, category=trial.category, detail=trial.detail), busy + busy_trial
         verdict, busy_judge = self.judge._call(
-            JudgeRequest(**problem, outputs_path=str(handed)), timeout_s=timeout_s, task=task
+            JudgeRequest(**problem, outputs_dir=str(handed)), timeout_s=timeout_s, task=task
         )
         return verdict, busy + busy_trial + busy_judge
 
-    def _handed(self, trial: TrialReply) -> Path | None:
-        """A trial's outputs, copied into the judge's folder; None where the trial failed a check."""
-        if trial.path is None:
+    def _handed(self, trial: TrialReply, shapes: int, seeds: int) -> Path | None:
+        """A trial's outputs, moved into the judge's folder (a hard link where they share a file system:
+        no copy of gigabytes); None where the trial failed a check."""
+        if trial.folder is None:
             return None
         assert self.tmp is not None and self.judge is not None and self.judge.tmp is not None
-        written = Path(trial.path)
-        if written.parent != self.tmp or written.is_symlink() or not written.is_file():
-            raise SandboxFault("runtime", f"its outputs were not written to a file of its own ({trial.path})")
-        handed = self.judge.tmp / "outputs.pt"
-        shutil.copyfile(written, handed)
-        written.unlink()
+        written = Path(trial.folder)
+        if written.parent != self.tmp or written.is_symlink() or not written.is_dir():
+            raise SandboxFault("runtime", f"its outputs were not written in a folder of its own ({written})")
+        handed = self.judge.tmp / "handed"
+        shutil.rmtree(handed, ignore_errors=True)
+        handed.mkdir()
+        for shape in range(shapes):
+            for seed in range(seeds):
+                src = handoff.outputs_file(written, shape, seed)
+                dst = handoff.outputs_file(handed, shape, seed)
+                if src.is_symlink() or not src.is_file():
+                    raise SandboxFault("runtime", f"it wrote no outputs file {src.name}")
+                try:
+                    os.link(src, dst)
+                except OSError:
+                    shutil.copyfile(src, dst)
+                src.unlink()
         return handed
 
     def _alone(
@@ -287,9 +310,13 @@ class Sandbox:
         return alone, busy
 
     def start_judge(self) -> None:
-        """Start the gate's judge ahead of a first gate (a torch import, a CUDA context)."""
+        """Start the gate's judge ahead of a first gate (a torch import, a CUDA context), and the folder
+        of its draws."""
+        if self.draws is None:
+            self.draws = Path(tempfile.mkdtemp(prefix="kb-draws-"))
         if self.judge is None:
-            self.judge = Sandbox(self.device, gpu=self.gpu, warm_cuda=self.warm_cuda, writable=self.writable)
+            writable = (*self.writable, str(self.draws))
+            self.judge = Sandbox(self.device, gpu=self.gpu, warm_cuda=self.warm_cuda, writable=writable)
         self.judge.start()
 
     def recycle(self) -> None:
@@ -392,11 +419,14 @@ class Sandbox:
         return SandboxFault(category, detail)
 
     def close(self) -> None:
-        """Stop the child and its judge."""
+        """Stop the child and its judge, and remove the judge's draws."""
         self._stop()
         if self.judge is not None:
             self.judge.close()
             self.judge = None
+        if self.draws is not None:
+            shutil.rmtree(self.draws, ignore_errors=True)
+            self.draws = None
 
     def _stop(self) -> None:
         """Stop the child (after a fault, or to recycle it); a judge lives on: no candidate ran there."""

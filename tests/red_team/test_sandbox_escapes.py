@@ -189,3 +189,28 @@ return False
     for pid in loose:
         os.kill(pid, 9)
     assert loose, "the detached process should survive without namespaces"
+
+
+def test_the_judges_draws_are_read_only(tmp_path: Path) -> None:
+    """The gate's inputs, drawn by the judge into a folder the candidate's child can see: it cannot write
+    them (for the next candidates to be judged on its own inputs)."""
+    attack = """
+import glob, sys
+frame = sys._getframe()  # its own gate's folder, from the trial's frame (not other tests' gates)
+while "folder" not in frame.f_locals:
+    frame = frame.f_back
+written = False
+for path in glob.glob(frame.f_locals["folder"] + "/*-inputs.pt"):
+    try:
+        with open(path, "r+b") as f:
+            f.write(b"spoilt")
+        written = True
+    except OSError:
+        pass
+return written
+"""
+    held = check(tmp_path, attack)
+    assert held["passed"] is True, f"the attack got out of the sandbox: {held}"
+    loose = check(tmp_path, attack, "none")  # it spoils the files of the seeds after its first
+    assert (loose["passed"], loose["category"]) == (False, "policy"), f"the attack is not real: {loose}"
+    assert "no longer reads" in loose["detail"], loose

@@ -1,0 +1,20 @@
+"""The files a gate hands between the judge's child and the candidate's, named in one place: per gate
+shape the init inputs and the reference's weights, per shape and seed the inputs (written by the judge
+into a folder the candidate's child sees read-only) and the candidate's outputs (written in its own
+folder, then handed to the judge)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def init_file(folder: str | Path, shape: int) -> Path:
+    return Path(folder) / f"shape{shape}-init.pt"
+
+
+def inputs_file(folder: str | Path, shape: int, seed: int) -> Path:
+    return Path(folder) / f"shape{shape}-seed{seed}-inputs.pt"
+
+
+def outputs_file(folder: str | Path, shape: int, seed: int) -> Path:
+    return Path(folder) / f"shape{shape}-seed{seed}-outputs.pt"
