@@ -7,7 +7,6 @@ protocol. Exits when its parent closes stdin.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import sys
@@ -41,20 +40,6 @@ def _log_execution(envelope: Envelope) -> None:
             os.close(fd)
 
 
-def _init_cuda() -> None:
-    """Make the CUDA context now, while the worker waits for its first task, and install the guard
-    (its first profiler start imports dynamo and initialises CUPTI): seconds that a warm child would
-    otherwise add to its first candidate. A failure here is left to that task to report."""
-    import torch
-
-    from kernelbrain.child import guard
-
-    with contextlib.suppress(Exception):
-        torch.empty(1, device="cuda").zero_()
-        torch.cuda.synchronize()
-        guard.install()
-
-
 def _reply(frame: bytes) -> Reply:
     """The reply to one frame: the op's result, the candidate's failed check, or kb's own failure."""
     from kernelbrain.child.loading import CandidateFault
@@ -84,7 +69,9 @@ def main() -> None:
     import kernelbrain.child.ops  # noqa: F401 - imports torch and Triton: after the protocol is safe
 
     if os.environ.get("KB_WARM_CUDA") == "1":
-        _init_cuda()
+        from kernelbrain.child.warm import warm_cuda
+
+        warm_cuda()
 
     while True:
         header = _read_exact(inp, HEADER.size)

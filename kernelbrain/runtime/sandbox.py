@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import hashlib
 import os
 import resource
 import select
@@ -34,8 +35,10 @@ from kernelbrain.core.protocol import (
     HEADER,
     BenchReply,
     BenchRequest,
+    CandidateRequest,
     DrawsReply,
     DrawsRequest,
+    DuelRequest,
     GateReply,
     GateRequest,
     JudgeRequest,
@@ -85,6 +88,10 @@ def without_secrets(env: dict[str, str]) -> dict[str, str]:
     return {k: v for k, v in env.items() if not is_secret(k)}
 
 
+# kernels a candidate's gate compiled, kept on the host (outside every child's view) for the children
+# that time and profile it: under bubblewrap each child has a Triton cache of its own, so each would
+# compile the candidate again (seconds a candidate)
+COMPILED = Path.home() / ".cache" / "kernelbrain" / "compiled"
 # the truth (float64 outputs and the reference's own) a judge holds for a problem's next candidates; a
 # draw past it is recomputed for each candidate from its inputs' file
 JUDGE_KEEP_BYTES = {"cuda": 8 << 30, "cpu": 1 << 30}
@@ -112,6 +119,17 @@ def _child_setup() -> None:
     resource.setrlimit(resource.RLIMIT_FSIZE, (4 << 30, 4 << 30))
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+def compiled_key(source: str) -> str:
+    return hashlib.sha256(source.encode()).hexdigest()
+
+
+def _sources(request: Request) -> list[str]:
+    """The candidates a request runs."""
+    if isinstance(request, DuelRequest):
+        return [request.a_source, request.b_source]
+    return [request.cand_source] if isinstance(request, CandidateRequest) else []
 
 
 def _signal_name(code: int) -> str:
@@ -189,6 +207,8 @@ class Sandbox:
         across two children (`gate`)."""
         if isinstance(request, GateRequest):
             return self.gate(request, timeout_s=timeout_s, task=task)
+        if sources := _sources(request):
+            self._bring_compiled(sources)
         if isinstance(request, BenchRequest):
             return self.bench(request, timeout_s=timeout_s, task=task)
         return self._call(request, timeout_s=timeout_s, task=task)
@@ -238,7 +258,7 @@ class Sandbox:
         assert isinstance(drawn, DrawsReply)
         if self.proc is not None and str(self.draws) not in self.bound:
             self._stop()  # started before the judge: it cannot see the draws
-        self.start()
+        self._bring_compiled([])  # what this child's cache holds after the trial is this candidate's
         trial, busy_trial = self._call(
             TrialRequest(
                 cand_source=request.cand_source,
@@ -263,6 +283,8 @@ class Sandbox:
         verdict, busy_judge = self.judge._call(
             JudgeRequest(**problem, outputs_dir=str(handed)), timeout_s=timeout_s, task=task
         )
+        if verdict.passed:
+            self._keep_compiled(request.cand_source)
         return verdict, busy + busy_trial + busy_judge
 
     def _handed(self, trial: TrialReply, shapes: int, seeds: int) -> Path | None:
@@ -289,6 +311,42 @@ class Sandbox:
                     shutil.copyfile(src, dst)
                 src.unlink()
         return handed
+
+    def _own_cache(self) -> Path | None:
+        """This child's own Triton cache, where it has one (bubblewrap; the others share the host's)."""
+        return self.tmp / "triton" if self.isolation == "bwrap" and self.tmp is not None else None
+
+    def _bring_compiled(self, sources: list[str]) -> None:
+        """Start the child, empty its Triton cache of whatever an earlier candidate left there, and fill it
+        with what the gate compiled for these candidates: their kernels load rather than compile."""
+        self.start()
+        cache = self._own_cache()
+        if cache is None:
+            return
+        shutil.rmtree(cache, ignore_errors=True)
+        cache.mkdir()
+        for source in sources:
+            kept = COMPILED / compiled_key(source)
+            if kept.is_dir():
+                shutil.copytree(kept, cache, dirs_exist_ok=True, symlinks=True)
+
+    def _keep_compiled(self, source: str) -> None:
+        """What this child's Triton cache holds after a passing trial (emptied before it): the candidate's
+        compiled kernels, kept once for the children that time it."""
+        cache = self._own_cache()
+        if cache is None or not cache.is_dir() or not any(cache.iterdir()):
+            return
+        kept = COMPILED / compiled_key(source)
+        if kept.exists():
+            return
+        COMPILED.mkdir(parents=True, exist_ok=True)
+        part = Path(tempfile.mkdtemp(prefix=".part-", dir=COMPILED))
+        try:
+            # links are not followed out of the child's folder: only its files travel
+            shutil.copytree(cache, part, dirs_exist_ok=True, symlinks=True)
+            os.replace(part, kept)
+        except OSError:  # another worker kept it first, or the disk is full: it compiles again
+            shutil.rmtree(part, ignore_errors=True)
 
     def _alone(
         self, request: BenchRequest, timed: BenchReply, timeout_s: float, task: str

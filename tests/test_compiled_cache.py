@@ -1,0 +1,82 @@
+"""What a candidate's gate compiled travels, on the host, to the children that time it (under bubblewrap
+each child has its own Triton cache): its own entries only, never what another candidate left.
+
+The CPU interpreter compiles nothing, so the candidate here writes a cache entry of its own: a token,
+written only where there is none, so the bench child's copy is told from one written there."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from kernelbrain.core.protocol import BenchRequest, GateRequest
+from kernelbrain.runtime import isolation, sandbox
+from kernelbrain.runtime.sandbox import Sandbox, compiled_key
+
+HERE = Path(__file__).resolve().parent
+PROBLEM = (HERE / "problems" / "softmax_small.py").read_text()
+FORWARD = "def forward(self, x: torch.Tensor) -> torch.Tensor:"
+WRITES_ENTRY = (
+    (HERE / "candidates" / "good_softmax.py")
+    .read_text()
+    .replace(
+        FORWARD,
+        FORWARD
+        + "\n        import os, pathlib, uuid\n"
+        + "        entry = pathlib.Path(os.environ['TRITON_CACHE_DIR']) / 'kb-entry' / 'token'\n"
+        + "        if not entry.exists():\n"
+        + "            entry.parent.mkdir(parents=True, exist_ok=True)\n"
+        + "            entry.write_text(uuid.uuid4().hex)\n",
+    )
+)
+
+pytestmark = pytest.mark.skipif(
+    not isolation.usable("bwrap"), reason="a child's own Triton cache is bubblewrap's (.ci/run installs it)"
+)
+
+
+def leftover(box: Sandbox) -> Path:
+    """An entry an earlier candidate left in the child's cache."""
+    box.start()
+    assert box.tmp is not None
+    junk = box.tmp / "triton" / "left-by-another" / "kernel.cubin"
+    junk.parent.mkdir(parents=True, exist_ok=True)
+    junk.write_text("not this candidate's")
+    return junk
+
+
+def test_the_gates_compiled_kernels_reach_the_bench_child_alone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sandbox, "COMPILED", tmp_path / "compiled")
+    gatekeeper, benchmarker = Sandbox("cpu"), Sandbox("cpu")
+    try:
+        junk = leftover(gatekeeper)
+        args = {"problem_source": PROBLEM, "cand_source": WRITES_ENTRY, "device": "cpu"}
+        assert gatekeeper.call(GateRequest(**args, seeds=3), timeout_s=120)[0].passed
+        kept = tmp_path / "compiled" / compiled_key(WRITES_ENTRY)
+        token = (kept / "kb-entry" / "token").read_text()
+        assert not (kept / junk.parent.name).exists()  # emptied before the trial: nothing of another's
+
+        junk = leftover(benchmarker)
+        benchmarker.call(BenchRequest(**args, which="smallest", repeats=2, warmup=1), timeout_s=300)
+        assert benchmarker.tmp is not None
+        assert (benchmarker.tmp / "triton" / "kb-entry" / "token").read_text() == token
+        assert not junk.exists()
+    finally:
+        gatekeeper.close()
+        benchmarker.close()
+
+
+def test_a_failed_gate_keeps_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sandbox, "COMPILED", tmp_path / "compiled")
+    wrong = WRITES_ENTRY.replace("return y", "return y.zero_()")
+    assert wrong != WRITES_ENTRY
+    box = Sandbox("cpu")
+    try:
+        args = {"problem_source": PROBLEM, "cand_source": wrong, "device": "cpu", "seeds": 3}
+        assert box.call(GateRequest(**args), timeout_s=120)[0].category == "mismatch"
+        assert not (tmp_path / "compiled" / compiled_key(wrong)).exists()
+    finally:
+        box.close()
