@@ -25,6 +25,15 @@ def summary(db: Path) -> dict:
             if parts[1] == "gate" or (parts[1] == "bench" and parts[-1] == "0"):
                 cost[parts[1]].append(p["gpu_s"])
     failed = [f"{p['category']}: {p['detail'][:120]}" for t, p in rows if t == "GateFailed"]
+    failed += [f"bench {p.get('category')}: {p['detail'][:120]}" for t, p in rows if t == "BenchmarkFailed"]
+    # the reference beside each candidate over the reference alone in the judge (1: nothing slowed it)
+    drift = [
+        s["ref_median_s"] / s["ref_alone_median_s"]
+        for t, p in rows
+        if t == "RungBenchmarked"
+        for s in p["shapes"]
+        if s.get("ref_alone_median_s")
+    ]
     passed = sum(t == "GatePassed" for t, _ in rows)
     return {
         "candidates": sum(t == "CandidateProposed" for t, _ in rows),
@@ -32,6 +41,9 @@ def summary(db: Path) -> dict:
         "gate_failed": failed,
         "gate_gpu_s_per_candidate": statistics.fmean(cost["gate"]) if cost["gate"] else None,
         "rung0_gpu_s_per_candidate": statistics.fmean(cost["bench"]) if cost["bench"] else None,
+        "gate_gpu_s": cost["gate"],
+        "rung0_gpu_s": cost["bench"],
+        "ref_beside_over_alone": sorted(round(d, 3) for d in drift),
     }
 
 

@@ -21,6 +21,8 @@ runs() {  # label levels: every problem's round 0 through the gate and rung 0
         --device cuda --quiet --ladder smallest:10:3 --max-candidates 8 --budget-gpu-s 300 \
         > "$work/$1_${level}_$p.log" 2>&1
       echo "$1 $level $p: exit $? $(tail -1 "$work/$1_${level}_$p.log")"
+      # summarised after every run: a call cut short by its time limit still returns what it made
+      python3 "$here/tools/gate_cost.py" "$work" > /dev/null && cp "$work"/gate_cost.* "$OUT"/
     done
   done
 }
