@@ -66,12 +66,13 @@ def main() -> None:
     sys.stdout = sys.stderr
     inp = sys.stdin.buffer
 
-    import kernelbrain.child.ops  # noqa: F401 - imports torch and Triton: after the protocol is safe
+    import kernelbrain.child.ops  # imports torch and Triton: after the protocol is safe
 
     if os.environ.get("KB_WARM_CUDA") == "1":
         from kernelbrain.child.warm import warm_cuda
 
         warm_cuda()
+        kernelbrain.child.ops.settle()
 
     while True:
         header = _read_exact(inp, HEADER.size)

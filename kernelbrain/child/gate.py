@@ -14,10 +14,11 @@ from typing import Any
 
 import torch
 
-from kernelbrain.child import guard
+from kernelbrain.child import guard, tensorfile
 from kernelbrain.child.loading import (
     CandidateFault,
     construct,
+    draw_digest,
     layout_copy,
     load_module,
     outputs,
@@ -95,10 +96,45 @@ def _drawn(path: Path, device: str) -> Any:
         ) from None
 
 
+_HELD: dict[tuple[str, int, int], list] = {}  # the latest problem's draws, for this child's next candidates
+
+
+class _Draws:
+    """The judge's draws as this child reads them: held between candidates within `keep_bytes` (a draw at
+    a full-size shape is gigabytes to read again), and checked against the judge's digests each time
+    they are used, so what an earlier candidate changed in memory is read from the file again."""
+
+    def __init__(self, folder: str, prints: list[list[str]], keep_bytes: int, device: str) -> None:
+        self.folder, self.prints, self.keep_bytes, self.device = folder, prints, keep_bytes, device
+        if any(k[0] != folder for k in _HELD):
+            _HELD.clear()
+
+    def inputs(self, shape: int, seed: int) -> list:
+        want = self.prints[shape][seed]
+        key = (self.folder, shape, seed)
+        held = _HELD.get(key)
+        if held is not None and draw_digest(held) == want:
+            return held
+        _HELD.pop(key, None)
+        path = handoff.inputs_file(self.folder, shape, seed)
+        got = _drawn(path, self.device)
+        if draw_digest(got) != want:
+            raise CandidateFault("policy", f"the gate's file {path.name} changed after the judge wrote it")
+        if _bytes(got) + sum(_bytes(v) for v in _HELD.values()) <= self.keep_bytes:
+            _HELD[key] = got
+        return got
+
+
+def _bytes(inputs: list) -> int:
+    return sum(x.untyped_storage().nbytes() for x in inputs if isinstance(x, torch.Tensor))
+
+
 def trial(
     cand_source: str,
     device: str,
     folder: str,
+    prints: list[list[str]],
+    keep_bytes: int,
     shapes: list[str],
     signature: dict[str, list[str]],
     forbidden: list[list[str]],
@@ -108,7 +144,8 @@ def trial(
     the judge's draws under watch, obeys the policy; its outputs go to a file for the judge. A check it
     fails is the reply (no outputs), as a gate's verdict."""
     try:
-        return {"folder": _trial(cand_source, device, folder, shapes, signature, forbidden, seeds)}
+        draws = _Draws(folder, prints, keep_bytes, device)
+        return {"folder": _trial(cand_source, device, draws, shapes, signature, forbidden, seeds)}
     except CandidateFault as f:
         return {"category": f.category, "detail": f.detail}
 
@@ -116,7 +153,7 @@ def trial(
 def _trial(
     cand_source: str,
     device: str,
-    folder: str,
+    draws: _Draws,
     shapes: list[str],
     signature: dict[str, list[str]],
     forbidden: list[list[str]],
@@ -129,12 +166,12 @@ def _trial(
     _policy(guard.check_timers, timers)
     out = Path(tempfile.gettempdir()) / "outputs"
     out.mkdir(exist_ok=True)
-    for old in out.glob("*.pt"):
+    for old in out.iterdir():
         old.unlink()
     # one draw in memory at a time: a gate shape at a problem's full size holds gigabytes a seed
     for i, (label, names) in enumerate(zip(shapes, forbidden, strict=True)):
         where = f"shape {label}, " if len(shapes) > 1 else ""
-        entry = _drawn(handoff.init_file(folder, i), device)
+        entry = _drawn(handoff.init_file(draws.folder, i), device)
         try:
             new = _build(cand, entry, device)
         except Exception as e:
@@ -143,7 +180,7 @@ def _trial(
             ) from e
         del entry
         for seed in range(seeds):
-            before = _drawn(handoff.inputs_file(folder, i, seed), device)
+            before = draws.inputs(i, seed)
             inputs = [layout_copy(x) for x in before]
             with torch.no_grad():
                 watch = guard.Watch(set(names), device)
@@ -165,6 +202,9 @@ def _trial(
                 if isinstance(x, torch.Tensor) and not torch.equal(x, b):
                     raise CandidateFault("policy", f"{where}seed {seed}: the candidate mutated its inputs")
             _policy(guard.check_outputs, got, inputs, prefix=f"{where}seed {seed}: ")
-            torch.save([g.detach() for g in got], handoff.outputs_file(out, i, seed))
+            try:
+                tensorfile.write(handoff.outputs_file(out, i, seed), got)
+            except tensorfile.Unreadable as e:
+                raise CandidateFault("mismatch", f"{where}seed {seed}: {e}") from None
             del before, inputs, got
     return str(out)

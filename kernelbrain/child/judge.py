@@ -14,14 +14,14 @@ from typing import Any, NamedTuple
 
 import torch
 
-from kernelbrain.child import guard
+from kernelbrain.child import guard, tensorfile
 from kernelbrain.child.analysis import record_calls
 from kernelbrain.child.loading import (
     SPANS,
     CandidateFault,
     Problem,
     construct,
-    fingerprint,
+    draw_digest,
     layout_copy,
     outputs,
     signature,
@@ -50,7 +50,7 @@ class Drawn(NamedTuple):
     shapes: list[dict]
     refs: list[torch.nn.Module]
     kept: dict[tuple[int, int], Truth]
-    prints: dict[tuple[int, int], list[tuple]]
+    prints: dict[tuple[int, int], str]
     stats: dict[str, tuple[int, int]]  # each file's size and time written: one written since is drawn anew
     reply: dict
 
@@ -87,10 +87,6 @@ def _stats(folder: str) -> dict[str, tuple[int, int]]:
     return {p.name: (p.stat().st_size, p.stat().st_mtime_ns) for p in Path(folder).glob("*.pt")}
 
 
-def _prints(inputs: list) -> list[tuple]:
-    return [fingerprint(x) for x in inputs if isinstance(x, torch.Tensor)]
-
-
 def _size(t: Truth) -> int:
     return sum(x.numel() * x.element_size() for x in (*t.truth, *t.native))
 
@@ -120,7 +116,7 @@ def draws(problem_source: str, device: str, seeds: int, folder: str, keep_bytes:
         for seed in range(seeds):
             inputs, truth = _draw(problem, ref, shape, device, seed)
             torch.save(inputs, handoff.inputs_file(folder, i, seed))
-            prints[(i, seed)] = _prints(inputs)
+            prints[(i, seed)] = draw_digest(inputs)
             if seed == 0:  # traced on a copy of the problem's own draw: no second draw for it
                 traced = record_calls(ref, [layout_copy(x) for x in inputs])
                 forbidden.append(sorted(guard.forbidden_ops(traced)))
@@ -136,21 +132,19 @@ def draws(problem_source: str, device: str, seeds: int, folder: str, keep_bytes:
             "forward": [n for n, _ in signature(model.forward)],
         },
         "forbidden": forbidden,
+        "prints": [[prints[(i, seed)] for seed in range(seeds)] for i in range(len(shapes))],
     }
     _KEPT[key] = Drawn(folder, shapes, refs, kept, prints, _stats(folder), reply)
     return reply
 
 
 def _load_outputs(path: Path, device: str) -> list[torch.Tensor]:
-    """A trial's outputs at one shape and seed, read as data only (weights_only: no code of the
-    candidate's runs here)."""
+    """A trial's outputs at one shape and seed, read as raw bytes after their header is validated (no
+    code of the candidate's runs here)."""
     try:
-        got = torch.load(path, map_location=device, weights_only=True)
-    except Exception as e:
-        raise CandidateFault("runtime", f"its outputs could not be read back: {type(e).__name__}: {e}") from e
-    if not (isinstance(got, list) and all(type(t) is torch.Tensor for t in got)):
-        raise CandidateFault("runtime", f"its outputs file {path.name} does not hold a list of tensors")
-    return got
+        return tensorfile.read(path, device)
+    except tensorfile.Unreadable as e:
+        raise CandidateFault("runtime", f"its outputs could not be read back: {e}") from None
 
 
 def _same(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
@@ -177,7 +171,7 @@ def _truth_of(drawn: Drawn, shape: int, seed: int, device: str) -> Truth:
         return kept
     path = handoff.inputs_file(drawn.folder, shape, seed)
     inputs = torch.load(path, map_location=device, weights_only=False)
-    if _prints(inputs) != drawn.prints[(shape, seed)]:
+    if draw_digest(inputs) != drawn.prints[(shape, seed)]:
         # only a candidate's child can write there, and only where the sandbox does not bind it read-only
         _KEPT.clear()  # drawn afresh for the next candidate
         raise CandidateFault(

@@ -176,6 +176,13 @@ def fingerprint(t: torch.Tensor) -> tuple:
     return tuple(t.shape), str(t.dtype), int(bits.sum(dtype=torch.int64)) if t.numel() else 0
 
 
+def draw_digest(inputs: list) -> str:
+    """One string for the fingerprints of a draw's tensors: what the judge drew, checked where it is
+    read back or kept."""
+    prints = [fingerprint(x) for x in inputs if isinstance(x, torch.Tensor)]
+    return hashlib.sha256(repr(prints).encode()).hexdigest()
+
+
 def layout_copy(x: Any) -> Any:
     """A copy of a tensor with its own layout (offset, strides, overlap): a clone would be contiguous,
     and a candidate that ignores strides would pass on it."""

@@ -50,6 +50,11 @@ _PRISTINE = guard.timer_identities()
 _THREADS = set(threading.enumerate())
 
 
+def settle() -> None:
+    """Take the threads running now as the child's own: kb's warm-up (no candidate code) ran."""
+    _THREADS.update(threading.enumerate())
+
+
 def tainted() -> bool:
     """Whether a candidate replaced a clock, a synchronisation point or anything of torch's or of the
     problem's in this process, or left a thread running: the next request gets a fresh child."""

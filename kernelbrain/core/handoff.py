@@ -17,4 +17,9 @@ def inputs_file(folder: str | Path, shape: int, seed: int) -> Path:
 
 
 def outputs_file(folder: str | Path, shape: int, seed: int) -> Path:
-    return Path(folder) / f"shape{shape}-seed{seed}-outputs.pt"
+    """Raw bytes (kernelbrain.child.tensorfile), described by the file `header_of` names."""
+    return Path(folder) / f"shape{shape}-seed{seed}-outputs.bin"
+
+
+def header_of(data: Path) -> Path:
+    return data.with_suffix(".json")

@@ -112,6 +112,7 @@ class DrawsReply(Message):
     shapes: list[str]
     signature: Signature
     forbidden: list[list[str]]  # per shape: the torch calls the reference makes (not glue)
+    prints: list[list[str]]  # per shape and seed: the digest of the inputs' fingerprints
 
 
 class TrialReply(Message):
@@ -141,6 +142,8 @@ class TrialRequest(Request):
     cand_source: str
     device: Device
     folder: str  # the judge's draws
+    prints: list[list[str]]  # their digests, as the judge drew them
+    keep_bytes: int  # the draws this child may hold for a problem's next candidates
     shapes: list[str]
     signature: Signature
     forbidden: list[list[str]]

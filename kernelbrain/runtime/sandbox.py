@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 import kernelbrain
 from kernelbrain.core import handoff
@@ -123,6 +123,31 @@ def _child_setup() -> None:
 
 def compiled_key(source: str) -> str:
     return hashlib.sha256(source.encode()).hexdigest()
+
+
+class TritonGroup(BaseModel):
+    """A Triton cache entry's index (`__grp__<name>.json`): the absolute paths of its files."""
+
+    child_paths: dict[str, str]
+
+
+def _links(folder: str, names: list[str]) -> set[str]:
+    """What a copy of a child's cache leaves out: links (one could name any file of the host's)."""
+    return {n for n in names if os.path.islink(os.path.join(folder, n))}
+
+
+def _regroup(cache: Path) -> None:
+    """Point every entry's index at its files where they are now: Triton writes absolute paths, of the
+    child that compiled it, and takes an entry whose files it cannot find for a miss. An index that is
+    not one (the candidate's child wrote the entry) is removed: that entry compiles again."""
+    for index in cache.glob("*/__grp__*.json"):
+        try:
+            group = TritonGroup.model_validate_json(index.read_bytes())
+        except (OSError, ValidationError):
+            index.unlink(missing_ok=True)
+            continue
+        moved = {name: str(index.parent / Path(path).name) for name, path in group.child_paths.items()}
+        index.write_text(TritonGroup(child_paths=moved).model_dump_json())
 
 
 def _sources(request: Request) -> list[str]:
@@ -264,6 +289,8 @@ class Sandbox:
                 cand_source=request.cand_source,
                 device=request.device,
                 folder=str(self.draws),
+                prints=drawn.prints,
+                keep_bytes=keep,
                 shapes=drawn.shapes,
                 signature=drawn.signature,
                 forbidden=drawn.forbidden,
@@ -301,15 +328,16 @@ class Sandbox:
         handed.mkdir()
         for shape in range(shapes):
             for seed in range(seeds):
-                src = handoff.outputs_file(written, shape, seed)
-                dst = handoff.outputs_file(handed, shape, seed)
-                if src.is_symlink() or not src.is_file():
-                    raise SandboxFault("runtime", f"it wrote no outputs file {src.name}")
-                try:
-                    os.link(src, dst)
-                except OSError:
-                    shutil.copyfile(src, dst)
-                src.unlink()
+                data = handoff.outputs_file(written, shape, seed)
+                for src in (data, handoff.header_of(data)):
+                    if src.is_symlink() or not src.is_file():
+                        raise SandboxFault("runtime", f"it wrote no outputs file {src.name}")
+                    dst = handed / src.name
+                    try:
+                        os.link(src, dst)
+                    except OSError:
+                        shutil.copyfile(src, dst)
+                    src.unlink()
         return handed
 
     def _own_cache(self) -> Path | None:
@@ -328,7 +356,8 @@ class Sandbox:
         for source in sources:
             kept = COMPILED / compiled_key(source)
             if kept.is_dir():
-                shutil.copytree(kept, cache, dirs_exist_ok=True, symlinks=True)
+                shutil.copytree(kept, cache, dirs_exist_ok=True, ignore=_links)
+        _regroup(cache)
 
     def _keep_compiled(self, source: str) -> None:
         """What this child's Triton cache holds after a passing trial (emptied before it): the candidate's
@@ -342,8 +371,7 @@ class Sandbox:
         COMPILED.mkdir(parents=True, exist_ok=True)
         part = Path(tempfile.mkdtemp(prefix=".part-", dir=COMPILED))
         try:
-            # links are not followed out of the child's folder: only its files travel
-            shutil.copytree(cache, part, dirs_exist_ok=True, symlinks=True)
+            shutil.copytree(cache, part, dirs_exist_ok=True, ignore=_links)
             os.replace(part, kept)
         except OSError:  # another worker kept it first, or the disk is full: it compiles again
             shutil.rmtree(part, ignore_errors=True)
