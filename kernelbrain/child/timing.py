@@ -261,16 +261,17 @@ _ALONE: dict[tuple, tuple[float, float]] = {}
 
 
 def reference_time(
-    problem_source: str, device: str, which: str, calls: list[int], repeats: int, warmup: int
+    problem_source: str, device: str, which: str, calls: list[int], repeats: int, warmup: int, fresh: bool
 ) -> dict:
-    """The reference alone at a bench's shapes, with its calls per sample, its inputs rotated alike."""
+    """The reference alone at a bench's shapes, with its calls per sample, its inputs rotated alike; the
+    kept time unless `fresh`."""
     problem = Problem(problem_source)
     timer: Timer | None = None
     medians, iqrs = [], []
     with torch.no_grad():
         for shape, n in zip(problem.ladder_shapes(device, which), calls, strict=True):
             key = (problem.hash, device, shape_label(shape), n, repeats, warmup)
-            if key not in _ALONE:
+            if fresh or key not in _ALONE:
                 timer = timer or Timer(device)
                 _ALONE[key] = _alone(problem, shape, device, timer, n, repeats, warmup)
             medians.append(_ALONE[key][0])

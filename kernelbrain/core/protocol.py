@@ -175,6 +175,7 @@ class ReferenceTimeRequest(ProblemRequest):
     calls: list[int]
     repeats: int
     warmup: int
+    fresh: bool = False  # timed again, not the kept time
 
 
 class BenchRequest(CandidateRequest):

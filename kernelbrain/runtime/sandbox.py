@@ -92,6 +92,8 @@ def without_secrets(env: dict[str, str]) -> dict[str, str]:
 # that time and profile it: under bubblewrap each child has a Triton cache of its own, so each would
 # compile the candidate again (seconds a candidate)
 COMPILED = Path.home() / ".cache" / "kernelbrain" / "compiled"
+# clean timings of the reference taken again where the first makes it look slowed beside a candidate
+CLEAN_RETIMES = 2
 # the truth (float64 outputs and the reference's own) a judge holds for a problem's next candidates; a
 # draw past it is recomputed for each candidate from its inputs' file
 JUDGE_KEEP_BYTES = {"cuda": 8 << 30, "cpu": 1 << 30}
@@ -246,21 +248,37 @@ class Sandbox:
         timed, busy = self._call(request, timeout_s=timeout_s, task=task)
         assert isinstance(timed, BenchReply)
         self.start_judge()
-        try:
-            alone, busy_alone = self._alone(request, timed, timeout_s, task)
-        except SandboxFault as e:
-            raise SandboxError(f"the judge's child failed timing the reference alone: {e}") from None
-        shapes = []
-        for s, clean, clean_iqr in zip(timed.shapes, alone.medians_s, alone.iqrs_s, strict=True):
-            moved = reference_moved(s.ref_median_s, s.ref_iqr_s, clean, clean_iqr, request.device)
-            if moved is not None:
+        shapes, busy_alone = list(timed.shapes), 0.0
+        clean: list[tuple[float, float] | None] = [None] * len(shapes)
+        # the reference's time alone, timed again (up to CLEAN_RETIMES times) while it looks moved: a
+        # reference of microseconds varies by 2x between clean timings, and only the slowest of them is
+        # evidence against the candidate
+        for attempt in range(1 + CLEAN_RETIMES):
+            try:
+                alone, busy = self._alone(request, timed, timeout_s, task, fresh=attempt > 0)
+            except SandboxFault as e:
+                raise SandboxError(f"the judge's child failed timing the reference alone: {e}") from None
+            busy_alone += busy
+            for k, (median, iqr) in enumerate(zip(alone.medians_s, alone.iqrs_s, strict=True)):
+                if clean[k] is None or median > clean[k][0]:  # type: ignore[index]
+                    clean[k] = (median, iqr)
+            moved = [
+                (s, c, reference_moved(s.ref_median_s, s.ref_iqr_s, c[0], c[1], request.device))
+                for s, c in zip(shapes, clean, strict=True)
+                if c is not None
+            ]
+            if all(m is None for _, _, m in moved):
+                break
+        for s, c, m in moved:
+            if m is not None:
                 raise SandboxFault(
                     "policy",
-                    f"benchmark shape {s.shape}: the reference ran {moved:.2f}x slower beside the candidate "
-                    f"({s.ref_median_s:.3g} s) than in a process where no candidate ran ({clean:.3g} s): "
-                    "the candidate slowed the reference it is timed against",
+                    f"benchmark shape {s.shape}: the reference ran {m:.2f}x slower beside the candidate "
+                    f"({s.ref_median_s:.3g} s) than in a process where no candidate ran ({c[0]:.3g} s, the "
+                    f"slowest of {attempt + 1} timings there): the candidate slowed the reference it is "
+                    "timed against",
                 )
-            shapes.append(s.model_copy(update={"ref_alone_median_s": clean}))
+        shapes = [s.model_copy(update={"ref_alone_median_s": c[0]}) for s, c, _ in moved]
         return timed.model_copy(update={"shapes": shapes}), busy + busy_alone
 
     def gate(self, request: GateRequest, *, timeout_s: float, task: str = "-") -> tuple[GateReply, float]:
@@ -377,7 +395,7 @@ class Sandbox:
             shutil.rmtree(part, ignore_errors=True)
 
     def _alone(
-        self, request: BenchRequest, timed: BenchReply, timeout_s: float, task: str
+        self, request: BenchRequest, timed: BenchReply, timeout_s: float, task: str, fresh: bool = False
     ) -> tuple[ReferenceTimeReply, float]:
         assert self.judge is not None
         alone, busy = self.judge._call(
@@ -388,6 +406,7 @@ class Sandbox:
                 calls=[s.calls for s in timed.shapes],
                 repeats=request.repeats,
                 warmup=request.warmup,
+                fresh=fresh,
             ),
             timeout_s=timeout_s,
             task=task,
