@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import ast
 import inspect
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
@@ -133,6 +132,7 @@ def trial(
     cand_source: str,
     device: str,
     folder: str,
+    outbox: str,
     prints: list[list[str]],
     keep_bytes: int,
     shapes: list[str],
@@ -145,7 +145,8 @@ def trial(
     fails is the reply (no outputs), as a gate's verdict."""
     try:
         draws = _Draws(folder, prints, keep_bytes, device)
-        return {"folder": _trial(cand_source, device, draws, shapes, signature, forbidden, seeds)}
+        out = Path(outbox)
+        return {"folder": _trial(cand_source, device, draws, out, shapes, signature, forbidden, seeds)}
     except CandidateFault as f:
         return {"category": f.category, "detail": f.detail}
 
@@ -154,6 +155,7 @@ def _trial(
     cand_source: str,
     device: str,
     draws: _Draws,
+    out: Path,
     shapes: list[str],
     signature: dict[str, list[str]],
     forbidden: list[list[str]],
@@ -164,10 +166,6 @@ def _trial(
     _policy(guard.check_untouched, None, {}, prefix="importing it: ")
     _check_signature(signature, cand)
     _policy(guard.check_timers, timers)
-    out = Path(tempfile.gettempdir()) / "outputs"
-    out.mkdir(exist_ok=True)
-    for old in out.iterdir():
-        old.unlink()
     # one draw in memory at a time: a gate shape at a problem's full size holds gigabytes a seed
     for i, (label, names) in enumerate(zip(shapes, forbidden, strict=True)):
         where = f"shape {label}, " if len(shapes) > 1 else ""

@@ -142,6 +142,7 @@ class TrialRequest(Request):
     cand_source: str
     device: Device
     folder: str  # the judge's draws
+    outbox: str  # where the outputs go, for the judge
     prints: list[list[str]]  # their digests, as the judge drew them
     keep_bytes: int  # the draws this child may hold for a problem's next candidates
     shapes: list[str]

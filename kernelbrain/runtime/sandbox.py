@@ -133,6 +133,13 @@ class TritonGroup(BaseModel):
     child_paths: dict[str, str]
 
 
+def _memory_folder() -> str | None:
+    """Where the gate's outputs go: a memory file system where there is one (a trial's outputs at a
+    full-size shape are gigabytes, written and read once a candidate), else the temporary folder."""
+    shm = Path("/dev/shm")
+    return str(shm) if shm.is_dir() and os.access(shm, os.W_OK) else None
+
+
 def _links(folder: str, names: list[str]) -> set[str]:
     """What a copy of a child's cache leaves out: links (one could name any file of the host's)."""
     return {n for n in names if os.path.islink(os.path.join(folder, n))}
@@ -168,7 +175,13 @@ def _signal_name(code: int) -> str:
 
 class Sandbox:
     def __init__(
-        self, device: str, *, gpu: int | None = None, warm_cuda: bool = True, writable: tuple[str, ...] = ()
+        self,
+        device: str,
+        *,
+        gpu: int | None = None,
+        warm_cuda: bool = True,
+        writable: tuple[str, ...] = (),
+        readable: tuple[str, ...] = (),
     ) -> None:
         self.device = device
         self.gpu = gpu
@@ -179,11 +192,15 @@ class Sandbox:
         self.stderr_mark = 0
         self.isolation: isolation.Isolation | None = None  # chosen when the first child starts
         self.writable = writable  # host paths beside its own folder the child may write (tests' logs)
+        self.readable = readable  # host folders the child may read (the judge: the candidate's outputs)
         self.judge: Sandbox | None = None  # the gate's judge: a child no candidate code runs in
-        # the judge's draws: written by the judge, read-only to this child (both live as long as this)
+        # the judge's draws, written by the judge and read-only to this child; the trial's outputs, written
+        # by this child and read-only to the judge (both folders live as long as this Sandbox)
         self.draws: Path | None = None
-        self.bound: tuple[str, ...] = ()  # the folders this child was started with read-only
+        self.outbox: Path | None = None
+        self.bound: tuple[str, ...] = ()  # the gate's folders this child was started with
         self.recycle_due = False  # a reply asked for a fresh child; held while its files are read
+        self.gate_phases: dict[str, float] = {}  # the last gate's seconds per step (tools/gate_phases.py)
 
     def _env(self) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if child_env_allowed(k)}
@@ -211,14 +228,15 @@ class Sandbox:
         self.isolation = isolation.chosen()
         self.tmp = Path(tempfile.mkdtemp(prefix="kb-sandbox-"))
         self.stderr = open(self.tmp / "stderr.log", "wb")  # noqa: SIM115 - lives as long as the child
-        writable = self.writable
+        writable = (*self.writable, *((str(self.outbox),) if self.outbox is not None else ()))
         if log := os.environ.get("KB_EXEC_LOG"):  # the tests' count of executed requests
             Path(log).touch()
             writable = (*writable, log)
         argv = [sys.executable, "-m", "kernelbrain.child"]
-        self.bound = (str(self.draws),) if self.draws is not None else ()
+        self.bound = tuple(str(f) for f in (self.draws, self.outbox) if f is not None)
+        readable = (*self.readable, *((str(self.draws),) if self.draws is not None else ()))
         self.proc = subprocess.Popen(
-            isolation.wrap(self.isolation, argv, self.tmp, self.device, writable, self.bound),
+            isolation.wrap(self.isolation, argv, self.tmp, self.device, writable, readable),
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=self.stderr,
@@ -287,6 +305,7 @@ class Sandbox:
         candidate on them and writes its outputs; the judge compares them. The candidate's process never
         holds the reference nor an expected output. A fault of the judge's (the problem's reference) is
         kb's side, not the candidate's."""
+        started = time.perf_counter()
         self.start_judge()
         assert self.judge is not None
         problem = {"problem_source": request.problem_source, "device": request.device, "seeds": request.seeds}
@@ -299,14 +318,22 @@ class Sandbox:
         except SandboxFault as e:
             raise SandboxError(f"the gate's judge failed drawing the problem's inputs: {e}") from None
         assert isinstance(drawn, DrawsReply)
-        if self.proc is not None and str(self.draws) not in self.bound:
+        self.gate_phases = {"draws": busy}
+        if self.proc is not None and str(self.outbox) not in self.bound:
             self._stop()  # started before the judge: it cannot see the draws
         self._bring_compiled([])  # what this child's cache holds after the trial is this candidate's
+        assert self.outbox is not None
+        for left in self.outbox.iterdir():  # an earlier candidate's (the folder stays: it is bound)
+            if left.is_dir() and not left.is_symlink():
+                shutil.rmtree(left)
+            else:
+                left.unlink()
         trial, busy_trial = self._call(
             TrialRequest(
                 cand_source=request.cand_source,
                 device=request.device,
                 folder=str(self.draws),
+                outbox=str(self.outbox),
                 prints=drawn.prints,
                 keep_bytes=keep,
                 shapes=drawn.shapes,
@@ -319,6 +346,7 @@ class Sandbox:
             hold=True,
         )
         assert isinstance(trial, TrialReply)
+        self.gate_phases["trial"] = busy_trial
         try:
             handed = self._handed(trial, len(drawn.shapes), request.seeds)
         finally:
@@ -328,35 +356,27 @@ class Sandbox:
         verdict, busy_judge = self.judge._call(
             JudgeRequest(**problem, outputs_dir=str(handed)), timeout_s=timeout_s, task=task
         )
+        self.gate_phases.update(judge=busy_judge)
         if verdict.passed:
             self._keep_compiled(request.cand_source)
+        self.gate_phases["wall"] = time.perf_counter() - started
         return verdict, busy + busy_trial + busy_judge
 
     def _handed(self, trial: TrialReply, shapes: int, seeds: int) -> Path | None:
-        """A trial's outputs, moved into the judge's folder (a hard link where they share a file system:
-        no copy of gigabytes); None where the trial failed a check."""
+        """The outbox, where the trial wrote its outputs for the judge (a folder the judge reads, no copy);
+        None where the trial failed a check."""
         if trial.folder is None:
             return None
-        assert self.tmp is not None and self.judge is not None and self.judge.tmp is not None
-        written = Path(trial.folder)
-        if written.parent != self.tmp or written.is_symlink() or not written.is_dir():
-            raise SandboxFault("runtime", f"its outputs were not written in a folder of its own ({written})")
-        handed = self.judge.tmp / "handed"
-        shutil.rmtree(handed, ignore_errors=True)
-        handed.mkdir()
+        assert self.outbox is not None
+        if Path(trial.folder) != self.outbox:
+            raise SandboxFault("runtime", f"its outputs were not written in the outbox ({trial.folder})")
         for shape in range(shapes):
             for seed in range(seeds):
-                data = handoff.outputs_file(written, shape, seed)
-                for src in (data, handoff.header_of(data)):
-                    if src.is_symlink() or not src.is_file():
-                        raise SandboxFault("runtime", f"it wrote no outputs file {src.name}")
-                    dst = handed / src.name
-                    try:
-                        os.link(src, dst)
-                    except OSError:
-                        shutil.copyfile(src, dst)
-                    src.unlink()
-        return handed
+                data = handoff.outputs_file(self.outbox, shape, seed)
+                for f in (data, handoff.header_of(data)):
+                    if f.is_symlink() or not f.is_file():
+                        raise SandboxFault("runtime", f"it wrote no outputs file {f.name}")
+        return self.outbox
 
     def _own_cache(self) -> Path | None:
         """This child's own Triton cache, where it has one (bubblewrap; the others share the host's)."""
@@ -417,11 +437,17 @@ class Sandbox:
     def start_judge(self) -> None:
         """Start the gate's judge ahead of a first gate (a torch import, a CUDA context), and the folder
         of its draws."""
-        if self.draws is None:
+        if self.draws is None or self.outbox is None:
             self.draws = Path(tempfile.mkdtemp(prefix="kb-draws-"))
+            self.outbox = Path(tempfile.mkdtemp(prefix="kb-outbox-", dir=_memory_folder()))
         if self.judge is None:
-            writable = (*self.writable, str(self.draws))
-            self.judge = Sandbox(self.device, gpu=self.gpu, warm_cuda=self.warm_cuda, writable=writable)
+            self.judge = Sandbox(
+                self.device,
+                gpu=self.gpu,
+                warm_cuda=self.warm_cuda,
+                writable=(*self.writable, str(self.draws)),
+                readable=(str(self.outbox),),
+            )
         self.judge.start()
 
     def recycle(self) -> None:
@@ -529,9 +555,10 @@ class Sandbox:
         if self.judge is not None:
             self.judge.close()
             self.judge = None
-        if self.draws is not None:
-            shutil.rmtree(self.draws, ignore_errors=True)
-            self.draws = None
+        for folder in (self.draws, self.outbox):
+            if folder is not None:
+                shutil.rmtree(folder, ignore_errors=True)
+        self.draws = self.outbox = None
 
     def _stop(self) -> None:
         """Stop the child (after a fault, or to recycle it); a judge lives on: no candidate ran there."""

@@ -1,0 +1,59 @@
+"""Where a gate's seconds go: a kb run's candidates gated again through one Sandbox, each gate's steps
+timed (the judge's draws, the candidate's trial, the judge's comparison, and the whole gate with the
+worker's part). A run's figures per candidate are BudgetCharged's; this splits them.
+
+    python3 tools/gate_phases.py RUN.db [--device cuda] [--limit 8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sqlite3
+import statistics
+from pathlib import Path
+
+from kernelbrain.core.protocol import GateRequest
+from kernelbrain.runtime.sandbox import Sandbox
+
+
+def sources(db: Path) -> tuple[str, list[str]]:
+    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+
+    def blob(h: str) -> str:
+        return bytes(con.execute("SELECT data FROM blobs WHERE hash = ?", (h,)).fetchone()[0]).decode()
+
+    rows = [json.loads(p) for t, p in con.execute("SELECT type, payload FROM events ORDER BY seq") if t]
+    started = next(r for r in rows if "problem_hash" in r)
+    cands = [blob(r["source"]) for r in rows if "generator" in r and "source" in r]
+    return blob(started["problem_hash"]), cands
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("db", type=Path)
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--limit", type=int, default=8)
+    ap.add_argument("--seeds", type=int, default=3)
+    args = ap.parse_args()
+    problem, cands = sources(args.db)
+    box = Sandbox(args.device)
+    phases: list[dict[str, float]] = []
+    try:
+        box.start_judge()
+        box.start()
+        for source in cands[: args.limit]:
+            req = GateRequest(
+                problem_source=problem, cand_source=source, device=args.device, seeds=args.seeds
+            )
+            reply, _ = box.call(req, timeout_s=600)
+            phases.append(dict(box.gate_phases))
+            print(json.dumps({"passed": reply.passed, **{k: round(v, 3) for k, v in phases[-1].items()}}))
+    finally:
+        box.close()
+    later = phases[1:] or phases
+    print(json.dumps({k: round(statistics.median(p.get(k, 0.0) for p in later), 3) for k in later[0]}))
+
+
+if __name__ == "__main__":
+    main()
