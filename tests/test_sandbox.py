@@ -249,3 +249,17 @@ def test_a_gpu_roles_cuda_child_makes_its_context_before_its_first_task(tmp_path
         sb = Sandbox(device, warm_cuda=ROLE_CLASSES[role].warms_cuda)
         sb.tmp = tmp_path
         assert sb._env().get("KB_WARM_CUDA") == expected, (device, role)
+
+
+def test_a_bench_is_charged_its_timed_calls_and_the_references_alone(box: Sandbox) -> None:
+    """The busy seconds a bench returns (what the benchmarker charges) hold at least every timed call,
+    the candidate's and the reference's beside it, and the judge's time alone; a memo hit there for
+    the reference's clean time must not replace the bench's own."""
+    from kernelbrain.core.protocol import BenchRequest
+
+    args = {"problem_source": PROBLEM, "cand_source": candidate("good_softmax"), "device": "cpu"}
+    request = BenchRequest(**args, which="smallest", repeats=4, warmup=1)
+    for _ in range(2):  # the second: the judge's clean time is kept, its request costs next to nothing
+        reply, busy = box.call(request, timeout_s=300)
+        timed = sum(s.repeats * s.calls * (s.cand_median_s + s.ref_median_s) for s in reply.shapes)
+        assert busy >= timed > 0, (busy, timed)

@@ -273,10 +273,10 @@ class Sandbox:
         # evidence against the candidate
         for attempt in range(1 + CLEAN_RETIMES):
             try:
-                alone, busy = self._alone(request, timed, timeout_s, task, fresh=attempt > 0)
+                alone, spent = self._alone(request, timed, timeout_s, task, fresh=attempt > 0)
             except SandboxFault as e:
                 raise SandboxError(f"the judge's child failed timing the reference alone: {e}") from None
-            busy_alone += busy
+            busy_alone += spent
             for k, (median, iqr) in enumerate(zip(alone.medians_s, alone.iqrs_s, strict=True)):
                 if clean[k] is None or median > clean[k][0]:  # type: ignore[index]
                     clean[k] = (median, iqr)
