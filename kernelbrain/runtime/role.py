@@ -86,13 +86,13 @@ class Role(abc.ABC):
             self.sandboxes[device] = Sandbox(device, gpu=self.gpu, warm_cuda=self.warms_cuda)
         return self.sandboxes[device]
 
-    # its requests run the judge's child beside its own (the gate, the reference timed alone)
-    uses_judge = False
+    # its first task needs the judge's child at once (the gate): started with its own, ahead of it
+    warms_judge = False
 
     def warm(self, device: str) -> None:
         """Start this role's child (and the judge's, first: the child sees its draws) ahead of its first
         task."""
-        if self.uses_judge:
+        if self.warms_judge:
             self.sandbox(device).start_judge()
         self.sandbox(device).start()
 

@@ -263,9 +263,11 @@ class Sandbox:
         the reference alone in the judge's child, where no candidate code ever ran: a reference that ran
         slower beside the candidate than there, past noise, was slowed by it (`policy`), however it was
         done (a patch that restores itself before the checks, one below Python)."""
+        # the judge imports while the rung is timed: a run killed before its first bench, or a
+        # benchmarker with nothing to time, never starts one
+        self.start_judge()
         timed, busy = self._call(request, timeout_s=timeout_s, task=task)
         assert isinstance(timed, BenchReply)
-        self.start_judge()
         shapes, busy_alone = list(timed.shapes), 0.0
         clean: list[tuple[float, float] | None] = [None] * len(shapes)
         # the reference's time alone, timed again (up to CLEAN_RETIMES times) while it looks moved: a

@@ -15,7 +15,6 @@ from kernelbrain.store import NewEvent
 
 class BenchmarkerRole(CandidateRole):
     name = "benchmarker"
-    uses_judge = True
 
     def tasks(self, state: RunState) -> list[Task]:
         # adjudications first, then the highest rung: those are what the scheduler's decisions wait on

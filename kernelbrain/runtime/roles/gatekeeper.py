@@ -10,7 +10,7 @@ from kernelbrain.runtime.role import CandidateRole, Task
 
 class GatekeeperRole(CandidateRole):
     name = "gatekeeper"
-    uses_judge = True
+    warms_judge = True
 
     def tasks(self, state: RunState) -> list[Task]:
         return [Task(f"{state.run_id}/gate/{c.id}", c.id) for c in state.gate_tasks()]
