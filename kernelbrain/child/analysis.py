@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ast
+import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -91,11 +93,53 @@ def analyse(problem_source: str, device: str) -> dict:
     labels = [shape_label(s) for s in problem.shapes]
     model_cls = problem.module.Model
     names = {m: [n for n, _ in signature(getattr(model_cls, m))] for m in ("__init__", "forward")}
+    params = parameter_texts(model_cls.__init__)
     return {
         "ops": ops,
         "flops": flops,
         "bytes": nbytes,
         "shapes": labels,
-        "signature": {"init": names["__init__"], "forward": names["forward"]},
+        "signature": {"init": names["__init__"], "forward": names["forward"], "params": params},
         "traced_on": traced_on,  # "meta": the analysis used no GPU time
     }
+
+
+def _default_text(value: Any) -> str:
+    """A default as source a candidate module can hold: its repr where that reads back as the value (a
+    number, a string, a tuple), a torch dtype by name; else None (a default only an object of the
+    problem's could give)."""
+    text = repr(value)
+    if isinstance(value, torch.dtype):
+        return text
+    try:
+        same = ast.literal_eval(text) == value and type(ast.literal_eval(text)) is type(value)
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+        same = False
+    return text if same else "None"
+
+
+def parameter_texts(fn: Any) -> list[str]:
+    """A method's parameters after `self` as source, one string each: names, defaults and kinds (`/`,
+    `*`, `*args`, `**kwargs`) as declared, without annotations (names a candidate's module may not
+    import). A template's ModelNew declares them so, and builds as Model does from any call."""
+    params = list(inspect.signature(fn).parameters.values())[1:]
+    out: list[str] = []
+    starred = False
+    for i, p in enumerate(params):
+        if p.kind is p.KEYWORD_ONLY and not starred:
+            out.append("*")
+            starred = True
+        if p.kind is p.VAR_POSITIONAL:
+            out.append(f"*{p.name}")
+            starred = True
+        elif p.kind is p.VAR_KEYWORD:
+            out.append(f"**{p.name}")
+        elif p.default is p.empty:
+            out.append(p.name)
+        else:
+            out.append(f"{p.name}={_default_text(p.default)}")
+        if p.kind is p.POSITIONAL_ONLY and (
+            i + 1 == len(params) or params[i + 1].kind is not p.POSITIONAL_ONLY
+        ):
+            out.append("/")
+    return out

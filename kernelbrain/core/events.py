@@ -119,7 +119,9 @@ class ProblemAnalysed(Event):
     flops: float  # of the reference at the primary shape
     bytes: float  # minimum bytes moved (inputs + outputs) at the primary shape
     shapes: list[str]  # labels of the problem's shapes, primary first
-    signature: dict[str, list[str]] = {}  # parameter names of Model.__init__ and Model.forward
+    # parameter names of Model.__init__ and Model.forward ("init", "forward"), and __init__'s parameters
+    # as declared, with defaults and kinds ("params"; absent in older events)
+    signature: dict[str, list[str]] = {}
     error: str | None = None  # set when the problem could not be loaded or traced
     traced_on: str = ""  # "meta": traced from shapes alone, no GPU time; else the device it ran on
 

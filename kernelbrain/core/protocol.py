@@ -52,6 +52,7 @@ class DuelReply(Message):
 class Signature(Message):
     init: list[str]
     forward: list[str]
+    params: list[str] = []  # Model.__init__'s parameters as declared (defaults, kinds), a string each
 
 
 class AnalyseReply(Message):

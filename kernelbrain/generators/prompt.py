@@ -102,7 +102,8 @@ def _ops(analysis: ProblemAnalysed) -> str:
 
 def _signature(analysis: ProblemAnalysed) -> str:
     sig = analysis.signature or {}
-    init = ", ".join(["self", *sig.get("init", [])])
+    # as declared, defaults and kinds included, where the analysis recorded them: ModelNew must take them
+    init = ", ".join(["self", *(sig.get("params") or sig.get("init", []))])
     fwd = ", ".join(["self", *sig.get("forward", [])])
     return f"Model.__init__({init})\nModel.forward({fwd})"
 

@@ -52,6 +52,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from kernelbrain.templates import model_source
 from kernelbrain.templates.attention_kernels import KERNELS
 
 FAMILY = "attention"
@@ -417,7 +418,7 @@ def mutate(knobs: dict[str, Any], move: str) -> dict[str, Any] | None:
 
 
 def render(spec: dict, knobs: dict[str, Any], signature: dict[str, list[str]]) -> str:
-    init_args = "".join(f", {a}" for a in signature["init"])
+    init_args = model_source.init_args(signature, "".join(f", {a}" for a in signature["init"]))
     fwd = list(signature["forward"])
     if len(fwd) < 3:
         raise ValueError(f"attention needs forward(q, k, v): got forward({', '.join(fwd)})")

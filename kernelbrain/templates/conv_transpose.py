@@ -65,6 +65,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from kernelbrain.templates import model_source
 from kernelbrain.templates.conv_transpose_kernels import KERNEL
 
 FAMILY = "conv_transpose"
@@ -262,7 +263,7 @@ def render(spec: dict, knobs: dict[str, Any], signature: dict[str, list[str]]) -
             defaulted = True
         else:
             params.append(f"{a}=None" if defaulted else a)
-    init_args = "".join(f", {p}" for p in params)
+    init_args = model_source.init_args(signature, "".join(f", {p}" for p in params))
     conv_args = ", ".join(f"{p}={names[p]}" for p, _ in _CONV_PARAMS if p in names)
     attr = spec.get("conv_attr", "conv_transpose2d")
     x = signature["forward"][0]

@@ -28,6 +28,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from kernelbrain.templates import model_source
+
 FAMILY = "gemm_epilogue"
 FLOAT_DTYPES = {"float32", "float16", "bfloat16"}
 # H100/H200: 227 KiB of shared memory per block (opt-in maximum)
@@ -354,7 +356,7 @@ def render(spec: dict, knobs: dict[str, Any], signature: dict[str, list[str]]) -
             defaulted = True
         else:
             params.append(f"{a}=None" if defaulted else a)
-    init_args = "".join(f", {p}" for p in params)
+    init_args = model_source.init_args(signature, "".join(f", {p}" for p in params))
     attr = spec.get("linear_attr", "linear")
     bias_arg = f", bias={names['bias']}" if names["bias"] else ""
     divisor_src = names["divisor"] if names["divisor"] else "DIVISOR"

@@ -28,6 +28,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from kernelbrain.templates import model_source
+
 FAMILY = "gemv"
 # accumulator elements a program may hold; past this Triton spends minutes compiling a kernel that spills
 MAX_TILE = 16384
@@ -272,7 +274,7 @@ def _matvec(A, x):
 
 
 def render(spec: dict, knobs: dict[str, Any], signature: dict[str, list[str]]) -> str:
-    init_args = "".join(f", {a}=None" for a in signature["init"])
+    init_args = model_source.init_args(signature, "".join(f", {a}=None" for a in signature["init"]))
     fwd = signature["forward"]
     a_name, b_name = fwd[0], fwd[1]
     rest = "".join(f", {a}" for a in fwd[2:])

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from kernelbrain.templates import model_source
 from kernelbrain.templates.row_norm import (
     FLOAT_DTYPES,
     MUTATIONS,
@@ -76,7 +77,7 @@ def matches(ops: list[dict]) -> dict | None:
 
 
 def render(spec: dict, knobs: dict[str, Any], signature: dict[str, list[str]]) -> str:
-    init_args = "".join(f", {a}=None" for a in signature["init"])
+    init_args = model_source.init_args(signature, "".join(f", {a}=None" for a in signature["init"]))
     x = signature["forward"][0]
     rest = "".join(f", {a}" for a in signature["forward"][1:])
     knob_text = ", ".join(f"{k}={v}" for k, v in knobs.items())

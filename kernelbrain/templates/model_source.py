@@ -198,3 +198,12 @@ def bind(call: ast.Call, names: list[str], defaults: dict[str, ast.expr]) -> dic
             return None
         out[k.arg] = k.value
     return {**defaults, **out}
+
+
+def init_args(signature: dict[str, list[str]], fallback: str) -> str:
+    """`, <Model.__init__'s parameters>` for a rendered ModelNew: as the reference declares them
+    (defaults, keyword-only, `*args`), where the analysis recorded them, so ModelNew builds from every
+    call Model does (KernelBench's loader: `ModelNew(*get_init_inputs())`, defaults filling the rest);
+    else the family's own `fallback` from the names alone (a run analysed before they were recorded)."""
+    params = signature.get("params")
+    return "".join(f", {p}" for p in params) if params else fallback

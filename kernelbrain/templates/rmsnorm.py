@@ -27,6 +27,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from kernelbrain.templates import model_source
+
 FAMILY = "rmsnorm"
 # elements a program may hold in registers; past this Triton spends minutes compiling a kernel that spills
 MAX_BLOCK = 32768
@@ -276,7 +278,7 @@ EPS = {float(spec["eps"])!r}
 {_KERNELS[knobs["strategy"]]}
 
 class ModelNew(nn.Module):
-    def __init__(self{_init_params(init, eps_name)}):
+    def __init__(self{model_source.init_args(signature, _init_params(init, eps_name))}):
         super().__init__()
         self.eps = float({eps_source})
 

@@ -29,6 +29,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from kernelbrain.templates import model_source
+
 FAMILY = "row_softmax"
 # elements a program may hold in registers; past this Triton spends minutes compiling a kernel that spills
 MAX_BLOCK = 32768
@@ -399,7 +401,7 @@ def _softmax_kernel(x_ptr, y_ptr, pm_ptr, ps_ptr, cnt_ptr, n_cols, n_chunks, n_i
 
 
 def render(spec: dict, knobs: dict[str, Any], signature: dict[str, list[str]]) -> str:
-    init_args = "".join(f", {a}" for a in signature["init"])
+    init_args = model_source.init_args(signature, "".join(f", {a}" for a in signature["init"]))
     x = signature["forward"][0]
     rest = "".join(f", {a}" for a in signature["forward"][1:])
     consts = [f"LOG = {spec['log']}", f"NUM_WARPS = {knobs['num_warps']}", f"MAX_BLOCK = {MAX_BLOCK}"]
