@@ -1,6 +1,6 @@
 """Make the in-tree packages importable when the distribution is not pip-installed; one warm sandbox per
 module; a template test module's problem variants and their traces; and, under pytest-xdist, tests marked
-`exclusive` run with no other test beside them."""
+`exclusive` run with no other test beside them, and tests marked `long` are started first."""
 
 import fcntl
 import os
@@ -83,3 +83,9 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
             fcntl.flock(lock, fcntl.LOCK_UN)
             if exclusive:
                 fcntl.flock(turnstile, fcntl.LOCK_UN)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Tests marked `long` (minutes each: whole runs killed and resumed) first, the rest in their order:
+    started last, they ran alone on one worker while the others sat idle (CI's two cores)."""
+    items.sort(key=lambda item: item.get_closest_marker("long") is None)

@@ -274,6 +274,7 @@ def test_mutations_move_knobs_and_feasibility_refuses_tiles_that_do_not_fit():
     assert not ct.feasible(spec, {**direct, "prepack": True})  # nothing to pack
 
 
+@pytest.mark.long
 def test_kb_run_picks_a_conv_transpose_winner(tmp_path):
     problem = tmp_path / "irregular_conv.py"
     problem.write_text(IRREGULAR)

@@ -234,6 +234,7 @@ def test_kill_targets_are_known_event_types():
     assert len(TARGETS) == 20 and len({k.phase for k in TARGETS}) == 20
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("lane", range(LANES))
 def test_kill_the_whole_run_at_chosen_events_then_resume(tmp_path, lane):
     chains = CHAINS[lane::LANES]  # lanes interleave, spreading the chains
@@ -283,6 +284,7 @@ def _wait_for_claim(db, run_id, kind: str, timeout: float = 60.0):
     raise AssertionError(f"no {kind} task was claimed within {timeout} s")
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("kind", ["gate", "bench", "profile"])
 def test_kill_one_worker_mid_task(tmp_path, kind):
     db, log = tmp_path / "kb.db", tmp_path / "exec.log"
@@ -306,6 +308,7 @@ def test_kill_one_worker_mid_task(tmp_path, kind):
     assert state.finished is not None
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_stop_signal_leaves_a_resumable_run(tmp_path, sig):
     db, log = tmp_path / "kb.db", tmp_path / "exec.log"
