@@ -119,9 +119,7 @@ class ProblemAnalysed(Event):
     flops: float  # of the reference at the primary shape
     bytes: float  # minimum bytes moved (inputs + outputs) at the primary shape
     shapes: list[str]  # labels of the problem's shapes, primary first
-    # parameter names of Model.__init__ and Model.forward ("init", "forward"), and __init__'s parameters
-    # as declared, with defaults and kinds ("params"; absent in older events)
-    signature: dict[str, list[str]] = {}
+    signature: dict[str, list[str]] = {}  # Model's init/forward names; init's params as declared (newer)
     error: str | None = None  # set when the problem could not be loaded or traced
     traced_on: str = ""  # "meta": traced from shapes alone, no GPU time; else the device it ran on
 
