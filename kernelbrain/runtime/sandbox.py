@@ -268,8 +268,8 @@ class Sandbox:
         self.start_judge()
         timed, busy = self._call(request, timeout_s=timeout_s, task=task)
         assert isinstance(timed, BenchReply)
-        shapes, busy_alone = list(timed.shapes), 0.0
-        clean: list[tuple[float, float] | None] = [None] * len(shapes)
+        busy_alone = 0.0
+        clean: list[tuple[float, float]] = []  # per shape: the slowest clean time so far, and its IQR
         # the reference's time alone, timed again (up to CLEAN_RETIMES times) while it looks moved: a
         # reference of microseconds varies by 2x between clean timings, and only the slowest of them is
         # evidence against the candidate
@@ -279,26 +279,29 @@ class Sandbox:
             except SandboxFault as e:
                 raise SandboxError(f"the judge's child failed timing the reference alone: {e}") from None
             busy_alone += spent
-            for k, (median, iqr) in enumerate(zip(alone.medians_s, alone.iqrs_s, strict=True)):
-                if clean[k] is None or median > clean[k][0]:  # type: ignore[index]
-                    clean[k] = (median, iqr)
+            timings = list(zip(alone.medians_s, alone.iqrs_s, strict=True))
+            if clean:  # the slower of each shape's clean times
+                timings = [t if t[0] > c[0] else c for c, t in zip(clean, timings, strict=True)]
+            clean = timings
             moved = [
-                (s, c, reference_moved(s.ref_median_s, s.ref_iqr_s, c[0], c[1], request.device))
-                for s, c in zip(shapes, clean, strict=True)
-                if c is not None
+                reference_moved(s.ref_median_s, s.ref_iqr_s, median, iqr, request.device)
+                for s, (median, iqr) in zip(timed.shapes, clean, strict=True)
             ]
-            if all(m is None for _, _, m in moved):
+            if all(m is None for m in moved):
                 break
-        for s, c, m in moved:
+        for s, (median, _), m in zip(timed.shapes, clean, moved, strict=True):
             if m is not None:
                 raise SandboxFault(
                     "policy",
                     f"benchmark shape {s.shape}: the reference ran {m:.2f}x slower beside the candidate "
-                    f"({s.ref_median_s:.3g} s) than in a process where no candidate ran ({c[0]:.3g} s, the "
+                    f"({s.ref_median_s:.3g} s) than in a process where no candidate ran ({median:.3g} s, the "
                     f"slowest of {attempt + 1} timings there): the candidate slowed the reference it is "
                     "timed against",
                 )
-        shapes = [s.model_copy(update={"ref_alone_median_s": c[0]}) for s, c, _ in moved]
+        shapes = [
+            s.model_copy(update={"ref_alone_median_s": c[0]})
+            for s, c in zip(timed.shapes, clean, strict=True)
+        ]
         return timed.model_copy(update={"shapes": shapes}), busy + busy_alone
 
     def gate(self, request: GateRequest, *, timeout_s: float, task: str = "-") -> tuple[GateReply, float]:
