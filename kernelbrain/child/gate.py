@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import inspect
+import time
 from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
@@ -98,6 +99,19 @@ def _drawn(path: Path, device: str) -> Any:
 _HELD: dict[tuple[str, int, int], list] = {}  # the latest problem's draws, for this child's next candidates
 
 
+class _Steps:
+    """Seconds per step of a trial, summed over its shapes and seeds."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+        self.mark = time.perf_counter()
+
+    def done(self, step: str) -> None:
+        now = time.perf_counter()
+        self.seconds[step] = self.seconds.get(step, 0.0) + now - self.mark
+        self.mark = now
+
+
 class _Draws:
     """The judge's draws as this child reads them: held between candidates within `keep_bytes` (a draw at
     a full-size shape is gigabytes to read again), and checked against the judge's digests each time
@@ -145,8 +159,9 @@ def trial(
     fails is the reply (no outputs), as a gate's verdict."""
     try:
         draws = _Draws(folder, prints, keep_bytes, device)
-        out = Path(outbox)
-        return {"folder": _trial(cand_source, device, draws, out, shapes, signature, forbidden, seeds)}
+        steps = _Steps()
+        done = _trial(cand_source, device, draws, Path(outbox), shapes, signature, forbidden, seeds, steps)
+        return {"folder": done, "steps": steps.seconds}
     except CandidateFault as f:
         return {"category": f.category, "detail": f.detail}
 
@@ -160,12 +175,14 @@ def _trial(
     signature: dict[str, list[str]],
     forbidden: list[list[str]],
     seeds: int,
+    steps: _Steps,
 ) -> str:
     timers = guard.timer_identities()
     cand = _load_candidate(cand_source)
     _policy(guard.check_untouched, None, {}, prefix="importing it: ")
     _check_signature(signature, cand)
     _policy(guard.check_timers, timers)
+    steps.done("load")
     # one draw in memory at a time: a gate shape at a problem's full size holds gigabytes a seed
     for i, (label, names) in enumerate(zip(shapes, forbidden, strict=True)):
         where = f"shape {label}, " if len(shapes) > 1 else ""
@@ -177,9 +194,11 @@ def _trial(
                 "runtime", f"ModelNew(*get_init_inputs()) raised {type(e).__name__}: {e}"
             ) from e
         del entry
+        steps.done("build")
         for seed in range(seeds):
             before = draws.inputs(i, seed)
             inputs = [layout_copy(x) for x in before]
+            steps.done("inputs")
             with torch.no_grad():
                 watch = guard.Watch(set(names), device)
                 try:
@@ -193,6 +212,7 @@ def _trial(
                     raise CandidateFault(
                         "runtime", f"{where}seed {seed}: forward raised {type(e).__name__}: {e}"
                     ) from e
+                steps.done("first_forward" if i == seed == 0 else "forward")  # the first compiles
                 _policy(watch.check, prefix=f"{where}seed {seed}: ")
                 _policy(guard.check_untouched, None, {}, prefix=f"{where}seed {seed}: ")
                 _policy(guard.check_timers, timers, prefix=f"{where}seed {seed}: ")
@@ -200,9 +220,11 @@ def _trial(
                 if isinstance(x, torch.Tensor) and not torch.equal(x, b):
                     raise CandidateFault("policy", f"{where}seed {seed}: the candidate mutated its inputs")
             _policy(guard.check_outputs, got, inputs, prefix=f"{where}seed {seed}: ")
+            steps.done("checks")
             try:
                 tensorfile.write(handoff.outputs_file(out, i, seed), got)
             except tensorfile.Unreadable as e:
                 raise CandidateFault("mismatch", f"{where}seed {seed}: {e}") from None
             del before, inputs, got
+            steps.done("write")
     return str(out)

@@ -123,6 +123,7 @@ class TrialReply(Message):
     folder: str | None = None
     category: str | None = None
     detail: str | None = None
+    steps: dict[str, float] = {}  # seconds per step of a passing trial, for tools/gate_phases.py
 
 
 class DrawsRequest(ProblemRequest):

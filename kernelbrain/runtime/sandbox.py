@@ -352,6 +352,7 @@ class Sandbox:
         )
         assert isinstance(trial, TrialReply)
         self.gate_phases["trial"] = busy_trial
+        self.gate_phases.update({f"trial.{k}": v for k, v in trial.steps.items()})
         try:
             handed = self._handed(trial, len(drawn.shapes), request.seeds)
         finally:
