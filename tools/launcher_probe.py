@@ -2,7 +2,7 @@
 the host-side launcher (as a gate child's cache is filled for each candidate): does this Triton build a
 C launcher per kernel signature, and how long does that take?
 
-    python3 tools/launcher_probe.py        # on the GPU machine; prints one JSON line
+    python3 tools/launcher_probe.py [DRIVER_COPY]   # on the GPU machine; prints one JSON line
 """
 
 from __future__ import annotations
@@ -34,8 +34,13 @@ print(time.perf_counter() - t1)
 
 
 def first_call(cache: Path) -> float:
+    """A fresh process's first call of a kernel (Triton reads a kernel's source from its file)."""
+    script = cache.parent / "probe_kernel.py"
+    script.write_text(_CALL)
     env = {**os.environ, "TRITON_CACHE_DIR": str(cache)}
-    out = subprocess.run([sys.executable, "-c", _CALL], env=env, capture_output=True, text=True, check=True)
+    out = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True)
+    if out.returncode:
+        raise SystemExit(f"the probe's kernel failed: {out.stderr[-2000:]}")
     return float(out.stdout.strip().splitlines()[-1])
 
 
@@ -45,7 +50,7 @@ def main() -> None:
     import triton
     import triton.backends.nvidia.driver as driver
 
-    cache = Path(tempfile.mkdtemp())
+    cache = Path(tempfile.mkdtemp()) / "cache"
     try:
         cold = first_call(cache)  # compiles the kernel, and the launcher where there is one
         warm = first_call(cache)  # everything cached
@@ -67,8 +72,10 @@ def main() -> None:
                 }
             )
         )
+        if len(sys.argv) > 1:  # where to keep this Triton's launcher code, to read
+            Path(sys.argv[1]).write_text(inspect.getsource(driver))
     finally:
-        shutil.rmtree(cache, ignore_errors=True)
+        shutil.rmtree(cache.parent, ignore_errors=True)
 
 
 if __name__ == "__main__":
