@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from kernelbrain.child import guard, tensorfile
+from kernelbrain.child import guard, launchers, tensorfile
 from kernelbrain.child.loading import (
     CandidateFault,
     construct,
@@ -48,6 +48,7 @@ def _load_candidate(cand_source: str) -> ModuleType:
             "policy", "no @triton.jit kernel: a candidate's work must be done by Triton kernels"
         )
     guard.install()
+    launchers.record()
     try:
         return load_module(cand_source, "cand")
     except Exception as e:
@@ -160,8 +161,9 @@ def trial(
     try:
         draws = _Draws(folder, prints, keep_bytes, device)
         steps = _Steps()
+        launchers.SIGNATURES.clear()
         done = _trial(cand_source, device, draws, Path(outbox), shapes, signature, forbidden, seeds, steps)
-        return {"folder": done, "steps": steps.seconds}
+        return {"folder": done, "steps": steps.seconds, "launchers": launchers.SIGNATURES}
     except CandidateFault as f:
         return {"category": f.category, "detail": f.detail}
 

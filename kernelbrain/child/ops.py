@@ -10,6 +10,7 @@ from kernelbrain.child import guard
 from kernelbrain.child.analysis import analyse
 from kernelbrain.child.gate import trial
 from kernelbrain.child.judge import draws, judge
+from kernelbrain.child.launchers import build
 from kernelbrain.child.loading import problems_tampered
 from kernelbrain.child.profile import ncu, roofline
 from kernelbrain.child.timing import bench, duel, reference_time
@@ -19,6 +20,7 @@ from kernelbrain.core.protocol import (
     DrawsRequest,
     DuelRequest,
     JudgeRequest,
+    LaunchersRequest,
     Message,
     NcuRequest,
     ReferenceTimeRequest,
@@ -31,6 +33,7 @@ OPS: dict[type[Request], Callable[..., dict]] = {
     DrawsRequest: draws,
     TrialRequest: trial,
     JudgeRequest: judge,
+    LaunchersRequest: build,
     BenchRequest: bench,
     ReferenceTimeRequest: reference_time,
     DuelRequest: duel,

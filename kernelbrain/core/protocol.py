@@ -124,6 +124,7 @@ class TrialReply(Message):
     category: str | None = None
     detail: str | None = None
     steps: dict[str, float] = {}  # seconds per step of a passing trial, for tools/gate_phases.py
+    launchers: list[list[Any]] = []  # the signatures Triton built launchers for (child/launchers.py)
 
 
 class DrawsRequest(ProblemRequest):
@@ -161,6 +162,18 @@ class JudgeRequest(ProblemRequest):
     seeds: int
     folder: str  # the draws'
     outputs_dir: str  # the trial's outputs, handed to the judge
+
+
+class LaunchersReply(Message):
+    built: int
+
+
+class LaunchersRequest(Request):
+    """The judge: build Triton's launchers for these kernel signatures, a trial's, into its own cache."""
+
+    reply: ClassVar[type[Message]] = LaunchersReply
+    op: Literal["launchers"] = "launchers"
+    signatures: list[list[Any]]
 
 
 class ReferenceTimeReply(Message):
@@ -222,6 +235,7 @@ AnyRequest = Annotated[
     DrawsRequest
     | TrialRequest
     | JudgeRequest
+    | LaunchersRequest
     | ReferenceTimeRequest
     | BenchRequest
     | DuelRequest

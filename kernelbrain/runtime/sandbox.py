@@ -42,6 +42,7 @@ from kernelbrain.core.protocol import (
     GateReply,
     GateRequest,
     JudgeRequest,
+    LaunchersRequest,
     ReferenceTimeReply,
     ReferenceTimeRequest,
     Reply,
@@ -92,6 +93,10 @@ def without_secrets(env: dict[str, str]) -> dict[str, str]:
 # that time and profile it: under bubblewrap each child has a Triton cache of its own, so each would
 # compile the candidate again (seconds a candidate)
 COMPILED = Path.home() / ".cache" / "kernelbrain" / "compiled"
+# Triton's launchers (a C module per kernel signature), built by judges, which run no candidate code:
+# they fill every child's emptied cache, so none compiles one a judge built (child/launchers.py)
+LAUNCHERS = Path.home() / ".cache" / "kernelbrain" / "launchers"
+LAUNCHER_FILE = "__triton_launcher"
 # clean timings of the reference taken again where the first makes it look slowed beside a candidate
 CLEAN_RETIMES = 2
 # the truth (float64 outputs and the reference's own) a judge holds for a problem's next candidates; a
@@ -143,6 +148,17 @@ def _memory_folder() -> str | None:
 def _links(folder: str, names: list[str]) -> set[str]:
     """What a copy of a child's cache leaves out: links (one could name any file of the host's)."""
     return {n for n in names if os.path.islink(os.path.join(folder, n))}
+
+
+def _keep(folder: Path, kept: Path) -> None:
+    """A copy of a child's cache folder on the host, made whole or not at all (links left out)."""
+    kept.parent.mkdir(parents=True, exist_ok=True)
+    part = Path(tempfile.mkdtemp(prefix=".part-", dir=kept.parent))
+    try:
+        shutil.copytree(folder, part, dirs_exist_ok=True, ignore=_links)
+        os.replace(part, kept)
+    except OSError:  # another worker kept it first, or the disk is full: it is built again
+        shutil.rmtree(part, ignore_errors=True)
 
 
 def _regroup(cache: Path) -> None:
@@ -201,6 +217,7 @@ class Sandbox:
         self.bound: tuple[str, ...] = ()  # the gate's folders this child was started with
         self.recycle_due = False  # a reply asked for a fresh child; held while its files are read
         self.gate_phases: dict[str, float] = {}  # the last gate's seconds per step (tools/gate_phases.py)
+        self.built: set[str] = set()  # the kernel signatures this sandbox's judge built launchers for
 
     def _env(self) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if child_env_allowed(k)}
@@ -353,6 +370,7 @@ class Sandbox:
         assert isinstance(trial, TrialReply)
         self.gate_phases["trial"] = busy_trial
         self.gate_phases.update({f"trial.{k}": v for k, v in trial.steps.items()})
+        busy_trial += self._launchers_built(trial.launchers, timeout_s, task)
         try:
             handed = self._handed(trial, len(drawn.shapes), request.seeds)
         finally:
@@ -384,6 +402,30 @@ class Sandbox:
                         raise SandboxFault("runtime", f"it wrote no outputs file {f.name}")
         return self.outbox
 
+    def _launchers_built(self, signatures: list[list[Any]], timeout_s: float, task: str) -> float:
+        """The judge builds Triton's launchers for a trial's kernel signatures, and they are kept for the
+        children after (under bubblewrap: the other levels share the host's cache); its busy seconds."""
+        new = {orjson.dumps(s).decode(): s for s in signatures if orjson.dumps(s).decode() not in self.built}
+        if not new or self._own_cache() is None or self.judge is None:
+            return 0.0
+        self.built.update(new)
+        try:
+            request = LaunchersRequest(signatures=list(new.values()))
+            _, busy = self.judge._call(request, timeout_s=timeout_s, task=task)
+        except (SandboxFault, SandboxError):  # an optimisation only: the next candidate builds its own
+            return 0.0
+        built = self.judge._own_cache()
+        if built is not None and built.is_dir():
+            for entry in built.iterdir():
+                if (
+                    entry.is_dir()
+                    and any(f.name.startswith(LAUNCHER_FILE) for f in entry.iterdir())
+                    and not (LAUNCHERS / entry.name).exists()
+                ):
+                    _keep(entry, LAUNCHERS / entry.name)
+        self.gate_phases["launchers"] = busy
+        return busy
+
     def _own_cache(self) -> Path | None:
         """This child's own Triton cache, where it has one (bubblewrap; the others share the host's)."""
         return self.tmp / "triton" if self.isolation == "bwrap" and self.tmp is not None else None
@@ -397,6 +439,8 @@ class Sandbox:
             return
         shutil.rmtree(cache, ignore_errors=True)
         cache.mkdir()
+        if LAUNCHERS.is_dir():
+            shutil.copytree(LAUNCHERS, cache, dirs_exist_ok=True, ignore=_links)
         for source in sources:
             kept = COMPILED / compiled_key(source)
             if kept.is_dir():
@@ -410,15 +454,8 @@ class Sandbox:
         if cache is None or not cache.is_dir() or not any(cache.iterdir()):
             return
         kept = COMPILED / compiled_key(source)
-        if kept.exists():
-            return
-        COMPILED.mkdir(parents=True, exist_ok=True)
-        part = Path(tempfile.mkdtemp(prefix=".part-", dir=COMPILED))
-        try:
-            shutil.copytree(cache, part, dirs_exist_ok=True, ignore=_links)
-            os.replace(part, kept)
-        except OSError:  # another worker kept it first, or the disk is full: it compiles again
-            shutil.rmtree(part, ignore_errors=True)
+        if not kept.exists():
+            _keep(cache, kept)
 
     def _alone(
         self, request: BenchRequest, timed: BenchReply, timeout_s: float, task: str, fresh: bool = False
