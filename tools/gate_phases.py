@@ -1,8 +1,10 @@
-"""Where a gate's seconds go: a kb run's candidates gated again through one Sandbox, each gate's steps
-timed (the judge's draws, the candidate's trial, the judge's comparison, and the whole gate with the
-worker's part). A run's figures per candidate are BudgetCharged's; this splits them.
+"""Where a gate's and a rung's seconds go: a kb run's candidates gated again through one Sandbox, each
+gate's steps timed (the judge's draws, the candidate's trial and its steps, the judge's launchers and
+comparison, the whole gate with the worker's part), then, with --bench, each passing one timed at the
+smallest rung (the child's seconds, the judge's clean reference timings and how many). A run's figures
+per candidate are BudgetCharged's; this splits them.
 
-    python3 tools/gate_phases.py RUN.db [--device cuda] [--limit 8]
+    python3 tools/gate_phases.py RUN.db [--device cuda] [--limit 8] [--bench]
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import sqlite3
 import statistics
 from pathlib import Path
 
-from kernelbrain.core.protocol import GateRequest
+from kernelbrain.core.protocol import BenchRequest, GateRequest
 from kernelbrain.runtime.sandbox import Sandbox
 
 
@@ -35,6 +37,7 @@ def main() -> None:
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--limit", type=int, default=8)
     ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument("--bench", action="store_true", help="and time each passing one at rung 0 (10, 3)")
     args = ap.parse_args()
     problem, cands = sources(args.db)
     box = Sandbox(args.device)
@@ -48,6 +51,17 @@ def main() -> None:
             )
             reply, _ = box.call(req, timeout_s=600)
             phases.append(dict(box.gate_phases))
+            if args.bench and reply.passed:
+                rung = BenchRequest(
+                    problem_source=problem,
+                    cand_source=source,
+                    device=args.device,
+                    which="smallest",
+                    repeats=10,
+                    warmup=3,
+                )
+                box.call(rung, timeout_s=600)
+                phases[-1].update({f"rung0.{k}": v for k, v in box.bench_phases.items()})
             print(json.dumps({"passed": reply.passed, **{k: round(v, 3) for k, v in phases[-1].items()}}))
     finally:
         box.close()

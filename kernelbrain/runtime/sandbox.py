@@ -217,6 +217,7 @@ class Sandbox:
         self.bound: tuple[str, ...] = ()  # the gate's folders this child was started with
         self.recycle_due = False  # a reply asked for a fresh child; held while its files are read
         self.gate_phases: dict[str, float] = {}  # the last gate's seconds per step (tools/gate_phases.py)
+        self.bench_phases: dict[str, float] = {}  # the last bench's: the child's, the judge's, timings
         self.built: set[str] = set()  # the kernel signatures this sandbox's judge built launchers for
 
     def _env(self) -> dict[str, str]:
@@ -306,6 +307,7 @@ class Sandbox:
             ]
             if all(m is None for m in moved):
                 break
+        self.bench_phases = {"bench": busy, "alone": busy_alone, "clean_timings": attempt + 1}
         for s, (median, _), m in zip(timed.shapes, clean, moved, strict=True):
             if m is not None:
                 raise SandboxFault(
