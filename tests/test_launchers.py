@@ -53,7 +53,7 @@ class _Made:
 
 def test_the_signatures_triton_makes_launchers_for_are_noted() -> None:
     active = SimpleNamespace(launcher_cls=_Made)
-    launchers.SIGNATURES.clear()
+    launchers.forget()
     try:
         launchers.record(active)
         launchers.record(active)  # once: not wrapped twice
@@ -62,14 +62,14 @@ def test_the_signatures_triton_makes_launchers_for_are_noted() -> None:
         types = {"x": "*fp32", "n": "i32", "pair": ("*fp16", "i64"), "B": "constexpr"}
         made(SimpleNamespace(signature=types), SimpleNamespace(tensordesc_meta=None))
         made(SimpleNamespace(signature={"d": "tensordesc<fp32[8]>"}), SimpleNamespace(tensordesc_meta=[{}]))
-        assert launchers.SIGNATURES == [["*fp32", "i32", ["*fp16", "i64"], "constexpr"]]
+        assert launchers.seen() == [["*fp32", "i32", ["*fp16", "i64"], "constexpr"]]
         assert len(_Made.calls) == 2  # Triton's own launcher is still made for both
         # the judge builds with Triton's class, not the recording one, and tuples as Triton writes them
         _Made.calls.clear()
-        assert launchers.build_with(active, [*launchers.SIGNATURES, ["bad type!"]]) == {"built": 1}
+        assert launchers.build_with(active, [*launchers.seen(), ["bad type!"]]) == {"built": 1}
         assert list(_Made.calls[0].signature.values()) == ["*fp32", "i32", ("*fp16", "i64"), "constexpr"]
     finally:
-        launchers.SIGNATURES.clear()
+        launchers.forget()
 
 
 def test_without_a_gpu_driver_the_judge_builds_nothing() -> None:

@@ -161,9 +161,9 @@ def trial(
     try:
         draws = _Draws(folder, prints, keep_bytes, device)
         steps = _Steps()
-        launchers.SIGNATURES.clear()
+        launchers.forget()
         done = _trial(cand_source, device, draws, Path(outbox), shapes, signature, forbidden, seeds, steps)
-        return {"folder": done, "steps": steps.seconds, "launchers": launchers.SIGNATURES}
+        return {"folder": done, "steps": steps.seconds, "launchers": launchers.seen()}
     except CandidateFault as f:
         return {"category": f.category, "detail": f.detail}
 

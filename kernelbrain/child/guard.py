@@ -20,6 +20,8 @@ import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
+from kernelbrain.child import own_code
+
 # Calls that move, view or allocate data but compute nothing a reference could be made of
 GLUE = frozenset(
     """
@@ -180,18 +182,19 @@ def problem_identities(module: Any) -> dict[str, Any]:
 
 
 _PRISTINE_TORCH: dict[str, Any] = {}
+_PRISTINE_CODE: dict[str, tuple[Any, Any]] = {}  # kb's own code and its libraries (own_code)
 
 
 def moved(before: dict[str, Any], now: dict[str, Any]) -> list[str]:
-    """The names whose object is not the one `before` held (replaced or removed)."""
-    return sorted(k for k, v in before.items() if now.get(k) is not v)
+    """The names whose object is not the one `before` held (replaced or removed), in its order."""
+    return [k for k, v in before.items() if now.get(k) is not v]
 
 
 def replaced(problem_module: Any, pristine_problem: dict[str, Any]) -> list[str]:
     """What was replaced since the child started (torch) or the problem was first loaded (None: a
     child that holds no problem, only torch)."""
     now = {**torch_identities(), **(problem_identities(problem_module) if problem_module else {})}
-    return moved({**_PRISTINE_TORCH, **pristine_problem}, now)
+    return moved({**_PRISTINE_TORCH, **pristine_problem}, now) + own_code.changed(_PRISTINE_CODE)
 
 
 def check_untouched(problem_module: Any, pristine_problem: dict[str, Any]) -> None:
@@ -199,14 +202,15 @@ def check_untouched(problem_module: Any, pristine_problem: dict[str, Any]) -> No
     if names:
         shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
         raise Violation(
-            f"the candidate replaced {shown}: the reference and torch are off limits (it would be "
-            "compared or timed against a changed reference)"
+            f"the candidate replaced {shown}: the reference, torch and kb's own checks are off limits "
+            "(it would be compared or timed against a changed reference, or checked by changed code)"
         )
 
 
 def torch_tampered() -> bool:
-    """Whether anything in torch's namespaces was replaced since the first candidate was loaded."""
-    return bool(moved(_PRISTINE_TORCH, torch_identities()))
+    """Whether anything in torch's namespaces, or of kb's own code, was replaced since the first
+    candidate was loaded."""
+    return bool(moved(_PRISTINE_TORCH, torch_identities()) or own_code.changed(_PRISTINE_CODE))
 
 
 def check_timers(before: dict[str, Any]) -> None:
@@ -248,6 +252,7 @@ def install() -> None:
 
             prepare()  # torch as the profiler leaves it: its first start replaces torch.manual_seed
         _PRISTINE_TORCH.update(torch_identities())
+        _PRISTINE_CODE.update(own_code.snapshot())
 
 
 class Watch:

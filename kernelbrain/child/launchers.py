@@ -20,7 +20,16 @@ _TYPE = re.compile(r"\*?k?[a-z]{1,4}\d{0,3}|constexpr")
 MAX_ARGS = 128
 MAX_PER_TRIAL = 4  # signatures a judge builds for one trial: a candidate cannot keep it compiling
 
-SIGNATURES: list[list[Any]] = []  # the signatures this process's Triton made launchers for
+_SEEN: list[list[Any]] = []  # the signatures this process's Triton made launchers for, since forget()
+
+
+def forget() -> None:
+    _SEEN.clear()
+
+
+def seen() -> list[list[Any]]:
+    """The signatures Triton made launchers for since forget(), in order."""
+    return list(_SEEN)
 
 
 def valid(signature: Any, depth: int = 0) -> bool:
@@ -63,7 +72,7 @@ def record(active: Any = None) -> None:
     def launcher(src: Any, metadata: Any, _made: Any = made) -> Any:
         signature = _as_json(list(getattr(src, "signature", {}).values()))
         if not getattr(metadata, "tensordesc_meta", None) and valid(signature):
-            SIGNATURES.append(signature)
+            _SEEN.append(signature)
         return _made(src, metadata)
 
     launcher.kb_original = made  # type: ignore[attr-defined]

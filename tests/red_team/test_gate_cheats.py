@@ -1,7 +1,8 @@
 """Cheating candidates against the gate, through a real sandboxed child: each is caught, with the
 category (and the words) its trick calls for. They cover KernelBench's list of exploits and the ones a
 hostile user found against kb: torch doing the work under other names, the reference sabotaged or
-called, lazy or aliased outputs, state across calls, threads, timers, the problem's own values.
+called, lazy or aliased outputs, state across calls, threads, timers, the problem's own values, kb's
+own checking code replaced.
 
 Each cheat is a softmax (or LayerNorm) candidate: a real Triton kernel where it needs one, and the trick."""
 
@@ -262,6 +263,43 @@ CHEATS = {
         softmax_cheat("y = torch.empty_like(x)\nreturn kernel_softmax(x, y, half=True)"),
         "mismatch",
         "seed 2",
+    ),
+    "kb's own check replaced (Watch.check)": (
+        SOFTMAX,
+        softmax_cheat(
+            "token_launch(torch.empty(16))\nreturn torch.softmax(x, dim=1)",
+            top="sys.modules['kernelbrain.child.guard'].Watch.check = lambda self: None\n",
+        ),
+        "policy",
+        "kernelbrain.child.guard.Watch.check",
+    ),
+    "kb's own check given another function's code": (
+        SOFTMAX,
+        softmax_cheat(
+            "token_launch(torch.empty(16))\nreturn torch.softmax(x, dim=1)",
+            top="_watch = sys.modules['kernelbrain.child.guard'].Watch\n"
+            "_watch.check.__code__ = (lambda self: None).__code__\n",
+        ),
+        "policy",
+        "Watch.check.__code__",
+    ),
+    "a policy set emptied": (
+        SOFTMAX,
+        softmax_cheat(
+            "token_launch(torch.empty(16))\nreturn torch.from_numpy(torch.softmax(x, dim=1).numpy())",
+            top="sys.modules['kernelbrain.child.guard'].HOST_ESCAPES.clear()\n",
+        ),
+        "policy",
+        "HOST_ESCAPES",
+    ),
+    "builtins.sorted made to find nothing": (
+        SOFTMAX,
+        softmax_cheat(
+            "token_launch(torch.empty(16))\nreturn torch.softmax(x, dim=1)",
+            top="import builtins\nbuiltins.sorted = lambda *a, **k: []\n",
+        ),
+        "policy",
+        "builtins.sorted",
     ),
     "no Triton kernel at all": (
         SOFTMAX,

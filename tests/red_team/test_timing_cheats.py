@@ -154,3 +154,28 @@ def test_a_reference_slowed_by_a_self_restoring_patch_is_caught_by_its_clean_tim
 def test_the_clean_time_is_recorded_beside_the_ratio(box) -> None:
     (shape,) = bench(box, HONEST).shapes
     assert shape.ref_alone_median_s is not None and shape.ref_alone_median_s > 0
+
+
+# kb's check of the kept timed calls turned off from inside the candidate, and results cached across
+# calls: a 100x "speedup" if the check were gone
+UNCHECKED = softmax_cheat(
+    "if self.cache is None or torch._C._len_torch_function_stack() > 0:\n"
+    "    self.cache = kernel_softmax(x, torch.empty_like(x))\n"
+    "    return self.cache\n"
+    "token_launch(torch.empty(1))\n"
+    "return self.cache",
+    init="self.cache = None",
+    top="_timing = sys.modules.get('kernelbrain.child.timing')\n"
+    "if _timing is not None:\n"
+    "    _timing._check_kept = lambda *a, **k: None\n",
+)
+
+
+def test_a_candidate_that_turns_off_the_timed_calls_check_fails_the_benchmark(box) -> None:
+    try:
+        bench(box, UNCHECKED)
+        raised = None
+    except Exception as e:
+        raised = e
+    assert raised is not None and getattr(raised, "category", None) == "policy", raised
+    assert "kernelbrain.child.timing._check_kept" in str(raised), raised
