@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 
 from kernelbrain.core.protocol import BenchRequest, GateRequest
-from kernelbrain.runtime import isolation, sandbox
-from kernelbrain.runtime.sandbox import Sandbox, compiled_key
+from kernelbrain.runtime import isolation, triton_cache
+from kernelbrain.runtime.sandbox import Sandbox
+from kernelbrain.runtime.triton_cache import compiled_key
 
 HERE = Path(__file__).resolve().parent
 PROBLEM = (HERE / "problems" / "softmax_small.py").read_text()
@@ -49,7 +50,7 @@ def leftover(box: Sandbox) -> Path:
 def test_the_gates_compiled_kernels_reach_the_bench_child_alone(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(sandbox, "COMPILED", tmp_path / "compiled")
+    monkeypatch.setattr(triton_cache, "COMPILED", tmp_path / "compiled")
     gatekeeper, benchmarker = Sandbox("cpu"), Sandbox("cpu")
     try:
         junk = leftover(gatekeeper)
@@ -70,7 +71,7 @@ def test_the_gates_compiled_kernels_reach_the_bench_child_alone(
 
 
 def test_a_failed_gate_keeps_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(sandbox, "COMPILED", tmp_path / "compiled")
+    monkeypatch.setattr(triton_cache, "COMPILED", tmp_path / "compiled")
     wrong = WRITES_ENTRY.replace("return y", "return y.zero_()")
     assert wrong != WRITES_ENTRY
     box = Sandbox("cpu")

@@ -16,7 +16,7 @@ import pytest
 
 from kernelbrain.child import launchers
 from kernelbrain.core.protocol import GateRequest
-from kernelbrain.runtime import isolation, sandbox
+from kernelbrain.runtime import isolation, triton_cache
 from kernelbrain.runtime.sandbox import Sandbox
 
 HERE = Path(__file__).resolve().parent
@@ -80,8 +80,8 @@ def test_without_a_gpu_driver_the_judge_builds_nothing() -> None:
 def test_a_judges_launcher_fills_the_next_trials_cache(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(sandbox, "LAUNCHERS", tmp_path / "launchers")
-    monkeypatch.setattr(sandbox, "COMPILED", tmp_path / "compiled")
+    monkeypatch.setattr(triton_cache, "LAUNCHERS", tmp_path / "launchers")
+    monkeypatch.setattr(triton_cache, "COMPILED", tmp_path / "compiled")
     box = Sandbox("cpu")
     try:
         box.start_judge()

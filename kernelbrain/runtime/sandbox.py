@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import hashlib
 import os
 import resource
 import select
@@ -27,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-from pydantic import BaseModel, ValidationError
+from pydantic import ValidationError
 
 import kernelbrain
 from kernelbrain.core import handoff
@@ -51,7 +50,7 @@ from kernelbrain.core.protocol import (
     TrialRequest,
 )
 from kernelbrain.core.scoring import reference_moved
-from kernelbrain.runtime import isolation
+from kernelbrain.runtime import isolation, triton_cache
 
 # What a child may see of the worker's environment: the toolchain, never keys or tokens.
 ENV_ALLOWED = (
@@ -89,14 +88,6 @@ def without_secrets(env: dict[str, str]) -> dict[str, str]:
     return {k: v for k, v in env.items() if not is_secret(k)}
 
 
-# kernels a candidate's gate compiled, kept on the host (outside every child's view) for the children
-# that time and profile it: under bubblewrap each child has a Triton cache of its own, so each would
-# compile the candidate again (seconds a candidate)
-COMPILED = Path.home() / ".cache" / "kernelbrain" / "compiled"
-# Triton's launchers (a C module per kernel signature), built by judges, which run no candidate code:
-# they fill every child's emptied cache, so none compiles one a judge built (child/launchers.py)
-LAUNCHERS = Path.home() / ".cache" / "kernelbrain" / "launchers"
-LAUNCHER_FILE = "__triton_launcher"
 # clean timings of the reference taken again where the first makes it look slowed beside a candidate
 CLEAN_RETIMES = 2
 # the truth (float64 outputs and the reference's own) a judge holds for a problem's next candidates; a
@@ -128,51 +119,11 @@ def _child_setup() -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
-def compiled_key(source: str) -> str:
-    return hashlib.sha256(source.encode()).hexdigest()
-
-
-class TritonGroup(BaseModel):
-    """A Triton cache entry's index (`__grp__<name>.json`): the absolute paths of its files."""
-
-    child_paths: dict[str, str]
-
-
 def _memory_folder() -> str | None:
     """Where the gate's outputs go: a memory file system where there is one (a trial's outputs at a
     full-size shape are gigabytes, written and read once a candidate), else the temporary folder."""
     shm = Path("/dev/shm")
     return str(shm) if shm.is_dir() and os.access(shm, os.W_OK) else None
-
-
-def _links(folder: str, names: list[str]) -> set[str]:
-    """What a copy of a child's cache leaves out: links (one could name any file of the host's)."""
-    return {n for n in names if os.path.islink(os.path.join(folder, n))}
-
-
-def _keep(folder: Path, kept: Path) -> None:
-    """A copy of a child's cache folder on the host, made whole or not at all (links left out)."""
-    kept.parent.mkdir(parents=True, exist_ok=True)
-    part = Path(tempfile.mkdtemp(prefix=".part-", dir=kept.parent))
-    try:
-        shutil.copytree(folder, part, dirs_exist_ok=True, ignore=_links)
-        os.replace(part, kept)
-    except OSError:  # another worker kept it first, or the disk is full: it is built again
-        shutil.rmtree(part, ignore_errors=True)
-
-
-def _regroup(cache: Path) -> None:
-    """Point every entry's index at its files where they are now: Triton writes absolute paths, of the
-    child that compiled it, and takes an entry whose files it cannot find for a miss. An index that is
-    not one (the candidate's child wrote the entry) is removed: that entry compiles again."""
-    for index in cache.glob("*/__grp__*.json"):
-        try:
-            group = TritonGroup.model_validate_json(index.read_bytes())
-        except (OSError, ValidationError):
-            index.unlink(missing_ok=True)
-            continue
-        moved = {name: str(index.parent / Path(path).name) for name, path in group.child_paths.items()}
-        index.write_text(TritonGroup(child_paths=moved).model_dump_json())
 
 
 def _sources(request: Request) -> list[str]:
@@ -417,14 +368,8 @@ class Sandbox:
         except (SandboxFault, SandboxError):  # an optimisation only: the next candidate builds its own
             return 0.0
         built = self.judge._own_cache()
-        if built is not None and built.is_dir():
-            for entry in built.iterdir():
-                if (
-                    entry.is_dir()
-                    and any(f.name.startswith(LAUNCHER_FILE) for f in entry.iterdir())
-                    and not (LAUNCHERS / entry.name).exists()
-                ):
-                    _keep(entry, LAUNCHERS / entry.name)
+        if built is not None:
+            triton_cache.keep_launchers(built)
         self.gate_phases["launchers"] = busy
         return busy
 
@@ -439,25 +384,14 @@ class Sandbox:
         cache = self._own_cache()
         if cache is None:
             return
-        shutil.rmtree(cache, ignore_errors=True)
-        cache.mkdir()
-        if LAUNCHERS.is_dir():
-            shutil.copytree(LAUNCHERS, cache, dirs_exist_ok=True, ignore=_links)
-        for source in sources:
-            kept = COMPILED / compiled_key(source)
-            if kept.is_dir():
-                shutil.copytree(kept, cache, dirs_exist_ok=True, ignore=_links)
-        _regroup(cache)
+        triton_cache.fill(cache, sources)
 
     def _keep_compiled(self, source: str) -> None:
         """What this child's Triton cache holds after a passing trial (emptied before it): the candidate's
         compiled kernels, kept once for the children that time it."""
         cache = self._own_cache()
-        if cache is None or not cache.is_dir() or not any(cache.iterdir()):
-            return
-        kept = COMPILED / compiled_key(source)
-        if not kept.exists():
-            _keep(cache, kept)
+        if cache is not None:
+            triton_cache.keep_compiled(cache, source)
 
     def _alone(
         self, request: BenchRequest, timed: BenchReply, timeout_s: float, task: str, fresh: bool = False

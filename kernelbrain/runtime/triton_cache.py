@@ -1,0 +1,100 @@
+"""The Triton caches of sandboxed children, on the host. Under bubblewrap each child has a cache of its
+own (a shared one would let one candidate replace another's compiled kernels), emptied before each
+request; what it needs is copied in from two host folders no child sees:
+
+- `COMPILED/<sha256 of the source>`: what a candidate's passing gate compiled, for the children that
+  time and profile the same source (they load it rather than compile again);
+- `LAUNCHERS`: Triton's launchers (a C module per kernel signature), built by judges, which run no
+  candidate code (kernelbrain/child/launchers.py), for every child.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from pydantic import BaseModel, ValidationError
+
+COMPILED = Path.home() / ".cache" / "kernelbrain" / "compiled"
+LAUNCHERS = Path.home() / ".cache" / "kernelbrain" / "launchers"
+LAUNCHER_FILE = "__triton_launcher"
+
+
+def compiled_key(source: str) -> str:
+    return hashlib.sha256(source.encode()).hexdigest()
+
+
+class TritonGroup(BaseModel):
+    """A Triton cache entry's index (`__grp__<name>.json`): the absolute paths of its files."""
+
+    child_paths: dict[str, str]
+
+
+def _links(folder: str, names: list[str]) -> set[str]:
+    """What a copy of a child's cache leaves out: links (one could name any file of the host's)."""
+    return {n for n in names if os.path.islink(os.path.join(folder, n))}
+
+
+def _keep(folder: Path, kept: Path) -> None:
+    """A copy of a child's cache folder on the host, made whole or not at all (links left out)."""
+    kept.parent.mkdir(parents=True, exist_ok=True)
+    part = Path(tempfile.mkdtemp(prefix=".part-", dir=kept.parent))
+    try:
+        shutil.copytree(folder, part, dirs_exist_ok=True, ignore=_links)
+        os.replace(part, kept)
+    except OSError:  # another worker kept it first, or the disk is full: it is built again
+        shutil.rmtree(part, ignore_errors=True)
+
+
+def _regroup(cache: Path) -> None:
+    """Point every entry's index at its files where they are now: Triton writes absolute paths, of the
+    child that compiled it, and takes an entry whose files it cannot find for a miss. An index that is
+    not one (the candidate's child wrote the entry) is removed: that entry compiles again."""
+    for index in cache.glob("*/__grp__*.json"):
+        try:
+            group = TritonGroup.model_validate_json(index.read_bytes())
+        except (OSError, ValidationError):
+            index.unlink(missing_ok=True)
+            continue
+        moved = {name: str(index.parent / Path(path).name) for name, path in group.child_paths.items()}
+        index.write_text(TritonGroup(child_paths=moved).model_dump_json())
+
+
+def fill(cache: Path, sources: list[str]) -> None:
+    """Empty a child's cache of whatever an earlier candidate left there, and fill it with the judges'
+    launchers and what the gate compiled for these sources."""
+    shutil.rmtree(cache, ignore_errors=True)
+    cache.mkdir()
+    if LAUNCHERS.is_dir():
+        shutil.copytree(LAUNCHERS, cache, dirs_exist_ok=True, ignore=_links)
+    for source in sources:
+        kept = COMPILED / compiled_key(source)
+        if kept.is_dir():
+            shutil.copytree(kept, cache, dirs_exist_ok=True, ignore=_links)
+    _regroup(cache)
+
+
+def keep_compiled(cache: Path, source: str) -> None:
+    """What a child's cache holds after a passing trial (emptied before it): the candidate's compiled
+    kernels, kept once for the children that time it."""
+    if not cache.is_dir() or not any(cache.iterdir()):
+        return
+    kept = COMPILED / compiled_key(source)
+    if not kept.exists():
+        _keep(cache, kept)
+
+
+def keep_launchers(judge_cache: Path) -> None:
+    """The launchers a judge's cache holds that the host does not yet keep (nothing else of the judge's)."""
+    if not judge_cache.is_dir():
+        return
+    for entry in judge_cache.iterdir():
+        if (
+            entry.is_dir()
+            and any(f.name.startswith(LAUNCHER_FILE) for f in entry.iterdir())
+            and not (LAUNCHERS / entry.name).exists()
+        ):
+            _keep(entry, LAUNCHERS / entry.name)
