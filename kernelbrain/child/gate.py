@@ -218,6 +218,7 @@ def _trial(
                 _policy(watch.check, prefix=f"{where}seed {seed}: ")
                 _policy(guard.check_untouched, None, {}, prefix=f"{where}seed {seed}: ")
                 _policy(guard.check_timers, timers, prefix=f"{where}seed {seed}: ")
+                _policy(guard.check_leftovers, prefix=f"{where}seed {seed}: ")
             for x, b in zip(inputs, before, strict=True):
                 if isinstance(x, torch.Tensor) and not torch.equal(x, b):
                     raise CandidateFault("policy", f"{where}seed {seed}: the candidate mutated its inputs")
@@ -229,4 +230,6 @@ def _trial(
                 raise CandidateFault("mismatch", f"{where}seed {seed}: {e}") from None
             del before, inputs, got
             steps.done("write")
+    # after the last write too: what could still rewrite the outputs is a fault before the judge reads them
+    _policy(guard.check_leftovers, prefix="after its last call: ")
     return str(out)

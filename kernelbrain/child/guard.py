@@ -7,13 +7,16 @@ working on a side stream or thread, mutating inputs, and patching timers or sync
 
 from __future__ import annotations
 
+import gc
 import math
 import os
 import secrets
+import signal
 import threading
 import time
 import types
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -253,6 +256,69 @@ def install() -> None:
             prepare()  # torch as the profiler leaves it: its first start replaces torch.manual_seed
         _PRISTINE_TORCH.update(torch_identities())
         _PRISTINE_CODE.update(own_code.snapshot())
+        _LEFTOVERS.append(Leftovers())
+
+
+_TIMERS = {"real": signal.ITIMER_REAL, "virtual": signal.ITIMER_VIRTUAL, "profiling": signal.ITIMER_PROF}
+_UNCAUGHT = (signal.SIGKILL, signal.SIGSTOP)  # take no handler
+
+
+def _children() -> list[str]:
+    """This process's live and unreaped children, by pid."""
+    found = []
+    for task in os.listdir("/proc/self/task"):
+        try:
+            found += Path(f"/proc/self/task/{task}/children").read_text().split()
+        except OSError:
+            continue
+    return found
+
+
+def _namespace_pids() -> set[str] | None:
+    """Every process this one can see, where it is among the first of its own PID namespace (bubblewrap,
+    unshare): an orphan a candidate double-forked is seen there too. None on the host's namespace."""
+    if os.getpid() > 4:
+        return None
+    return {p for p in os.listdir("/proc") if p.isdigit()}
+
+
+class Leftovers:
+    """What runs code after a candidate's call has returned, which the thread check does not see: a
+    process it started, a signal handler or interval timer it set, a garbage-collector callback. Taken
+    before the candidate loads; `found()` names what is new."""
+
+    def __init__(self) -> None:
+        self.handlers = {s: signal.getsignal(s) for s in signal.valid_signals() if s not in _UNCAUGHT}
+        self.callbacks = list(gc.callbacks)
+        self.pids = _namespace_pids()
+
+    def found(self) -> list[str]:
+        out = []
+        if _children():
+            out.append("a process it started is still there")
+        now = _namespace_pids()
+        if self.pids is not None and now is not None and now - self.pids:
+            out.append("a process it started is still there")
+        out += [f"an interval timer ({name})" for name, w in _TIMERS.items() if signal.getitimer(w) != (0, 0)]
+        out += [f"a handler of signal {int(s)}" for s, h in self.handlers.items() if signal.getsignal(s) != h]
+        if gc.callbacks != self.callbacks:
+            out.append("a garbage-collector callback")
+        return list(dict.fromkeys(out))
+
+
+_LEFTOVERS: list[Leftovers] = []  # as the child was before its first candidate loaded
+
+
+def check_leftovers() -> None:
+    """Violation for anything a candidate left that runs code after its call: it could rewrite the
+    outputs the judge is about to read, or act between timed calls."""
+    found = _LEFTOVERS[0].found() if _LEFTOVERS else []
+    if found:
+        raise Violation(f"it left code to run after its call: {', '.join(found)}")
+
+
+def left_behind() -> bool:
+    return bool(_LEFTOVERS and _LEFTOVERS[0].found())
 
 
 class Watch:

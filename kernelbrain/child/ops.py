@@ -60,7 +60,8 @@ def settle() -> None:
 
 def tainted() -> bool:
     """Whether a candidate replaced a clock, a synchronisation point or anything of torch's or of the
-    problem's in this process, or left a thread running: the next request gets a fresh child."""
+    problem's in this process, or left a thread, a process, a signal handler or timer behind: the next
+    request gets a fresh child."""
     timers = bool(guard.moved(_PRISTINE, guard.timer_identities()))
     threads = any(t.is_alive() and t not in _THREADS for t in threading.enumerate())
-    return timers or threads or guard.torch_tampered() or problems_tampered()
+    return timers or threads or guard.torch_tampered() or problems_tampered() or guard.left_behind()

@@ -1,8 +1,8 @@
 """Cheating candidates against the gate, through a real sandboxed child: each is caught, with the
 category (and the words) its trick calls for. They cover KernelBench's list of exploits and the ones a
 hostile user found against kb: torch doing the work under other names, the reference sabotaged or
-called, lazy or aliased outputs, state across calls, threads, timers, the problem's own values, kb's
-own checking code replaced.
+called, lazy or aliased outputs, state across calls, threads, processes, signal timers and gc callbacks
+left to run later, timers, the problem's own values, kb's own checking code replaced.
 
 Each cheat is a softmax (or LayerNorm) candidate: a real Triton kernel where it needs one, and the trick."""
 
@@ -300,6 +300,40 @@ CHEATS = {
         ),
         "policy",
         "builtins.sorted",
+    ),
+    "a process forked to outlive its call": (
+        SOFTMAX,
+        softmax_cheat(
+            "import os\n"
+            "if os.fork() == 0:\n"
+            "    time.sleep(30)  # free to rewrite the outputs file before the judge reads it\n"
+            "    os._exit(0)\n"
+            "return kernel_softmax(x, torch.empty_like(x))"
+        ),
+        "policy",
+        "a process it started",
+    ),
+    "an interval timer left to fire later": (
+        SOFTMAX,
+        softmax_cheat(
+            "import signal\n"
+            "signal.signal(signal.SIGALRM, lambda *a: None)\n"
+            "signal.setitimer(signal.ITIMER_REAL, 60.0)\n"
+            "return kernel_softmax(x, torch.empty_like(x))"
+        ),
+        "policy",
+        "an interval timer (real)",
+    ),
+    "a garbage-collector callback": (
+        SOFTMAX,
+        softmax_cheat(
+            "if not gc.callbacks or gc.callbacks[-1] is not self.hook:\n"
+            "    gc.callbacks.append(self.hook)\n"
+            "return kernel_softmax(x, torch.empty_like(x))",
+            init="self.hook = lambda phase, info: None",
+        ),
+        "policy",
+        "garbage-collector callback",
     ),
     "no Triton kernel at all": (
         SOFTMAX,
