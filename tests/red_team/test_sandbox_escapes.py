@@ -162,7 +162,8 @@ return "root:" in users or bool(hashes) or os.path.exists({str(FIXTURE_DB)!r})
 
 
 def test_a_detached_grandchild_dies_with_the_sandbox(tmp_path: Path) -> None:
-    """A `setsid` process the candidate starts outlives neither its child nor `kb check`."""
+    """A `setsid` process the candidate starts fails its gate and outlives neither its child nor
+    `kb check`."""
     token = f"kb-red-team-orphan-{os.getpid()}-{time.monotonic_ns()}"
     attack = f"""
 subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", {token!r}], start_new_session=True,
@@ -180,7 +181,10 @@ return False
                 pass
         return found
 
-    assert check(tmp_path, attack)["passed"] is True
+    held = check(tmp_path, attack)
+    # a process left running after its call could rewrite the outputs the judge reads: the gate fails it
+    assert held["passed"] is False and held["category"] == "policy", held
+    assert "a process it started" in held["detail"], held
     time.sleep(0.5)
     assert survivors() == [], "a candidate's detached process outlived its sandbox"
     check(tmp_path, attack, "none")  # without namespaces it does outlive kb check: the attack is real
