@@ -18,6 +18,7 @@ from kernelbrain.core.events import EventError, RunConfig
 from kernelbrain.core.problem import ProblemError
 from kernelbrain.generators import GenerationError
 from kernelbrain.runtime import isolation
+from kernelbrain.runtime.check import CandidateFileError
 from kernelbrain.runtime.isolation import IsolationError
 from kernelbrain.runtime.roles import ROLES
 from kernelbrain.runtime.runner import (
@@ -36,7 +37,25 @@ from kernelbrain.runtime.worker import Worker
 from kernelbrain.store import EventStore, StoreError
 
 DEFAULT_DB = "kernelbrain.db"
-USER_ERRORS = (StoreError, ProblemError, RunError, EventError, GenerationError, LookupError, IsolationError)
+USER_ERRORS = (
+    StoreError,
+    RunError,
+    EventError,
+    GenerationError,
+    LookupError,
+    IsolationError,
+    CandidateFileError,
+)
+# `kb run` and `kb resume` (README): 0 with a winner, EXIT_NO_KERNEL when the run ended with none,
+# EXIT_PROBLEM when the problem file cannot be evaluated, 130 when interrupted (1: another error, 2: usage)
+EXIT_NO_KERNEL = 3
+EXIT_PROBLEM = 4
+
+
+class ProblemUnusable(click.ClickException):
+    """The problem file is at fault (unreadable, not Python, not KernelBench's format): its own exit code."""
+
+    exit_code = EXIT_PROBLEM
 
 
 def db_option(f: Callable) -> Callable:
@@ -54,12 +73,15 @@ def json_option(f: Callable) -> Callable:
 
 
 def user_errors(f: Callable) -> Callable:
-    """Known failures become one clear line (click prints 'Error: ...') and exit 1."""
+    """Known failures become one clear line (click prints 'Error: ...') and exit 1, or EXIT_PROBLEM where
+    the problem file is at fault."""
 
     @functools.wraps(f)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return f(*args, **kwargs)
+        except ProblemError as e:
+            raise ProblemUnusable(str(e).splitlines()[0]) from e
         except USER_ERRORS as e:
             raise click.ClickException(str(e).splitlines()[0]) from e
 
@@ -161,6 +183,8 @@ def _drive(
         )
         sys.exit(130)
     if as_json:
+        if not finished.winner:
+            sys.exit(EXIT_NO_KERNEL)
         return
     click.echo(f"run {run_id} finished: {finished.reason}")
     if finished.winner:
@@ -171,7 +195,8 @@ def _drive(
             f"`kb export {run_id} -o kernel.py` writes it"
         )
     else:
-        click.echo("no candidate passed the gate and the ladder")
+        click.echo(f"no candidate passed the gate and the ladder: no kernel (exit {EXIT_NO_KERNEL})")
+        sys.exit(EXIT_NO_KERNEL)
 
 
 @main.command()

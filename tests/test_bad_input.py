@@ -102,7 +102,9 @@ def test_a_missing_problem_file_leaves_an_existing_database_alone(
     db, _ = kb_db
     snap = Snapshot(db, kb_db=True)
     missing = tmp_path / "no_such_problem.py"
-    assert_user_error(kb("run", missing, "--db", db, cwd=tmp_path), str(missing), "does not exist")
+    res = kb("run", missing, "--db", db, cwd=tmp_path)
+    assert_user_error(res, str(missing), "does not exist")
+    assert res.returncode == 4
     snap.assert_unchanged()
 
 
@@ -130,7 +132,9 @@ def test_a_bad_problem_file_is_named(
     problem = tmp_path / "bad_problem.py"
     problem.write_text(text)
     snap = Snapshot(db, kb_db=True)
-    assert_user_error(kb("run", problem, "--db", db, cwd=tmp_path), str(problem), *names)
+    res = kb("run", problem, "--db", db, cwd=tmp_path)
+    assert_user_error(res, str(problem), *names)
+    assert res.returncode == 4, res  # the problem's fault (EXIT_PROBLEM), not a failed run's
     snap.assert_unchanged()
 
 

@@ -247,9 +247,15 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize(("args", "names", "env"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
-def test_user_errors(place: dict[str, str], args: list[str], names: list[str], env: dict[str, str]) -> None:
-    check(place, args, names, 1, env)
+# the problem file's fault: exit 4 (EXIT_PROBLEM), not 1
+PROBLEM_FAULTS = {"run-problem-not-utf8", "check-no-problem"}
+
+
+@pytest.mark.parametrize(("case", "args", "names", "env"), CASES, ids=[c[0] for c in CASES])
+def test_user_errors(
+    place: dict[str, str], case: str, args: list[str], names: list[str], env: dict[str, str]
+) -> None:
+    check(place, args, names, 4 if case in PROBLEM_FAULTS else 1, env)
     assert not (Path(place["tmp"]) / "k.py").exists()
 
 

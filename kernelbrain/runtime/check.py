@@ -7,7 +7,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict
 
 from kernelbrain.core.events import RungSpec, ShapeTiming
-from kernelbrain.core.problem import ProblemError, read_problem
+from kernelbrain.core.problem import read_problem
 from kernelbrain.core.protocol import BenchRequest, GateReply, GateRequest
 from kernelbrain.core.scoring import score
 from kernelbrain.runtime.sandbox import Sandbox, SandboxError, SandboxFault
@@ -30,14 +30,18 @@ class CheckResult(GateReply):
     rungs: list[RungResult] = []
 
 
+class CandidateFileError(Exception):
+    """The candidate file given to `kb check` cannot be read."""
+
+
 def read_candidate(path: str | Path) -> str:
     p = Path(path)
     if not p.is_file():
-        raise ProblemError(f"candidate file {p} does not exist; pass a .py file defining ModelNew")
+        raise CandidateFileError(f"candidate file {p} does not exist; pass a .py file defining ModelNew")
     try:
         return p.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:
-        raise ProblemError(f"candidate file {p} cannot be read: {e}") from e
+        raise CandidateFileError(f"candidate file {p} cannot be read: {e}") from e
 
 
 def check(

@@ -44,7 +44,7 @@ def test_a_run_of_cheats_has_no_winner(tmp_path) -> None:
             "--quiet",
             env=kb_env(KB_LLM_API_KEY="sk-test-not-a-secret"),
         )
-    assert r.returncode == 0, r.stderr
+    assert r.returncode == 3, r.stderr  # no kernel: EXIT_NO_KERNEL
     assert "no candidate passed the gate and the ladder" in r.stdout, r.stdout
     run_id = r.stdout.split()[1]
     with EventStore(db, create=False) as store:
