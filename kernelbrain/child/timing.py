@@ -114,6 +114,7 @@ class Rotation:
         self.current = 0
         self.mixes = [(0, 1)]
         self.turn = 0
+        self.used: set[tuple[int, tuple[int, int]]] = set()  # (set, mix) loaded so far: none twice
 
     @property
     def live(self) -> list:
@@ -132,9 +133,14 @@ class Rotation:
         low, high = self.STRIDES
         self.current, self.mixes, self.turn = k % len(self.sets), [], 0
         for slot in self.slots:
-            stride = low + secrets.randbelow(high - low)
-            self.mixes.append((secrets.randbelow(stride), stride))
-            self.fill(slot, self.current, self.mixes[-1])
+            for _ in range(64):  # a mix this set already had would repeat a call's inputs exactly
+                stride = low + secrets.randbelow(high - low)
+                mix = (secrets.randbelow(stride), stride)
+                if (self.current, mix) not in self.used:
+                    break
+            self.used.add((self.current, mix))
+            self.mixes.append(mix)
+            self.fill(slot, self.current, mix)
         return self.live
 
     def next(self) -> list:
