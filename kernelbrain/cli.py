@@ -171,9 +171,12 @@ def _drive(
     try:
         with progress.make_view(reader, run_id, after=after, as_json=as_json, quiet=quiet) as view:
             finished = supervise(db, run_id, gpu=gpu, inprocess=inprocess, external=external, progress=view)
-        outcome = progress.result(load_state(reader, run_id), finished)
+        state = load_state(reader, run_id)
+        outcome = progress.result(state, finished)
     finally:
         reader.close()
+    # the problem itself could not be run or traced: its fault, not the search's
+    problem_fault = state.analysis.error if finished is not None and state.analysis is not None else None
     if as_json:
         click.echo(progress.json_line(outcome.model_dump(mode="json")))
     if finished is None:
@@ -184,7 +187,7 @@ def _drive(
         sys.exit(130)
     if as_json:
         if not finished.winner:
-            sys.exit(EXIT_NO_KERNEL)
+            sys.exit(EXIT_PROBLEM if problem_fault else EXIT_NO_KERNEL)
         return
     click.echo(f"run {run_id} finished: {finished.reason}")
     if finished.winner:
@@ -194,6 +197,13 @@ def _drive(
             f"{finished.winner_score:.4g} ({speed}); `kb audit {run_id}` says why, "
             f"`kb export {run_id} -o kernel.py` writes it"
         )
+    elif problem_fault:
+        where = state.started.problem_path if state.started is not None else "of the run"
+        click.echo(
+            f"the problem file {where} cannot be evaluated as it is ({problem_fault}); "
+            f"fix it so that Model(*get_init_inputs())(*get_inputs()) runs (exit {EXIT_PROBLEM})"
+        )
+        sys.exit(EXIT_PROBLEM)
     else:
         click.echo(f"no candidate passed the gate and the ladder: no kernel (exit {EXIT_NO_KERNEL})")
         sys.exit(EXIT_NO_KERNEL)

@@ -138,6 +138,59 @@ def test_a_bad_problem_file_is_named(
     snap.assert_unchanged()
 
 
+RUNS = """
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def __init__(self{init_args}):
+        super().__init__()
+        {init}
+
+    def forward(self, x):
+        {forward}
+        return torch.softmax(x, dim=1)
+
+
+def get_inputs():
+    {inputs}
+    return [torch.rand(4, 32)]
+
+
+def get_init_inputs():
+    return []
+"""
+
+
+@pytest.mark.parametrize(
+    ("where", "words"),
+    [
+        ({"inputs": "raise RuntimeError('dataset not found')"}, "dataset not found"),
+        ({"forward": "raise ValueError('forward is broken')"}, "forward is broken"),
+        ({"init": "raise OSError('no weights to download')"}, "no weights to download"),
+        ({"init_args": ", needed"}, "needed"),
+    ],
+    ids=["get_inputs-raises", "forward-raises", "init-raises", "init-inputs-missing"],
+)
+def test_a_problem_that_cannot_run_ends_the_run_before_any_candidate(
+    tmp_path: Path, where: dict[str, str], words: str
+) -> None:
+    """Its fault, named in one last line with the file, exit 4, and no candidate proposed or charged."""
+    parts = {"init_args": "", "init": "pass", "forward": "pass", "inputs": "pass", **where}
+    problem = tmp_path / "broken_problem.py"
+    problem.write_text(RUNS.format(**parts))
+    db = tmp_path / "kb.db"
+    res = kb("run", problem, "--db", db, "--device", "cpu", "--quiet", cwd=tmp_path)
+    assert res.returncode == 4, (res.stdout, res.stderr)
+    last = res.stdout.strip().splitlines()[-1]
+    assert str(problem) in last and words in last and "cannot be evaluated" in last, last
+    assert "Traceback" not in res.stdout + res.stderr
+    with sqlite3.connect(db) as con:
+        types = {t for (t,) in con.execute("SELECT type FROM events")}
+    assert "CandidateProposed" not in types and "GatePassed" not in types, types
+
+
 # --- databases that are not (this) kb's ---------------------------------------------------------------
 
 
