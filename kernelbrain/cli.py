@@ -35,6 +35,7 @@ from kernelbrain.runtime.runner import (
 from kernelbrain.runtime.sandbox import without_secrets
 from kernelbrain.runtime.worker import Worker
 from kernelbrain.store import EventStore, StoreError
+from kernelbrain.views.ending import EXIT_PROBLEM
 
 DEFAULT_DB = "kernelbrain.db"
 USER_ERRORS = (
@@ -46,10 +47,6 @@ USER_ERRORS = (
     IsolationError,
     CandidateFileError,
 )
-# `kb run` and `kb resume` (README): 0 with a winner, EXIT_NO_KERNEL when the run ended with none,
-# EXIT_PROBLEM when the problem file cannot be evaluated, 130 when interrupted (1: another error, 2: usage)
-EXIT_NO_KERNEL = 3
-EXIT_PROBLEM = 4
 
 
 class ProblemUnusable(click.ClickException):
@@ -157,7 +154,7 @@ def _drive(
     after: int = 0,
 ) -> None:
     """Supervise the run, showing it live (kernelbrain.views.progress), then say how it ended."""
-    from kernelbrain.views import progress
+    from kernelbrain.views import ending, progress
 
     level = isolation.chosen()
     if level != "bwrap":  # one line: candidates are untrusted code, and this is how far they are held
@@ -172,41 +169,11 @@ def _drive(
         with progress.make_view(reader, run_id, after=after, as_json=as_json, quiet=quiet) as view:
             finished = supervise(db, run_id, gpu=gpu, inprocess=inprocess, external=external, progress=view)
         state = load_state(reader, run_id)
-        outcome = progress.result(state, finished)
     finally:
         reader.close()
-    # the problem itself could not be run or traced: its fault, not the search's
-    problem_fault = state.analysis.error if finished is not None and state.analysis is not None else None
-    if as_json:
-        click.echo(progress.json_line(outcome.model_dump(mode="json")))
-    if finished is None:
-        click.echo(
-            f"kb: run {run_id} interrupted; everything recorded is kept. Continue with: kb resume {run_id}",
-            err=True,
-        )
-        sys.exit(130)
-    if as_json:
-        if not finished.winner:
-            sys.exit(EXIT_PROBLEM if problem_fault else EXIT_NO_KERNEL)
-        return
-    click.echo(f"run {run_id} finished: {finished.reason}")
-    if finished.winner:
-        speed = ", ".join(f"{shape} {x:.3g}x" for shape, x in outcome.speedups.items())
-        click.echo(
-            f"winner {finished.winner} at rung {finished.winner_rung}, score "
-            f"{finished.winner_score:.4g} ({speed}); `kb audit {run_id}` says why, "
-            f"`kb export {run_id} -o kernel.py` writes it"
-        )
-    elif problem_fault:
-        where = state.started.problem_path if state.started is not None else "of the run"
-        click.echo(
-            f"the problem file {where} cannot be evaluated as it is ({problem_fault}); "
-            f"fix it so that Model(*get_init_inputs())(*get_inputs()) runs (exit {EXIT_PROBLEM})"
-        )
-        sys.exit(EXIT_PROBLEM)
-    else:
-        click.echo(f"no candidate passed the gate and the ladder: no kernel (exit {EXIT_NO_KERNEL})")
-        sys.exit(EXIT_NO_KERNEL)
+    code = ending.report(run_id, state, finished, as_json)
+    if code:
+        sys.exit(code)
 
 
 @main.command()

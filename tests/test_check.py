@@ -40,3 +40,13 @@ def test_a_missing_candidate_file_is_one_line(tmp_path):
     assert r.stderr.strip().splitlines() == [
         f"Error: candidate file {tmp_path / 'nope.py'} does not exist; pass a .py file defining ModelNew"
     ]
+
+
+def test_a_problem_that_raises_is_the_problems_fault_not_the_candidates(tmp_path):
+    problem = tmp_path / "raises.py"
+    raising = "def get_inputs():\n    raise RuntimeError('no data')\n"
+    problem.write_text(SOFTMAX.read_text().replace("def get_inputs():", raising, 1))
+    r = kb("check", str(problem), str(CANDIDATES / "good_softmax.py"), "--device", "cpu")
+    assert r.returncode == 4, r.stdout + r.stderr
+    (line,) = r.stderr.strip().splitlines()
+    assert line.startswith(f"Error: problem file {problem} cannot be evaluated") and "no data" in line, line

@@ -7,10 +7,10 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict
 
 from kernelbrain.core.events import RungSpec, ShapeTiming
-from kernelbrain.core.problem import read_problem
+from kernelbrain.core.problem import ProblemError, read_problem
 from kernelbrain.core.protocol import BenchRequest, GateReply, GateRequest
 from kernelbrain.core.scoring import score
-from kernelbrain.runtime.sandbox import Sandbox, SandboxError, SandboxFault
+from kernelbrain.runtime.sandbox import ProblemFault, Sandbox, SandboxError, SandboxFault
 
 GATE_TIMEOUT_S = 300.0
 BENCH_TIMEOUT_S = 600.0
@@ -59,6 +59,8 @@ def check(
             r, _ = sandbox.call(GateRequest(**args, seeds=seeds), timeout_s=GATE_TIMEOUT_S, task="check/gate")
         except SandboxFault as f:
             return CheckResult(passed=False, category=f.category, detail=f.detail)
+        except ProblemFault as e:  # the problem, not the candidate, failed
+            raise ProblemError(f"problem file {problem} cannot be evaluated as it is: {e}") from None
         except SandboxError as e:
             return CheckResult(passed=False, category="runtime", detail=str(e).splitlines()[0])
         result = CheckResult(**r.model_dump())

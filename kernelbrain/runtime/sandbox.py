@@ -109,6 +109,10 @@ class SandboxError(Exception):
     """kb's own code failed inside the child (not the candidate's fault)."""
 
 
+class ProblemFault(SandboxError):
+    """The problem's own code raised in the judge, where no candidate code runs: the problem's fault."""
+
+
 def _child_setup() -> None:
     # ignored across exec: a SIGINT to the child's group (a terminal's Ctrl-C) must not stop a request
     # in a wrapper (bwrap) before the child itself ignores it
@@ -290,8 +294,8 @@ class Sandbox:
             drawn, busy = self.judge._call(
                 DrawsRequest(**problem, keep_bytes=keep), timeout_s=timeout_s, task=task
             )
-        except SandboxFault as e:
-            raise SandboxError(f"the gate's judge failed drawing the problem's inputs: {e}") from None
+        except (SandboxFault, SandboxError) as e:  # the draws run the problem's code, no candidate's
+            raise ProblemFault(f"the gate's judge failed drawing the problem's inputs: {e}") from None
         assert isinstance(drawn, DrawsReply)
         self.gate_phases = {"draws": busy}
         if self.proc is not None and str(self.outbox) not in self.bound:

@@ -1,0 +1,51 @@
+"""How a run ended, as its last lines and the exit code of `kb run` and `kb resume` (README): 0 with a
+winner, EXIT_NO_KERNEL when it finished with none, EXIT_PROBLEM when the problem cannot be evaluated,
+EXIT_INTERRUPTED when it stopped before finishing (resumable)."""
+
+from __future__ import annotations
+
+import click
+
+from kernelbrain.core.events import RunFinished
+from kernelbrain.core.state import RunState
+
+EXIT_NO_KERNEL = 3
+EXIT_PROBLEM = 4
+EXIT_INTERRUPTED = 130
+
+
+def report(run_id: str, state: RunState, finished: RunFinished | None, as_json: bool) -> int:
+    """Print how the run ended (the result line with --json); its exit code."""
+    from kernelbrain.views import progress  # rich, for the commands that show a run only
+
+    outcome = progress.result(state, finished)
+    # the problem itself could not be run or traced: its fault, not the search's
+    problem_fault = state.analysis.error if finished is not None and state.analysis is not None else None
+    if as_json:
+        click.echo(progress.json_line(outcome.model_dump(mode="json")))
+    if finished is None:
+        click.echo(
+            f"kb: run {run_id} interrupted; everything recorded is kept. Continue with: kb resume {run_id}",
+            err=True,
+        )
+        return EXIT_INTERRUPTED
+    code = 0 if finished.winner else EXIT_PROBLEM if problem_fault else EXIT_NO_KERNEL
+    if as_json:
+        return code
+    click.echo(f"run {run_id} finished: {finished.reason}")
+    if finished.winner:
+        speed = ", ".join(f"{shape} {x:.3g}x" for shape, x in outcome.speedups.items())
+        click.echo(
+            f"winner {finished.winner} at rung {finished.winner_rung}, score "
+            f"{finished.winner_score:.4g} ({speed}); `kb audit {run_id}` says why, "
+            f"`kb export {run_id} -o kernel.py` writes it"
+        )
+    elif problem_fault:
+        where = state.started.problem_path if state.started is not None else "of the run"
+        click.echo(
+            f"the problem file {where} cannot be evaluated as it is ({problem_fault}); "
+            f"fix it so that Model(*get_init_inputs())(*get_inputs()) runs (exit {EXIT_PROBLEM})"
+        )
+    else:
+        click.echo(f"no candidate passed the gate and the ladder: no kernel (exit {EXIT_NO_KERNEL})")
+    return code
