@@ -5,7 +5,10 @@ and checks the outputs of timed calls it picks afterwards, so the kept results a
 
 from __future__ import annotations
 
+import pytest
+
 from kernelbrain.core.protocol import BenchRequest, GateRequest
+from kernelbrain.runtime.sandbox import SandboxFault
 from tests.red_team.test_gate_cheats import SOFTMAX, softmax_cheat
 
 WATCHED_ONLY = softmax_cheat(
@@ -22,6 +25,13 @@ WATCHED_ONLY = softmax_cheat(
 HONEST = softmax_cheat("y = torch.empty_like(x)\nreturn kernel_softmax(x, y)")
 
 
+def bench_fault(box, source: str) -> SandboxFault:
+    """The candidate's failed check when its benchmark is run (it must fail one)."""
+    with pytest.raises(SandboxFault) as caught:
+        bench(box, source)
+    return caught.value
+
+
 def bench(box, source: str, repeats: int = 6):
     args = {"problem_source": SOFTMAX, "cand_source": source, "device": "cpu", "which": "smallest"}
     return box.call(BenchRequest(**args, repeats=repeats, warmup=1), timeout_s=300)[0]
@@ -32,11 +42,7 @@ def test_a_cheat_that_behaves_only_while_watched_passes_the_gate_and_fails_the_t
         GateRequest(problem_source=SOFTMAX, cand_source=WATCHED_ONLY, device="cpu", seeds=3), timeout_s=300
     )
     assert gate[0].passed is True, gate  # the gate alone cannot see it
-    try:
-        bench(box, WATCHED_ONLY)
-        raised = None
-    except Exception as e:  # the sandbox's SandboxFault for a candidate's failed check
-        raised = e
+    raised = bench_fault(box, WATCHED_ONLY)
     assert raised is not None and getattr(raised, "category", None) == "mismatch", raised
     assert "timed call" in raised.detail and "earlier call" in raised.detail, raised.detail
 
@@ -69,11 +75,7 @@ def test_a_cache_keyed_on_part_of_the_contents_fails_the_timed_calls(box) -> Non
         timeout_s=300,
     )
     assert gate[0].passed is True, gate
-    try:
-        bench(box, CONTENT_KEYED)
-        raised = None
-    except Exception as e:
-        raised = e
+    raised = bench_fault(box, CONTENT_KEYED)
     assert raised is not None and getattr(raised, "category", None) == "mismatch", raised
     assert "timed call" in raised.detail, raised.detail
 
@@ -172,10 +174,6 @@ UNCHECKED = softmax_cheat(
 
 
 def test_a_candidate_that_turns_off_the_timed_calls_check_fails_the_benchmark(box) -> None:
-    try:
-        bench(box, UNCHECKED)
-        raised = None
-    except Exception as e:
-        raised = e
+    raised = bench_fault(box, UNCHECKED)
     assert raised is not None and getattr(raised, "category", None) == "policy", raised
     assert "kernelbrain.child.timing._check_kept" in str(raised), raised
