@@ -139,8 +139,10 @@ def test_a_bad_problem_file_is_named(
 
 
 RUNS = """
+import os
 import torch
 import torch.nn as nn
+{top}
 
 
 class Model(nn.Module):
@@ -170,14 +172,15 @@ def get_init_inputs():
         ({"forward": "raise ValueError('forward is broken')"}, "forward is broken"),
         ({"init": "raise OSError('no weights to download')"}, "no weights to download"),
         ({"init_args": ", needed"}, "needed"),
+        ({"top": "os._exit(7)"}, "exited with status 7"),
     ],
-    ids=["get_inputs-raises", "forward-raises", "init-raises", "init-inputs-missing"],
+    ids=["get_inputs-raises", "forward-raises", "init-raises", "init-inputs-missing", "os-exit-at-import"],
 )
 def test_a_problem_that_cannot_run_ends_the_run_before_any_candidate(
     tmp_path: Path, where: dict[str, str], words: str
 ) -> None:
     """Its fault, named in one last line with the file, exit 4, and no candidate proposed or charged."""
-    parts = {"init_args": "", "init": "pass", "forward": "pass", "inputs": "pass", **where}
+    parts = {"top": "", "init_args": "", "init": "pass", "forward": "pass", "inputs": "pass", **where}
     problem = tmp_path / "broken_problem.py"
     problem.write_text(RUNS.format(**parts))
     db = tmp_path / "kb.db"
