@@ -294,16 +294,14 @@ class Leftovers:
 
     def found(self) -> list[str]:
         out = []
-        if _children():
-            out.append("a process it started is still there")
         now = _namespace_pids()
-        if self.pids is not None and now is not None and now - self.pids:
+        if _children() or (self.pids is not None and now is not None and now - self.pids):
             out.append("a process it started is still there")
         out += [f"an interval timer ({name})" for name, w in _TIMERS.items() if signal.getitimer(w) != (0, 0)]
         out += [f"a handler of signal {int(s)}" for s, h in self.handlers.items() if signal.getsignal(s) != h]
         if gc.callbacks != self.callbacks:
             out.append("a garbage-collector callback")
-        return list(dict.fromkeys(out))
+        return out
 
 
 _LEFTOVERS: list[Leftovers] = []  # as the child was before its first candidate loaded

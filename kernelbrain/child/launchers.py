@@ -64,9 +64,7 @@ def record(active: Any = None) -> None:
     loads; the interpreter makes none)."""
     active = active or _active()
     made = getattr(active, "launcher_cls", None)
-    if made is None:
-        return
-    if hasattr(made, "kb_original"):
+    if made is None or hasattr(made, "kb_original"):  # none to wrap, or wrapped already
         return
 
     def launcher(src: Any, metadata: Any, _made: Any = made) -> Any:

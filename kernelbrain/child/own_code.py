@@ -46,10 +46,11 @@ def _own(module_name: str) -> bool:
 
 
 def _cells(fn: types.FunctionType) -> tuple:
+    """The identities of what a function's closure holds (None for an empty cell)."""
     out = []
     for cell in fn.__closure__ or ():
         try:
-            out.append(cell.cell_contents)
+            out.append(id(cell.cell_contents))
         except ValueError:  # an empty cell
             out.append(None)
     return tuple(out)
@@ -60,7 +61,7 @@ def _function(found: dict[str, tuple[Any, Any]], name: str, fn: types.FunctionTy
     found[f"{name}.__code__"] = (fn.__code__, None)
     found[f"{name}.__defaults__"] = (fn.__defaults__, None)
     found[f"{name}.__kwdefaults__"] = (None, _frozen(fn.__kwdefaults__ or {}))
-    found[f"{name}.__closure__"] = (None, _frozen(list(_cells(fn))))
+    found[f"{name}.__closure__"] = (None, _cells(fn))
 
 
 def _value(found: dict[str, tuple[Any, Any]], name: str, value: Any, own: bool, depth: int = 0) -> None:

@@ -362,7 +362,8 @@ class Sandbox:
     def _launchers_built(self, signatures: list[list[Any]], timeout_s: float, task: str) -> float:
         """The judge builds Triton's launchers for a trial's kernel signatures, and they are kept for the
         children after (under bubblewrap: the other levels share the host's cache); its busy seconds."""
-        new = {orjson.dumps(s).decode(): s for s in signatures if orjson.dumps(s).decode() not in self.built}
+        keyed = {orjson.dumps(s).decode(): s for s in signatures}
+        new = {k: s for k, s in keyed.items() if k not in self.built}
         if not new or self._own_cache() is None or self.judge is None:
             return 0.0
         self.built.update(new)
@@ -371,9 +372,9 @@ class Sandbox:
             _, busy = self.judge._call(request, timeout_s=timeout_s, task=task)
         except (SandboxFault, SandboxError):  # an optimisation only: the next candidate builds its own
             return 0.0
-        built = self.judge._own_cache()
-        if built is not None:
-            triton_cache.keep_launchers(built)
+        judge_cache = self.judge._own_cache()
+        if judge_cache is not None:
+            triton_cache.keep_launchers(judge_cache)
         self.gate_phases["launchers"] = busy
         return busy
 
