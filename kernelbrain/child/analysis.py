@@ -101,6 +101,7 @@ def analyse(problem_source: str, device: str) -> dict:
         "shapes": labels,
         "signature": {"init": names["__init__"], "forward": names["forward"], "params": params},
         "traced_on": traced_on,  # "meta": the analysis used no GPU time
+        "rung_shapes": [shape_label(s) for s in problem.ladder_shapes(device, "all")],
     }
 
 

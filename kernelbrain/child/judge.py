@@ -223,4 +223,10 @@ def _judge(problem: Problem, drawn: Drawn, device: str, seeds: int, handed: Path
                         max_abs_err=c.max_abs_err,
                         max_rel_err=c.max_rel_err,
                     )
-    return {"seeds": seeds, "max_abs_err": worst_abs, "max_rel_err": worst_rel, "tolerance": tol}
+    return {
+        "seeds": seeds,
+        "max_abs_err": worst_abs,
+        "max_rel_err": worst_rel,
+        "tolerance": tol,
+        "shapes": [shape_label(s) for s in drawn.shapes],
+    }

@@ -18,11 +18,12 @@ from typing import Any
 
 import torch
 
-from kernelbrain.child import guard
+from kernelbrain.child import guard, shapes
 from kernelbrain.core.problem import DEFAULT_TOLERANCE
 
 _MODULES: dict[str, ModuleType] = {}
 _PRISTINE: dict[str, dict[str, Any]] = {}
+_BASE: dict[str, dict[str, Any]] = {}
 
 
 class CandidateFault(Exception):
@@ -74,7 +75,10 @@ class Problem:
         self.pristine = _PRISTINE.setdefault(self.module.__name__, guard.problem_identities(self.module))
         self.hash = hashlib.sha256(source.encode()).hexdigest()
         m = self.module
-        self.base_globals = {k: getattr(m, k) for k in dir(m) if not k.startswith("__")}
+        # the globals as first loaded: use() sets a shape's onto the module, which later Problems share
+        self.base_globals = _BASE.setdefault(
+            m.__name__, {k: getattr(m, k) for k in dir(m) if not k.startswith("__")}
+        )
         shapes = getattr(m, "KB_SHAPES", None) or [{}]
         self.shapes: list[dict] = [dict(s) for s in shapes]
         smoke = getattr(m, "KB_SMOKE_SHAPE", None)
@@ -83,6 +87,7 @@ class Problem:
         # shape is huge (a float64 reference of 500M outputs, three seeds) names cheaper ones here
         self.gate: list[dict] | None = [dict(s) for s in getattr(m, "KB_GATE_SHAPES", None) or []] or None
         self.tolerance = {**DEFAULT_TOLERANCE, **(getattr(m, "KB_TOLERANCE", None) or {})}
+        self._fits: dict[tuple[str, int, int], dict] = {}
 
     def tolerance_of(self, dtype: torch.dtype) -> float:
         return self.tolerance.get(str(dtype).removeprefix("torch."), 1e-4)
@@ -106,9 +111,12 @@ class Problem:
         return list(self.module.get_init_inputs())
 
     def ladder_shapes(self, device: str, which: str) -> list[dict]:
-        """The shapes a rung measures: the smoke shape on CPU, else smallest/primary/all."""
+        """The shapes a rung measures: on CPU the smoke shape, else the smallest fitted to
+        shapes.CPU_BYTES; on a GPU smallest/primary/all as declared."""
         if device == "cpu":
-            return [self.smoke if self.smoke is not None else self.smallest()]
+            if self.smoke is not None:
+                return [self.smoke]
+            return [self._fitted(self.smallest(), shapes.CPU_BYTES, shapes.CPU_ROWS)]
         if which == "primary":
             return [self.shapes[0]]
         if which == "smallest":
@@ -117,7 +125,7 @@ class Problem:
 
     def gate_shapes(self, device: str) -> list[dict]:
         """The shapes the gate checks: the CPU shape, or on GPU the problem's KB_GATE_SHAPES, else the
-        smallest of each input-dtype group."""
+        smallest of each input-dtype group fitted to the gate's byte budget."""
         if device == "cpu":
             return self.ladder_shapes("cpu", "smallest")
         if self.gate is not None:
@@ -126,7 +134,14 @@ class Problem:
         for s in self.shapes:
             key = tuple(str(x.dtype) for x in self.inputs(s, 0, "meta") if isinstance(x, torch.Tensor))
             groups.setdefault(key, []).append(s)
-        return [min(g, key=self._size) for g in groups.values()]
+        budget = shapes.gate_budget(device)
+        return [self._fitted(min(g, key=self._size), budget, shapes.GATE_ROWS) for g in groups.values()]
+
+    def _fitted(self, shape: dict, budget: int, rows: int) -> dict:
+        key = (repr(shape), budget, rows)
+        if key not in self._fits:
+            self._fits[key] = shapes.fit(self, shape, budget, rows)
+        return self._fits[key]
 
     def _size(self, shape: dict) -> int:
         return sum(numel(x) for x in self.inputs(shape, 0, "meta"))

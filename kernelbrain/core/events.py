@@ -122,6 +122,7 @@ class ProblemAnalysed(Event):
     signature: dict[str, list[str]] = {}  # Model's init/forward names; init's params as declared (newer)
     error: str | None = None  # set when the problem could not be loaded or traced
     traced_on: str = ""  # "meta": traced from shapes alone, no GPU time; else the device it ran on
+    rung_shapes: list[str] = []  # the shapes the rungs time on the run's device (newer): on CPU, one
 
 
 class CandidateProposed(Event):
@@ -162,6 +163,7 @@ class GatePassed(Event):
     max_abs_err: float
     max_rel_err: float
     tolerance: float
+    shapes: list[str] = []  # the shapes the gate checked (newer): the file's, or fitted to a byte budget
 
 
 class GateFailed(Event):

@@ -7,11 +7,12 @@ declare, at module level (all optional):
         Module globals to override before calling get_inputs()/get_init_inputs(); the first is the
         primary shape. Absent: the file's own globals are the one shape.
     KB_SMOKE_SHAPE = {"batch_size": 4, "dim": 256}
-        A small shape for CPU runs through the Triton interpreter. Absent: the smallest shape.
+        A small shape for CPU runs through the Triton interpreter. Absent: the smallest shape fitted
+        to a byte budget (kernelbrain/child/shapes.py).
     KB_GATE_SHAPES = [{"batch_size": 64, "dim": 393216}]
         The shapes the correctness gate checks on a GPU (each against a float64 reference, over
-        three seeds). Absent: the smallest shape of each input-dtype group. Name cheaper shapes here
-        when every benchmark shape is huge; cover every input dtype the benchmark shapes use.
+        three seeds). Absent: the smallest shape of each input-dtype group, fitted to a byte budget.
+        Name other shapes here to check more; cover every input dtype the benchmark shapes use.
     KB_TOLERANCE = {"float32": 1e-4, "float16": 1e-2, "bfloat16": 1e-2}
         atol = rtol per output dtype. Absent: these defaults (KernelBench's).
 

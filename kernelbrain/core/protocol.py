@@ -37,6 +37,7 @@ class GateReply(Message):
     max_rel_err: float | None = None
     tolerance: float | None = None
     seeds: int | None = None
+    shapes: list[str] = []  # the shapes checked (fitted to the gate's budget where the file names none)
 
 
 class BenchReply(Message):
@@ -62,6 +63,7 @@ class AnalyseReply(Message):
     shapes: list[str]
     signature: Signature
     traced_on: str  # "meta": the analysis used no GPU time
+    rung_shapes: list[str] = []  # what every rung times on this device (on CPU one fitted shape)
 
 
 class RooflineReply(Message):

@@ -38,7 +38,8 @@ def summary(e: Event) -> str:
             if d.error:
                 return f"problem could not be analysed: {d.error}"
             ops = ", ".join(sorted({o["op"] for o in d.ops}))
-            return f"problem analysed: ops {ops}; families {', '.join(d.families) or 'none'}"
+            timed = f"; timed at {' | '.join(d.rung_shapes)}" if d.rung_shapes else ""
+            return f"problem analysed: ops {ops}; families {', '.join(d.families) or 'none'}{timed}"
         case "CandidateProposed":
             knobs = ", ".join(f"{k}={v}" for k, v in d.knobs.items())
             return f"proposed {d.candidate} ({d.family}: {knobs}) round {d.round}: {d.hint}"
@@ -46,7 +47,8 @@ def summary(e: Event) -> str:
             note = f"; {d.note}" if d.note else ""
             return f"generation {d.task}: {len(d.proposed)} proposed, {d.duplicates} duplicates{note}"
         case "GatePassed":
-            return f"gate passed {d.candidate}: {d.seeds} seeds, max abs err {d.max_abs_err:.2g}"
+            at = f" at {' | '.join(d.shapes)}" if d.shapes else ""
+            return f"gate passed {d.candidate}: {d.seeds} seeds{at}, max abs err {d.max_abs_err:.2g}"
         case "GateFailed":
             return f"gate failed {d.candidate} [{d.category}]: {d.detail}"
         case "RungBenchmarked":

@@ -35,6 +35,7 @@ class GatekeeperRole(CandidateRole):
                 max_abs_err=r.max_abs_err,
                 max_rel_err=r.max_rel_err,
                 tolerance=r.tolerance,
+                shapes=r.shapes,
             )
         return GateFailed(
             candidate=task.candidate,
