@@ -9,8 +9,9 @@ classed by what halving it changes, seen on the meta device (no memory is touche
 - `model`: what `get_init_inputs` returns (a layer's width): halved last, where nothing else is left.
 
 Constants are halved one step at a time, the largest of the first class that still has one, until the
-shape's inputs and outputs (taken as large as the inputs) fit. Halving keeps a value's odd factor and its divisibility by smaller powers
-of two, so a kernel whose blocks divide the declared size still divides the fitted one.
+shape's inputs and outputs (taken as large as the inputs) fit. Halving keeps a value's odd factor and its
+divisibility by smaller powers of two, so a kernel whose blocks divide the declared size still divides
+the fitted one.
 """
 
 from __future__ import annotations
