@@ -3,7 +3,8 @@
 # gated and measured once (one rung, no promotions), under each sandbox level. With BEFORE=DIR (a
 # checkout of an earlier commit, carried), the same runs first under that commit's code, so the
 # figures are side by side in one call. Summarise with `python3 tools/gate_cost.py OUT_DIR`.
-#   OUT=... [BEFORE=.before] [PROBLEMS=softmax,rmsnorm] [LEVELS="bwrap none"] bash tools/gate_cost.sh
+# With PHASES=1, tools/gate_phases.py --bench splits each after-run's first 4 candidates into $OUT.
+#   OUT=... [BEFORE=.before] [PROBLEMS=softmax,rmsnorm] [LEVELS="bwrap none"] [PHASES=1] bash tools/gate_cost.sh
 set -uo pipefail
 : "${OUT:?set OUT to the folder the results go to}"
 problems=${PROBLEMS:-softmax,rmsnorm,matvec,linear_relu_div,sdp_attn,group_conv}
@@ -21,6 +22,9 @@ runs() {  # label levels: every problem's round 0 through the gate and rung 0
         --device cuda --quiet --ladder smallest:10:3 --max-candidates 8 --budget-gpu-s 300 \
         > "$work/$1_${level}_$p.log" 2>&1
       echo "$1 $level $p: exit $? $(tail -1 "$work/$1_${level}_$p.log")"
+      if [ -n "${PHASES:-}" ] && [ "$1" = after ]; then  # where each step's seconds go, 4 candidates
+        timeout 150 python3 "$here/tools/gate_phases.py" "$db" --limit 4 --bench > "$OUT/phases_${level}_$p.jsonl" 2>&1
+      fi
       # summarised after every run: a call cut short by its time limit still returns what it made
       python3 "$here/tools/gate_cost.py" "$work" > /dev/null && cp "$work"/gate_cost.* "$OUT"/
     done

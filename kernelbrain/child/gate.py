@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import ast
 import inspect
-import time
 from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
@@ -24,6 +23,7 @@ from kernelbrain.child.loading import (
     outputs,
     signature,
 )
+from kernelbrain.child.steps import Steps
 from kernelbrain.core import handoff
 
 
@@ -100,19 +100,6 @@ def _drawn(path: Path, device: str) -> Any:
 _HELD: dict[tuple[str, int, int], list] = {}  # the latest problem's draws, for this child's next candidates
 
 
-class _Steps:
-    """Seconds per step of a trial, summed over its shapes and seeds."""
-
-    def __init__(self) -> None:
-        self.seconds: dict[str, float] = {}
-        self.mark = time.perf_counter()
-
-    def done(self, step: str) -> None:
-        now = time.perf_counter()
-        self.seconds[step] = self.seconds.get(step, 0.0) + now - self.mark
-        self.mark = now
-
-
 class _Draws:
     """The judge's draws as this child reads them: held between candidates within `keep_bytes` (a draw at
     a full-size shape is gigabytes to read again), and checked against the judge's digests each time
@@ -160,7 +147,7 @@ def trial(
     fails is the reply (no outputs), as a gate's verdict."""
     try:
         draws = _Draws(folder, prints, keep_bytes, device)
-        steps = _Steps()
+        steps = Steps()
         launchers.forget()
         done = _trial(cand_source, device, draws, Path(outbox), shapes, signature, forbidden, seeds, steps)
         return {"folder": done, "steps": steps.seconds, "launchers": launchers.seen()}
@@ -177,7 +164,7 @@ def _trial(
     signature: dict[str, list[str]],
     forbidden: list[list[str]],
     seeds: int,
-    steps: _Steps,
+    steps: Steps,
 ) -> str:
     timers = guard.timer_identities()
     cand = _load_candidate(cand_source)

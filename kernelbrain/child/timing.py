@@ -26,6 +26,7 @@ from kernelbrain.child.loading import (
     outputs,
 )
 from kernelbrain.child.screen import CHANGED, screen
+from kernelbrain.child.steps import Steps
 from kernelbrain.core.problem import shape_label
 
 
@@ -72,11 +73,14 @@ class Timer:
 
     def calls_for(self, *fns: Callable[[], Any]) -> int:
         """Calls per sample for this shape, the same for every contender: enough that the fastest
-        one's sample lasts MIN_SAMPLE_S (1 under the interpreter, where a call takes milliseconds)."""
+        one's sample lasts MIN_SAMPLE_S (1 under the interpreter, where a call takes milliseconds),
+        rounded up to a power of two so that candidates of one problem mostly share a count, and the
+        judge's clean time of the reference at that count (kept per count) serves them all."""
         if self.flush is None:
             return 1
         fastest = min(min(self(fn) for _ in range(3)) for fn in fns)
-        return max(1, min(self.MAX_CALLS, math.ceil(self.MIN_SAMPLE_S / max(fastest, 1e-9))))
+        need = math.ceil(self.MIN_SAMPLE_S / max(fastest, 1e-9))
+        return max(1, min(self.MAX_CALLS, 1 << max(0, need - 1).bit_length()))
 
 
 def untouched(problem: Problem, ref: torch.nn.Module, weights: tuple, where: str) -> None:
@@ -185,6 +189,7 @@ def bench(problem_source: str, cand_source: str, device: str, which: str, repeat
     cand = load_module(cand_source, "cand")
     timer = Timer(device)
     shapes = []
+    steps = Steps()
     with torch.no_grad():
         for shape in problem.ladder_shapes(device, which):
             label = f"benchmark shape {shape_label(shape)}"
@@ -192,6 +197,7 @@ def bench(problem_source: str, cand_source: str, device: str, which: str, repeat
             untouched(problem, ref, weights, label)
             inputs = Rotation(problem, shape, device, 100)
             live = inputs.load(0)
+            steps.done("setup")
             t0 = time.perf_counter()
             got = outputs(new(*live))  # first call: Triton compiles (and autotunes) here, untimed
             if device == "cuda":
@@ -200,6 +206,7 @@ def bench(problem_source: str, cand_source: str, device: str, which: str, repeat
             untouched(problem, ref, weights, label)
             screen(problem, shape, got, outputs(ref(*inputs.inputs(0, inputs.mixes[0]))))
             del got
+            steps.done("first_call")
             for i in range(warmup):
                 ref(*inputs.load(i))
                 new(*inputs.load(i))
@@ -211,6 +218,8 @@ def bench(problem_source: str, cand_source: str, device: str, which: str, repeat
 
             def call(f: Any = new, out: list[Any] = last, r: Rotation = inputs) -> None:
                 out[0] = f(*r.next())
+
+            steps.done("warmup")
 
             # the interpreter leaves garbage behind: no collection may land inside a timed call
             gc.collect()
@@ -227,6 +236,7 @@ def bench(problem_source: str, cand_source: str, device: str, which: str, repeat
                     last[0] = None
             finally:
                 gc.enable()
+            steps.done("timed")
             if device == "cuda":
                 # one more call as timed, under the profiler: the kernels it ran, whoever launched them
                 inputs.load(repeats)
@@ -237,6 +247,7 @@ def bench(problem_source: str, cand_source: str, device: str, which: str, repeat
                 got = [o.detach().clone() for o in outputs(last[0])]
                 kept.append((repeats, inputs.current, inputs.last_mix(), got))
                 last[0] = None
+                steps.done("launches")
             # a reference slowed or changed while the candidate was timed beside it (a patched torch
             # function, weights reached through gc) would fake the ratio; it is checked before it says
             # what the kept calls should have returned (computed only now: no expected output is in
@@ -244,6 +255,7 @@ def bench(problem_source: str, cand_source: str, device: str, which: str, repeat
             untouched(problem, ref, weights, label)
             _check_kept(problem, shape, ref, inputs, kept)
             del kept
+            steps.done("kept")
             (cm, ci), (rm, ri) = quartiles(new_t), quartiles(ref_t)
             shapes.append(
                 {
@@ -258,7 +270,7 @@ def bench(problem_source: str, cand_source: str, device: str, which: str, repeat
                     "calls": calls,
                 }
             )
-    return {"shapes": shapes, "timer": timer.name}
+    return {"shapes": shapes, "timer": timer.name, "steps": steps.seconds}
 
 
 # the reference's clean times, kept for a problem's next candidates: nothing in the judge's child changes

@@ -43,6 +43,7 @@ class GateReply(Message):
 class BenchReply(Message):
     shapes: list[ShapeTiming]
     timer: str
+    steps: dict[str, float] = {}  # seconds per step, summed over shapes (tools/gate_phases.py)
 
 
 class DuelReply(Message):

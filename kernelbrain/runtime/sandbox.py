@@ -263,6 +263,7 @@ class Sandbox:
             if all(m is None for m in moved):
                 break
         self.bench_phases = {"bench": busy, "alone": busy_alone, "clean_timings": attempt + 1}
+        self.bench_phases.update({f"bench.{k}": v for k, v in timed.steps.items()})
         for s, (median, _), m in zip(timed.shapes, clean, moved, strict=True):
             if m is not None:
                 raise SandboxFault(
