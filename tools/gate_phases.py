@@ -16,7 +16,7 @@ import statistics
 from pathlib import Path
 
 from kernelbrain.core.protocol import BenchRequest, GateRequest
-from kernelbrain.runtime.sandbox import Sandbox
+from kernelbrain.runtime.sandbox import Sandbox, SandboxFault
 
 
 def sources(db: Path) -> tuple[str, list[str]]:
@@ -50,6 +50,7 @@ def main() -> None:
                 problem_source=problem, cand_source=source, device=args.device, seeds=args.seeds
             )
             reply, _ = box.call(req, timeout_s=600)
+            fault = None
             phases.append(dict(box.gate_phases))
             if args.bench and reply.passed:
                 rung = BenchRequest(
@@ -60,9 +61,14 @@ def main() -> None:
                     repeats=10,
                     warmup=3,
                 )
-                box.call(rung, timeout_s=600)
+                fault = None
+                try:
+                    box.call(rung, timeout_s=600)
+                except SandboxFault as e:  # a candidate's fault at the rung is a figure too
+                    fault = str(e)
                 phases[-1].update({f"rung0.{k}": v for k, v in box.bench_phases.items()})
-            print(json.dumps({"passed": reply.passed, **{k: round(v, 3) for k, v in phases[-1].items()}}))
+            row = {"passed": reply.passed, **{k: round(v, 3) for k, v in phases[-1].items()}}
+            print(json.dumps({**row, "rung0_fault": fault} if args.bench and fault else row))
     finally:
         box.close()
     later = phases[1:] or phases
