@@ -3,6 +3,7 @@ existing database left exactly as it was."""
 
 from __future__ import annotations
 
+import json
 import os
 import sqlite3
 import subprocess
@@ -192,6 +193,51 @@ def test_a_problem_that_cannot_run_ends_the_run_before_any_candidate(
     with sqlite3.connect(db) as con:
         types = {t for (t,) in con.execute("SELECT type FROM events")}
     assert "CandidateProposed" not in types and "GatePassed" not in types, types
+
+
+# traced on the meta device at its analysis, where any size is free; the gate's judge must allocate it
+UNALLOCATABLE = """
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def forward(self, x):
+        return torch.softmax(x, dim=1)
+
+
+def get_inputs():
+    return [torch.rand(1 << 20, 1 << 20)]  # 4 TiB: a size written into the file, not a constant
+
+
+def get_init_inputs():
+    return []
+"""
+
+
+def test_a_problem_that_fails_in_the_gates_judge_ends_the_run_uncharged(tmp_path: Path) -> None:
+    """The analysis passes (meta tensors), a candidate is proposed, and the judge cannot draw the inputs:
+    the problem's fault (exit 4, its line), recorded as ProblemFailed, with no candidate failed or charged."""
+    problem = tmp_path / "huge_problem.py"
+    problem.write_text(UNALLOCATABLE)
+    db = tmp_path / "kb.db"
+    res = kb("run", problem, "--db", db, "--device", "cpu", "--quiet", "--max-candidates", "2", cwd=tmp_path)
+    assert res.returncode == 4, (res.stdout, res.stderr)
+    last = res.stdout.strip().splitlines()[-1]
+    assert str(problem) in last and "cannot be evaluated" in last and "allocat" in last, last
+    with sqlite3.connect(db) as con:
+        rows = [(t, json.loads(p)) for t, p in con.execute("SELECT type, payload FROM events ORDER BY seq")]
+        (run_id,) = con.execute("SELECT run_id FROM events LIMIT 1").fetchone()
+    types = [t for t, _ in rows]
+    assert "CandidateProposed" in types and types.count("ProblemFailed") == 1, types
+    assert "GateFailed" not in types and "GatePassed" not in types, types
+    failed = next(p for t, p in rows if t == "ProblemFailed")
+    assert failed["stage"] == "gate" and "drawing the problem's inputs" in failed["error"], failed
+    charged = [p["action"] for t, p in rows if t == "BudgetCharged"]
+    assert not any("/gate/" in a for a in charged), charged
+    finished = next(p for t, p in rows if t == "RunFinished")
+    assert finished["reason"].startswith("problem failed at the gate"), finished
+    assert kb("replay", run_id, "--db", db, cwd=tmp_path).returncode == 0
 
 
 # --- databases that are not (this) kb's ---------------------------------------------------------------

@@ -41,6 +41,7 @@ WRITERS: dict[tuple[str, str], str] = {
     ("runtime.roles.benchmarker", "BenchmarkerRole"): "benchmarker",
     ("runtime.roles.profiler", "ProfilerRole"): "profiler",
     ("runtime.role", "Role"): "generator, gatekeeper, benchmarker, profiler (each task's cost)",
+    ("runtime.role", "CandidateRole"): "gatekeeper (the judge failed on the problem's own code)",
     ("runtime.worker", "Worker"): "generator, gatekeeper, benchmarker, profiler (in the claim's transaction)",
 }
 

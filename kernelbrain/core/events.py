@@ -125,6 +125,12 @@ class ProblemAnalysed(Event):
     rung_shapes: list[str] = []  # the shapes the rungs time on the run's device (newer): on CPU, one
 
 
+class ProblemFailed(Event):
+    TYPE = "ProblemFailed"
+    stage: str  # where the problem's own code failed after its analysis: "gate" (the judge's draws)
+    error: str  # one line: what failed; no candidate is charged, and the run ends as the problem's fault
+
+
 class CandidateProposed(Event):
     TYPE = "CandidateProposed"
     candidate: str  # hash of the source
@@ -315,6 +321,7 @@ EVENT_TYPES: dict[str, type[Event]] = {
         RunResumed,
         RunFinished,
         ProblemAnalysed,
+        ProblemFailed,
         CandidateProposed,
         GenerationDone,
         GatePassed,

@@ -216,6 +216,8 @@ class AshaPolicy:
         cfg = state.config
         if state.analysis is not None and state.analysis.error:
             return f"problem could not be analysed: {state.analysis.error}"
+        if state.problem_failed is not None:
+            return f"problem failed at the {state.problem_failed.stage}: {state.problem_failed.error}"
         if (
             state.generation_tasks()
             or state.gate_tasks()

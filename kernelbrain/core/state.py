@@ -21,6 +21,7 @@ from kernelbrain.core.events import (
     GatePassed,
     GenerationDone,
     ProblemAnalysed,
+    ProblemFailed,
     ProfileCaptured,
     Promoted,
     Pruned,
@@ -82,6 +83,7 @@ class RunState(Projection):
         self.started: RunStarted | None = None
         self.resumes: list[RunResumed] = []
         self.analysis: ProblemAnalysed | None = None
+        self.problem_failed: ProblemFailed | None = None
         self.candidates: dict[str, Candidate] = {}
         self._live: dict[str, Candidate] = {}  # kept in step with Candidate.terminal, so polls stay cheap
         # per rung, (-score, id) of every candidate that finished it, kept sorted as results arrive
@@ -136,6 +138,18 @@ class RunState(Projection):
 
     def _apply_ProblemAnalysed(self, e: ProblemAnalysed, raw: StoredEvent) -> None:
         self.analysis = e
+
+    def _apply_ProblemFailed(self, e: ProblemFailed, raw: StoredEvent) -> None:
+        self.problem_failed = self.problem_failed or e
+
+    @property
+    def problem_fault(self) -> str | None:
+        """Why the problem itself cannot be evaluated (its analysis, or its code in a later stage)."""
+        if self.analysis is not None and self.analysis.error:
+            return self.analysis.error
+        if self.problem_failed is not None:
+            return self.problem_failed.error
+        return None
 
     def _apply_CandidateProposed(self, e: CandidateProposed, raw: StoredEvent) -> None:
         c = Candidate(e, raw.seq, len(self.candidates), late=self.finished is not None)
@@ -212,9 +226,13 @@ class RunState(Projection):
         return list(self._live.values())
 
     def gate_tasks(self) -> list[Candidate]:
+        if self.problem_failed is not None:
+            return []  # the problem's own code fails: no candidate can be judged
         return [c for c in self.live() if c.gate is None]
 
     def bench_tasks(self) -> list[tuple[Candidate, int]]:
+        if self.problem_failed is not None:
+            return []
         return [
             (c, r) for c in self.live() if c.bench_failed is None for r in c.admitted if r not in c.results
         ]
@@ -227,7 +245,7 @@ class RunState(Projection):
 
     def generation_tasks(self) -> list[str]:
         """Generation tasks not yet done: round 0, then one mutation round per profiled finalist."""
-        if self.analysis is not None and self.analysis.error:
+        if self.problem_fault:
             return []
         if len(self.candidates) >= self.config.max_candidates and "round0" in self.generation:
             return []

@@ -10,10 +10,10 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from kernelbrain.core.events import BudgetCharged, Event
+from kernelbrain.core.events import BudgetCharged, Event, ProblemFailed
 from kernelbrain.core.protocol import Request
 from kernelbrain.core.state import RunState
-from kernelbrain.runtime.sandbox import Sandbox, SandboxError, SandboxFault
+from kernelbrain.runtime.sandbox import ProblemFault, Sandbox, SandboxError, SandboxFault
 from kernelbrain.store import EventStore, NewEvent
 
 
@@ -188,4 +188,11 @@ class CandidateRole(Role):
             task=task.key,
             started=t0,
         )
+        if isinstance(asked.fault, ProblemFault):
+            # the problem's own code failed where no candidate code runs: the run ends as the problem's
+            # fault, and the cost is the run's, not this candidate's
+            stage = task.key.split("/")[1]
+            problem = Task(f"{state.run_id}/problem")
+            failed = ProblemFailed(stage=stage, error=asked.line)
+            return [self.new(state, failed, problem.key), self.cost(state, problem, asked)]
         return self.with_charge(state, task, self.outcome(task, asked), asked)

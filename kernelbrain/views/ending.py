@@ -20,7 +20,7 @@ def report(run_id: str, state: RunState, finished: RunFinished | None, as_json: 
 
     outcome = progress.result(state, finished)
     # the problem itself could not be run or traced: its fault, not the search's
-    problem_fault = state.analysis.error if finished is not None and state.analysis is not None else None
+    problem_fault = state.problem_fault if finished is not None else None
     if as_json:
         click.echo(progress.json_line(outcome.model_dump(mode="json")))
     if finished is None:
