@@ -94,6 +94,17 @@ def read_store(db: str) -> EventStore:
     return EventStore(db, readonly=True)
 
 
+def _env_seconds(name: str, default: float) -> float:
+    text = os.environ.get(name, "").strip()
+    try:
+        value = float(text) if text else default
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise click.UsageError(f"{name}={text!r} is not a number of seconds above 0; set it so or unset it")
+    return value
+
+
 def _echo_json(obj: Any) -> None:
     click.echo(orjson.dumps(obj, option=orjson.OPT_INDENT_2).decode())
 
@@ -286,6 +297,7 @@ def run(
         llm_max_tokens=llm_max_tokens,
         llm_timeout_s=llm_timeout_s,
         llm_concurrency=llm_concurrency,
+        analysis_timeout_s=_env_seconds("KB_ANALYSIS_TIMEOUT_S", 60.0),
     )
     generators.get(generator, **config.generator_options())  # a misconfigured generator fails here
     with open_store(db, create=True) as store:

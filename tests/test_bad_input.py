@@ -8,6 +8,7 @@ import os
 import sqlite3
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -17,9 +18,10 @@ ROOT = Path(__file__).resolve().parents[1]
 PROBLEM = ROOT / "tests" / "problems" / "softmax_small.py"
 
 
-def kb(*args: str | Path, cwd: Path) -> subprocess.CompletedProcess[str]:
+def kb(*args: str | Path, cwd: Path, **extra: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if k != "KB_DB"}
     env["PYTHONPATH"] = str(ROOT)
+    env.update(extra)
     return subprocess.run(
         [sys.executable, "-m", "kernelbrain", *map(str, args)],
         cwd=cwd,
@@ -174,8 +176,20 @@ def get_init_inputs():
         ({"init": "raise OSError('no weights to download')"}, "no weights to download"),
         ({"init_args": ", needed"}, "needed"),
         ({"top": "os._exit(7)"}, "exited with status 7"),
+        # weights fetched in __init__: the sandbox has no network (a listener on 127.0.0.1 is not reached)
+        (
+            {"init": "import urllib.request; urllib.request.urlopen('http://127.0.0.1:9/w', timeout=5)"},
+            "urlopen",
+        ),
     ],
-    ids=["get_inputs-raises", "forward-raises", "init-raises", "init-inputs-missing", "os-exit-at-import"],
+    ids=[
+        "get_inputs-raises",
+        "forward-raises",
+        "init-raises",
+        "init-inputs-missing",
+        "os-exit-at-import",
+        "download-in-init",
+    ],
 )
 def test_a_problem_that_cannot_run_ends_the_run_before_any_candidate(
     tmp_path: Path, where: dict[str, str], words: str
@@ -193,6 +207,28 @@ def test_a_problem_that_cannot_run_ends_the_run_before_any_candidate(
     with sqlite3.connect(db) as con:
         types = {t for (t,) in con.execute("SELECT type FROM events")}
     assert "CandidateProposed" not in types and "GatePassed" not in types, types
+
+
+def test_a_hung_import_ends_the_run_within_the_analysis_timeout(tmp_path: Path) -> None:
+    """A problem that never finishes importing: its fault, named, after KB_ANALYSIS_TIMEOUT_S (60 s by
+    default; 5 here), not after the gate's 300 s, and no candidate proposed."""
+    problem = tmp_path / "hung_problem.py"
+    problem.write_text(
+        RUNS.format(top="while True:\n    pass", init_args="", init="pass", forward="pass", inputs="pass")
+    )
+    db = tmp_path / "kb.db"
+    started = time.monotonic()
+    res = kb(
+        "run", problem, "--db", db, "--device", "cpu", "--quiet", cwd=tmp_path, KB_ANALYSIS_TIMEOUT_S="5"
+    )
+    took = time.monotonic() - started
+    assert res.returncode == 4, (res.stdout, res.stderr)
+    last = res.stdout.strip().splitlines()[-1]
+    assert str(problem) in last and "did not finish within 5 s" in last, last
+    assert took < 60, took  # the child's start, 5 s, the kill: well under a minute
+    with sqlite3.connect(db) as con:
+        types = {t for (t,) in con.execute("SELECT type FROM events")}
+    assert "CandidateProposed" not in types, types
 
 
 # traced on the meta device at its analysis, where any size is free; the gate's judge must allocate it

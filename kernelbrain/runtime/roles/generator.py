@@ -10,6 +10,7 @@ from kernelbrain.core.protocol import AnalyseRequest
 from kernelbrain.core.state import RunState
 from kernelbrain.generators.prompt import describe_numbers
 from kernelbrain.runtime.role import Role, Task
+from kernelbrain.runtime.sandbox import SandboxFault
 from kernelbrain.store import NewEvent
 from kernelbrain.templates import FAMILIES
 
@@ -29,9 +30,16 @@ class GeneratorRole(Role):
         """The problem's analysis and the GPU seconds it cost (none when traced on the meta device)."""
         cfg = state.config
         request = AnalyseRequest(problem_source=self.problem_source(state), device=cfg.device)
-        asked = self.consult(cfg.device, request, timeout_s=cfg.gate_timeout_s, task=task.key)
+        asked = self.consult(cfg.device, request, timeout_s=cfg.analysis_timeout_s, task=task.key)
         if asked.fault is not None:
-            analysis = ProblemAnalysed(ops=[], families=[], flops=0, bytes=0, shapes=[], error=asked.line)
+            error = asked.line
+            if isinstance(asked.fault, SandboxFault) and asked.fault.category == "timeout":
+                error = (
+                    f"importing it, building Model and tracing one forward did not finish within "
+                    f"{cfg.analysis_timeout_s:g} s (KB_ANALYSIS_TIMEOUT_S): a loop, a download or a wait "
+                    "at import or in __init__?"
+                )
+            analysis = ProblemAnalysed(ops=[], families=[], flops=0, bytes=0, shapes=[], error=error)
             busy = asked.busy_s
         else:
             analysis = ProblemAnalysed(**asked.reply.model_dump(), families=[])
