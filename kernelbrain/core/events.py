@@ -63,9 +63,7 @@ class RunConfig(BaseModel):
     policy_version: int = 3
     gate_seeds: int = Field(default=3, ge=1)
     gate_timeout_s: float = 300.0
-    # the problem's analysis (its import, Model(...), one forward on the meta device): past it, a hung
-    # import or download is the problem's fault, named, rather than minutes of silence
-    analysis_timeout_s: float = 60.0
+    analysis_timeout_s: float = 60.0  # the problem's analysis; past it, a hung import is its fault
     bench_timeout_s: float = 600.0
     # the llm generator's settings travel with the run: external `kb worker`s never see the CLI's flags
     # (the API key never does: it is read from the environment only)
