@@ -68,6 +68,7 @@ class LLMServer:
         default: Action | Callable[[dict[str, Any]], Action] | None = None,
         models: tuple[str, ...] = ("test-model",),
         models_status: int = 200,
+        port: int = 0,
     ) -> None:
         self.script = list(script or [])
         self.models = models  # GET {base}/models lists these (or answers models_status when not 200)
@@ -113,7 +114,7 @@ class LLMServer:
                     body = json.dumps({"object": "list", "data": data}).encode()
                     server._write(self, 200, body, {"content-type": "application/json"})
 
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", port), Handler)
         self.httpd.daemon_threads = True
         self.port = self.httpd.server_address[1]
         self.base_url = f"http://127.0.0.1:{self.port}/v1"

@@ -5,6 +5,7 @@ diagnosis, source and numbers."""
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 
 from kernelbrain.store import EventStore
@@ -13,7 +14,7 @@ from kernelbrain.core.events import decode
 from kernelbrain.core.state import RunState
 from tests.invariants import check_run
 from tests.kbcli import SOFTMAX, kb, kb_env
-from tests.llm_server import LLMServer, reply, status
+from tests.llm_server import LLMServer, raw, reply, status
 
 REPLIES = Path(__file__).parent / "llm_replies"
 
@@ -83,31 +84,56 @@ def test_an_llm_run_goes_end_to_end(tmp_path):
     assert f"rung {top} score: {parent.results[top].score:.3f}" in mutation_prompts[0]  # the parent's numbers
 
 
-def test_a_dead_endpoint_is_one_clear_line(tmp_path):
+def _llm_run(db: Path, url: str, *resume: str) -> subprocess.CompletedProcess:
+    """`kb run --generator llm` on the small softmax, or, given `resume RUN_ID`, that instead."""
+    run = ["run", str(SOFTMAX), "--generator", "llm", "--llm-base-url", url, "--llm-model", "m"]
+    run += ["--device", "cpu", "--max-candidates", "3"]
+    args = [*(resume or run), "--db", str(db), "--inprocess", "--quiet"]
+    return kb(*args, env=kb_env(KB_LLM_API_KEY="k"), timeout=300)
+
+
+def _types(db: Path) -> list[str]:
+    with EventStore(db, create=False) as store:
+        return [raw.type for raw in store.read()]
+
+
+def test_a_dead_endpoint_leaves_the_run_waiting_and_resume_finishes_it(tmp_path):
+    """Refused connections after every retry: no RunFinished, exit 5 with one line naming the endpoint;
+    `kb resume` once a server answers on that address proposes, gates and finishes the run."""
     from tests.llm_server import closed_port
 
     db = tmp_path / "kb.db"
-    url = f"http://127.0.0.1:{closed_port()}/v1"
-    r = kb(
-        "run",
-        str(SOFTMAX),
-        "--db",
-        str(db),
-        "--generator",
-        "llm",
-        "--llm-base-url",
-        url,
-        "--llm-model",
-        "m",
-        "--inprocess",
-        "--device",
-        "cpu",
-        "--quiet",
-        env=kb_env(KB_LLM_API_KEY="k"),
-        timeout=300,
-    )
-    assert r.returncode == 3, r.stderr  # it records why it proposed nothing, ends with no kernel (exit 3)
-    assert "no candidates were proposed" in r.stdout and url in r.stdout
+    port = closed_port()
+    url = f"http://127.0.0.1:{port}/v1"
+    r = _llm_run(db, url)
+    assert r.returncode == 5, (r.stdout, r.stderr)
+    last = r.stdout.strip().splitlines()[-1]
+    assert "waiting for its generator" in last and url in last and "kb resume" in last, last
+    run_id = r.stdout.split()[1]
+    types = _types(db)
+    assert "GenerationFailed" in types and "RunFinished" not in types and "GenerationDone" not in types
+    good = (REPLIES / "good.md").read_text()
+    counter = iter(range(10_000))
+
+    def answer(body: dict):
+        return reply(good.replace("```python\n", f"```python\n# variant {next(counter)}\n", 1))
+
+    with LLMServer(default=answer, port=port):
+        r = _llm_run(db, url, "resume", run_id)
+    assert r.returncode == 0, (r.stdout, r.stderr)
+    types = _types(db)
+    assert types.count("RunFinished") == 1 and "CandidateProposed" in types and "GatePassed" in types
+    check_run(db, run_id)
+
+
+def test_garbage_replies_leave_the_run_waiting(tmp_path):
+    """A server that answers 200 with no chat completion at all is down as far as kb is concerned."""
+    db = tmp_path / "kb.db"
+    with LLMServer(default=raw("<html>upstream error</html>")) as server:
+        r = _llm_run(db, server.base_url)
+    assert r.returncode == 5, (r.stdout, r.stderr)
+    assert "no chat completion" in r.stdout.strip().splitlines()[-1]
+    assert "RunFinished" not in _types(db)
 
 
 def test_no_model_configured_fails_before_anything_is_written(tmp_path):

@@ -126,6 +126,12 @@ class ProblemAnalysed(Event):
     rung_shapes: list[str] = []  # the shapes the rungs time on the run's device (newer): on CPU, one
 
 
+class GenerationFailed(Event):
+    TYPE = "GenerationFailed"
+    task: str  # the generation task ("round0", "mutate/<parent>"): retried by the next `kb resume`
+    error: str  # one line: why the generator's service could not be had (refused, 5xx, hung, garbage)
+
+
 class ProblemFailed(Event):
     TYPE = "ProblemFailed"
     stage: str  # where the problem's own code failed after its analysis: "gate" (the judge's draws)
@@ -325,6 +331,7 @@ EVENT_TYPES: dict[str, type[Event]] = {
         ProblemFailed,
         CandidateProposed,
         GenerationDone,
+        GenerationFailed,
         GatePassed,
         GateFailed,
         RungBenchmarked,

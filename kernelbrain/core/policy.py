@@ -226,6 +226,8 @@ class AshaPolicy:
             or state.adjudication_tasks()
         ):
             return None  # work is pending; whoever waits unpromoted is pruned when the run stops
+        if state.parked():
+            return None  # a passing fault of the generator's service: the run waits for `kb resume`
         if not state.candidates:
             note = state.generation.get("round0")
             return f"no candidates were proposed{': ' + note.note if note and note.note else ''}"

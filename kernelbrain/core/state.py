@@ -20,6 +20,7 @@ from kernelbrain.core.events import (
     GateFailed,
     GatePassed,
     GenerationDone,
+    GenerationFailed,
     ProblemAnalysed,
     ProblemFailed,
     ProfileCaptured,
@@ -89,6 +90,9 @@ class RunState(Projection):
         # per rung, (-score, id) of every candidate that finished it, kept sorted as results arrive
         self.ranking: dict[int, list[tuple[float, str]]] = {}
         self.generation: dict[str, GenerationDone] = {}
+        # generation tasks whose service failed, with the session (resumes so far) they failed in: parked
+        # until the next `kb resume`
+        self.generation_failed: dict[str, tuple[GenerationFailed, int]] = {}
         self.profiled: list[str] = []  # finalists in the order their profiles arrived
         self.bench_failures: set[str] = set()
         # (rung, a, b) -> the request and, once measured, its result
@@ -158,6 +162,32 @@ class RunState(Projection):
 
     def _apply_GenerationDone(self, e: GenerationDone, raw: StoredEvent) -> None:
         self.generation[e.task] = e
+
+    def _apply_GenerationFailed(self, e: GenerationFailed, raw: StoredEvent) -> None:
+        self.generation_failed[e.task] = (e, len(self.resumes))
+
+    def parked(self) -> list[GenerationFailed]:
+        """Generation tasks whose service failed in this session: they wait for `kb resume`."""
+        return [
+            e
+            for t, (e, session) in self.generation_failed.items()
+            if session == len(self.resumes) and t not in self.generation
+        ]
+
+    @property
+    def stalled(self) -> bool:
+        """Unfinished with nothing to do but parked generation: the run waits for `kb resume`."""
+        return (
+            self.finished is None
+            and bool(self.parked())
+            and not (
+                self.generation_tasks()
+                or self.gate_tasks()
+                or self.bench_tasks()
+                or self.profile_tasks()
+                or self.adjudication_tasks()
+            )
+        )
 
     def _apply_GatePassed(self, e: GatePassed, raw: StoredEvent) -> None:
         self._candidate(e, raw).gate = e
@@ -251,7 +281,8 @@ class RunState(Projection):
             return []
         tasks = ["round0"]
         tasks += [f"mutate/{cid}" for cid in self.profiled]
-        return [t for t in tasks if t not in self.generation]
+        parked = {e.task for e in self.parked()}
+        return [t for t in tasks if t not in self.generation and t not in parked]
 
     def leader(self) -> Candidate | None:
         """Best candidate so far: highest rung reached, then best score there, then first proposed."""

@@ -2,7 +2,7 @@
 
 from typing import Any
 
-from kernelbrain.generators.base import GenerationError, Generator, Proposal
+from kernelbrain.generators.base import GenerationError, Generator, Proposal, Unavailable
 from kernelbrain.generators.expert import ExpertGenerator
 from kernelbrain.generators.llm import LLMGenerator
 
@@ -15,4 +15,4 @@ def get(name: str, **options: Any) -> Generator:
     return GENERATORS[name](**options)
 
 
-__all__ = ["GENERATORS", "GenerationError", "Generator", "Proposal", "get"]
+__all__ = ["GENERATORS", "GenerationError", "Generator", "Proposal", "Unavailable", "get"]

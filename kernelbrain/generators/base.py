@@ -14,6 +14,11 @@ class GenerationError(Exception):
     """The generator cannot serve this problem; the message says what to do instead."""
 
 
+class Unavailable(GenerationError):
+    """The generator's service could not be had (refused, 5xx or a hang after retries, garbage replies):
+    a passing fault, so the task waits for `kb resume` rather than ending the run."""
+
+
 class Proposal(BaseModel):
     model_config = ConfigDict(frozen=True)
     source: str

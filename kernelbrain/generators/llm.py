@@ -32,7 +32,7 @@ from tenacity import RetryCallState, Retrying, retry_if_exception_type, stop_aft
 
 from kernelbrain.core.events import ProblemAnalysed
 from kernelbrain.generators import prompt as prompts
-from kernelbrain.generators.base import GenerationError, Generator, Proposal
+from kernelbrain.generators.base import GenerationError, Generator, Proposal, Unavailable
 from kernelbrain.generators.repair import repair
 
 FAMILY = "llm"
@@ -232,7 +232,7 @@ class LLMGenerator(Generator):
         try:
             response = retrying(self._post, client, messages)
         except _Transient as e:
-            raise GenerationError(f"{e} (gave up after {self.attempts} attempts)") from None
+            raise Unavailable(f"{e} (gave up after {self.attempts} attempts)") from None
         text = prompts.render(messages)
         try:
             data = response.json()
@@ -345,6 +345,9 @@ class LLMGenerator(Generator):
                     tokens=result.tokens,
                 )
             )
+        if results and all(isinstance(r, Unavailable | _BadReply) for r in results):
+            # nothing the endpoint sent was a completion: it is down or broken, not this problem's
+            raise Unavailable(str(results[0]))
         if errors and len(errors) == len(jobs):
             raise GenerationError(errors[0])
         return out

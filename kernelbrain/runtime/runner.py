@@ -226,6 +226,8 @@ def _supervise_processes(
                 progress(state, seen)
             if state.finished is not None:
                 return state.finished
+            if state.stalled:  # only parked generation is left: `kb resume` retries it
+                return None
             for role, proc in procs.items():
                 code = proc.poll()
                 if code is None:
@@ -277,6 +279,8 @@ def _supervise_inprocess(
                     progress(state, 0)
                 if state is not None and state.finished is not None:
                     return state.finished
+                if state is not None and state.stalled and not did:
+                    return None
                 if not did and not stop:
                     time.sleep(0.05)
             return None

@@ -1,6 +1,7 @@
 """How a run ended, as its last lines and the exit code of `kb run` and `kb resume` (README): 0 with a
 winner, EXIT_NO_KERNEL when it finished with none, EXIT_PROBLEM when the problem cannot be evaluated,
-EXIT_INTERRUPTED when it stopped before finishing (resumable)."""
+EXIT_WAITING when it stopped unfinished on a passing fault of the generator's service (resumable),
+EXIT_INTERRUPTED when it was stopped before finishing (resumable)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from kernelbrain.core.state import RunState
 
 EXIT_NO_KERNEL = 3
 EXIT_PROBLEM = 4
+EXIT_WAITING = 5
 EXIT_INTERRUPTED = 130
 
 
@@ -23,6 +25,13 @@ def report(run_id: str, state: RunState, finished: RunFinished | None, as_json: 
     problem_fault = state.problem_fault if finished is not None else None
     if as_json:
         click.echo(progress.json_line(outcome.model_dump(mode="json")))
+    if finished is None and state.stalled:
+        why = "; ".join(f"{e.task}: {e.error}" for e in state.parked())
+        click.echo(
+            f"kb: run {run_id} is waiting for its generator ({why}); everything recorded is kept. Once it "
+            f"answers: kb resume {run_id} (exit {EXIT_WAITING})"
+        )
+        return EXIT_WAITING
     if finished is None:
         click.echo(
             f"kb: run {run_id} interrupted; everything recorded is kept. Continue with: kb resume {run_id}",

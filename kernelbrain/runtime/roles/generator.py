@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 from kernelbrain import generators
-from kernelbrain.core.events import CandidateProposed, GenerationDone, ProblemAnalysed
+from kernelbrain.core.events import CandidateProposed, GenerationDone, GenerationFailed, ProblemAnalysed
 from kernelbrain.core.protocol import AnalyseRequest
 from kernelbrain.core.state import RunState
 from kernelbrain.generators.prompt import describe_numbers
@@ -21,7 +22,9 @@ class GeneratorRole(Role):
     warms_cuda = False  # the analysis traces on the meta device, and it is the first task of a run
 
     def tasks(self, state: RunState) -> list[Task]:
-        return [Task(f"{state.run_id}/gen/{t}", kind=t) for t in state.generation_tasks()]
+        # a task parked by a GenerationFailed (its lease completed) is a new task in a later session
+        again = {t: f"/resume{len(state.resumes)}" for t in state.generation_failed}
+        return [Task(f"{state.run_id}/gen/{t}{again.get(t, '')}", kind=t) for t in state.generation_tasks()]
 
     def wants_warm(self, state: RunState) -> bool:
         return state.analysis is None  # the analysis is this role's only use of a child
@@ -81,6 +84,13 @@ class GeneratorRole(Role):
                 tokens = sum(d.tokens for d in gen.discarded)  # replies that gave nothing still cost tokens
                 if not proposals and gen.discarded:
                     note = "; ".join(f"{d.hint}: {d.reason}" for d in gen.discarded[:3])
+            except generators.Unavailable as e:
+                # a passing fault: no GenerationDone, so the task is done again after `kb resume`
+                attempt = replace(task, key=f"{task.key}/failed/{len(state.resumes)}")  # keys of its own
+                failed = GenerationFailed(task=task.kind, error=str(e).splitlines()[0])
+                out.append(self.new(state, failed, attempt.key))
+                out.append(self.charge(state, attempt, gpu_s=busy, wall_s=time.perf_counter() - t0))
+                return out
             except generators.GenerationError as e:
                 note = str(e)
         slots = cfg.max_candidates - len(state.candidates)
