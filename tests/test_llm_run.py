@@ -142,3 +142,34 @@ def test_no_model_configured_fails_before_anything_is_written(tmp_path):
     assert r.returncode == 1
     assert r.stderr.strip() == "Error: no LLM model configured: set KB_LLM_MODEL (or pass --llm-model)"
     assert not db.exists()
+
+
+def test_ctrl_c_during_a_hung_request_exits_at_once_and_the_run_resumes(tmp_path):
+    """A request the endpoint never answers: SIGINT to kb's process group (a terminal's Ctrl-C) ends kb
+    within 2 s with 130, nothing of the request recorded; the run is still resumable."""
+    import os
+    import signal
+    import time
+
+    from tests.kbcli import kb_start
+    from tests.llm_server import slow
+
+    db = tmp_path / "kb.db"
+    with LLMServer(default=slow(120)) as server:
+        args = ["run", str(SOFTMAX), "--generator", "llm", "--llm-base-url", server.base_url]
+        args += ["--llm-model", "m", "--device", "cpu", "--db", str(db), "--quiet"]
+        proc, run_id = kb_start(args, env=kb_env(KB_LLM_API_KEY="k"))
+        deadline = time.monotonic() + 120
+        while server.count() == 0 and time.monotonic() < deadline:  # a request is in flight
+            time.sleep(0.1)
+        assert server.count() > 0, "the generator never asked the endpoint"
+        time.sleep(0.5)
+        os.killpg(proc.pid, signal.SIGINT)
+        sent = time.monotonic()
+        code = proc.wait(timeout=60)
+        took = time.monotonic() - sent
+    assert code == 130, (code, proc.stderr.read() if proc.stderr else "")
+    assert took < 2.0, took
+    types = _types(db)
+    assert "GenerationDone" not in types and "RunFinished" not in types, types
+    assert "resume" in (proc.stderr.read() if proc.stderr else "")

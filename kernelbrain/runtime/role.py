@@ -70,6 +70,9 @@ class Role(abc.ABC):
     uses_sandbox = False
     # its child makes the CUDA context before its first task (the generator's analysis needs none)
     warms_cuda = True
+    # on SIGTERM a task in flight is dropped at once rather than finished: nothing of it is recorded yet,
+    # and its lease, its owner dead, is taken over when the task is done again (a hung LLM request)
+    abandons_on_stop = False
 
     def __init__(self, store: EventStore, gpu: int | None = None) -> None:
         self.store = store

@@ -69,6 +69,7 @@ class Worker:
         self.states: dict[str, RunState] = {}
         self.stopping = False
         self.warmed = False
+        self.in_task = False
 
     def warm(self, state: RunState) -> None:
         """Start the sandbox child now: its torch import overlaps the other workers' first tasks (not
@@ -133,13 +134,16 @@ class Worker:
             return False
         beat = Heartbeat(self.db, lease, self.ttl_s)
         beat.start()
+        self.in_task = True
         try:
             events = self.role.execute(task, state)
         except BaseException:
+            self.in_task = False
             beat.done.set()
             with contextlib.suppress(Exception):
                 self.store.release(lease)
             raise
+        self.in_task = False
         beat.done.set()
         beat.join()
         try:
@@ -151,6 +155,8 @@ class Worker:
     def install_signal_handlers(self) -> None:
         def stop(signum: int, frame: Any) -> None:
             self.stopping = True
+            if self.in_task and self.role.abandons_on_stop:
+                os._exit(128 + signum)  # nothing of the task is recorded; it is done again on resume
 
         signal.signal(signal.SIGTERM, stop)
         signal.signal(signal.SIGINT, stop)
