@@ -172,4 +172,4 @@ def test_ctrl_c_during_a_hung_request_exits_at_once_and_the_run_resumes(tmp_path
     assert took < 2.0, took
     types = _types(db)
     assert "GenerationDone" not in types and "RunFinished" not in types, types
-    assert "resume" in (proc.stderr.read() if proc.stderr else "")
+    assert f"kb resume {run_id}" in (proc.stderr.read() if proc.stderr else "")
