@@ -4,7 +4,10 @@ CPU and for the GPU gate, batch-like sizes first, and a full-size file run end t
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -178,3 +181,19 @@ def test_kb_run_on_a_full_size_file_checks_and_times_the_fitted_shape(tmp_path: 
     assert passed and all(p["shapes"] == [label] for p in passed)
     timed = [p for t, p in rows if t == "RungBenchmarked"]
     assert timed and all(s["shape"] == label for p in timed for s in p["shapes"])
+    # the export says where it was checked, and checks itself there on the CPU (not at 6.4 GB)
+    run_id = r.stdout.split()[1]
+    kernel = tmp_path / "kernel.py"
+    assert kb("export", run_id, "--db", str(db), "-o", str(kernel)).returncode == 0
+    text = kernel.read_text()
+    assert f"# Checked by kb's gate at {label}; timed at {label} (cpu)." in text
+    assert "sizes fitted for the CPU" in text
+    checked = subprocess.run(
+        [sys.executable, str(kernel), "--device", "cpu", "--repeats", "2"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "TRITON_INTERPRET": "1"},
+    )
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert f"PASS {label}" in checked.stdout, checked.stdout

@@ -16,6 +16,7 @@ import re
 from pathlib import Path
 from typing import Literal
 
+from kernelbrain.core.events import GatePassed
 from kernelbrain.core.problem import DEFAULT_TOLERANCE, REFERENCE_MULTIPLE
 from kernelbrain.core.state import Candidate, RunState
 from kernelbrain.runtime.runner import RunError
@@ -116,7 +117,49 @@ def _header(state: RunState, c: Candidate) -> str:
         f"# Exported by kernelbrain from run {state.run_id}, problem {state.started.problem_name}.\n"
         f"# Candidate {c.id} ({c.proposal.family}/{c.proposal.strategy}); best rung "
         f"{max(c.results) if c.results else '-'}: {numbers} [{top.timer if top else '-'}]\n"
+        + _checked_at(state, c)
     )
+
+
+def _checked_at(state: RunState, c: Candidate) -> str:
+    """Where kb checked and timed it, when that is not the file's own shapes: sizes fitted from the
+    file's on a CPU run (a strategy chosen there may not serve the real size)."""
+    assert state.started is not None
+    gate = c.gate.shapes if isinstance(c.gate, GatePassed) else []
+    timed = state.analysis.rung_shapes if state.analysis is not None else []
+    own = state.analysis.shapes if state.analysis is not None else []
+    if not gate and not timed:
+        return ""
+    line = f"# Checked by kb's gate at {' | '.join(gate) or '-'}; timed at {' | '.join(timed) or '-'}"
+    line += f" ({state.started.config.device}).\n"
+    if state.started.config.device == "cpu" and timed and timed != own[: len(timed)]:
+        sizes = "its module constants" if own == ["default"] else " | ".join(own)
+        line += (
+            f"# Those are sizes fitted for the CPU from the file's own ({sizes}): check it at those on\n"
+            "# a GPU (`python kernel.py --device cuda`) before relying on it.\n"
+        )
+    return line
+
+
+def _cpu_shape(state: RunState) -> dict[str, int] | None:
+    assert state.started is not None
+    if state.started.config.device != "cpu" or state.analysis is None or len(state.analysis.rung_shapes) != 1:
+        return None
+    return _fitted_shape(state.analysis.rung_shapes[0])
+
+
+def _fitted_shape(label: str) -> dict[str, int] | None:
+    """A shape label of integer sizes (`batch_size=2,dim=12288`, `default`) as the dict it names; None
+    where a value is not an integer (a dtype)."""
+    if label == "default":
+        return {}
+    out: dict[str, int] = {}
+    for part in label.split(","):
+        name, _, value = part.partition("=")
+        if not value.lstrip("-").isdigit():
+            return None
+        out[name] = int(value)
+    return out
 
 
 def export_source(
@@ -140,12 +183,17 @@ def export_source(
         + "# Kept as text and loaded into a module of its own, so its names never clash with ModelNew's.\n"
         + f"_KB_REFERENCE_SOURCE = {string_literal(problem)}\n"
         + f"_KB_DEFAULT_TOLERANCE = {dict(DEFAULT_TOLERANCE)!r}\n"
-        + f"_KB_REFERENCE_MULTIPLE = {REFERENCE_MULTIPLE}\n\n\n"
+        + f"_KB_REFERENCE_MULTIPLE = {REFERENCE_MULTIPLE}\n"
+        + "# the shape kb's CPU run checked and timed (used on the CPU where the file names none)\n"
+        + f"_KB_CPU_SHAPE = {_cpu_shape(state)!r}\n\n\n"
         + "# --- check and time: python kernel.py [--device cpu|cuda] [--all-shapes] [--repeats N] ---\n\n\n"
         + _harness()
         + '\n\n\nif __name__ == "__main__":\n'
         + "    raise SystemExit(\n"
-        + "        _kb_main(ModelNew, _KB_REFERENCE_SOURCE, _KB_DEFAULT_TOLERANCE, _KB_REFERENCE_MULTIPLE)\n"
+        + "        _kb_main(\n"
+        + "            ModelNew, _KB_REFERENCE_SOURCE, _KB_DEFAULT_TOLERANCE, _KB_REFERENCE_MULTIPLE,\n"
+        + "            cpu_shape=_KB_CPU_SHAPE,\n"
+        + "        )\n"
         + "    )\n"
     )
 

@@ -216,7 +216,7 @@ def _kb_fmt_s(seconds):
     return f"{seconds * 1e6:.3g} us"
 
 
-def _kb_main(model_new, reference_source, default_tolerance, reference_multiple, argv=None):
+def _kb_main(model_new, reference_source, default_tolerance, reference_multiple, argv=None, cpu_shape=None):
     """`python kernel.py`: check ModelNew against the reference, time both, print the speedup; 0 on a pass."""
     import argparse
     import os
@@ -250,6 +250,8 @@ def _kb_main(model_new, reference_source, default_tolerance, reference_multiple,
     warmup = args.warmup if args.warmup is not None else (10 if device == "cuda" else 2)
     timer = "CUDA events" if device == "cuda" else "wall clock, Triton interpreter"
     problem = _KbProblem(_kb_load_reference(reference_source), default_tolerance, reference_multiple)
+    if problem.smoke is None and cpu_shape is not None:
+        problem.smoke = dict(cpu_shape)  # what kb's CPU run used: the file's full size never finishes
     failed = False
     for shape in problem.check_shapes(device):
         label = _kb_shape_label(shape)
