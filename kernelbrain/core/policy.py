@@ -218,13 +218,7 @@ class AshaPolicy:
             return f"problem could not be analysed: {state.analysis.error}"
         if state.problem_failed is not None:
             return f"problem failed at the {state.problem_failed.stage}: {state.problem_failed.error}"
-        if (
-            state.generation_tasks()
-            or state.gate_tasks()
-            or state.bench_tasks()
-            or state.profile_tasks()
-            or state.adjudication_tasks()
-        ):
+        if state.pending():
             return None  # work is pending; whoever waits unpromoted is pruned when the run stops
         if state.parked():
             return None  # a passing fault of the generator's service: the run waits for `kb resume`

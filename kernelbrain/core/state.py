@@ -174,20 +174,20 @@ class RunState(Projection):
             if session == len(self.resumes) and t not in self.generation
         ]
 
+    def pending(self) -> bool:
+        """Whether any role has a task left: generation, a gate, a rung, a profile or a duel."""
+        return bool(
+            self.generation_tasks()
+            or self.gate_tasks()
+            or self.bench_tasks()
+            or self.profile_tasks()
+            or self.adjudication_tasks()
+        )
+
     @property
     def stalled(self) -> bool:
         """Unfinished with nothing to do but parked generation: the run waits for `kb resume`."""
-        return (
-            self.finished is None
-            and bool(self.parked())
-            and not (
-                self.generation_tasks()
-                or self.gate_tasks()
-                or self.bench_tasks()
-                or self.profile_tasks()
-                or self.adjudication_tasks()
-            )
-        )
+        return self.finished is None and bool(self.parked()) and not self.pending()
 
     def _apply_GatePassed(self, e: GatePassed, raw: StoredEvent) -> None:
         self._candidate(e, raw).gate = e
