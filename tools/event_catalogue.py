@@ -42,7 +42,10 @@ WRITERS: dict[tuple[str, str], str] = {
     ("runtime.roles.profiler", "ProfilerRole"): "profiler",
     ("runtime.role", "Role"): "generator, gatekeeper, benchmarker, profiler (each task's cost)",
     ("runtime.role", "CandidateRole"): "gatekeeper (the judge failed on the problem's own code)",
-    ("runtime.worker", "Worker"): "generator, gatekeeper, benchmarker, profiler (in the claim's transaction)",
+    ("runtime.worker", "Worker"): (
+        "generator, gatekeeper, benchmarker, profiler "
+        "(TaskClaimed and LeaseExpired in the claim's transaction)"
+    ),
 }
 
 # Meanings of the fields events.py leaves uncommented (a comment in events.py takes precedence). A note

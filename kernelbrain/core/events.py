@@ -251,6 +251,30 @@ class LeaseExpired(Event):
     taken_by: str
 
 
+class TaskFaulted(Event):
+    """kb's own code raised in a worker's task: recorded, then the worker dies and is restarted."""
+
+    TYPE = "TaskFaulted"
+    task: str  # lease name
+    worker: str  # owner id of the worker that raised
+    error: str  # one line: the exception
+
+
+class TaskParked(Event):
+    """A task its workers died or raised on MAX_TASK_FAULTS times this session, set aside so the rest of
+    the run goes on; the next `kb resume` tries it again."""
+
+    TYPE = "TaskParked"
+    task: str  # lease name
+    role: str  # the role whose task it is
+    kind: str = ""  # a generation task's "round0" or "mutate/<parent>"
+    candidate: str | None = None  # a gate, rung, duel or profile task's candidate
+    rung: int | None = None  # a rung or duel task's rung (a profile's: the top rung)
+    rival: str | None = None  # a duel's second candidate
+    faults: int  # deaths (LeaseExpired) and raises (TaskFaulted) on it this session
+    error: str  # the last of them, one line
+
+
 class BudgetCharged(Event):
     TYPE = "BudgetCharged"
     action: str  # the task it paid for
@@ -339,6 +363,8 @@ EVENT_TYPES: dict[str, type[Event]] = {
         ProfileCaptured,
         TaskClaimed,
         LeaseExpired,
+        TaskFaulted,
+        TaskParked,
         BudgetCharged,
         Promoted,
         Pruned,

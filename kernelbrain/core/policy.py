@@ -220,8 +220,8 @@ class AshaPolicy:
             return f"problem failed at the {state.problem_failed.stage}: {state.problem_failed.error}"
         if state.pending():
             return None  # work is pending; whoever waits unpromoted is pruned when the run stops
-        if state.parked():
-            return None  # a passing fault of the generator's service: the run waits for `kb resume`
+        if state.parked() or state.parked_tasks():
+            return None  # a passing fault (the generator's service, a dying worker): it waits for `kb resume`
         if not state.candidates:
             note = state.generation.get("round0")
             return f"no candidates were proposed{': ' + note.note if note and note.note else ''}"
@@ -390,6 +390,14 @@ def policy_for(version: int) -> AshaPolicy:
     if version not in POLICIES:
         raise LookupError(f"this kb has no scheduler policy version {version}; upgrade kernelbrain")
     return POLICIES[version]()
+
+
+def stalled(state: RunState) -> bool:
+    """Unfinished with nothing left but parked tasks: no role has a task and the scheduler has nothing to
+    decide (a promotion due is work to come). The run waits for `kb resume`."""
+    if state.finished is not None or state.started is None or not (state.parked() or state.parked_tasks()):
+        return False
+    return not state.pending() and not policy_for(state.config.policy_version).decide(state)
 
 
 def decision_key(run_id: str, d: Event) -> str:

@@ -21,6 +21,7 @@ from kernelbrain.core.events import (
     GatePassed,
     GenerationDone,
     GenerationFailed,
+    LeaseExpired,
     ProblemAnalysed,
     ProblemFailed,
     ProfileCaptured,
@@ -30,6 +31,8 @@ from kernelbrain.core.events import (
     RungBenchmarked,
     RunResumed,
     RunStarted,
+    TaskFaulted,
+    TaskParked,
     decode,
 )
 from kernelbrain.store import Projection, StoredEvent
@@ -93,6 +96,10 @@ class RunState(Projection):
         # generation tasks whose service failed, with the session (resumes so far) they failed in: parked
         # until the next `kb resume`
         self.generation_failed: dict[str, tuple[GenerationFailed, int]] = {}
+        # lease name -> (session, one line) for each death (LeaseExpired) or raise (TaskFaulted) on it
+        self.task_faults: dict[str, list[tuple[int, str]]] = {}
+        self.tasks_parked: dict[str, tuple[TaskParked, int]] = {}  # lease name -> (event, its session)
+        self.progress = 0  # events other than claims and faults: work done, for the supervisor's restarts
         self.profiled: list[str] = []  # finalists in the order their profiles arrived
         self.bench_failures: set[str] = set()
         # (rung, a, b) -> the request and, once measured, its result
@@ -112,6 +119,8 @@ class RunState(Projection):
     def apply(self, event: StoredEvent) -> None:
         typed = decode(event)
         self.event_count += 1
+        if event.type not in ("TaskClaimed", "LeaseExpired", "TaskFaulted"):
+            self.progress += 1
         handler = getattr(self, f"_apply_{event.type}", None)
         if handler is not None:
             handler(typed, event)
@@ -164,15 +173,41 @@ class RunState(Projection):
         self.generation[e.task] = e
 
     def _apply_GenerationFailed(self, e: GenerationFailed, raw: StoredEvent) -> None:
-        self.generation_failed[e.task] = (e, len(self.resumes))
+        self.generation_failed[e.task] = (e, self.session)
 
     def parked(self) -> list[GenerationFailed]:
         """Generation tasks whose service failed in this session: they wait for `kb resume`."""
         return [
             e
             for t, (e, session) in self.generation_failed.items()
-            if session == len(self.resumes) and t not in self.generation
+            if session == self.session and t not in self.generation
         ]
+
+    @property
+    def session(self) -> int:
+        """0 for the run's first session, n after its nth `kb resume`."""
+        return len(self.resumes)
+
+    def _apply_LeaseExpired(self, e: LeaseExpired, raw: StoredEvent) -> None:
+        line = f"its worker {e.worker} died or stalled past its lease"
+        self.task_faults.setdefault(e.task, []).append((self.session, line))
+
+    def _apply_TaskFaulted(self, e: TaskFaulted, raw: StoredEvent) -> None:
+        self.task_faults.setdefault(e.task, []).append((self.session, e.error))
+
+    def _apply_TaskParked(self, e: TaskParked, raw: StoredEvent) -> None:
+        self.tasks_parked[e.task] = (e, self.session)
+
+    def faults(self, task: str) -> list[str]:
+        """Why the task's workers died or raised on it this session, oldest first."""
+        return [line for session, line in self.task_faults.get(task, []) if session == self.session]
+
+    def parked_tasks(self) -> list[TaskParked]:
+        """Tasks set aside this session after repeated worker faults: they wait for `kb resume`."""
+        return [e for e, session in self.tasks_parked.values() if session == self.session]
+
+    def _parked(self, role: str) -> set[tuple[str, str | None, int | None, str | None]]:
+        return {(e.kind, e.candidate, e.rung, e.rival) for e in self.parked_tasks() if e.role == role}
 
     def pending(self) -> bool:
         """Whether any role has a task left: generation, a gate, a rung, a profile or a duel."""
@@ -183,11 +218,6 @@ class RunState(Projection):
             or self.profile_tasks()
             or self.adjudication_tasks()
         )
-
-    @property
-    def stalled(self) -> bool:
-        """Unfinished with nothing to do but parked generation: the run waits for `kb resume`."""
-        return self.finished is None and bool(self.parked()) and not self.pending()
 
     def _apply_GatePassed(self, e: GatePassed, raw: StoredEvent) -> None:
         self._candidate(e, raw).gate = e
@@ -258,20 +288,37 @@ class RunState(Projection):
     def gate_tasks(self) -> list[Candidate]:
         if self.problem_failed is not None:
             return []  # the problem's own code fails: no candidate can be judged
-        return [c for c in self.live() if c.gate is None]
+        parked = self._parked("gatekeeper")
+        return [c for c in self.live() if c.gate is None and ("", c.id, None, None) not in parked]
 
     def bench_tasks(self) -> list[tuple[Candidate, int]]:
         if self.problem_failed is not None:
             return []
+        parked = self._parked("benchmarker")
         return [
-            (c, r) for c in self.live() if c.bench_failed is None for r in c.admitted if r not in c.results
+            (c, r)
+            for c in self.live()
+            if c.bench_failed is None
+            for r in c.admitted
+            if r not in c.results and ("", c.id, r, None) not in parked
         ]
 
     def adjudication_tasks(self) -> list[AdjudicationRequested]:
-        return [r for k, r in self.adjudications.items() if k not in self.adjudicated]
+        parked = self._parked("benchmarker")
+        return [
+            r
+            for k, r in self.adjudications.items()
+            if k not in self.adjudicated and ("", r.a, r.rung, r.b) not in parked
+        ]
 
     def profile_tasks(self) -> list[Candidate]:
-        return [c for c in self.live() if self.top_rung in c.results and c.profile is None]
+        parked = self._parked("profiler")
+        top = self.top_rung
+        return [
+            c
+            for c in self.live()
+            if top in c.results and c.profile is None and ("", c.id, top, None) not in parked
+        ]
 
     def generation_tasks(self) -> list[str]:
         """Generation tasks not yet done: round 0, then one mutation round per profiled finalist."""
@@ -281,7 +328,7 @@ class RunState(Projection):
             return []
         tasks = ["round0"]
         tasks += [f"mutate/{cid}" for cid in self.profiled]
-        parked = {e.task for e in self.parked()}
+        parked = {e.task for e in self.parked()} | {kind for kind, *_ in self._parked("generator")}
         return [t for t in tasks if t not in self.generation and t not in parked]
 
     def leader(self) -> Candidate | None:

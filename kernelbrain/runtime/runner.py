@@ -24,6 +24,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from kernelbrain.core.events import RunConfig, RunFinished, RungSpec, RunResumed, RunStarted
+from kernelbrain.core.policy import stalled
 from kernelbrain.core.problem import read_problem, source_hash
 from kernelbrain.core.state import RunState
 from kernelbrain.runtime import isolation
@@ -217,7 +218,10 @@ def _supervise_processes(
     state = RunState(run_id)
     # external: `kb worker` processes started elsewhere (other GPUs, other shells) drive the run
     procs = {} if external else {role: _spawn(db, role, run_id, gpu) for role in ROLES}
+    # deaths of each role in a row with no work recorded between them (a task it keeps dying on is parked
+    # by the worker after MAX_TASK_FAULTS, which is work: the role goes on with the rest)
     restarts = dict.fromkeys(ROLES, 0)
+    progress_at_death = dict.fromkeys(ROLES, -1)
     try:
         while not stop:
             seen = state.position
@@ -226,15 +230,19 @@ def _supervise_processes(
                 progress(state, seen)
             if state.finished is not None:
                 return state.finished
-            if state.stalled:  # only parked generation is left: `kb resume` retries it
+            if stalled(state):  # only parked tasks are left: `kb resume` retries them
                 return None
             for role, proc in procs.items():
                 code = proc.poll()
                 if code is None:
                     continue
+                if state.progress > progress_at_death[role]:
+                    restarts[role] = 0
+                progress_at_death[role] = state.progress
                 if restarts[role] >= MAX_RESTARTS:
                     raise RunError(
-                        f"the {role} worker died {MAX_RESTARTS + 1} times (last exit {code}); "
+                        f"the {role} worker died {MAX_RESTARTS + 1} times in a row with no work recorded "
+                        f"(last exit {code}); "
                         f"see its output above, fix, then `kb resume {run_id}`"
                     )
                 restarts[role] += 1
@@ -279,7 +287,7 @@ def _supervise_inprocess(
                     progress(state, 0)
                 if state is not None and state.finished is not None:
                     return state.finished
-                if state is not None and state.stalled and not did:
+                if state is not None and stalled(state) and not did:
                     return None
                 if not did and not stop:
                     time.sleep(0.05)

@@ -17,7 +17,7 @@ import threading
 import time
 from typing import Any
 
-from kernelbrain.core.events import LeaseExpired, TaskClaimed
+from kernelbrain.core.events import LeaseExpired, TaskClaimed, TaskFaulted, TaskParked
 from kernelbrain.core.state import RunState
 from kernelbrain.runtime.role import Task, owner_alive
 from kernelbrain.runtime.roles import ROLE_CLASSES, SchedulerRole
@@ -27,6 +27,9 @@ log = logging.getLogger("kernelbrain.worker")
 
 LEASE_TTL_S = float(os.environ.get("KB_LEASE_TTL", "30"))
 POLL_S = float(os.environ.get("KB_POLL", "0.1"))
+# a task its workers died or raised on this many times in a session is parked, so the rest of the run
+# goes on (and a role's restarts are not spent on one task); `kb resume` tries it again
+MAX_TASK_FAULTS = 3
 
 
 class Heartbeat(threading.Thread):
@@ -102,9 +105,15 @@ class Worker:
         return did
 
     def _attempt(self, task: Task, state: RunState) -> bool:
+        took_over: list[str] = []  # the holder whose lease this claim took, if it took one
+
         def record(new: Lease, previous: Lease | None) -> list[NewEvent]:
             events = []
-            if previous is not None and previous.token != new.token:
+            took_over.clear()
+            # a lease its holder released (deadline 0: it raised and said so, or parked the task) did not
+            # expire under it
+            if previous is not None and previous.token != new.token and previous.deadline > 0:
+                took_over.append(previous.owner)
                 events.append(
                     self.role.new(
                         state,
@@ -132,14 +141,26 @@ class Worker:
         lease = self.store.claim(task.key, self.role.actor, self.ttl_s, on_claim=record, is_alive=owner_alive)
         if lease is None:
             return False
+        faults = state.faults(task.key)
+        faults += [f"its worker {owner} died or stalled past its lease" for owner in took_over]
+        if len(faults) >= MAX_TASK_FAULTS:
+            self._park(task, state, lease, faults)
+            return True
         beat = Heartbeat(self.db, lease, self.ttl_s)
         beat.start()
         self.in_task = True
         try:
             events = self.role.execute(task, state)
-        except BaseException:
+        except BaseException as e:
             self.in_task = False
             beat.done.set()
+            if isinstance(e, Exception):  # kb's own fault: said in the log before the worker dies
+                line = (f"{type(e).__name__}: {e}".splitlines() or [type(e).__name__])[0]
+                fault = TaskFaulted(task=task.key, worker=self.role.actor, error=line)
+                with contextlib.suppress(Exception):
+                    self.store.append(
+                        [self.role.new(state, fault, f"{task.key}/fault/{lease.token}", task)], fence=lease
+                    )
             with contextlib.suppress(Exception):
                 self.store.release(lease)
             raise
@@ -151,6 +172,24 @@ class Worker:
         except StaleLease:
             log.warning("%s: lease on %s was taken over; result dropped", self.role.actor, task.key)
         return True
+
+    def _park(self, task: Task, state: RunState, lease: Lease, faults: list[str]) -> None:
+        """Set the task aside for this session, its lease released for the next `kb resume`."""
+        parked = TaskParked(
+            task=task.key,
+            role=self.role.name,
+            kind=task.kind,
+            candidate=task.candidate,
+            rung=task.rung,
+            rival=task.rival,
+            faults=len(faults),
+            error=faults[-1],
+        )
+        log.warning("%s: parking %s after %d faults: %s", self.role.actor, task.key, len(faults), faults[-1])
+        event = self.role.new(state, parked, f"{task.key}/parked/{state.session}", task)
+        with contextlib.suppress(StaleLease):
+            self.store.append([event], fence=lease)
+        self.store.release(lease)
 
     def install_signal_handlers(self) -> None:
         def stop(signum: int, frame: Any) -> None:

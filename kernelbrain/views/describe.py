@@ -84,6 +84,14 @@ def summary(e: Event) -> str:
             return f"{d.worker} claimed {d.task} (token {d.token})"
         case "LeaseExpired":
             return f"lease on {d.task} (token {d.token}, {d.worker}) expired; taken by {d.taken_by}"
+        case "TaskFaulted":
+            return f"{d.worker} raised on {d.task}: {d.error}"
+        case "TaskParked":
+            return f"parked {d.task} for this session after {d.faults} faults: {d.error}"
+        case "GenerationFailed":
+            return f"generation {d.task} failed (resumable): {d.error}"
+        case "ProblemFailed":
+            return f"the problem's own code failed at the {d.stage}: {d.error}"
         case "BudgetCharged":
             return f"charged {d.action}: {d.gpu_s:.3g} device s, {d.tokens} tokens, {d.wall_s:.3g} wall s"
     return e.TYPE

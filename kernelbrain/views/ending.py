@@ -1,6 +1,7 @@
 """How a run ended, as its last lines and the exit code of `kb run` and `kb resume` (README): 0 with a
 winner, EXIT_NO_KERNEL when it finished with none, EXIT_PROBLEM when the problem cannot be evaluated,
-EXIT_WAITING when it stopped unfinished on a passing fault of the generator's service (resumable),
+EXIT_WAITING when it stopped unfinished on a passing fault (the generator's service, or a worker that
+kept dying on a task) with nothing else left to do (resumable),
 EXIT_INTERRUPTED when it was stopped before finishing (resumable)."""
 
 from __future__ import annotations
@@ -8,6 +9,7 @@ from __future__ import annotations
 import click
 
 from kernelbrain.core.events import RunFinished
+from kernelbrain.core.policy import stalled
 from kernelbrain.core.state import RunState
 
 EXIT_NO_KERNEL = 3
@@ -25,12 +27,8 @@ def report(run_id: str, state: RunState, finished: RunFinished | None, as_json: 
     problem_fault = state.problem_fault if finished is not None else None
     if as_json:
         click.echo(progress.json_line(outcome.model_dump(mode="json")))
-    if finished is None and state.stalled:
-        why = "; ".join(f"{e.task}: {e.error}" for e in state.parked())
-        click.echo(
-            f"kb: run {run_id} is waiting for its generator ({why}); everything recorded is kept. Once it "
-            f"answers: kb resume {run_id} (exit {EXIT_WAITING})"
-        )
+    if finished is None and stalled(state):
+        click.echo(_waiting(run_id, state))
         return EXIT_WAITING
     if finished is None:
         click.echo(
@@ -58,3 +56,22 @@ def report(run_id: str, state: RunState, finished: RunFinished | None, as_json: 
     else:
         click.echo(f"no candidate passed the gate and the ladder: no kernel (exit {EXIT_NO_KERNEL})")
     return code
+
+
+def _waiting(run_id: str, state: RunState) -> str:
+    """The line of a run that stopped with only parked tasks left: what each waits for."""
+    parts = []
+    if gen := state.parked():
+        why = "; ".join(f"{e.task}: {e.error}" for e in gen)
+        parts.append(f"is waiting for its generator ({why})")
+    if tasks := state.parked_tasks():
+        prefix = f"{run_id}/"
+        why = "; ".join(f"{e.task.removeprefix(prefix)}: {e.error}" for e in tasks)
+        parts.append(
+            f"set aside {len(tasks)} task(s) its {'/'.join(sorted({e.role for e in tasks}))} worker kept "
+            f"dying on ({why}; kb's fault: its output above says more)"
+        )
+    return (
+        f"kb: run {run_id} {' and '.join(parts)}; everything recorded is kept. Once fixed: "
+        f"kb resume {run_id} (exit {EXIT_WAITING})"
+    )
