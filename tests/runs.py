@@ -13,6 +13,7 @@ from typing import Any
 from kernelbrain.store import EventStore
 
 from kernelbrain.core.events import (
+    Adjudicated,
     BudgetCharged,
     CandidateProposed,
     Event,
@@ -32,6 +33,22 @@ from kernelbrain.runtime.runner import DEFAULT_RUNGS
 
 RUN = "r-test"
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def verdict(rung: int, a: str, b: str, outcome: str) -> Adjudicated:
+    """A duel's recorded result with the given outcome ("a", "b" or "tie")."""
+    ratio = {"a": 0.8, "b": 1.25, "tie": 1.0}[outcome]
+    return Adjudicated(
+        rung=rung,
+        a=a,
+        b=b,
+        pairs=20,
+        ratio_median=ratio,
+        ratio_q1=ratio * 0.98,
+        ratio_q3=ratio * 1.02,
+        outcome=outcome,
+        timer="test",
+    )
 
 
 class SyntheticRun:

@@ -10,22 +10,7 @@ from hypothesis import strategies as st
 from kernelbrain.store import EventStore
 
 from kernelbrain.core.events import Adjudicated, AdjudicationRequested, Event, Promoted
-from tests.runs import RUN, SyntheticRun
-
-
-def verdict(rung: int, a: str, b: str, outcome: str) -> Adjudicated:
-    ratio = {"a": 0.8, "b": 1.25, "tie": 1.0}[outcome]
-    return Adjudicated(
-        rung=rung,
-        a=a,
-        b=b,
-        pairs=20,
-        ratio_median=ratio,
-        ratio_q1=ratio * 0.98,
-        ratio_q3=ratio * 1.02,
-        outcome=outcome,
-        timer="test",
-    )
+from tests.runs import RUN, SyntheticRun, verdict
 
 
 def contradictions(events: list[Event]) -> list[str]:

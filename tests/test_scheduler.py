@@ -5,18 +5,22 @@ from __future__ import annotations
 import math
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from kernelbrain.store import EventStore
 
 from kernelbrain.core.events import (
     Adjudicated,
     AdjudicationRequested,
+    BenchmarkFailed,
     Promoted,
     Pruned,
     RunFinished,
     ShapeTiming,
 )
+from kernelbrain.core.policy import decision_key, policy_for
 from kernelbrain.core.scoring import SIGN_ALPHA, TIE_MARGIN, adjudicate, score, sign_test_p
-from tests.runs import SyntheticRun
+from tests.runs import RUN, SyntheticRun, verdict
 
 
 @pytest.fixture
@@ -371,3 +375,80 @@ def test_new_runs_record_the_current_policy_and_every_version_stays_reachable():
     assert RunConfig(rungs=DEFAULT_RUNGS["cpu"]).policy_version == POLICY_VERSION == max(POLICIES)
     assert sorted(POLICIES) == list(range(1, POLICY_VERSION + 1))
     assert all(policy_for(v).version == v for v in POLICIES)
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    n=st.integers(1, 7),
+    eta=st.sampled_from([2, 3]),
+    speed=st.lists(st.floats(0.5, 8.0), min_size=40, max_size=40),
+    noise=st.lists(st.sampled_from([0.0, 0.05]), min_size=40, max_size=40),
+    picks=st.lists(st.integers(0, 1_000), min_size=200, max_size=200),
+    fail=st.lists(st.booleans(), min_size=40, max_size=40),
+)
+def test_the_run_ends_only_with_nothing_promotable_and_every_promotion_measured(
+    n, eta, speed, noise, picks, fail
+):
+    """Issue 15 item 6, as a property over random runs (no budget): whatever order gates, rungs, duels,
+    profiles and mutations finish in, the run ends only when every promoted candidate was measured at
+    its new rung (or failed there) and every rung promoted its top max(1, n // eta) finishers."""
+    with EventStore(":memory:") as store:
+        run = SyntheticRun(store, eta=eta, max_candidates=n + 2)
+        cids = [run.propose(f"c{i}") for i in range(n)]
+        run.gen_done(proposed=tuple(cids))
+        draws = iter(range(10_000))
+        pick = iter(picks * 10)
+        state = run.state()
+        for _ in range(400):
+            decided = policy_for(state.config.policy_version).decide(state)
+            store.append([d.to_new(RUN, decision_key(RUN, d), "scheduler") for d in decided])
+            store.fold(state, run_id=RUN)
+            if state.finished is not None:
+                break
+            todo = (
+                [("gen", t) for t in state.generation_tasks()]
+                + [("gate", c.id) for c in state.gate_tasks()]
+                + [("bench", (c.id, r)) for c, r in state.bench_tasks()]
+                + [("duel", a) for a in state.adjudication_tasks()]
+                + [("profile", c.id) for c in state.profile_tasks()]
+            )
+            assert todo or decided, "no task and no decision: the run is stuck"
+            if not todo:
+                continue
+            kind, what = todo[next(pick) % len(todo)]
+            i = next(draws) % 40
+            if kind == "gen":
+                new = (run.propose(f"m{i}-{what}"),) if fail[i] and len(state.candidates) < n + 2 else ()
+                run.gen_done(what, proposed=new)
+            elif kind == "gate":
+                run.gate(what, ok=not (fail[i] and speed[i] < 1))
+            elif kind == "bench":
+                cid, rung = what
+                if fail[i] and speed[i] > 7:
+                    run.add(
+                        BenchmarkFailed(candidate=cid, rung=rung, category="crash", detail="x"),
+                        f"bench/{cid}/{rung}",
+                    )
+                else:
+                    run.bench(cid, rung, speed[i], iqr=noise[i])
+            elif kind == "duel":
+                outcome = ("a", "b", "tie")[i % 3]
+                run.add(
+                    verdict(what.rung, what.a, what.b, outcome), f"adjudicate/{what.rung}/{what.a}/{what.b}"
+                )
+            else:
+                run.profile(what)
+            store.fold(state, run_id=RUN)
+    assert state.finished is not None, "the run never finished"
+    assert "budget" not in state.finished.reason
+    for c in state.candidates.values():
+        for p in c.promotions.values():
+            failed_there = c.bench_failed is not None and c.bench_failed.rung == p.rung_to
+            assert p.rung_to in c.results or failed_there, (
+                f"{c.id} promoted to rung {p.rung_to}, never measured"
+            )
+    for rung in range(state.top_rung):
+        finishers = [c for c in state.candidates.values() if rung in c.results and c.bench_failed is None]
+        if finishers:
+            promoted = [c for c in finishers if rung in c.promotions]
+            assert len(promoted) >= max(1, len(finishers) // eta), (rung, len(finishers), len(promoted))
