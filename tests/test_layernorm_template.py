@@ -12,7 +12,9 @@ import pytest
 
 from kernelbrain.child.loading import load_module
 from kernelbrain.core.diagnosis import LABELS
-from kernelbrain.core.protocol import GateRequest
+from kernelbrain.core.events import ProblemAnalysed
+from kernelbrain.core.protocol import AnalyseRequest, GateRequest
+from kernelbrain.generators.expert import ExpertGenerator
 from kernelbrain.templates import FAMILIES, layernorm, row_norm
 from tests.runs import run_inprocess
 
@@ -68,10 +70,11 @@ def test_matches_layer_norms_and_nothing_else(analyses):
         ], name
     for name in OTHER_PROBLEMS:
         assert layernorm.matches(analyses[name]["ops"]) is None, name
-    assert analyses["seed"]["ops"] == [
-        {"op": "layer_norm", "ndim": 3, "shape": [3, 5, 48], "dtype": "float32", "eps": 1e-5}
-    ]
-    assert layernorm.matches(analyses["seed"]["ops"])["min_cols"] == 48  # D >= the last dim; the source says
+    ln = {"op": "layer_norm", "ndim": 3, "shape": [3, 5, 48], "dtype": "float32", "eps": 1e-5}
+    assert analyses["seed"]["ops"] == [{**ln, "normalized_shape": [5, 48]}]
+    seed = layernorm.matches(analyses["seed"]["ops"])
+    assert (seed["n_cols"], seed["norm_dims"]) == (240, 2)
+    assert layernorm.matches([ln])["min_cols"] == 48  # an older trace: D >= the last dim
     dec = layernorm.matches(analyses["decomposed"]["ops"])
     assert (dec["form"], dec["norm_dims"], dec["n_cols"], dec["has_eps"]) == ("decomposed", 1, 100, True)
 
@@ -236,3 +239,44 @@ def test_kb_run_picks_a_layernorm_winner(tmp_path):
     assert state.finished.winner
     assert {c.proposal.family for c in state.candidates.values()} == {"layernorm"}
     assert state.candidates[state.finished.winner].proposal.family == "layernorm"
+
+
+# KernelBench's LayerNorm layout as users bring it, no kb extras: 16 rows of 64 * 256 * 256 elements
+FULL_SIZE = """
+import torch
+import torch.nn as nn
+
+class Model(nn.Module):
+    def __init__(self, normalized_shape: tuple):
+        super().__init__()
+        self.ln = nn.LayerNorm(normalized_shape=normalized_shape)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.ln(x)
+
+batch_size = 16
+features = 64
+dim1 = 256
+dim2 = 256
+
+def get_inputs():
+    return [torch.randn(batch_size, features, dim1, dim2)]
+
+def get_init_inputs():
+    return [(features, dim1, dim2)]
+"""
+
+
+def test_a_cpu_run_proposes_only_strategies_that_run_the_primary_shape(box):
+    """On CPU the rungs time a fitted shape whose short rows fit registers; the analysis also traces the
+    file's own shape on the meta device (normalized_shape recorded), and the generator drops what
+    cannot run there."""
+    reply = box.call(AnalyseRequest(problem_source=FULL_SIZE, device="cpu"), timeout_s=120)[0]
+    analysis = ProblemAnalysed(**reply.model_dump(), families=[])
+    timed = layernorm.matches(analysis.ops)
+    primary = layernorm.matches(analysis.primary_ops)
+    assert primary["n_cols"] == 64 * 256 * 256 and primary["norm_dims"] == 3
+    assert timed["n_cols"] < primary["n_cols"], timed  # the fitted row fits registers
+    assert any(k["strategy"] == "registers" and layernorm.feasible(timed, k) for k in row_norm.ROUND0)
+    proposed = ExpertGenerator().first_round(analysis, problem_source=FULL_SIZE)
+    assert {p.strategy for p in proposed} == {"looped", "split"}

@@ -40,6 +40,11 @@ def record_calls(model: torch.nn.Module, inputs: list) -> list[dict]:
                         detail[k] = kwargs[k]
                 if "dim" not in detail and len(args) > 1 and isinstance(args[1], int):
                     detail["dim"] = args[1]
+                if name == "layer_norm":  # the normalised trailing dims: the row length D
+                    dims = args[1] if len(args) > 1 else kwargs.get("normalized_shape")
+                    dims = [dims] if type(dims) is int else dims
+                    if isinstance(dims, list | tuple) and all(type(n) is int for n in dims):
+                        detail["normalized_shape"] = list(dims)
                 if detail not in calls:
                     calls.append(detail)
             return func(*args, **(kwargs or {}))
@@ -90,6 +95,7 @@ def analyse(problem_source: str, device: str) -> dict:
         return record_calls(ref, problem.inputs(shape, 0, where)), count(problem, shape, where)
 
     (ops, (flops, nbytes)), traced_on = traced(device, trace)
+    primary = problem.shapes[0]
     labels = [shape_label(s) for s in problem.shapes]
     model_cls = problem.module.Model
     names = {m: [n for n, _ in signature(getattr(model_cls, m))] for m in ("__init__", "forward")}
@@ -102,7 +108,21 @@ def analyse(problem_source: str, device: str) -> dict:
         "signature": {"init": names["__init__"], "forward": names["forward"], "params": params},
         "traced_on": traced_on,  # "meta": the analysis used no GPU time
         "rung_shapes": [shape_label(s) for s in problem.ladder_shapes(device, "all")],
+        "primary_ops": [] if shape == primary else ops_on_meta(problem, primary),
     }
+
+
+def ops_on_meta(problem: Problem, shape: dict) -> list[dict]:
+    """The reference's ops at a shape, traced on the meta device only (a full KernelBench size costs no
+    memory there); [] where the model or its forward needs real values or the host."""
+    try:
+        init = problem.init_inputs(shape)
+        torch.manual_seed(1234)
+        with torch.device("meta"):
+            ref = problem.module.Model(*init).eval()
+        return record_calls(ref, problem.inputs(shape, 0, "meta"))
+    except Exception:
+        return []
 
 
 def _default_text(value: Any) -> str:

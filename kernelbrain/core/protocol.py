@@ -65,6 +65,7 @@ class AnalyseReply(Message):
     signature: Signature
     traced_on: str  # "meta": the analysis used no GPU time
     rung_shapes: list[str] = []  # what every rung times on this device (on CPU one fitted shape)
+    primary_ops: list[dict[str, Any]] = []  # ops at the file's primary shape where the rungs time another
 
 
 class RooflineReply(Message):

@@ -32,6 +32,15 @@ class ExpertGenerator(Generator):
                 return family, spec
         raise GenerationError(f"no offline template matches {_describe(analysis.ops)}; use --generator llm")
 
+    @staticmethod
+    def runs_everywhere(family: ModuleType, spec: dict, knobs: dict, analysis: ProblemAnalysed) -> bool:
+        """Feasible at the shape the rungs time and, where that is not the file's primary shape (CPU),
+        at the primary too: an export must not refuse the user's real size."""
+        if not family.feasible(spec, knobs):
+            return False
+        primary = family.matches(analysis.primary_ops) if analysis.primary_ops else None
+        return primary is None or family.feasible(primary, knobs)
+
     def _proposal(
         self,
         family: ModuleType,
@@ -55,7 +64,7 @@ class ExpertGenerator(Generator):
         return [
             self._proposal(family, spec, knobs, analysis, f"strategy axis {knobs['strategy']}")
             for knobs in family.ROUND0
-            if family.feasible(spec, knobs)
+            if self.runs_everywhere(family, spec, knobs, analysis)
         ]
 
     def mutate(
@@ -74,7 +83,7 @@ class ExpertGenerator(Generator):
         for label in labels:
             for move, why in family.MUTATIONS.get(label, []):
                 knobs = family.mutate(parent_knobs, move)
-                if knobs is not None and family.feasible(spec, knobs):
+                if knobs is not None and self.runs_everywhere(family, spec, knobs, analysis):
                     out.append(
                         self._proposal(family, spec, knobs, analysis, f"{label} -> {move}: {why}", [label])
                     )

@@ -66,8 +66,11 @@ def matches(ops: list[dict]) -> dict | None:
     if not shape:
         return None
     if names == ["layer_norm"]:
-        # D is at least the last dim; how many dims are normalised only the source says
-        return {"form": "layer_norm", "dtype": seq[0]["dtype"], "shape": shape, "min_cols": shape[-1]}
+        spec = {"form": "layer_norm", "dtype": seq[0]["dtype"], "shape": shape}
+        dims = seq[0].get("normalized_shape")
+        if dims and shape[len(shape) - len(dims) :] == dims:
+            return {**spec, "norm_dims": len(dims), "n_cols": math.prod(dims)}
+        return {**spec, "min_cols": shape[-1]}  # an older trace: D is at least the last dim
     # decomposed: mean, x - mean, its square, [+ eps], sqrt then divide (or rsqrt then multiply);
     # the recorder keeps one of identical calls, so mean(square) and (x - mean) * rsqrt may not reappear
     if len(names) < 4 or names[:2] != ["mean", "sub"] or names[2] not in _SQUARES:
