@@ -75,11 +75,12 @@ class Worker:
         self.in_task = False
 
     def warm(self, state: RunState) -> None:
-        """Start the sandbox child now: its torch import overlaps the other workers' first tasks (not
-        when the role will not need one: a resumed run's generator, its analysis recorded)."""
+        """Start the sandbox child ahead of the role's first task, once the role says the run will need
+        it: its torch import overlaps the other workers' work (a resumed run's generator, its analysis
+        recorded, never needs one)."""
         if not self.warmed and self.role.wants_warm(state):
             self.role.warm(state.config.device)
-        self.warmed = True
+            self.warmed = True
 
     def refresh(self) -> list[RunState]:
         ids = [self.run_id] if self.run_id else self.store.run_ids()
@@ -148,6 +149,7 @@ class Worker:
             return True
         beat = Heartbeat(self.db, lease, self.ttl_s)
         beat.start()
+        self.warmed = True  # the task starts the child it needs
         self.in_task = True
         try:
             events = self.role.execute(task, state)

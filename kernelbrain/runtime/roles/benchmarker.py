@@ -16,6 +16,11 @@ from kernelbrain.store import NewEvent
 class BenchmarkerRole(CandidateRole):
     name = "benchmarker"
 
+    def wants_warm(self, state: RunState) -> bool:
+        """Once candidates are proposed: a run whose problem fails its analysis, or that no template
+        matches, never starts a benchmark child (a torch import, a CUDA context)."""
+        return bool(state.candidates) and not state.problem_fault
+
     def tasks(self, state: RunState) -> list[Task]:
         # adjudications first, then the highest rung: those are what the scheduler's decisions wait on
         duels = [

@@ -18,6 +18,10 @@ class ProfilerRole(CandidateRole):
 
     name = "profiler"
 
+    def wants_warm(self, state: RunState) -> bool:
+        """Once a candidate is measured at a rung: profiles come after the ladder's top rung."""
+        return bool(state.ranking) and not state.problem_fault
+
     def tasks(self, state: RunState) -> list[Task]:
         return [Task(f"{state.run_id}/profile/{c.id}", c.id, state.top_rung) for c in state.profile_tasks()]
 
