@@ -64,16 +64,72 @@ def _floor_s(problem, shape: dict, ceil: dict, device: str) -> dict:
     }
 
 
+def side_by_side(problem, shape: dict, device: str, fns: dict[str, Any], repeats: int, name: str) -> tuple:
+    """`fns` (eager first) called on the same three fresh, distinct input draws and checked against eager,
+    then timed interleaved (who goes first rotating, CUDA events, L2 flushed): per key its median, IQR,
+    error against eager and first-calls time, or the error that stopped it; and the calls per sample."""
+    import torch
+
+    from kernelbrain.child.loading import outputs
+    from kernelbrain.child.timing import Timer, quartiles
+
+    timer = Timer(device)
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    fns = dict(fns)
+    sets = [problem.inputs(shape, 500 + i, device) for i in range(3)]
+    # never time on zeros or on one repeated draw: the three sets must be distinct random data
+    first = next(x for x in sets[0] if isinstance(x, torch.Tensor) and x.is_floating_point())
+    second = next(x for x in sets[1] if isinstance(x, torch.Tensor) and x.is_floating_point())
+    assert first.abs().sum() > 0 and not torch.equal(first, second), f"{name}: degenerate inputs"
+    errs: dict[str, float] = {}
+    compile_s: dict[str, float] = {}
+    rows: dict[str, dict] = {}
+    with torch.no_grad():
+        expect = [outputs(fns["eager"](*s)) for s in sets]
+        for key, fn in list(fns.items()):
+            t0 = time.perf_counter()
+            try:
+                got = [outputs(fn(*s)) for s in sets]
+                sync()
+            except Exception as e:  # a compile mode that fails is reported, not fatal
+                rows[key] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"}
+                del fns[key]
+                continue
+            compile_s[key] = time.perf_counter() - t0
+            errs[key] = max(_max_err(g, x) for g, x in zip(got, expect, strict=True))
+        for _ in range(3):
+            for fn in fns.values():
+                fn(*sets[0])
+        calls = timer.calls_for(*(lambda f=f, a=sets[0]: f(*a) for f in fns.values()))
+        times: dict[str, list[float]] = {k: [] for k in fns}
+        gc.collect()
+        gc.disable()
+        try:
+            keys = list(fns)
+            for i in range(repeats):
+                order = keys[i % len(keys) :] + keys[: i % len(keys)]  # rotate who goes first
+                for k in order:
+                    times[k].append(timer(lambda f=fns[k], a=sets[i % 3]: f(*a), calls))
+        finally:
+            gc.enable()
+    for k, ts in times.items():
+        med, iqr = quartiles(ts)
+        rows[k] = {
+            "median_s": med,
+            "iqr_s": iqr,
+            "max_abs_err_vs_eager": errs[k],
+            "first_calls_s": compile_s[k],
+        }
+    return rows, calls
+
+
 def compare(device: str, problems: list[str], outdir: Path, ceil_path: Path, repeats: int) -> None:
     import torch
 
-    from kernelbrain.child.loading import Problem, build, load_module, outputs
-    from kernelbrain.child.timing import Timer, quartiles
+    from kernelbrain.child.loading import Problem, build, load_module
     from kernelbrain.core.problem import shape_label
 
     ceil = load(ceil_path)
-    timer = Timer(device)
-    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     for name in problems:
         path = ROOT / "benchmarks" / "problems" / f"{name}.py"
         problem = Problem(path.read_text())
@@ -99,59 +155,17 @@ def compare(device: str, problems: list[str], outdir: Path, ceil_path: Path, rep
                 cand = load_module(src, f"winner_{arm}")
                 _, new = build(problem, cand, shape, device)
                 fns[f"kb_{arm}"] = new
-            compile_s = {}
             for mode in ("default", "max-autotune-no-cudagraphs"):
                 fns[f"compile_{mode}"] = torch.compile(
                     build(problem, None, shape, device)[0], **({} if mode == "default" else {"mode": mode})
                 )
-            sets = [problem.inputs(shape, 500 + i, device) for i in range(3)]
-            # never time on zeros or on one repeated draw: the three sets must be distinct random data
-            first = next(x for x in sets[0] if isinstance(x, torch.Tensor) and x.is_floating_point())
-            second = next(x for x in sets[1] if isinstance(x, torch.Tensor) and x.is_floating_point())
-            assert first.abs().sum() > 0 and not torch.equal(first, second), f"{name}: degenerate inputs"
-            errs: dict[str, float] = {}
-            rows: dict[str, dict] = {}
-            with torch.no_grad():
-                expect = [outputs(ref(*s)) for s in sets]
-                for key, fn in list(fns.items()):
-                    t0 = time.perf_counter()
-                    try:
-                        got = [outputs(fn(*s)) for s in sets]
-                        sync()
-                    except Exception as e:  # a compile mode that fails is reported, not fatal
-                        rows[key] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"}
-                        del fns[key]
-                        continue
-                    compile_s[key] = time.perf_counter() - t0
-                    errs[key] = max(_max_err(g, x) for g, x in zip(got, expect, strict=True))
-                for _ in range(3):
-                    for fn in fns.values():
-                        fn(*sets[0])
-                calls = timer.calls_for(*(lambda f=f, a=sets[0]: f(*a) for f in fns.values()))
-                times: dict[str, list[float]] = {k: [] for k in fns}
-                gc.collect()
-                gc.disable()
-                try:
-                    keys = list(fns)
-                    for i in range(repeats):
-                        order = keys[i % len(keys) :] + keys[: i % len(keys)]  # rotate who goes first
-                        for k in order:
-                            times[k].append(timer(lambda f=fns[k], a=sets[i % 3]: f(*a), calls))
-                finally:
-                    gc.enable()
-            for k, ts in times.items():
-                med, iqr = quartiles(ts)
-                rows[k] = {
-                    "median_s": med,
-                    "iqr_s": iqr,
-                    "max_abs_err_vs_eager": errs[k],
-                    "first_calls_s": compile_s[k],
-                }
+            rows, calls = side_by_side(problem, shape, device, fns, repeats, name)
             eager = rows["eager"]["median_s"]
-            for k in times:
+            timed = [k for k, r in rows.items() if "median_s" in r]
+            for k in timed:
                 rows[k]["speedup_vs_eager"] = eager / rows[k]["median_s"]
             floor = _floor_s(problem, shape, ceil, device)
-            for k in times:
+            for k in timed:
                 rows[k]["floor_fraction"] = floor["floor_s"] / rows[k]["median_s"]
             result["shapes"].append(
                 {
@@ -163,7 +177,7 @@ def compare(device: str, problems: list[str], outdir: Path, ceil_path: Path, rep
                     "times": rows,
                 }
             )
-            del fns, sets, expect
+            del fns
             if device == "cuda":
                 torch.cuda.empty_cache()
             print(

@@ -1,0 +1,90 @@
+"""tools/kernelbench_sweep.py on a small KernelBench-format folder, on CPU: a file kb has a template for
+(stopped by the time limit, then resumed by the next sweep to a timed winner), one it has none for, and
+one kb refuses; each gets its JSON, the table counts fast_0/fast_1 per level and names every miss, and a
+sweep started again redoes nothing."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from kernelbrain.store import EventStore
+
+from tests.kbcli import kb_env
+
+ROOT = Path(__file__).resolve().parents[1]
+SWEEP = ROOT / "tools" / "kernelbench_sweep.py"
+
+SOFTMAX = """
+import torch
+import torch.nn as nn
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.softmax(x, dim=1)
+
+batch_size = 8
+dim = 96
+
+def get_inputs():
+    return [torch.randn(batch_size, dim)]
+
+def get_init_inputs():
+    return []
+"""
+
+CUMSUM = SOFTMAX.replace("torch.softmax(x, dim=1)", "torch.cumsum(x, dim=1)")
+NO_INPUTS = SOFTMAX.replace("def get_inputs():", "def make_inputs():")
+
+
+def _sweep(kernelbench: Path, tmp: Path, *extra: str) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, str(SWEEP), "--kernelbench", str(kernelbench), "--levels", "1"]
+    cmd += ["--db", str(tmp / "sweep.db"), "--out", str(tmp / "out"), "--device", "cpu", "--repeats", "3"]
+    cmd += ["--max-candidates", "2", "--budget-gpu-s", "600", *extra]
+    env = kb_env(TRITON_INTERPRET="1")
+    return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+
+
+def test_the_sweep_resumes_times_winners_and_names_every_miss(tmp_path):
+    kernelbench = tmp_path / "kernelbench"
+    (kernelbench / "level1").mkdir(parents=True)
+    (kernelbench / "level1" / "1_Softmax.py").write_text(SOFTMAX)
+    (kernelbench / "level1" / "2_Cumsum.py").write_text(CUMSUM)
+    (kernelbench / "level1" / "3_NoInputs.py").write_text(NO_INPUTS)
+    out = tmp_path / "out"
+
+    # a time limit that stops the softmax run mid-way: no result for it, its run left resumable
+    r = _sweep(kernelbench, tmp_path, "--only", "Softmax", "--time-limit-s", "8")
+    assert r.returncode == 0, r.stderr
+    assert "kb exit 130" in r.stdout, r.stdout
+    assert not (out / "level1" / "1_Softmax.json").exists()
+    with EventStore(str(tmp_path / "sweep.db"), create=False, readonly=True) as store:
+        (first,) = store.run_ids()
+
+    r = _sweep(kernelbench, tmp_path)
+    assert r.returncode == 0, r.stderr
+    soft = json.loads((out / "level1" / "1_Softmax.json").read_text())
+    assert soft["run_id"] == first, "the stopped run was resumed, not started again"
+    assert soft["winner"] and soft["winner_family"] == "row_softmax" and soft["gate_passed"] >= 1
+    times = soft["timing"]["times"]
+    assert {"eager", "kb"} <= set(times) and times["kb"]["max_abs_err_vs_eager"] < 1e-4
+    assert soft["speedup"]["vs_eager"] == times["eager"]["median_s"] / times["kb"]["median_s"]
+    cumsum = json.loads((out / "level1" / "2_Cumsum.json").read_text())
+    assert cumsum["winner"] is None and cumsum["miss"] == "no offline template", cumsum
+    refused = json.loads((out / "level1" / "3_NoInputs.json").read_text())
+    assert refused["miss"].startswith("kb refused the file") and "get_inputs" in refused["miss"], refused
+
+    table = (out / "README.md").read_text()
+    assert "| 1 | 1/3 |" in table, table  # one correct kernel of three files
+    assert "no offline template (1)" in table and "kb refused the file (1)" in table
+    assert "| level1/2_Cumsum.py | - | 0 / 0 |" in table
+
+    again = _sweep(kernelbench, tmp_path)
+    assert "3 done earlier, 0 to go" in again.stdout, again.stdout
+    with EventStore(str(tmp_path / "sweep.db"), create=False, readonly=True) as store:
+        assert len(store.run_ids()) == 2  # softmax and cumsum; kb refused the third before any run

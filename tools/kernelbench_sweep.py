@@ -1,0 +1,361 @@
+"""Issue 15's sweep: `kb run` on every KernelBench file of a folder, then each winner timed against eager
+PyTorch and torch.compile in one process on fresh inputs.
+
+    python tools/kernelbench_sweep.py --kernelbench DIR [--levels 1,2] [--db DB] [--out DIR]
+        [--budget-gpu-s 60] [--max-candidates 8] [--jobs 1] [--time-limit-s 0] [--only REGEX]
+
+Its state is kb's own: every problem's run lives in one database (--db), and a problem's result JSON is
+written once its run has ended and its winner (if any) was timed. Started again, it skips what has a
+result, resumes runs left unfinished (`kb resume`) and starts the rest, so the sweep can be spread over
+device calls of 10 minutes and over days: --time-limit-s stops it in time (a run in flight is stopped
+with SIGTERM, kb's own resumable stop). Runs may go side by side (--jobs; their own timings are then
+noisier, the reported ones are not: every winner is timed alone, afterwards).
+
+Writes OUT/levelN/STEM.json per problem and OUT/README.md: per problem the family kb matched, what the
+gate said, the winner's speedup over eager and over torch.compile, or why there is none; per level
+fast_0 (a correct kernel) and fast_1 (correct and faster than eager, and than torch.compile). The
+`measure` subcommand is the timing of one winner, run by the sweep in its own process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # for tools.*; appended, so an installed kb comes first
+    sys.path.append(str(ROOT))
+
+from tools.h200_records import dump, load  # noqa: E402
+
+# the fields of a result whose file kb refused before starting a run
+REFUSED = {"run_id": None, "finished": True, "families": [], "candidates": 0, "gate_passed": 0}
+REFUSED |= {"gate_failed": {}, "winner": None, "winner_family": None, "gpu_s": 0.0, "speedup": {}}
+COMMAND = "python tools/kernelbench_sweep.py --kernelbench {dir} --levels {levels}"
+
+
+def problem_files(kernelbench: Path, levels: list[int], only: str | None) -> list[tuple[int, Path]]:
+    """(level, file) for every problem file of the levels, in KernelBench's numeric order."""
+
+    def number(p: Path) -> int:
+        head = p.name.split("_", 1)[0]
+        return int(head) if head.isdigit() else 10**6
+
+    out = []
+    for level in levels:
+        folder = kernelbench / f"level{level}"
+        if not folder.is_dir():
+            raise SystemExit(f"{folder} is not a folder: pass --kernelbench the folder holding level1, ...")
+        files = sorted(folder.glob("*.py"), key=lambda p: (number(p), p.name))
+        out += [(level, p) for p in files if only is None or re.search(only, p.name)]
+    return out
+
+
+def result_path(out: Path, level: int, path: Path) -> Path:
+    return out / f"level{level}" / f"{path.stem}.json"
+
+
+def run_for(db: Path, path: Path) -> str | None:
+    """The newest run in the database of this exact file (same name, same source), if any."""
+    if not db.exists():
+        return None
+    from kernelbrain.store import EventStore
+
+    from kernelbrain.core.events import decode
+    from kernelbrain.core.problem import source_hash
+
+    want = source_hash(path.read_text())
+    with EventStore(str(db), create=False, readonly=True) as store:
+        runs = [raw.run_id for raw in store.read(types=["RunStarted"]) if decode(raw).problem_hash == want]
+    return runs[-1] if runs else None
+
+
+def kb_command(path: Path, db: Path, args: argparse.Namespace) -> list[str]:
+    run_id = run_for(db, path)
+    kb = [sys.executable, "-m", "kernelbrain"]
+    if run_id is not None:
+        return [*kb, "resume", run_id, "--db", str(db), "--quiet"]
+    return [
+        *kb,
+        "run",
+        str(path),
+        "--db",
+        str(db),
+        "--quiet",
+        "--budget-gpu-s",
+        str(args.budget_gpu_s),
+        "--max-candidates",
+        str(args.max_candidates),
+        *(["--device", args.device] if args.device else []),
+    ]
+
+
+def drive(path: Path, db: Path, args: argparse.Namespace, deadline: float) -> tuple[int, str]:
+    """`kb run` (or `kb resume`) on one file until it ends or the deadline: its exit code and last line."""
+    cmd = kb_command(path, db, args)
+    if cmd[3] == "resume" and _finished(db, cmd[4]):
+        return 0, "finished earlier"
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        out, _ = proc.communicate(timeout=_left(deadline))
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGTERM)  # kb stops its workers and leaves the run resumable (130)
+        out, _ = proc.communicate()
+    lines = (out or "").strip().splitlines()
+    return proc.returncode, lines[-1] if lines else ""
+
+
+def _finished(db: Path, run_id: str) -> bool:
+    from kernelbrain.store import EventStore
+
+    from kernelbrain.runtime.runner import load_state
+
+    with EventStore(str(db), create=False, readonly=True) as store:
+        return load_state(store, run_id).finished is not None
+
+
+def outcome(db: Path, run_id: str) -> dict[str, Any]:
+    """What the run recorded: its end, the families, the gate's verdicts, the winner, or why none."""
+    from kernelbrain.store import EventStore
+
+    from kernelbrain.runtime.runner import load_state
+
+    with EventStore(str(db), create=False, readonly=True) as store:
+        state = load_state(store, run_id)
+    gates = [c.gate for c in state.candidates.values() if c.gate is not None]
+    failed = collections.Counter(g.category for g in gates if g.TYPE == "GateFailed")
+    passed = sum(g.TYPE == "GatePassed" for g in gates)
+    fin = state.finished
+    winner = fin.winner if fin else None
+    a = state.analysis
+    out = {
+        "run_id": run_id,
+        "finished": fin is not None,
+        "reason": fin.reason if fin else "unfinished",
+        "families": a.families if a else [],
+        "ops": sorted({o["op"] for o in a.ops}) if a else [],
+        "candidates": len(state.candidates),
+        "gate_passed": passed,
+        "gate_failed": dict(failed),
+        "winner": winner,
+        "winner_family": state.candidates[winner].proposal.family if winner else None,
+        "gpu_s": state.gpu_s,
+        "wall_s": state.wall_s,
+    }
+    if state.problem_fault:
+        out["miss"] = f"problem fault: {state.problem_fault}"
+    elif fin is None:
+        out["miss"] = "run unfinished"
+    elif not state.candidates:
+        note = state.generation.get("round0")
+        out["miss"] = "no offline template" if note is None or "template" in note.note else note.note
+    elif winner is None:
+        out["miss"] = "every candidate failed: " + ", ".join(f"{k} x{n}" for k, n in sorted(failed.items()))
+    return out
+
+
+def measure_winner(problem_file: Path, db: Path, run_id: str, out: Path, repeats: int, device: str) -> None:
+    """The winner, eager PyTorch and torch.compile (default mode) in this process, on the same fresh
+    inputs at the file's own shape, timed interleaved (tools/h200_compare.side_by_side)."""
+    import torch
+    from kernelbrain.store import EventStore
+
+    from kernelbrain.child.loading import Problem, build, load_module
+    from kernelbrain.runtime.runner import load_state
+    from tools.h200_compare import side_by_side
+
+    with EventStore(str(db), create=False, readonly=True) as store:
+        state = load_state(store, run_id)
+        assert state.finished is not None and state.finished.winner, f"{run_id} has no winner"
+        source = store.get_blob(state.candidates[state.finished.winner].proposal.source).decode()
+    problem = Problem(problem_file.read_text())
+    shape = problem.shapes[0]
+    ref, _ = build(problem, None, shape, device)
+    _, new = build(problem, load_module(source, "winner"), shape, device)
+    fns = {"eager": ref, "kb": new, "compile": torch.compile(build(problem, None, shape, device)[0])}
+    rows, calls = side_by_side(problem, shape, device, fns, repeats, problem_file.stem)
+    dump(out, {"shape": "file's own", "calls": calls, "repeats": repeats, "device": device, "times": rows})
+
+
+def timed(problem_file: Path, db: Path, run_id: str, args: argparse.Namespace, deadline: float) -> dict:
+    """The `measure` subcommand in its own process (a crash or an OOM there is this problem's only)."""
+    scratch = args.out / ".timing" / f"{problem_file.stem}.json"
+    scratch.unlink(missing_ok=True)
+    cmd = [sys.executable, __file__, "measure", str(problem_file), "--db", str(args.db), "--run", run_id]
+    cmd += ["--to", str(scratch), "--repeats", str(args.repeats), "--device", args.device or _device()]
+    try:
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=_left(deadline))
+    except subprocess.TimeoutExpired:
+        return {"error": "timing did not finish before the sweep's time limit"}
+    if r.returncode != 0 or not scratch.exists():
+        tail = (r.stderr.strip().splitlines() or ["no output"])[-1]
+        return {"error": f"timing failed (exit {r.returncode}): {tail[:300]}"}
+    return load(scratch)
+
+
+def _left(deadline: float) -> float | None:
+    """Seconds to the deadline (at least one), None for no deadline."""
+    return None if deadline == float("inf") else max(1.0, deadline - time.monotonic())
+
+
+def _device() -> str:
+    from kernelbrain.runtime.runner import detect_device
+
+    return detect_device()
+
+
+def speedups(result: dict) -> dict:
+    t = result.get("timing", {}).get("times", {})
+    kb, eager, comp = (t.get(k, {}).get("median_s") for k in ("kb", "eager", "compile"))
+    out = {"vs_eager": eager / kb if kb and eager else None, "vs_compile": comp / kb if kb and comp else None}
+    if result.get("winner") and out["vs_eager"] is not None and out["vs_eager"] <= 1 and "miss" not in result:
+        result["miss"] = f"slower than eager ({out['vs_eager']:.2f}x)"
+    return out
+
+
+def sweep(args: argparse.Namespace) -> None:
+    deadline = time.monotonic() + args.time_limit_s if args.time_limit_s else float("inf")
+    files = problem_files(args.kernelbench, args.levels, args.only)
+    todo = [(lv, p) for lv, p in files if not result_path(args.out, lv, p).exists()]
+    print(f"{len(files)} problem files, {len(files) - len(todo)} done earlier, {len(todo)} to go", flush=True)
+    args.out.mkdir(parents=True, exist_ok=True)
+
+    def one(item: tuple[int, Path]) -> tuple[int, Path, int, str]:
+        level, path = item
+        if time.monotonic() >= deadline:
+            return level, path, -1, "not started: time limit"
+        code, last = drive(path, args.db, args, deadline)
+        print(f"level{level}/{path.name}: kb exit {code}: {last[:160]}", flush=True)
+        return level, path, code, last
+
+    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+        ended = list(pool.map(one, todo))
+    for level, path, code, last in ended:  # timed one at a time, nothing else running
+        if code < 0 or time.monotonic() >= deadline:
+            continue
+        run_id = run_for(args.db, path)
+        result = {"level": level, "problem": path.stem, "file": f"level{level}/{path.name}", "exit": code}
+        if run_id is None:  # kb refused the file before recording a run: its last line says why
+            result |= {**REFUSED, "miss": f"kb refused the file: {last}"}
+            dump(result_path(args.out, level, path), result)
+            continue
+        result |= outcome(args.db, run_id)
+        if not result["finished"]:
+            continue  # stopped by the time limit: resumed next time
+        result["last_line"] = last
+        if result["winner"]:
+            result["timing"] = timed(path, args.db, run_id, args, deadline)
+            if "error" in result["timing"] and "time limit" in result["timing"]["error"]:
+                continue
+        result["speedup"] = speedups(result)
+        dump(result_path(args.out, level, path), result)
+    table(args)
+
+
+def table(args: argparse.Namespace) -> None:
+    """OUT/README.md from every result JSON: a row per problem, fast_0/fast_1 per level, the misses."""
+    results = sorted(
+        (load(p) for p in args.out.glob("level*/*.json")),
+        key=lambda r: (r["level"], int(r["problem"].split("_")[0]) if r["problem"][0].isdigit() else 0),
+    )
+    total = {lv: len(problem_files(args.kernelbench, [lv], args.only)) for lv in args.levels}
+    lines = [
+        "# KernelBench sweep",
+        "",
+        f"Command: `{COMMAND.format(dir='KERNELBENCH', levels=','.join(map(str, args.levels)))} "
+        f"--budget-gpu-s {args.budget_gpu_s} --max-candidates {args.max_candidates} --jobs {args.jobs}`, "
+        "over as many device calls as it took (each resumes the last). Speedups: the winner against eager "
+        "PyTorch and torch.compile (default mode) in one process, same fresh inputs, the file's own shape, "
+        f"timed interleaved, medians of {args.repeats} samples (IQR in the JSON).",
+        "",
+        "| level | fast_0 (correct) | fast_1 vs eager | fast_1 vs compile | swept |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for lv in args.levels:
+        rs = [r for r in results if r["level"] == lv]
+        correct = [r for r in rs if r.get("winner") and "error" not in r.get("timing", {})]
+        f1e = [r for r in correct if (r["speedup"]["vs_eager"] or 0) > 1]
+        f1c = [r for r in correct if (r["speedup"]["vs_compile"] or 0) > 1]
+        n = total[lv]
+        lines.append(
+            f"| {lv} | {len(correct)}/{n} | {len(f1e)}/{n} | {len(f1c)}/{n} | {len(rs)} of {n} files |"
+        )
+    misses = collections.Counter(_reason_class(r["miss"]) for r in results if r.get("miss"))
+    lines += [
+        "",
+        "Most common reasons for a miss: " + "; ".join(f"{k} ({n})" for k, n in misses.most_common()),
+    ]
+    lines += [
+        "",
+        "| file | family | gate passed / failed | vs eager | vs compile | kb GPU s | miss |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in results:
+        s = r.get("speedup", {})
+        failed = ", ".join(f"{k} {n}" for k, n in r["gate_failed"].items()) or "0"
+        lines.append(
+            f"| {r['file']} | {r['winner_family'] or ', '.join(r['families']) or '-'} | "
+            f"{r['gate_passed']} / {failed} | {_x(s.get('vs_eager'))} | {_x(s.get('vs_compile'))} | "
+            f"{r['gpu_s']:.1f} | {(r.get('miss') or '').replace('|', '/')[:140]} |"
+        )
+    (args.out / "README.md").write_text("\n".join(lines) + "\n")
+
+
+def _x(v: float | None) -> str:
+    return f"{v:.2f}x" if v is not None else "-"
+
+
+def _reason_class(miss: str) -> str:
+    if miss.startswith("every candidate failed"):
+        return "every candidate failed the gate"
+    if miss.startswith("slower than eager"):
+        return "slower than eager"
+    return miss.split(":")[0]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd")
+    m = sub.add_parser("measure", help="time one finished run's winner (the sweep runs it)")
+    m.add_argument("problem", type=Path)
+    m.add_argument("--db", type=Path, required=True)
+    m.add_argument("--run", required=True)
+    m.add_argument("--to", type=Path, required=True)
+    m.add_argument("--repeats", type=int, default=20)
+    m.add_argument("--device", default="cuda")
+    ap.add_argument("--kernelbench", type=Path, help="the folder holding level1/, level2/, ...")
+    ap.add_argument("--levels", default="1,2", type=lambda s: [int(x) for x in s.split(",")])
+    ap.add_argument("--db", type=Path, default=ROOT / "benchmarks" / "results" / "kernelbench" / "sweep.db")
+    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "kernelbench")
+    ap.add_argument("--budget-gpu-s", type=float, default=60.0, help="per problem")
+    ap.add_argument("--max-candidates", type=int, default=8)
+    ap.add_argument("--jobs", type=int, default=1, help="kb runs side by side")
+    ap.add_argument("--time-limit-s", type=float, default=0.0, help="stop in time (0: none)")
+    ap.add_argument("--repeats", type=int, default=20, help="timed samples per contender")
+    ap.add_argument("--device", default=None, help="cuda or cpu (default: what this machine has)")
+    ap.add_argument("--only", default=None, help="only files whose name matches this regex")
+    ap.add_argument("--table-only", action="store_true", help="rewrite README.md from the JSON files")
+    args = ap.parse_args()
+    if args.cmd == "measure":
+        measure_winner(args.problem, args.db, args.run, args.to, args.repeats, args.device)
+        return
+    if args.kernelbench is None:
+        ap.error("--kernelbench DIR is required")
+    os.environ.setdefault("PYTHONPATH", str(ROOT))
+    if args.table_only:
+        table(args)
+    else:
+        sweep(args)
+
+
+if __name__ == "__main__":
+    main()
