@@ -224,6 +224,9 @@ def speedups(result: dict) -> dict:
 
 def sweep(args: argparse.Namespace) -> None:
     deadline = time.monotonic() + args.time_limit_s if args.time_limit_s else float("inf")
+    # runs stop this much before the limit, so the winners of the runs that ended are timed within it
+    reserve = min(args.timing_reserve_s, args.time_limit_s / 3)
+    runs_until = deadline - reserve if args.time_limit_s else deadline
     files = problem_files(args.kernelbench, args.levels, args.only)
     todo = [(lv, p) for lv, p in files if not result_path(args.out, lv, p).exists()]
     print(f"{len(files)} problem files, {len(files) - len(todo)} done earlier, {len(todo)} to go", flush=True)
@@ -231,16 +234,16 @@ def sweep(args: argparse.Namespace) -> None:
 
     def one(item: tuple[int, Path]) -> tuple[int, Path, int, str]:
         level, path = item
-        if time.monotonic() >= deadline:
+        if time.monotonic() >= runs_until:
             return level, path, -1, "not started: time limit"
-        code, last = drive(path, args.db, args, deadline)
+        code, last = drive(path, args.db, args, runs_until)
         print(f"level{level}/{path.name}: kb exit {code}: {last[:160]}", flush=True)
         return level, path, code, last
 
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
         ended = list(pool.map(one, todo))
     for level, path, code, last in ended:  # timed one at a time, nothing else running
-        if code < 0 or time.monotonic() >= deadline:
+        if code < 0:
             continue
         run_id = run_for(args.db, path)
         result = {"level": level, "problem": path.stem, "file": f"level{level}/{path.name}", "exit": code}
@@ -253,6 +256,8 @@ def sweep(args: argparse.Namespace) -> None:
             continue  # stopped by the time limit: resumed next time
         result["last_line"] = last
         if result["winner"]:
+            if time.monotonic() >= deadline:
+                continue  # timed by the next sweep (its run is finished: nothing is run again)
             result["timing"] = timed(path, args.db, run_id, args, deadline)
             if "error" in result["timing"] and "time limit" in result["timing"]["error"]:
                 continue
@@ -341,6 +346,9 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=1, help="kb runs side by side")
     ap.add_argument("--time-limit-s", type=float, default=0.0, help="stop in time (0: none)")
     ap.add_argument("--repeats", type=int, default=20, help="timed samples per contender")
+    ap.add_argument(
+        "--timing-reserve-s", type=float, default=150.0, help="of the time limit, kept for timing winners"
+    )
     ap.add_argument("--device", default=None, help="cuda or cpu (default: what this machine has)")
     ap.add_argument("--only", default=None, help="only files whose name matches this regex")
     ap.add_argument("--table-only", action="store_true", help="rewrite README.md from the JSON files")

@@ -53,6 +53,8 @@ def report(run_id: str, state: RunState, finished: RunFinished | None, as_json: 
             f"the problem file {where} cannot be evaluated as it is ({problem_fault}); "
             f"fix it so that Model(*get_init_inputs())(*get_inputs()) runs (exit {EXIT_PROBLEM})"
         )
+    elif not state.candidates:
+        click.echo(f"no candidate was proposed: no kernel (exit {EXIT_NO_KERNEL})")
     else:
         click.echo(f"no candidate passed the gate and the ladder: no kernel (exit {EXIT_NO_KERNEL})")
     return code
