@@ -26,6 +26,7 @@ import re
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -80,7 +81,8 @@ def run_for(db: Path, path: Path) -> str | None:
 
 
 def kb_command(path: Path, db: Path, args: argparse.Namespace) -> list[str]:
-    run_id = run_for(db, path)
+    fresh = args.fresh is not None and re.search(args.fresh, path.name)
+    run_id = None if fresh else run_for(db, path)
     kb = [sys.executable, "-m", "kernelbrain"]
     if run_id is not None:
         return [*kb, "resume", run_id, "--db", str(db), "--quiet"]
@@ -159,7 +161,12 @@ def outcome(db: Path, run_id: str) -> dict[str, Any]:
         note = state.generation.get("round0")
         out["miss"] = "no offline template" if note is None or "template" in note.note else note.note
     elif winner is None:
-        out["miss"] = "every candidate failed: " + ", ".join(f"{k} x{n}" for k, n in sorted(failed.items()))
+        benched = [c.bench_failed for c in state.candidates.values() if c.bench_failed is not None]
+        out["bench_failed"] = dict(collections.Counter(b.category for b in benched))
+        said = [f"gate {k} x{n}" for k, n in sorted(failed.items())]
+        said += [f"benchmark {k} x{n}" for k, n in sorted(out["bench_failed"].items())]
+        first = (benched[0].detail if benched else "").splitlines()[:1]
+        out["miss"] = "every candidate failed: " + ", ".join(said) + (f" ({first[0][:120]})" if first else "")
     return out
 
 
@@ -188,8 +195,7 @@ def measure_winner(problem_file: Path, db: Path, run_id: str, out: Path, repeats
 
 def timed(problem_file: Path, db: Path, run_id: str, args: argparse.Namespace, deadline: float) -> dict:
     """The `measure` subcommand in its own process (a crash or an OOM there is this problem's only)."""
-    scratch = args.out / ".timing" / f"{problem_file.stem}.json"
-    scratch.unlink(missing_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix="kb-sweep-")) / f"{problem_file.stem}.json"
     cmd = [sys.executable, __file__, "measure", str(problem_file), "--db", str(args.db), "--run", run_id]
     cmd += ["--to", str(scratch), "--repeats", str(args.repeats), "--device", args.device or _device()]
     try:
@@ -228,6 +234,10 @@ def sweep(args: argparse.Namespace) -> None:
     reserve = min(args.timing_reserve_s, args.time_limit_s / 3)
     runs_until = deadline - reserve if args.time_limit_s else deadline
     files = problem_files(args.kernelbench, args.levels, args.only)
+    if args.fresh is not None:  # results to redo: their files run again from scratch
+        for lv, p in files:
+            if re.search(args.fresh, p.name):
+                result_path(args.out, lv, p).unlink(missing_ok=True)
     todo = [(lv, p) for lv, p in files if not result_path(args.out, lv, p).exists()]
     print(f"{len(files)} problem files, {len(files) - len(todo)} done earlier, {len(todo)} to go", flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -351,6 +361,7 @@ def main() -> None:
     )
     ap.add_argument("--device", default=None, help="cuda or cpu (default: what this machine has)")
     ap.add_argument("--only", default=None, help="only files whose name matches this regex")
+    ap.add_argument("--fresh", default=None, help="start new runs for files matching this regex")
     ap.add_argument("--table-only", action="store_true", help="rewrite README.md from the JSON files")
     args = ap.parse_args()
     if args.cmd == "measure":
