@@ -33,6 +33,9 @@ FOREIGN = {
     "--knobs": "tools/gpu_template_check.py",  # a tuning variant for the GPU check
     "--extra": "tools/attn_check.py",
     "--host": "tools/kernel_breakdown.py",  # host time a call
+    "--kernelbench": "tools/kernelbench_sweep.py",  # the KernelBench sweep
+    "--levels": "tools/kernelbench_sweep.py",
+    "--time-limit-s": "tools/kernelbench_sweep.py",
 }
 LONG = re.compile(r"(?<![\w-])--[a-z][a-z0-9-]*")
 SHORT = re.compile(r"(?<![\w-])-[a-zA-Z](?![\w-])")

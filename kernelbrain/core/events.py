@@ -124,9 +124,7 @@ class ProblemAnalysed(Event):
     error: str | None = None  # set when the problem could not be loaded or traced
     traced_on: str = ""  # "meta": traced from shapes alone, no GPU time; else the device it ran on
     rung_shapes: list[str] = []  # the shapes the rungs time on the run's device (newer): on CPU, one
-    # where the rungs time another shape than the file's primary (CPU), the ops traced there on the meta
-    # device, so no strategy that cannot run the primary shape is proposed (newer; [] where not traceable)
-    primary_ops: list[dict[str, Any]] = []
+    primary_ops: list[dict[str, Any]] = []  # ops at the file's primary shape where rungs time another (newer)
 
 
 class GenerationFailed(Event):
