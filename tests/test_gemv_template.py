@@ -77,7 +77,9 @@ def problem_variants() -> dict[str, str]:
 
 def test_matches_the_traced_matmul_and_nothing_else(analyses):
     ops = analyses["seed"]["ops"]
-    assert ops == [{"op": "matmul", "ndim": 2, "shape": [64, 4096], "dtype": "float32"}]
+    assert ops == [
+        {"op": "matmul", "ndim": 2, "shape": [64, 4096], "dtype": "float32", "other_shape": [4096, 1]}
+    ]
     assert gemv.matches(ops) == {"m": 64, "k": 4096, "batch": 1, "dtype": "float32"}
     assert gemv.matches(analyses["irregular"]["ops"])["k"] == 3001
     assert gemv.matches(analyses["vector"]["ops"])["m"] == 24
@@ -94,6 +96,11 @@ def test_matches_the_traced_matmul_and_nothing_else(analyses):
     assert gemv.matches([{**x, "dtype": "int64"}]) is None
     assert gemv.matches([x, {"op": "relu", "ndim": 2, "shape": [4, 1], "dtype": "float32"}]) is None
     assert gemv.matches([{**x, "op": "__matmul__"}]) is not None
+    # the second operand: a vector or a few columns with A's K; a GEMM's N, or another K, is not gemv
+    assert gemv.matches([{**x, "other_shape": [8]}]) is not None
+    assert gemv.matches([{**x, "other_shape": [8, 16]}]) is not None
+    assert gemv.matches([{**x, "other_shape": [8, 17]}]) is None
+    assert gemv.matches([{**x, "other_shape": [4, 1]}]) is None
     # the (B, K) spelling only with its own unsqueeze before and squeeze after, both at the last dim
     bmm = {"op": "bmm", "ndim": 3, "shape": [2, 4, 8], "dtype": "float32"}
     unsq = {"op": "unsqueeze", "ndim": 2, "shape": [2, 8], "dtype": "float32", "dim": -1}
@@ -162,3 +169,27 @@ def test_kb_run_on_the_seed_problem_picks_a_gemv_winner(tmp_path):
     assert state.finished.winner
     assert {c.proposal.family for c in state.candidates.values()} == {"gemv"}
     assert state.candidates[state.finished.winner].proposal.family == "gemv"
+
+
+def test_a_family_that_the_files_own_shape_does_not_match_is_not_used():
+    """On CPU the rungs time a fitted shape: a GEMM fitted down to a few columns looks like gemv there,
+    but the file's own shape (the analysis's primary_ops) is a GEMM, so no gemv kernel is proposed."""
+    from kernelbrain.core.events import ProblemAnalysed
+    from kernelbrain.generators.base import GenerationError
+    from kernelbrain.generators.expert import ExpertGenerator
+
+    def product(m: int, k: int, n: int) -> list[dict]:
+        return [{"op": "matmul", "ndim": 2, "shape": [m, k], "dtype": "float32", "other_shape": [k, n]}]
+
+    def analysis(primary: list[dict]) -> ProblemAnalysed:
+        ops = product(16, 64, 4)
+        sig = {"init": [], "forward": ["A", "B"]}
+        return ProblemAnalysed(
+            ops=ops, families=[], flops=1, bytes=1, shapes=["d"], signature=sig, primary_ops=primary
+        )
+
+    gen = ExpertGenerator()
+    assert gen.match_family(analysis([]))[0] is gemv  # a GPU run: the traced shape is the file's
+    assert gen.match_family(analysis(product(2048, 8192, 4)))[0] is gemv
+    with pytest.raises(GenerationError, match="no offline template"):
+        gen.match_family(analysis(product(2048, 8192, 4096)))

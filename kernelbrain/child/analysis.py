@@ -18,6 +18,9 @@ from kernelbrain.child.loading import (
 )
 from kernelbrain.core.problem import shape_label
 
+# products whose second operand's shape the recorder keeps (the first one's it keeps for every op)
+MATMULS = {"matmul", "__matmul__", "mm", "mv", "bmm"}
+
 
 def record_calls(model: torch.nn.Module, inputs: list) -> list[dict]:
     from torch.overrides import TorchFunctionMode
@@ -40,6 +43,8 @@ def record_calls(model: torch.nn.Module, inputs: list) -> list[dict]:
                         detail[k] = kwargs[k]
                 if "dim" not in detail and len(args) > 1 and isinstance(args[1], int):
                     detail["dim"] = args[1]
+                if name in MATMULS and len(args) > 1 and isinstance(args[1], torch.Tensor):
+                    detail["other_shape"] = list(args[1].shape)  # a product's N: a vector or a matrix
                 if name == "layer_norm":  # the normalised trailing dims: the row length D
                     dims = args[1] if len(args) > 1 else kwargs.get("normalized_shape")
                     dims = [dims] if type(dims) is int else dims

@@ -24,6 +24,8 @@ class ExpertGenerator(Generator):
             if name is not None and name != family.FAMILY:
                 continue
             spec = family.matches(analysis.ops)
+            if spec is not None and analysis.primary_ops and family.matches(analysis.primary_ops) is None:
+                continue  # what the rungs time is this family's, the file's own shape is not (CPU)
             # what the trace cannot show (parameter names, normalised dims) a family reads from the source
             refine = getattr(family, "refine", None)
             if spec is not None and refine is not None:

@@ -27,8 +27,8 @@ from kernelbrain.templates import (
     row_softmax,
 )
 
-# each matcher wants its own op sequence, so the order only breaks ties; gemv last: the trace records only
-# matmul's first operand, so any lone matmul would match it
+# each matcher wants its own op sequence, so the order only breaks ties; gemv last: it takes any lone
+# matmul of a vector or a few columns
 FAMILIES = (row_softmax, rmsnorm, layernorm, l2norm, gemm_epilogue, attention, conv_transpose, gemv)
 
 

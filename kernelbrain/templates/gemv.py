@@ -19,8 +19,9 @@ Batched: A (B, M, K) times x (B, K, 1) (torch.bmm / torch.matmul), or (B, K) spe
 reading its batch's A rows and vector. A 2-D (or 1-D) x with a 3-D A is matmul's broadcast: the same
 vector for every batch, so A is served as one (B*M, K) matrix.
 
-The trace records only A's shape (the first tensor argument of matmul): a second operand with more
-than one column (a real batched GEMM) is served column by column (a grid axis), correct but slow.
+A second operand with a few columns (up to MAX_N: a small batched GEMM) is served column by column (a
+grid axis), correct but slow; with more, or with a K that is not A's last dim (a transposed operand the
+trace does not show), the family does not match.
 y has A's dtype.
 """
 
@@ -33,6 +34,8 @@ from kernelbrain.templates import model_source
 FAMILY = "gemv"
 # accumulator elements a program may hold; past this Triton spends minutes compiling a kernel that spills
 MAX_TILE = 16384
+# columns of x served one by one (a grid axis): past this the product is a GEMM, not this family's
+MAX_N = 16
 # accumulator elements per thread: above this the accumulator, the loaded tile and x no longer fit registers
 MAX_PER_THREAD = 64
 FLOAT_DTYPES = {"float32", "float16", "bfloat16"}
@@ -92,6 +95,11 @@ def matches(ops: list[dict]) -> dict | None:
     if op.get("dtype") not in FLOAT_DTYPES or op.get("ndim") not in (2, 3) or len(shape) != op.get("ndim"):
         return None
     spec = {"m": shape[-2], "k": shape[-1], "batch": shape[0] if len(shape) == 3 else 1, "dtype": op["dtype"]}
+    other = op.get("other_shape")  # absent in older traces
+    if other is not None and not column:
+        n, k = (1, other[0]) if len(other) == 1 else (other[-1], other[-2])
+        if k != spec["k"] or n > MAX_N:
+            return None  # a GEMM (a matrix, not a few columns), or operands this spelling does not show
     if column:
         # x (B, K) made (B, K, 1), the product (B, M, 1) made (B, M): nothing else is this spelling
         if len(shape) != 3:
