@@ -80,9 +80,7 @@ def run_for(db: Path, path: Path) -> str | None:
     return runs[-1] if runs else None
 
 
-def kb_command(path: Path, db: Path, args: argparse.Namespace) -> list[str]:
-    fresh = args.fresh is not None and re.search(args.fresh, path.name)
-    run_id = None if fresh else run_for(db, path)
+def kb_command(path: Path, db: Path, args: argparse.Namespace, run_id: str | None) -> list[str]:
     kb = [sys.executable, "-m", "kernelbrain"]
     if run_id is not None:
         return [*kb, "resume", run_id, "--db", str(db), "--quiet"]
@@ -103,9 +101,11 @@ def kb_command(path: Path, db: Path, args: argparse.Namespace) -> list[str]:
 
 def drive(path: Path, db: Path, args: argparse.Namespace, deadline: float) -> tuple[int, str]:
     """`kb run` (or `kb resume`) on one file until it ends or the deadline: its exit code and last line."""
-    cmd = kb_command(path, db, args)
-    if cmd[3] == "resume" and _finished(db, cmd[4]):
+    fresh = args.fresh is not None and re.search(args.fresh, path.name)
+    run_id = None if fresh else run_for(db, path)
+    if run_id is not None and _finished(db, run_id):
         return 0, "finished earlier"
+    cmd = kb_command(path, db, args, run_id)
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         out, _ = proc.communicate(timeout=_left(deadline))

@@ -80,6 +80,11 @@ class Candidate:
         return None
 
 
+def lease_lost(worker: str) -> str:
+    """A task's fault line when its lease expired under `worker` (a LeaseExpired)."""
+    return f"its worker {worker} died or stalled past its lease"
+
+
 class RunState(Projection):
     def __init__(self, run_id: str) -> None:
         super().__init__()
@@ -189,8 +194,7 @@ class RunState(Projection):
         return len(self.resumes)
 
     def _apply_LeaseExpired(self, e: LeaseExpired, raw: StoredEvent) -> None:
-        line = f"its worker {e.worker} died or stalled past its lease"
-        self.task_faults.setdefault(e.task, []).append((self.session, line))
+        self.task_faults.setdefault(e.task, []).append((self.session, lease_lost(e.worker)))
 
     def _apply_TaskFaulted(self, e: TaskFaulted, raw: StoredEvent) -> None:
         self.task_faults.setdefault(e.task, []).append((self.session, e.error))

@@ -35,13 +35,11 @@ class ExpertGenerator(Generator):
         raise GenerationError(f"no offline template matches {_describe(analysis.ops)}; use --generator llm")
 
     @staticmethod
-    def runs_everywhere(family: ModuleType, spec: dict, knobs: dict, analysis: ProblemAnalysed) -> bool:
-        """Feasible at the shape the rungs time and, where that is not the file's primary shape (CPU),
-        at the primary too: an export must not refuse the user's real size."""
-        if not family.feasible(spec, knobs):
-            return False
-        primary = family.matches(analysis.primary_ops) if analysis.primary_ops else None
-        return primary is None or family.feasible(primary, knobs)
+    def checked_specs(family: ModuleType, spec: dict, analysis: ProblemAnalysed) -> list[dict]:
+        """The specs a knob set must be feasible at: the shape the rungs time and, where that is not the
+        file's primary shape (CPU), the primary too (match_family made sure the family matches it): an
+        export must not refuse the user's real size."""
+        return [spec, family.matches(analysis.primary_ops)] if analysis.primary_ops else [spec]
 
     def _proposal(
         self,
@@ -63,10 +61,11 @@ class ExpertGenerator(Generator):
 
     def first_round(self, analysis: ProblemAnalysed, *, problem_source: str | None = None) -> list[Proposal]:
         family, spec = self.match_family(analysis, problem_source=problem_source)
+        checked = self.checked_specs(family, spec, analysis)
         return [
             self._proposal(family, spec, knobs, analysis, f"strategy axis {knobs['strategy']}")
             for knobs in family.ROUND0
-            if self.runs_everywhere(family, spec, knobs, analysis)
+            if all(family.feasible(s, knobs) for s in checked)
         ]
 
     def mutate(
@@ -81,11 +80,12 @@ class ExpertGenerator(Generator):
         problem_source: str | None = None,
     ) -> list[Proposal]:
         family, spec = self.match_family(analysis, family_name, problem_source)
+        checked = self.checked_specs(family, spec, analysis)
         out = []
         for label in labels:
             for move, why in family.MUTATIONS.get(label, []):
                 knobs = family.mutate(parent_knobs, move)
-                if knobs is not None and self.runs_everywhere(family, spec, knobs, analysis):
+                if knobs is not None and all(family.feasible(s, knobs) for s in checked):
                     out.append(
                         self._proposal(family, spec, knobs, analysis, f"{label} -> {move}: {why}", [label])
                     )

@@ -18,7 +18,7 @@ import time
 from typing import Any
 
 from kernelbrain.core.events import LeaseExpired, TaskClaimed, TaskFaulted, TaskParked
-from kernelbrain.core.state import RunState
+from kernelbrain.core.state import RunState, lease_lost
 from kernelbrain.runtime.role import Task, owner_alive
 from kernelbrain.runtime.roles import ROLE_CLASSES, SchedulerRole
 from kernelbrain.store import EventStore, Lease, NewEvent, StaleLease
@@ -143,7 +143,7 @@ class Worker:
         if lease is None:
             return False
         faults = state.faults(task.key)
-        faults += [f"its worker {owner} died or stalled past its lease" for owner in took_over]
+        faults += [lease_lost(owner) for owner in took_over]  # recorded with the claim, not yet folded
         if len(faults) >= MAX_TASK_FAULTS:
             self._park(task, state, lease, faults)
             return True
