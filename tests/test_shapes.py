@@ -13,8 +13,10 @@ from pathlib import Path
 import pytest
 
 from kernelbrain.child import shapes
-from kernelbrain.child.loading import Problem
+from kernelbrain.child.analysis import analyse
+from kernelbrain.child.loading import Problem, give_fits
 from kernelbrain.core.problem import shape_label
+from kernelbrain.core.protocol import Fit
 from tests.kbcli import kb
 
 # KernelBench's 24_LogSoftmax as it is: 4096 rows of 393216, no kb extras (6.4 GB of inputs and outputs)
@@ -110,6 +112,51 @@ def get_init_inputs():
     return [features]
 """
 
+# KernelBench level2/34's pattern: a LayerNorm over the last output dimension, whose width is a model
+# constant that equals that dimension only at the declared sizes (here the input's width, doubled)
+LAST_DIM_NORM = """
+import torch
+import torch.nn as nn
+
+class Model(nn.Module):
+    def __init__(self, width):
+        super().__init__()
+        self.norm = nn.LayerNorm(width)
+
+    def forward(self, x):
+        return self.norm(x.repeat_interleave(2, dim=-1))
+
+batch_size = 4096
+channels = 64
+half = 512
+width = 1024
+
+def get_inputs():
+    return [torch.rand(batch_size, channels, half)]
+
+def get_init_inputs():
+    return [width]
+"""
+
+# KernelBench's matrix-vector product: a 128 MiB matrix, one column out
+MATVEC = """
+import torch
+import torch.nn as nn
+
+class Model(nn.Module):
+    def forward(self, A, B):
+        return torch.matmul(A, B)
+
+M = 256
+K = 131072
+
+def get_inputs():
+    return [torch.rand(M, K), torch.rand(K, 1)]
+
+def get_init_inputs():
+    return []
+"""
+
 
 def test_size_constants_are_classed_by_what_halving_them_moves() -> None:
     problem = Problem(LINEAR)
@@ -155,6 +202,43 @@ def test_a_size_the_problem_refuses_is_not_used() -> None:
     assert shapes.footprint(problem, cpu) <= shapes.CPU_BYTES
 
 
+def test_a_size_the_reference_refuses_is_not_used_where_it_can_run() -> None:
+    problem = Problem(LAST_DIM_NORM)
+    # estimated from the inputs alone, the fit halves the width the norm needs: the problem then fails
+    blind = shapes.fit(problem, {}, shapes.CPU_BYTES, shapes.CPU_ROWS)
+    assert blind["half"] < 512
+    with pytest.raises(RuntimeError):
+        problem.meta_outputs(blind)
+    # checked against the reference on the meta device (the analysis), it keeps the width
+    problem.fit_outputs = problem.meta_outputs
+    (cpu,) = problem.ladder_shapes("cpu", "all")
+    assert "half" not in cpu and "width" not in cpu and cpu["batch_size"] < 4096
+    assert problem.meta_outputs(cpu)[0].shape[-1] == 1024
+    assert shapes.footprint(problem, cpu, problem.meta_outputs) <= shapes.CPU_BYTES
+
+
+def test_outputs_are_sized_by_the_reference_where_it_runs() -> None:
+    problem = Problem(MATVEC)
+    # outputs taken as large as the inputs: 32 rows; one column out, as the reference says: 64 rows
+    assert shapes.fit(problem, {}, shapes.GATE_BYTES, shapes.GATE_ROWS) == {"M": 32}
+    assert shapes.fit(problem, {}, shapes.GATE_BYTES, shapes.GATE_ROWS, problem.meta_outputs) == {"M": 64}
+
+
+def test_the_analysis_records_its_fits_and_later_children_use_them() -> None:
+    analysed = analyse(LAST_DIM_NORM, "cpu")
+    (fitted,) = analysed["fits"]
+    assert fitted["shape"] == "default" and fitted["budget"] == shapes.CPU_BYTES
+    assert "half" not in fitted["sizes"] and analysed["rung_shapes"] == [shape_label(fitted["sizes"])]
+    # a child handed the analysis's fits (the gate's, the bench's) takes them as they are, without fitting
+    given = Fit(shape="default", budget=shapes.CPU_BYTES, rows=shapes.CPU_ROWS, sizes={"batch_size": 3})
+    try:
+        give_fits(LAST_DIM_NORM, [given])
+        assert Problem(LAST_DIM_NORM).ladder_shapes("cpu", "all") == [{"batch_size": 3}]
+    finally:
+        give_fits(LAST_DIM_NORM, [])
+    assert Problem(LAST_DIM_NORM).ladder_shapes("cpu", "all") != [{"batch_size": 3}]
+
+
 def test_declared_shapes_win(tmp_path: Path) -> None:
     declared = LOG_SOFTMAX + '\nKB_SMOKE_SHAPE = {"batch_size": 3, "dim": 100}\n'
     declared += 'KB_GATE_SHAPES = [{"batch_size": 4096, "dim": 393216}]\n'
@@ -177,6 +261,9 @@ def test_kb_run_on_a_full_size_file_checks_and_times_the_fitted_shape(tmp_path: 
     label = shape_label({"batch_size": 2, "dim": 12288})
     analysed = next(p for t, p in rows if t == "ProblemAnalysed")
     assert analysed["rung_shapes"] == [label]
+    sizes = {"batch_size": 2, "dim": 12288}
+    fit = {"shape": "default", "budget": shapes.CPU_BYTES, "rows": shapes.CPU_ROWS, "sizes": sizes}
+    assert analysed["fits"] == [fit]
     passed = [p for t, p in rows if t == "GatePassed"]
     assert passed and all(p["shapes"] == [label] for p in passed)
     timed = [p for t, p in rows if t == "RungBenchmarked"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import contextlib
 import inspect
 from collections.abc import Callable
 from typing import Any
@@ -93,6 +94,7 @@ def count(problem: Problem, shape: dict, device: str) -> tuple[float, float]:
 
 def analyse(problem_source: str, device: str) -> dict:
     problem = Problem(problem_source)
+    problem.fit_outputs = problem.meta_outputs  # no guard here: fits are checked against the reference
     shape = problem.ladder_shapes(device, "primary")[0]
 
     def trace(where: str) -> tuple[list[dict], tuple[float, float]]:
@@ -114,7 +116,16 @@ def analyse(problem_source: str, device: str) -> dict:
         "traced_on": traced_on,  # "meta": the analysis used no GPU time
         "rung_shapes": [shape_label(s) for s in problem.ladder_shapes(device, "all")],
         "primary_ops": [] if shape == primary else ops_on_meta(problem, primary),
+        "fits": fits(problem, device),
     }
+
+
+def fits(problem: Problem, device: str) -> list[dict]:
+    """Every shape fitted for this device (the rungs' on CPU, the gate's), for the children after."""
+    problem.ladder_shapes(device, "all")
+    with contextlib.suppress(Exception):  # the judge's draws say what fails there, as the problem's fault
+        problem.gate_shapes(device)
+    return [f.model_dump() for f in problem.fits()]
 
 
 def ops_on_meta(problem: Problem, shape: dict) -> list[dict]:

@@ -19,11 +19,21 @@ from typing import Any
 import torch
 
 from kernelbrain.child import guard, shapes
-from kernelbrain.core.problem import DEFAULT_TOLERANCE
+from kernelbrain.core.problem import DEFAULT_TOLERANCE, shape_label
+from kernelbrain.core.protocol import Fit
 
 _MODULES: dict[str, ModuleType] = {}
 _PRISTINE: dict[str, dict[str, Any]] = {}
 _BASE: dict[str, dict[str, Any]] = {}
+FitKey = tuple[str, int, int]  # a base shape's label, the byte budget, the row floor
+_GIVEN: dict[str, dict[FitKey, dict[str, int]]] = {}  # per problem (its source's hash): the analysis's fits
+
+
+def give_fits(problem_source: str, fits: list[Fit]) -> None:
+    """The fits the run's analysis made for this problem (where the reference could run), used by every
+    Problem of this source in this child instead of fitting again without the reference."""
+    digest = hashlib.sha256(problem_source.encode()).hexdigest()
+    _GIVEN[digest] = {(f.shape, f.budget, f.rows): f.sizes for f in fits}
 
 
 class CandidateFault(Exception):
@@ -87,7 +97,10 @@ class Problem:
         # shape is huge (a float64 reference of 500M outputs, three seeds) names cheaper ones here
         self.gate: list[dict] | None = [dict(s) for s in getattr(m, "KB_GATE_SHAPES", None) or []] or None
         self.tolerance = {**DEFAULT_TOLERANCE, **(getattr(m, "KB_TOLERANCE", None) or {})}
-        self._fits: dict[tuple[str, int, int], dict] = {}
+        self._fits: dict[FitKey, dict] = {}
+        # where the reference may run (a child no guard watches: the analysis), each fit step is checked
+        # against the reference's outputs on the meta device
+        self.fit_outputs: shapes.Outputs | None = None
 
     def tolerance_of(self, dtype: torch.dtype) -> float:
         return self.tolerance.get(str(dtype).removeprefix("torch."), 1e-4)
@@ -138,10 +151,33 @@ class Problem:
         return [self._fitted(min(g, key=self._size), budget, shapes.GATE_ROWS) for g in groups.values()]
 
     def _fitted(self, shape: dict, budget: int, rows: int) -> dict:
-        key = (repr(shape), budget, rows)
+        key = (shape_label(shape), budget, rows)
         if key not in self._fits:
-            self._fits[key] = shapes.fit(self, shape, budget, rows)
+            given = _GIVEN.get(self.hash, {}).get(key)
+            if given is not None:
+                self._fits[key] = {**shape, **given}
+            else:
+                self._fits[key] = shapes.fit(self, shape, budget, rows, self.fit_outputs)
         return self._fits[key]
+
+    def fits(self) -> list[Fit]:
+        """The fits made (or given) in this Problem so far: the sizes each changed."""
+        values = {**self.base_globals}
+        out = []
+        for (label, budget, rows), fitted in self._fits.items():
+            sizes = {k: v for k, v in fitted.items() if type(v) is int and v != values.get(k)}
+            out.append(Fit(shape=label, budget=budget, rows=rows, sizes=sizes))
+        return out
+
+    def meta_outputs(self, shape: dict) -> list[torch.Tensor]:
+        """The reference's outputs at a shape on the meta device: shapes and dtypes, no memory. Only where
+        no guard watches torch (some meta kernels import torch._dynamo, which replaces torch functions)."""
+        init = self.init_inputs(shape)
+        torch.manual_seed(1234)
+        with torch.device("meta"):
+            ref = self.module.Model(*init).eval()
+        with torch.no_grad():
+            return outputs(ref(*self.inputs(shape, 0, "meta")))
 
     def _size(self, shape: dict) -> int:
         return sum(numel(x) for x in self.inputs(shape, 0, "meta"))

@@ -11,7 +11,7 @@ from kernelbrain.child.analysis import analyse
 from kernelbrain.child.gate import trial
 from kernelbrain.child.judge import draws, judge
 from kernelbrain.child.launchers import build
-from kernelbrain.child.loading import problems_tampered
+from kernelbrain.child.loading import give_fits, problems_tampered
 from kernelbrain.child.profile import ncu, roofline
 from kernelbrain.child.timing import bench, duel, reference_time
 from kernelbrain.core.protocol import (
@@ -23,6 +23,7 @@ from kernelbrain.core.protocol import (
     LaunchersRequest,
     Message,
     NcuRequest,
+    ProblemRequest,
     ReferenceTimeRequest,
     Request,
     RooflineRequest,
@@ -44,8 +45,11 @@ OPS: dict[type[Request], Callable[..., dict]] = {
 
 
 def serve(request: Request) -> Message:
-    """Run one request: its op's function on the request's fields, its result validated as the reply."""
-    result = OPS[type(request)](**request.model_dump(exclude={"op"}))
+    """Run one request: its op's function on the request's fields, its result validated as the reply. A
+    problem's fits (from the run's analysis) are handed to every Problem the op loads."""
+    if isinstance(request, ProblemRequest):
+        give_fits(request.problem_source, request.fits)
+    result = OPS[type(request)](**request.model_dump(exclude={"op", "fits"}))
     return request.reply.model_validate(result)
 
 

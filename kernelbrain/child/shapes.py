@@ -9,14 +9,19 @@ classed by what halving it changes, seen on the meta device (no memory is touche
 - `model`: what `get_init_inputs` returns (a layer's width): halved last, where nothing else is left.
 
 Constants are halved one step at a time, the largest of the first class that still has one, until the
-shape's inputs and outputs (taken as large as the inputs) fit. Halving keeps a value's odd factor and its
-divisibility by smaller powers of two, so a kernel whose blocks divide the declared size still divides
-the fitted one.
+shape's inputs and outputs fit. Halving keeps a value's odd factor and its divisibility by smaller powers
+of two, so a kernel whose blocks divide the declared size still divides the fitted one.
+
+Where the fit may run the reference (the run's analysis, a child no guard watches), each step's outputs
+are the reference's own on the meta device, and a size the reference refuses there (a LayerNorm whose
+width is the declared last dimension) is not taken. Elsewhere the outputs are taken as large as the
+inputs; the analysis records its fits (`Fit`) and every later child is handed them.
 """
 
 from __future__ import annotations
 
 import types
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Literal, NamedTuple
 
 import torch
@@ -72,13 +77,21 @@ def _tensor_shapes(xs: list) -> list[tuple[int, ...]]:
     return [tuple(x.shape) for x in xs if isinstance(x, torch.Tensor)]
 
 
-def footprint(problem: Problem, shape: dict) -> int:
-    """Bytes of a shape's inputs, twice: the outputs are taken as large as the inputs. The reference is
-    not run, not even on the meta device: some of its meta kernels import torch._dynamo, which replaces
-    torch functions as it loads, in a child whose torch the guard has already recorded. Raises what the
-    problem raises."""
-    inputs = problem.inputs(shape, 0, "meta")
-    return 2 * sum(x.numel() * x.element_size() for x in inputs if isinstance(x, torch.Tensor))
+# a shape's outputs on the meta device, from the reference (raises what the problem raises at that shape)
+Outputs = Callable[[dict], list[torch.Tensor]]
+
+
+def _bytes(xs: list) -> int:
+    return sum(x.numel() * x.element_size() for x in xs if isinstance(x, torch.Tensor))
+
+
+def footprint(problem: Problem, shape: dict, outputs: Outputs | None = None) -> int:
+    """Bytes of a shape's inputs and outputs. Without `outputs` the reference is not run, not even on the
+    meta device (some of its meta kernels import torch._dynamo, which replaces torch functions as it
+    loads, in a child whose torch the guard has already recorded), and the outputs are taken as large as
+    the inputs. Raises what the problem raises."""
+    inputs = _bytes(problem.inputs(shape, 0, "meta"))
+    return inputs + (_bytes(outputs(shape)) if outputs is not None else inputs)
 
 
 def knobs(problem: Problem, shape: dict) -> list[Knob]:
@@ -110,11 +123,17 @@ def knobs(problem: Problem, shape: dict) -> list[Knob]:
     return found
 
 
-def fit(problem: Problem, shape: dict, budget: int, rows: int) -> dict:
+def fit(problem: Problem, shape: dict, budget: int, rows: int, outputs: Outputs | None = None) -> dict:
     """`shape` with size constants halved until its inputs and outputs fit in `budget` bytes, batch-like
     ones first and none below `rows` rows or FIRST while that is enough; the shape itself where it fits.
-    Only sizes change."""
-    size = footprint(problem, shape)
+    Only sizes change. With `outputs`, a halving the reference refuses is not taken; a reference that
+    does not run on the meta device at `shape` itself is not asked again."""
+    if outputs is not None:
+        try:
+            outputs(shape)
+        except Exception:
+            outputs = None  # it needs real values or the host: the outputs are estimated
+    size = footprint(problem, shape, outputs)
     if size <= budget:
         return shape
     values = {**problem.base_globals, **shape}
@@ -131,7 +150,7 @@ def fit(problem: Problem, shape: dict, budget: int, rows: int) -> dict:
                 continue
             trial = {**fitted, knob.name: value // 2}
             try:
-                size = footprint(problem, trial)
+                size = footprint(problem, trial, outputs)
             except Exception:
                 found.remove(knob)  # the problem refuses this size: the constant stays where it was
                 left.remove(knob)

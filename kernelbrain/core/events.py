@@ -125,6 +125,7 @@ class ProblemAnalysed(Event):
     traced_on: str = ""  # "meta": traced from shapes alone, no GPU time; else the device it ran on
     rung_shapes: list[str] = []  # the shapes the rungs time on the run's device (newer): on CPU, one
     primary_ops: list[dict[str, Any]] = []  # ops at the file's primary shape where rungs time another (newer)
+    fits: list[dict[str, Any]] = []  # shapes fitted to a byte budget, checked on the reference (newer)
 
 
 class GenerationFailed(Event):

@@ -57,6 +57,16 @@ class Signature(Message):
     params: list[str] = []  # Model.__init__'s parameters as declared (defaults, kinds), a string each
 
 
+class Fit(Message):
+    """A shape fitted to a byte budget by the run's analysis (kernelbrain/child/shapes.py), where the
+    reference could run: the base shape's label, the budget and row floor, the sizes it changed."""
+
+    shape: str
+    budget: int
+    rows: int
+    sizes: dict[str, int]
+
+
 class AnalyseReply(Message):
     ops: list[dict[str, Any]]
     flops: float
@@ -66,6 +76,7 @@ class AnalyseReply(Message):
     traced_on: str  # "meta": the analysis used no GPU time
     rung_shapes: list[str] = []  # what every rung times on this device (on CPU one fitted shape)
     primary_ops: list[dict[str, Any]] = []  # ops at the file's primary shape where the rungs time another
+    fits: list[Fit] = []  # the shapes fitted for this device, handed to every later child
 
 
 class RooflineReply(Message):
@@ -97,6 +108,7 @@ class Request(Message):
 class ProblemRequest(Request):
     problem_source: str
     device: Device
+    fits: list[Fit] = []  # the run's analysis's (none for the analysis itself, nor for `kb check`)
 
 
 class CandidateRequest(ProblemRequest):

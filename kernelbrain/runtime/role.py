@@ -154,6 +154,11 @@ class Role(abc.ABC):
         assert state.started
         return self.store.get_blob(state.started.problem_hash).decode()
 
+    def problem(self, state: RunState) -> dict[str, Any]:
+        """A problem request's common fields: the source, the run's device, the analysis's fits."""
+        fits = state.analysis.fits if state.analysis is not None else []
+        return {"problem_source": self.problem_source(state), "device": state.config.device, "fits": fits}
+
     def candidate_source(self, state: RunState, cid: str) -> str:
         return self.store.get_blob(state.candidates[cid].proposal.source).decode()
 

@@ -289,6 +289,7 @@ class Sandbox:
         self.start_judge()
         assert self.judge is not None
         problem = {"problem_source": request.problem_source, "device": request.device, "seeds": request.seeds}
+        problem["fits"] = request.fits
         problem["folder"] = str(self.draws)
         keep = JUDGE_KEEP_BYTES.get(request.device, 0)
         try:
@@ -407,6 +408,7 @@ class Sandbox:
             ReferenceTimeRequest(
                 problem_source=request.problem_source,
                 device=request.device,
+                fits=request.fits,
                 which=request.which,
                 calls=[s.calls for s in timed.shapes],
                 repeats=request.repeats,

@@ -172,7 +172,7 @@ def _next_pow2(n: int) -> int:
 
 
 _KERNELS = '''
-@triton.jit
+@triton.jit(do_not_specialize=["grid_m"])  # a count of blocks: M's gate and rung sizes share one compile
 def _gemv_kernel(a_ptr, b_ptr, out_ptr, M, K, k_per_split, grid_m, stride_ab, stride_am, stride_bb, stride_bk,
                  stride_bn, stride_ob, stride_om, stride_on, stride_os, BLOCK_M: tl.constexpr,
                  BLOCK_K: tl.constexpr, CHUNK: tl.constexpr):
@@ -207,7 +207,7 @@ def _gemv_kernel(a_ptr, b_ptr, out_ptr, M, K, k_per_split, grid_m, stride_ab, st
     tl.store(out, total.to(out_ptr.dtype.element_ty), mask=row_mask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["grid_r"])
 def _sum_splits_kernel(part_ptr, y_ptr, M, n_splits, grid_r, stride_ps, stride_pb, stride_pn, stride_yb,
                        stride_ym, stride_yn, BLOCK_R: tl.constexpr, SPLITS: tl.constexpr):
     batch = (tl.program_id(0) // grid_r).to(tl.int64)
@@ -244,7 +244,8 @@ def _launch(a, b, y):
     _gemv_kernel[grid](a, b, part, M, K, k_per_split, grid_m, *strides, part.stride(1), part.stride(3),
                        part.stride(2), part.stride(0), BLOCK_M=block_m, BLOCK_K=block_k, CHUNK=CHUNK,
                        num_warps=NUM_WARPS)
-    block_r = min(1024, triton.next_power_of_2(M))
+    # a block of rows that follows no size (one compile for every M), shorter where the splits are many
+    block_r = 256
     splits = triton.next_power_of_2(split)
     while splits * block_r > 8192 and block_r > 16:
         block_r //= 2

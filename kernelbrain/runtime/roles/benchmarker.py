@@ -34,9 +34,8 @@ class BenchmarkerRole(CandidateRole):
         assert task.candidate is not None and task.rung is not None
         rung = state.config.rungs[task.rung]
         return BenchRequest(
-            problem_source=self.problem_source(state),
+            **self.problem(state),
             cand_source=self.candidate_source(state, task.candidate),
-            device=state.config.device,
             which=rung.shapes,
             repeats=rung.repeats,
             warmup=rung.warmup,
@@ -50,10 +49,9 @@ class BenchmarkerRole(CandidateRole):
         rung = state.config.rungs[task.rung]
         t0 = time.perf_counter()
         request = DuelRequest(
-            problem_source=self.problem_source(state),
+            **self.problem(state),
             a_source=self.candidate_source(state, task.candidate),
             b_source=self.candidate_source(state, task.rival),
-            device=state.config.device,
             which=rung.shapes,
             repeats=max(DUEL_PAIRS, 2 * rung.repeats),
             warmup=rung.warmup,

@@ -18,9 +18,8 @@ class GatekeeperRole(CandidateRole):
     def request(self, task: Task, state: RunState) -> GateRequest:
         assert task.candidate is not None
         return GateRequest(
-            problem_source=self.problem_source(state),
+            **self.problem(state),
             cand_source=self.candidate_source(state, task.candidate),
-            device=state.config.device,
             seeds=state.config.gate_seeds,
         )
 

@@ -35,9 +35,8 @@ class ProfilerRole(CandidateRole):
     def request(self, task: Task, state: RunState) -> RooflineRequest:
         assert task.candidate is not None
         return RooflineRequest(
-            problem_source=self.problem_source(state),
+            **self.problem(state),
             cand_source=self.candidate_source(state, task.candidate),
-            device=state.config.device,
             **self.counts(state),
         )
 
@@ -64,9 +63,8 @@ class ProfilerRole(CandidateRole):
         ncu_task = Task(f"{task.key}/ncu", task.candidate, task.rung)
         t0 = time.perf_counter()
         request = NcuRequest(
-            problem_source=self.problem_source(state),
+            **self.problem(state),
             cand_source=self.candidate_source(state, task.candidate),
-            device="cuda",
         )
         asked = self.consult("cuda", request, timeout_s=self.timeout_s(state), task=ncu_task.key, started=t0)
         error = asked.line if asked.fault is not None else asked.reply.error
