@@ -24,6 +24,7 @@ from kernelbrain.core.events import (
     ProfileCaptured,
     RunConfig,
     RungBenchmarked,
+    RungSpec,
     RunStarted,
     ShapeTiming,
 )
@@ -148,11 +149,13 @@ class SyntheticRun:
         return out
 
 
-def run_inprocess(problem: str | Path, db: Path, max_candidates: int) -> RunState:
+def run_inprocess(
+    problem: str | Path, db: Path, max_candidates: int, rungs: tuple[RungSpec, ...] = DEFAULT_RUNGS["cpu"]
+) -> RunState:
     """A real expert-generator run on CPU, its workers stepped in this process; its folded state."""
     from kernelbrain.runtime.runner import start_run, supervise
 
-    config = RunConfig(device="cpu", max_candidates=max_candidates, rungs=DEFAULT_RUNGS["cpu"])
+    config = RunConfig(device="cpu", max_candidates=max_candidates, rungs=rungs)
     with EventStore(db, create=True) as store:
         run_id = start_run(store, str(problem), config)
     assert supervise(str(db), run_id, inprocess=True) is not None

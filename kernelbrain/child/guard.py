@@ -107,6 +107,16 @@ class _Recorder(TorchFunctionMode):
         return out
 
 
+def dynamo_free(cls: type[TorchDispatchMode]) -> type[TorchDispatchMode]:
+    """A TorchDispatchMode subclass whose hook runs as written. TorchDispatchMode wraps a subclass's hook
+    to disable dynamo, importing torch._dynamo on its first call: 1.5-3 s a child, and the import
+    replaces torch.manual_seed and others as it loads."""
+    hook = cls.__dict__["__torch_dispatch__"]
+    cls.__torch_dispatch__ = getattr(hook, "__wrapped__", hook)  # type: ignore[method-assign]
+    return cls
+
+
+@dynamo_free
 class _AtenRecorder(TorchDispatchMode):
     """The ATen ops a forward runs outside Triton's own launches, by name (`aten._softmax` -> `_softmax`)."""
 
@@ -118,11 +128,6 @@ class _AtenRecorder(TorchDispatchMode):
         if not _Launches.depth:
             self.ops.add(func.overloadpacket.__name__)
         return func(*args, **(kwargs or {}))
-
-
-# TorchDispatchMode wraps a subclass's hook to disable dynamo, importing torch._dynamo on its first
-# call: 2-3 s a child, and the import replaces torch.manual_seed and others as it loads
-_AtenRecorder.__torch_dispatch__ = _AtenRecorder.__torch_dispatch__.__wrapped__  # type: ignore[method-assign]
 
 
 def timer_identities() -> dict[str, Any]:

@@ -11,6 +11,9 @@ from kernelbrain.core.state import RunState
 from kernelbrain.runtime.role import CandidateRole, Task
 from kernelbrain.store import NewEvent
 
+# timed calls of the roofline: under the interpreter one call is seconds and its time only a smoke figure
+ROOFLINE_REPEATS = {"cpu": 1, "cuda": 5}
+
 
 class ProfilerRole(CandidateRole):
     """Nsight Compute where it can read the counters; the analytical roofline always, and in its place
@@ -37,6 +40,7 @@ class ProfilerRole(CandidateRole):
         return RooflineRequest(
             **self.problem(state),
             cand_source=self.candidate_source(state, task.candidate),
+            repeats=ROOFLINE_REPEATS[state.config.device],
             **self.counts(state),
         )
 
