@@ -327,9 +327,10 @@ def test_an_inputs_file_changed_under_the_judge_is_the_candidates_fault(
         box.close()
 
 
-def test_a_resumed_runs_generator_starts_no_child_once_the_problem_is_analysed(tmp_path: Path) -> None:
+def test_a_resumed_run_starts_no_child_it_will_not_use(tmp_path: Path) -> None:
     """The analysis is the generator's only use of a sandbox child: with it recorded (a resumed run),
-    warming one would cost a torch import (and on a GPU a CUDA context) for nothing."""
+    warming one would cost a torch import (and on a GPU a CUDA context) for nothing. Nor does the
+    gatekeeper warm its judge and child while no candidate can come to the gate; a proposal warms them."""
     from kernelbrain.core.events import GenerationDone, ProblemAnalysed
 
     db = tmp_path / "kb.db"
@@ -348,8 +349,12 @@ def test_a_resumed_runs_generator_starts_no_child_once_the_problem_is_analysed(t
     try:
         assert worker.step() is False  # nothing to generate
         assert all(box.proc is None for box in worker.role.sandboxes.values())
-        gatekeeper.step()  # a gatekeeper warms its child even with nothing to gate yet: gates will come
+        assert gatekeeper.step() is False  # round 0 proposed nothing, and nothing more will come
+        assert all(box.proc is None for box in gatekeeper.role.sandboxes.values())
+        propose(db, run_id, "good_softmax")
+        gatekeeper.warm(gatekeeper.refresh()[0])
         assert gatekeeper.role.sandboxes["cpu"].proc is not None
+        assert gatekeeper.role.sandboxes["cpu"].judge is not None
     finally:
         worker.close()
         gatekeeper.close()

@@ -4,15 +4,18 @@ from typing import Any
 
 from kernelbrain.generators.base import GenerationError, Generator, Proposal, Unavailable
 from kernelbrain.generators.expert import ExpertGenerator
-from kernelbrain.generators.llm import LLMGenerator
 
-GENERATORS: dict[str, type[Generator]] = {"expert": ExpertGenerator, "llm": LLMGenerator}
+GENERATORS = ("expert", "llm")
 
 
 def get(name: str, **options: Any) -> Generator:
-    if name not in GENERATORS:
-        raise GenerationError(f"unknown generator {name!r}; choose one of: {', '.join(GENERATORS)}")
-    return GENERATORS[name](**options)
+    if name == "expert":
+        return ExpertGenerator(**options)
+    if name == "llm":
+        from kernelbrain.generators.llm import LLMGenerator  # imports httpx: only in the runs that use it
+
+        return LLMGenerator(**options)
+    raise GenerationError(f"unknown generator {name!r}; choose one of: {', '.join(GENERATORS)}")
 
 
 __all__ = ["GENERATORS", "GenerationError", "Generator", "Proposal", "Unavailable", "get"]

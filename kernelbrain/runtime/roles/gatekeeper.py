@@ -12,6 +12,13 @@ class GatekeeperRole(CandidateRole):
     name = "gatekeeper"
     warms_judge = True
 
+    def wants_warm(self, state: RunState) -> bool:
+        """While a candidate may still come to the gate: a resumed run whose candidates are all judged and
+        that proposes no more never starts the judge's child nor its own (a torch import each)."""
+        if state.problem_fault:
+            return False
+        return state.analysis is None or bool(state.gate_tasks()) or bool(state.generation_tasks())
+
     def tasks(self, state: RunState) -> list[Task]:
         return [Task(f"{state.run_id}/gate/{c.id}", c.id) for c in state.gate_tasks()]
 
