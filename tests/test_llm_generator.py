@@ -247,6 +247,14 @@ def test_persistent_503_gives_up_after_the_attempts() -> None:
     assert "503" in str(e.value) and "3 attempts" in str(e.value) and server.base_url in str(e.value)
 
 
+def test_the_attempts_and_the_backoff_come_from_the_environment() -> None:
+    env = {"KB_LLM_ATTEMPTS": "2", "KB_LLM_BACKOFF_S": "0.01"}
+    with LLMServer(default=status(503)) as server, pytest.raises(GenerationError) as e:
+        gen = LLMGenerator(base_url=server.base_url, model="m", env=env, problem_source=PROBLEM, round0=1)
+        gen.first_round(ANALYSIS)
+    assert server.count() == 2 and "2 attempts" in str(e.value)
+
+
 # --- permanent failures are not ---------------------------------------------------------------------
 
 

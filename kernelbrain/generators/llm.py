@@ -10,6 +10,8 @@ llama.cpp). Configuration comes from the environment, constructor arguments over
     KB_LLM_MAX_TOKENS   default 4096
     KB_LLM_TIMEOUT_S    default 180 (per request)
     KB_LLM_CONCURRENCY  default 4 (requests of one round in flight at once)
+    KB_LLM_ATTEMPTS     default 5 (tries of one request through transient failures)
+    KB_LLM_BACKOFF_S    default 1 (the first retry's wait; doubled each retry up to 30 s)
 
 Transient failures (429, 5xx, timeouts, refused or dropped connections) are retried with
 exponential backoff, honouring Retry-After up to a cap; 401/403/404 and other 4xx are not retried
@@ -123,8 +125,8 @@ class LLMGenerator(Generator):
         timeout_s: float | None = None,
         concurrency: int | None = None,
         problem_source: str | None = None,
-        attempts: int = 5,
-        backoff_s: float = 1.0,
+        attempts: int | None = None,
+        backoff_s: float | None = None,
         max_backoff_s: float = 30.0,
         max_retry_after_s: float = 60.0,
         round0: int = ROUND0_MAX,
@@ -149,8 +151,12 @@ class LLMGenerator(Generator):
             1, concurrency if concurrency is not None else _env_number(env, "KB_LLM_CONCURRENCY", int, 4)
         )
         self.problem_source = problem_source
-        self.attempts = max(1, attempts)
-        self.backoff_s = backoff_s
+        self.attempts = max(
+            1, attempts if attempts is not None else _env_number(env, "KB_LLM_ATTEMPTS", int, 5)
+        )
+        self.backoff_s = (
+            backoff_s if backoff_s is not None else _env_number(env, "KB_LLM_BACKOFF_S", float, 1.0)
+        )
         self.max_backoff_s = max_backoff_s
         self.max_retry_after_s = max_retry_after_s
         self.round0 = max(1, min(round0, ROUND0_MAX, len(prompts.STRATEGY_HINTS)))
