@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 from tests.kbcli import SOFTMAX, kb
+from tests.test_shapes import LAST_DIM_NORM
 
 CANDIDATES = Path(__file__).parent / "candidates"
 
@@ -50,3 +51,14 @@ def test_a_problem_that_raises_is_the_problems_fault_not_the_candidates(tmp_path
     assert r.returncode == 4, r.stdout + r.stderr
     (line,) = r.stderr.strip().splitlines()
     assert line.startswith(f"Error: problem file {problem} cannot be evaluated") and "no data" in line, line
+
+
+def test_the_gate_checks_the_shape_a_run_would_fit(tmp_path):
+    """Sizes are fitted as a run's analysis fits them, on the reference: a LayerNorm whose width is the
+    declared last dimension keeps it, and the candidate (not the problem) is judged."""
+    problem = tmp_path / "last_dim_norm.py"
+    problem.write_text(LAST_DIM_NORM)
+    r = kb("check", str(problem), str(CANDIDATES / "import_error.py"), "--device", "cpu", "--json")
+    assert r.returncode == 1, r.stdout + r.stderr
+    out = json.loads(r.stdout)
+    assert out["passed"] is False and out["category"] == "compile", out

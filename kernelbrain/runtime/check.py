@@ -8,7 +8,7 @@ from pydantic import BaseModel, ConfigDict
 
 from kernelbrain.core.events import RungSpec, ShapeTiming
 from kernelbrain.core.problem import ProblemError, read_problem
-from kernelbrain.core.protocol import BenchRequest, GateReply, GateRequest
+from kernelbrain.core.protocol import AnalyseRequest, BenchRequest, Fit, GateReply, GateRequest
 from kernelbrain.core.scoring import score
 from kernelbrain.runtime.sandbox import ProblemFault, Sandbox, SandboxError, SandboxFault
 
@@ -52,9 +52,10 @@ def check(
     seeds: int = 3,
 ) -> CheckResult:
     problem_source, cand_source = read_problem(problem), read_candidate(candidate)
-    args = {"problem_source": problem_source, "cand_source": cand_source, "device": device}
     sandbox = Sandbox(device)
+    args = {"problem_source": problem_source, "cand_source": cand_source, "device": device}
     try:
+        args["fits"] = _fits(sandbox, problem_source, device)
         try:
             r, _ = sandbox.call(GateRequest(**args, seeds=seeds), timeout_s=GATE_TIMEOUT_S, task="check/gate")
         except SandboxFault as f:
@@ -83,3 +84,17 @@ def check(
         return result
     finally:
         sandbox.close()
+
+
+def _fits(sandbox: Sandbox, problem_source: str, device: str) -> list[Fit]:
+    """The shapes a run's analysis would fit (checked on the reference), made in the child before any
+    candidate code loads there; none where the analysis fails (the gate's judge then says what)."""
+    try:
+        analysed, _ = sandbox.call(
+            AnalyseRequest(problem_source=problem_source, device=device),
+            timeout_s=GATE_TIMEOUT_S,
+            task="check/fit",
+        )
+    except (SandboxFault, SandboxError, ProblemFault):
+        return []
+    return list(analysed.fits)
