@@ -331,7 +331,11 @@ def _x(v: float | None) -> str:
 
 def _reason_class(miss: str) -> str:
     if miss.startswith("every candidate failed"):
-        return "every candidate failed the gate"
+        return (
+            "every candidate failed a benchmark's checks"
+            if "benchmark" in miss
+            else "every candidate failed the gate"
+        )
     if miss.startswith("slower than eager"):
         return "slower than eager"
     return miss.split(":")[0]
