@@ -110,7 +110,7 @@ def count(problem: Problem, shape: dict, device: str) -> tuple[float, float]:
     with torch.no_grad(), counter:
         out = outputs(ref(*inputs))
     flops = float(counter.total)
-    if flops == 0:  # elementwise and reductions: FlopCounterMode counts only matmul-like ops
+    if flops == 0:  # elementwise and reductions: torch has FLOP formulas for matmul-like ops only
         flops = float(sum(o.numel() for o in out) + sum(numel(x) for x in inputs))
     nbytes = sum(x.numel() * x.element_size() for x in inputs if isinstance(x, torch.Tensor))
     nbytes += sum(o.numel() * o.element_size() for o in out)

@@ -49,7 +49,7 @@ def roofline(
 ) -> dict:
     """Achieved fractions of the measured memory and compute ceilings at the primary shape. `flops`
     and `nbytes`: the reference's counts there, as the run's analysis recorded them (counting again
-    loads torch's FLOP counter, a second or more in every profiler child)."""
+    runs the reference again in every profiler child)."""
     problem = Problem(problem_source)
     cand = load_module(cand_source, "cand")
     shape = problem.ladder_shapes(device, "primary")[0]
