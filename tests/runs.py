@@ -149,6 +149,11 @@ class SyntheticRun:
         return out
 
 
+# a ladder of two samples a rung: for runs that show a family's kernel winning end to end, where the
+# numbers are the interpreter's and every rung's checks run all the same
+QUICK_RUNGS = tuple(RungSpec(shapes=s.shapes, repeats=2, warmup=0) for s in DEFAULT_RUNGS["cpu"])
+
+
 def run_inprocess(
     problem: str | Path, db: Path, max_candidates: int, rungs: tuple[RungSpec, ...] = DEFAULT_RUNGS["cpu"]
 ) -> RunState:

@@ -18,7 +18,7 @@ from kernelbrain.core.diagnosis import LABELS
 from kernelbrain.core.problem import read_problem
 from kernelbrain.core.protocol import AnalyseRequest, GateRequest
 from kernelbrain.templates import attention as at
-from tests.runs import interpreter_env, run_inprocess, run_interpreted
+from tests.runs import QUICK_RUNGS, interpreter_env, run_inprocess, run_interpreted
 
 ROOT = Path(__file__).resolve().parents[1]
 SDPA = ROOT / "benchmarks" / "problems" / "sdp_attn.py"
@@ -288,7 +288,7 @@ def test_mutations_move_knobs_and_feasibility_refuses_what_does_not_fit():
 
 
 def test_in_process_run_on_sdp_attn_picks_an_attention_winner(tmp_path):
-    state = run_inprocess(SDPA, tmp_path / "kb.db", max_candidates=3)
+    state = run_inprocess(SDPA, tmp_path / "kb.db", max_candidates=3, rungs=QUICK_RUNGS)
     assert state.finished.winner
     assert {c.proposal.family for c in state.candidates.values()} == {"attention"}
     assert state.candidates[state.finished.winner].proposal.family == "attention"

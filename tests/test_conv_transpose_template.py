@@ -12,11 +12,10 @@ from pathlib import Path
 import pytest
 
 from kernelbrain.core.diagnosis import LABELS
-from kernelbrain.core.events import RungSpec
 from kernelbrain.core.protocol import GateRequest
 from kernelbrain.runtime.runner import DEFAULT_RUNGS
 from kernelbrain.templates import conv_transpose as ct
-from tests.runs import run_inprocess, run_interpreted
+from tests.runs import QUICK_RUNGS, run_inprocess, run_interpreted
 
 ROOT = Path(__file__).resolve().parents[1]
 GROUP_CONV = ROOT / "benchmarks" / "problems" / "group_conv.py"
@@ -281,9 +280,7 @@ def test_kb_run_picks_a_conv_transpose_winner(tmp_path):
     problem.write_text(IRREGULAR)
     # one candidate: an interpreted conv call takes ~1.6 s, and two near-equal round-0 candidates
     # cost a duel of 12+ pairs at each rung (minutes); choosing among candidates is test_scheduler's.
-    # Its rungs time 2 samples each, not the default 3-7: every rung's checks still run
-    rungs = tuple(RungSpec(shapes=s.shapes, repeats=2, warmup=0) for s in DEFAULT_RUNGS["cpu"])
-    state = run_inprocess(problem, tmp_path / "kb.db", max_candidates=1, rungs=rungs)
+    state = run_inprocess(problem, tmp_path / "kb.db", max_candidates=1, rungs=QUICK_RUNGS)
     assert state.finished.winner
     assert {c.proposal.family for c in state.candidates.values()} == {"conv_transpose"}
     assert state.candidates[state.finished.winner].proposal.family == "conv_transpose"

@@ -12,7 +12,7 @@ import pytest
 from kernelbrain.core.diagnosis import LABELS
 from kernelbrain.core.protocol import GateRequest
 from kernelbrain.templates import gemm_epilogue as ge
-from tests.runs import run_inprocess
+from tests.runs import QUICK_RUNGS, run_inprocess
 
 ROOT = Path(__file__).resolve().parents[1]
 LINEAR = ROOT / "benchmarks" / "problems" / "linear_relu_div.py"
@@ -165,7 +165,7 @@ def test_mutations_move_knobs_and_feasibility_refuses_tiles_that_do_not_fit():
 
 
 def test_kb_run_on_the_seed_problem_picks_a_gemm_epilogue_winner(tmp_path):
-    state = run_inprocess(LINEAR, tmp_path / "kb.db", max_candidates=3)
+    state = run_inprocess(LINEAR, tmp_path / "kb.db", max_candidates=3, rungs=QUICK_RUNGS)
     assert state.finished.winner
     assert {c.proposal.family for c in state.candidates.values()} == {"gemm_epilogue"}
     assert state.candidates[state.finished.winner].proposal.family == "gemm_epilogue"

@@ -13,7 +13,7 @@ import pytest
 from kernelbrain.core.diagnosis import LABELS
 from kernelbrain.core.protocol import GateRequest
 from kernelbrain.templates import FAMILIES, gemv
-from tests.runs import run_inprocess
+from tests.runs import QUICK_RUNGS, run_inprocess
 
 ROOT = Path(__file__).resolve().parents[1]
 MATVEC = ROOT / "benchmarks" / "problems" / "matvec.py"
@@ -165,7 +165,7 @@ def test_mutations_move_knobs_and_feasibility_refuses_oversize_tiles():
 
 
 def test_kb_run_on_the_seed_problem_picks_a_gemv_winner(tmp_path):
-    state = run_inprocess(MATVEC, tmp_path / "kb.db", max_candidates=3)
+    state = run_inprocess(MATVEC, tmp_path / "kb.db", max_candidates=3, rungs=QUICK_RUNGS)
     assert state.finished.winner
     assert {c.proposal.family for c in state.candidates.values()} == {"gemv"}
     assert state.candidates[state.finished.winner].proposal.family == "gemv"

@@ -11,7 +11,7 @@ import pytest
 
 from kernelbrain.core.protocol import GateRequest
 from kernelbrain.templates import FAMILIES, l2norm, row_norm
-from tests.runs import run_inprocess
+from tests.runs import QUICK_RUNGS, run_inprocess
 
 ROOT = Path(__file__).resolve().parents[1]
 PROBLEMS = ROOT / "tests" / "problems"
@@ -131,7 +131,7 @@ def test_round0_candidates_pass_the_gate(box, problems, analyses, variant, knobs
 
 
 def test_kb_run_picks_an_l2norm_winner(tmp_path):
-    state = run_inprocess(L2NORM, tmp_path / "kb.db", max_candidates=2)
+    state = run_inprocess(L2NORM, tmp_path / "kb.db", max_candidates=2, rungs=QUICK_RUNGS)
     assert state.finished.winner
     assert {c.proposal.family for c in state.candidates.values()} == {"l2norm"}
     assert state.candidates[state.finished.winner].proposal.family == "l2norm"

@@ -16,7 +16,7 @@ from kernelbrain.core.events import ProblemAnalysed
 from kernelbrain.core.protocol import AnalyseRequest, GateRequest
 from kernelbrain.generators.expert import ExpertGenerator
 from kernelbrain.templates import FAMILIES, layernorm, row_norm
-from tests.runs import run_inprocess
+from tests.runs import QUICK_RUNGS, run_inprocess
 
 ROOT = Path(__file__).resolve().parents[1]
 PROBLEMS = ROOT / "tests" / "problems"
@@ -235,7 +235,7 @@ def test_row_norm_mutations_move_knobs_and_feasibility_refuses_oversize_tiles():
 
 
 def test_kb_run_picks_a_layernorm_winner(tmp_path):
-    state = run_inprocess(LAYERNORM, tmp_path / "kb.db", max_candidates=2)
+    state = run_inprocess(LAYERNORM, tmp_path / "kb.db", max_candidates=2, rungs=QUICK_RUNGS)
     assert state.finished.winner
     assert {c.proposal.family for c in state.candidates.values()} == {"layernorm"}
     assert state.candidates[state.finished.winner].proposal.family == "layernorm"

@@ -158,7 +158,8 @@ def test_mutations_move_knobs_and_feasibility_refuses_oversize_tiles():
 
 def test_kb_run_on_the_seed_problem_picks_an_rmsnorm_winner(tmp_path):
     db = tmp_path / "kb.db"
-    args = ("--inprocess", "--max-candidates", "4", "--device", "cpu", "--db", str(db))
+    quick = "smallest:2:0,primary:2:0,all:2:0"  # tests/runs.py's QUICK_RUNGS: every rung's checks run
+    args = ("--inprocess", "--max-candidates", "4", "--device", "cpu", "--ladder", quick, "--db", str(db))
     r = kb("run", str(RMSNORM), *args, timeout=120)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     run_id = r.stdout.split()[1]
