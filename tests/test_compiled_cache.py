@@ -81,3 +81,80 @@ def test_a_failed_gate_keeps_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyP
         assert not (tmp_path / "compiled" / compiled_key(wrong)).exists()
     finally:
         box.close()
+
+
+def _forward_with(code: str) -> str:
+    body = "".join(f"\n        {line}" for line in code.strip().splitlines())
+    return (HERE / "candidates" / "good_softmax.py").read_text().replace(FORWARD, FORWARD + body)
+
+
+# entries made through Triton's own cache manager (the one the sandbox names), as a compile makes them
+PUTS_ENTRY = _forward_with("""
+import uuid
+from triton.runtime.cache import get_cache_manager
+entry = get_cache_manager("5ab1e" * 8)
+if entry.get_file("token") is None:
+    entry.put(uuid.uuid4().hex, "token")
+""")
+READS_ENTRY = _forward_with("""
+import os, pathlib
+from triton.runtime.cache import get_cache_manager
+found = get_cache_manager("5ab1e" * 8).get_file("token")
+seen = pathlib.Path(os.environ["TRITON_CACHE_DIR"]) / "kb-seen"
+seen.mkdir(parents=True, exist_ok=True)
+(seen / "token").write_text(pathlib.Path(found).read_text() if found else "none")
+try:
+    pathlib.Path(found or "/nonexistent").write_text("replaced")
+    (seen / "write").write_text("written")
+except OSError:
+    (seen / "write").write_text("refused")
+""")
+
+
+def gate(box: Sandbox, source: str, own_code: bool) -> bool:
+    request = GateRequest(problem_source=PROBLEM, cand_source=source, device="cpu", seeds=3)
+    return box.call(request, timeout_s=120, own_code=own_code)[0].passed
+
+
+def test_what_kbs_own_code_compiled_is_read_by_every_child_and_written_by_none(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(triton_cache, "COMPILED", tmp_path / "compiled")
+    monkeypatch.setattr(triton_cache, "SHARED", tmp_path / "shared")
+    writer, reader = Sandbox("cpu"), Sandbox("cpu")
+    try:
+        assert gate(writer, PUTS_ENTRY, own_code=True)
+        (shared,) = (tmp_path / "shared").glob("*/token")
+        token = shared.read_text()
+        assert len(token) == 32
+
+        assert gate(reader, READS_ENTRY, own_code=False)  # a candidate from outside, in a fresh child
+        assert reader.tmp is not None
+        seen = reader.tmp / "triton" / "kb-seen"
+        assert (seen / "token").read_text() == token  # found behind its own (emptied) cache
+        assert (seen / "write").read_text() == "refused"  # read-only where it is
+        assert shared.read_text() == token
+        assert not list((tmp_path / "shared").glob("kb-seen*"))  # what it compiled stays its own
+    finally:
+        writer.close()
+        reader.close()
+
+
+def test_a_child_that_ran_a_candidate_from_outside_shares_nothing_after(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(triton_cache, "COMPILED", tmp_path / "compiled")
+    monkeypatch.setattr(triton_cache, "SHARED", tmp_path / "shared")
+    box = Sandbox("cpu")
+    try:
+        outside = (HERE / "candidates" / "good_softmax.py").read_text()
+        assert gate(box, outside, own_code=False)
+        assert gate(box, PUTS_ENTRY, own_code=True)  # same process: the candidate from outside ran in it
+        assert list((tmp_path / "compiled" / compiled_key(PUTS_ENTRY)).glob("*/token"))  # its own, kept
+        assert not list((tmp_path / "shared").glob("*/token"))
+
+        box.close()  # a fresh process, that runs kb's own code alone
+        assert gate(box, PUTS_ENTRY, own_code=True)
+        assert list((tmp_path / "shared").glob("*/token"))
+    finally:
+        box.close()

@@ -140,6 +140,11 @@ class ProblemFailed(Event):
     error: str  # one line: what failed; no candidate is charged, and the run ends as the problem's fault
 
 
+# generators whose candidates are kb's own template code, never text from outside: what their children
+# compile may be shared with every child (runtime/triton_cache.py)
+OWN_CODE_GENERATORS = frozenset({"expert"})
+
+
 class CandidateProposed(Event):
     TYPE = "CandidateProposed"
     candidate: str  # hash of the source
@@ -154,6 +159,10 @@ class CandidateProposed(Event):
     diagnosis: list[str] = []  # profiler labels of the parent that motivated it
     prompt: str | None = None  # blob hash (llm generator)
     reply: str | None = None  # blob hash (llm generator)
+
+    @property
+    def own_code(self) -> bool:
+        return self.generator in OWN_CODE_GENERATORS
 
 
 class GenerationDone(Event):

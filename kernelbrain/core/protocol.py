@@ -17,6 +17,9 @@ from pydantic import BaseModel, ConfigDict, Field
 from kernelbrain.core.events import ShapeTiming
 
 HEADER = struct.Struct("<I")
+# the environment variable that names, to a bubblewrap child, the read-only folder of shared compiled
+# kernels behind its own Triton cache (runtime/triton_cache.py keeps it, child/shared_cache.py reads it)
+TRITON_SHARED_ENV = "KB_TRITON_SHARED"
 
 Device = Literal["cpu", "cuda", "meta"]
 Which = Literal["smallest", "primary", "all"]

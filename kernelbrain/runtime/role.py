@@ -110,13 +110,22 @@ class Role(abc.ABC):
     def execute(self, task: Task, state: RunState) -> list[NewEvent]: ...
 
     def consult(
-        self, device: str, request: Request, *, timeout_s: float, task: str, started: float | None = None
+        self,
+        device: str,
+        request: Request,
+        *,
+        timeout_s: float,
+        task: str,
+        started: float | None = None,
+        own_code: bool = False,
     ) -> Consulted:
         """One request to this role's child on `device`; a fault (the candidate's or kb's) is returned,
-        not raised, so every role records it and its cost the same way."""
+        not raised, so every role records it and its cost the same way. `own_code`: the request runs
+        only kb's own template code (what its child compiles may be shared)."""
         t0 = time.perf_counter() if started is None else started
         try:
-            reply, busy = self.sandbox(device).call(request, timeout_s=timeout_s, task=task)
+            box = self.sandbox(device)
+            reply, busy = box.call(request, timeout_s=timeout_s, task=task, own_code=own_code)
         except (SandboxFault, SandboxError) as e:
             return Consulted(None, e, 0.0, t0)
         return Consulted(reply, None, busy, t0)
@@ -195,6 +204,7 @@ class CandidateRole(Role):
             timeout_s=self.timeout_s(state),
             task=task.key,
             started=t0,
+            own_code=task.candidate is not None and state.candidates[task.candidate].proposal.own_code,
         )
         if isinstance(asked.fault, ProblemFault):
             # the problem's own code failed where no candidate code runs: the run ends as the problem's

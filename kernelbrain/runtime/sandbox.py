@@ -32,6 +32,7 @@ import kernelbrain
 from kernelbrain.core import handoff
 from kernelbrain.core.protocol import (
     HEADER,
+    TRITON_SHARED_ENV,
     BenchReply,
     BenchRequest,
     CandidateRequest,
@@ -137,6 +138,10 @@ def _sources(request: Request) -> list[str]:
     return [request.cand_source] if isinstance(request, CandidateRequest) else []
 
 
+def _runs_candidate(request: Request) -> bool:
+    return bool(_sources(request)) or isinstance(request, TrialRequest)
+
+
 def _signal_name(code: int) -> str:
     try:
         return signal.Signals(-code).name
@@ -174,6 +179,8 @@ class Sandbox:
         self.gate_phases: dict[str, float] = {}  # the last gate's seconds per step (tools/gate_phases.py)
         self.bench_phases: dict[str, float] = {}  # the last bench's: the child's, the judge's, timings
         self.built: set[str] = set()  # the kernel signatures this sandbox's judge built launchers for
+        # every candidate the child ran so far was kb's own template code: what it compiles may be shared
+        self.own_code_only = True
 
     def _env(self) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if child_env_allowed(k)}
@@ -186,6 +193,8 @@ class Sandbox:
             # the child writes only its own folder: a shared cache would let one candidate replace
             # another's compiled kernels
             env.update(TRITON_CACHE_DIR=str(self.tmp / "triton"), USER="kb", LOGNAME="kb")
+            env.update(TRITON_CACHE_MANAGER=triton_cache.MANAGER)
+            env[TRITON_SHARED_ENV] = str(triton_cache.SHARED)
         if self.device == "cpu":
             env["TRITON_INTERPRET"] = "1"
         if self.gpu is not None:
@@ -199,6 +208,7 @@ class Sandbox:
         if self.proc is not None:
             return
         self.isolation = isolation.chosen()
+        self.own_code_only = True
         self.tmp = Path(tempfile.mkdtemp(prefix="kb-sandbox-"))
         self.stderr = open(self.tmp / "stderr.log", "wb")  # noqa: SIM115 - lives as long as the child
         writable = (*self.writable, *((str(self.outbox),) if self.outbox is not None else ()))
@@ -208,6 +218,9 @@ class Sandbox:
         argv = [sys.executable, "-m", "kernelbrain.child"]
         self.bound = tuple(str(f) for f in (self.draws, self.outbox) if f is not None)
         readable = (*self.readable, *((str(self.draws),) if self.draws is not None else ()))
+        if self.isolation == "bwrap":  # the compiled kernels every child reads, read-only
+            triton_cache.SHARED.mkdir(parents=True, exist_ok=True)
+            readable = (*readable, str(triton_cache.SHARED))
         self.proc = subprocess.Popen(
             isolation.wrap(self.isolation, argv, self.tmp, self.device, writable, readable),
             stdin=subprocess.PIPE,
@@ -219,19 +232,23 @@ class Sandbox:
             preexec_fn=_child_setup,
         )
 
-    def call(self, request: Request, *, timeout_s: float, task: str = "-") -> tuple[Any, float]:
+    def call(
+        self, request: Request, *, timeout_s: float, task: str = "-", own_code: bool = False
+    ) -> tuple[Any, float]:
         """Run one request; returns (its reply, busy seconds). Raises SandboxFault when the child dies or
         the candidate failed a check, SandboxError when kb's own code failed in the child. A gate runs
-        across two children (`gate`)."""
+        across two children (`gate`). `own_code`: its candidates are kb's own template code."""
         if isinstance(request, GateRequest):
-            return self.gate(request, timeout_s=timeout_s, task=task)
+            return self.gate(request, timeout_s=timeout_s, task=task, own_code=own_code)
         if sources := _sources(request):
             self._bring_compiled(sources)
         if isinstance(request, BenchRequest):
-            return self.bench(request, timeout_s=timeout_s, task=task)
-        return self._call(request, timeout_s=timeout_s, task=task)
+            return self.bench(request, timeout_s=timeout_s, task=task, own_code=own_code)
+        return self._call(request, timeout_s=timeout_s, task=task, own_code=own_code)
 
-    def bench(self, request: BenchRequest, *, timeout_s: float, task: str = "-") -> tuple[BenchReply, float]:
+    def bench(
+        self, request: BenchRequest, *, timeout_s: float, task: str = "-", own_code: bool = False
+    ) -> tuple[BenchReply, float]:
         """A rung timed beside the reference (the ratio is measured side by side, in one process), then
         the reference alone in the judge's child, where no candidate code ever ran: a reference that ran
         slower beside the candidate than there, past noise, was slowed by it (`policy`), however it was
@@ -239,7 +256,7 @@ class Sandbox:
         # the judge imports while the rung is timed: a run killed before its first bench, or a
         # benchmarker with nothing to time, never starts one
         self.start_judge()
-        timed, busy = self._call(request, timeout_s=timeout_s, task=task)
+        timed, busy = self._call(request, timeout_s=timeout_s, task=task, own_code=own_code)
         assert isinstance(timed, BenchReply)
         busy_alone = 0.0
         clean: list[tuple[float, float]] = []  # per shape: the slowest clean time so far, and its IQR
@@ -279,12 +296,15 @@ class Sandbox:
         ]
         return timed.model_copy(update={"shapes": shapes}), busy + busy_alone
 
-    def gate(self, request: GateRequest, *, timeout_s: float, task: str = "-") -> tuple[GateReply, float]:
+    def gate(
+        self, request: GateRequest, *, timeout_s: float, task: str = "-", own_code: bool = False
+    ) -> tuple[GateReply, float]:
         """V(p) across two children. The judge (its own sandbox, where no candidate code ever runs) draws
         the inputs into a folder this child sees read-only, and keeps the truth; this child runs the
         candidate on them and writes its outputs; the judge compares them. The candidate's process never
         holds the reference nor an expected output. A fault of the judge's (the problem's reference) is
-        kb's side, not the candidate's."""
+        kb's side, not the candidate's. What a passing trial compiled is kept for the children that time
+        it, and shared with every child where the trial's process ran only kb's own code."""
         started = time.perf_counter()
         self.start_judge()
         assert self.judge is not None
@@ -325,6 +345,7 @@ class Sandbox:
             timeout_s=timeout_s,
             task=task,
             hold=True,
+            own_code=own_code,
         )
         assert isinstance(trial, TrialReply)
         self.gate_phases["trial"] = busy_trial
@@ -341,7 +362,7 @@ class Sandbox:
         )
         self.gate_phases.update(judge=busy_judge)
         if verdict.passed:
-            self._keep_compiled(request.cand_source)
+            self._keep_compiled(request.cand_source, share=own_code and self.own_code_only)
         self.gate_phases["wall"] = time.perf_counter() - started
         return verdict, busy + busy_trial + busy_judge
 
@@ -393,12 +414,14 @@ class Sandbox:
             return
         triton_cache.fill(cache, sources)
 
-    def _keep_compiled(self, source: str) -> None:
+    def _keep_compiled(self, source: str, *, share: bool) -> None:
         """What this child's Triton cache holds after a passing trial (emptied before it): the candidate's
-        compiled kernels, kept once for the children that time it."""
+        compiled kernels, kept once for the children that time it, and for every child if `share`."""
         cache = self._own_cache()
         if cache is not None:
             triton_cache.keep_compiled(cache, source)
+            if share:
+                triton_cache.share(cache)
 
     def _alone(
         self, request: BenchRequest, timed: BenchReply, timeout_s: float, task: str, fresh: bool = False
@@ -444,15 +467,24 @@ class Sandbox:
             self._stop()
 
     def _call(
-        self, request: Request, *, timeout_s: float, task: str = "-", hold: bool = False
+        self,
+        request: Request,
+        *,
+        timeout_s: float,
+        task: str = "-",
+        hold: bool = False,
+        own_code: bool = False,
     ) -> tuple[Any, float]:
         """One request to this child. `hold`: a reply that asks for a fresh child leaves this one (and
-        its folder) until `recycle()`, so that its files can be read first."""
+        its folder) until `recycle()`, so that its files can be read first. `own_code`: the candidates it
+        runs are kb's own template code."""
         if self.proc is not None and self.proc.poll() is not None:
             # it died after its last answer (a stray thread of an earlier candidate): not this one's fault
             self._stop()
         if self.proc is None:
             self.start()
+        if _runs_candidate(request) and not own_code:
+            self.own_code_only = False  # until this process ends
         assert self.proc and self.proc.stdin and self.proc.stdout
         self.stderr_mark = self.stderr.tell()
         frame = orjson.dumps({"task": task, "request": request.model_dump(mode="json")})

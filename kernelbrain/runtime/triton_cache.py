@@ -6,6 +6,13 @@ request; what it needs is copied in from two host folders no child sees:
   time and profile the same source (they load it rather than compile again);
 - `LAUNCHERS`: Triton's launchers (a C module per kernel signature), built by judges, which run no
   candidate code (kernelbrain/child/launchers.py), for every child.
+
+And one folder every child reads in place, read-only, behind its own cache (`SHARED`, through Triton's
+cache manager `MANAGER`): what passing gates compiled in children that never ran code but kb's own (a
+process that loaded only candidates of kb's own templates). Candidates of one problem's templates share
+kernels (same source, same constants), and a run, or the next run, finds them compiled. No candidate
+from outside (an LLM's) adds to it: it could plant a binary under a key another candidate's source hashes
+to.
 """
 
 from __future__ import annotations
@@ -20,7 +27,10 @@ from pydantic import BaseModel, ValidationError
 
 COMPILED = Path.home() / ".cache" / "kernelbrain" / "compiled"
 LAUNCHERS = Path.home() / ".cache" / "kernelbrain" / "launchers"
+SHARED = Path.home() / ".cache" / "kernelbrain" / "shared"
 LAUNCHER_FILE = "__triton_launcher"
+# what a bubblewrap child's Triton looks entries up with: its own cache, then SHARED (read-only there)
+MANAGER = "kernelbrain.child.shared_cache:WithShared"
 
 
 def compiled_key(source: str) -> str:
@@ -38,29 +48,38 @@ def _links(folder: str, names: list[str]) -> set[str]:
     return {n for n in names if os.path.islink(os.path.join(folder, n))}
 
 
-def _keep(folder: Path, kept: Path) -> None:
-    """A copy of a child's cache folder on the host, made whole or not at all (links left out)."""
+def _keep(folder: Path, kept: Path, *, entry: bool = False) -> None:
+    """A copy of a child's cache folder on the host, made whole or not at all (links left out). An
+    `entry` (one kernel's folder) has its index pointed at where it is kept, for children to read there."""
     kept.parent.mkdir(parents=True, exist_ok=True)
     part = Path(tempfile.mkdtemp(prefix=".part-", dir=kept.parent))
     try:
         shutil.copytree(folder, part, dirs_exist_ok=True, ignore=_links)
+        if entry:
+            for index in part.glob("__grp__*.json"):
+                _point(index, kept)
         os.replace(part, kept)
     except OSError:  # another worker kept it first, or the disk is full: it is built again
         shutil.rmtree(part, ignore_errors=True)
 
 
+def _point(index: Path, folder: Path) -> None:
+    """Point an entry's index at its files in `folder`: Triton writes absolute paths, of the child that
+    compiled it, and takes an entry whose files it cannot find for a miss. An index that is not one (the
+    candidate's child wrote the entry) is removed: that entry compiles again."""
+    try:
+        group = TritonGroup.model_validate_json(index.read_bytes())
+    except (OSError, ValidationError):
+        index.unlink(missing_ok=True)
+        return
+    moved = {name: str(folder / Path(path).name) for name, path in group.child_paths.items()}
+    index.write_text(TritonGroup(child_paths=moved).model_dump_json())
+
+
 def _regroup(cache: Path) -> None:
-    """Point every entry's index at its files where they are now: Triton writes absolute paths, of the
-    child that compiled it, and takes an entry whose files it cannot find for a miss. An index that is
-    not one (the candidate's child wrote the entry) is removed: that entry compiles again."""
+    """Point every entry's index at its files where they are now."""
     for index in cache.glob("*/__grp__*.json"):
-        try:
-            group = TritonGroup.model_validate_json(index.read_bytes())
-        except (OSError, ValidationError):
-            index.unlink(missing_ok=True)
-            continue
-        moved = {name: str(index.parent / Path(path).name) for name, path in group.child_paths.items()}
-        index.write_text(TritonGroup(child_paths=moved).model_dump_json())
+        _point(index, index.parent)
 
 
 def fill(cache: Path, sources: list[str]) -> None:
@@ -85,6 +104,17 @@ def keep_compiled(cache: Path, source: str) -> None:
     kept = COMPILED / compiled_key(source)
     if not kept.exists():
         _keep(cache, kept)
+
+
+def share(cache: Path) -> None:
+    """The entries of a child's cache (emptied before a passing trial in a process that ran only kb's own
+    code) that SHARED lacks, kept there for every child."""
+    if not cache.is_dir():
+        return
+    for entry in cache.iterdir():
+        known = (SHARED / entry.name).exists() or (LAUNCHERS / entry.name).exists()
+        if entry.is_dir() and not entry.is_symlink() and not known:
+            _keep(entry, SHARED / entry.name, entry=True)
 
 
 def keep_launchers(judge_cache: Path) -> None:
