@@ -12,6 +12,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from kernelbrain.child import guard
+from kernelbrain.child.graph import capture
 from kernelbrain.child.loading import (
     Problem,
     build,
@@ -128,6 +129,11 @@ def analyse(problem_source: str, device: str) -> dict:
         return record_calls(ref, problem.inputs(shape, 0, where)), count(problem, shape, where)
 
     (ops, (flops, nbytes)), traced_on = traced(device, trace)
+    try:  # on the device the trace needed; a graph that cannot be captured only narrows the generators
+        ref, _ = build(problem, None, shape, traced_on)
+        graph = capture(ref, problem.inputs(shape, 0, traced_on)).model_dump()
+    except Exception:
+        graph = None
     primary = problem.shapes[0]
     labels = [shape_label(s) for s in problem.shapes]
     model_cls = problem.module.Model
@@ -143,6 +149,7 @@ def analyse(problem_source: str, device: str) -> dict:
         "rung_shapes": [shape_label(s) for s in problem.ladder_shapes(device, "all")],
         "primary_ops": [] if shape == primary else ops_on_meta(problem, primary),
         "fits": fits(problem, device),
+        "graph": graph,
     }
 
 

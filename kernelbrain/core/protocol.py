@@ -15,6 +15,7 @@ from typing import Annotated, Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from kernelbrain.core.events import ShapeTiming
+from kernelbrain.core.graph import Graph
 
 HEADER = struct.Struct("<I")
 # the environment variable that names, to a bubblewrap child, the read-only folder of shared compiled
@@ -80,6 +81,7 @@ class AnalyseReply(Message):
     rung_shapes: list[str] = []  # what every rung times on this device (on CPU one fitted shape)
     primary_ops: list[dict[str, Any]] = []  # ops at the file's primary shape where the rungs time another
     fits: list[Fit] = []  # the shapes fitted for this device, handed to every later child
+    graph: Graph | None = None  # the reference's ATen graph at the traced shape, where it could be captured
 
 
 class RooflineReply(Message):

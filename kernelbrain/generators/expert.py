@@ -23,8 +23,9 @@ class ExpertGenerator(Generator):
         for family in FAMILIES:
             if name is not None and name != family.FAMILY:
                 continue
-            spec = family.matches(analysis.ops)
-            if spec is not None and analysis.primary_ops and family.matches(analysis.primary_ops) is None:
+            spec = family.matches(analysis.ops, analysis.graph)
+            primary = family.matches(analysis.primary_ops, analysis.graph) if analysis.primary_ops else spec
+            if spec is not None and primary is None:
                 continue  # what the rungs time is this family's, the file's own shape is not (CPU)
             # what the trace cannot show (parameter names, normalised dims) a family reads from the source
             refine = getattr(family, "refine", None)
@@ -39,7 +40,9 @@ class ExpertGenerator(Generator):
         """The specs a knob set must be feasible at: the shape the rungs time and, where that is not the
         file's primary shape (CPU), the primary too (match_family made sure the family matches it): an
         export must not refuse the user's real size."""
-        return [spec, family.matches(analysis.primary_ops)] if analysis.primary_ops else [spec]
+        return (
+            [spec, family.matches(analysis.primary_ops, analysis.graph)] if analysis.primary_ops else [spec]
+        )
 
     def _proposal(
         self,

@@ -23,13 +23,24 @@ from kernelbrain.templates import (
     gemv,
     l2norm,
     layernorm,
+    pointwise,
     rmsnorm,
     row_softmax,
 )
 
-# each matcher wants its own op sequence, so the order only breaks ties; gemv last: it takes any lone
-# matmul of a vector or a few columns
-FAMILIES = (row_softmax, rmsnorm, layernorm, l2norm, gemm_epilogue, attention, conv_transpose, gemv)
+# each matcher wants its own op sequence, so the order only breaks ties; gemv late: it takes any lone
+# matmul of a vector or a few columns; pointwise, from the graph, any chain of elementwise ops
+FAMILIES = (
+    row_softmax,
+    rmsnorm,
+    layernorm,
+    l2norm,
+    gemm_epilogue,
+    attention,
+    conv_transpose,
+    gemv,
+    pointwise,
+)
 
 
 def knobs_with(family: ModuleType, over: dict[str, Any]) -> dict[str, Any]:

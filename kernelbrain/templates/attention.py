@@ -52,6 +52,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from kernelbrain.core.graph import Graph
 from kernelbrain.templates import model_source
 from kernelbrain.templates.attention_kernels import KERNELS
 
@@ -223,7 +224,7 @@ def _next_pow2(n: int) -> int:
     return 1 << max(0, (int(n) - 1).bit_length())
 
 
-def matches(ops: list[dict]) -> dict | None:
+def matches(ops: list[dict], graph: Graph | None = None) -> dict | None:
     """A lone scaled_dot_product_attention (contiguous calls aside) on a float tensor of >= 2 dims."""
     seq = [o for o in ops if str(o["op"]).strip("_") != "contiguous"]
     if len(seq) != 1 or seq[0]["op"] != "scaled_dot_product_attention":

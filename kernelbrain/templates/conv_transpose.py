@@ -65,6 +65,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from kernelbrain.core.graph import Graph
 from kernelbrain.templates import model_source
 from kernelbrain.templates.conv_transpose_kernels import KERNEL
 
@@ -139,7 +140,7 @@ def _name(op: dict) -> str:
     return str(op["op"]).strip("_")
 
 
-def matches(ops: list[dict]) -> dict | None:
+def matches(ops: list[dict], graph: Graph | None = None) -> dict | None:
     """Exactly one 4-D floating-point conv_transpose2d (contiguous copies allowed), nothing else."""
     seq = [o for o in ops if _name(o) not in {"contiguous"}]
     if len(seq) != 1 or _name(seq[0]) != "conv_transpose2d":

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from kernelbrain.core.graph import Graph
 from kernelbrain.templates import model_source
 
 FAMILY = "gemm_epilogue"
@@ -116,7 +117,7 @@ def _name(op: dict) -> str:
     return str(op["op"]).strip("_")
 
 
-def matches(ops: list[dict]) -> dict | None:
+def matches(ops: list[dict], graph: Graph | None = None) -> dict | None:
     """linear, then only ReLU / divide-by-a-constant ops (each at most once), ending in at least one."""
     seq = [o for o in ops if _name(o) not in {"contiguous"}]
     if len(seq) < 2 or _name(seq[0]) != "linear":

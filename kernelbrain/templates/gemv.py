@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from kernelbrain.core.graph import Graph
 from kernelbrain.templates import model_source
 
 FAMILY = "gemv"
@@ -80,7 +81,7 @@ def _column_dim(op: dict, ndim: int) -> bool:
     return isinstance(dim, int) and not isinstance(dim, bool) and dim % ndim == ndim - 1
 
 
-def matches(ops: list[dict]) -> dict | None:
+def matches(ops: list[dict], graph: Graph | None = None) -> dict | None:
     """A single matmul of floats and nothing else (contiguous aside): 2-D A, or batched 3-D A; the batched
     vector (B, K) may come unsqueezed to (B, K, 1) before and the product squeezed after."""
     seq = [o for o in ops if o["op"] not in _GLUE]

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from kernelbrain.core.graph import Graph
 from kernelbrain.templates import model_source
 from kernelbrain.templates.row_norm import (
     FLOAT_DTYPES,
@@ -42,7 +43,7 @@ def _one_dim(dim: Any) -> int | None:
     return dim if isinstance(dim, int) and not isinstance(dim, bool) else None
 
 
-def matches(ops: list[dict]) -> dict | None:
+def matches(ops: list[dict], graph: Graph | None = None) -> dict | None:
     seq = [o for o in ops if _name(o) not in _IGNORED]
     names = [_name(o) for o in seq]
     if not seq or seq[0].get("dtype") not in FLOAT_DTYPES:

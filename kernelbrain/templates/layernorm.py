@@ -19,6 +19,7 @@ import ast
 import math
 from typing import Any
 
+from kernelbrain.core.graph import Graph
 from kernelbrain.templates import model_source as ms
 from kernelbrain.templates.row_norm import (
     FLOAT_DTYPES,
@@ -57,7 +58,7 @@ def _trailing_dims(dim: Any, ndim: int) -> int | None:
     return len(norm) if norm == list(range(ndim - len(norm), ndim)) else None
 
 
-def matches(ops: list[dict]) -> dict | None:
+def matches(ops: list[dict], graph: Graph | None = None) -> dict | None:
     seq = [o for o in ops if _name(o) not in _IGNORED]
     names = [_name(o) for o in seq]
     if not seq or seq[0].get("dtype") not in FLOAT_DTYPES:

@@ -27,6 +27,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from kernelbrain.core.graph import Graph
 from kernelbrain.templates import model_source
 
 FAMILY = "rmsnorm"
@@ -79,7 +80,7 @@ def _next_pow2(n: int) -> int:
     return 1 << max(0, (int(n) - 1).bit_length())
 
 
-def matches(ops: list[dict]) -> dict | None:
+def matches(ops: list[dict], graph: Graph | None = None) -> dict | None:
     """x^2 -> mean over one dim (keepdim) -> [+ eps] -> sqrt -> x / . , or rsqrt -> x * ."""
     seq = [o for o in ops if _name(o) not in _IGNORED]
     names = [_name(o) for o in seq]

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from kernelbrain.core.graph import Graph
 from kernelbrain.templates import model_source
 
 FAMILY = "row_softmax"
@@ -73,7 +74,7 @@ MUTATIONS: dict[str, list[tuple[str, str]]] = {
 }
 
 
-def matches(ops: list[dict]) -> dict | None:
+def matches(ops: list[dict], graph: Graph | None = None) -> dict | None:
     names = [o["op"] for o in ops]
     kinds = [n for n in names if n in {"softmax", "log_softmax"}]
     if len(kinds) != 1 or any(n not in {"softmax", "log_softmax", "contiguous"} for n in names):

@@ -49,7 +49,7 @@ class GeneratorRole(Role):
             analysis = ProblemAnalysed(**asked.reply.model_dump(), families=[])
             busy = 0.0 if analysis.traced_on == "meta" else asked.busy_s  # shapes only: no GPU used
         # the template families that match, for the record
-        families = [f.FAMILY for f in FAMILIES if f.matches(analysis.ops) is not None]
+        families = [f.FAMILY for f in FAMILIES if f.matches(analysis.ops, analysis.graph) is not None]
         return analysis.model_copy(update={"families": families}), busy
 
     def execute(self, task: Task, state: RunState) -> list[NewEvent]:

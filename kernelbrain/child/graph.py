@@ -1,0 +1,85 @@
+"""The reference's ATen graph (kernelbrain/core/graph.py), captured by a dispatch mode: it sees the ATen
+op whatever Python name reached it (`F.relu`, `torch.relu`, `x.relu()` are all `aten.relu.default`)."""
+
+from __future__ import annotations
+
+import itertools
+import math
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+from kernelbrain.core.graph import INPUT, PARAM, Graph, Meta, Node
+
+
+def _meta(t: torch.Tensor) -> Meta:
+    return Meta(shape=list(t.shape), strides=list(t.stride()), dtype=str(t.dtype).removeprefix("torch."))
+
+
+class _Capture(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.nodes: list[Node] = []
+        self.made: dict[int, tuple[int, int]] = {}  # id(tensor) -> [node, out]
+        self.alive: list[torch.Tensor] = []  # held so that no id is reused while the graph is made
+
+    def add(self, op: str, args: dict[str, Any], outs: list[torch.Tensor]) -> None:
+        self.nodes.append(Node(op=op, args=args, outs=[_meta(t) for t in outs]))
+        for k, t in enumerate(outs):
+            self.made[id(t)] = (len(self.nodes) - 1, k)
+            self.alive.append(t)
+
+    def encode(self, value: Any) -> Any:
+        if isinstance(value, torch.Tensor):
+            ref = self.made.get(id(value))
+            # a tensor the graph did not make: an attribute that is neither parameter nor buffer
+            return {"ref": list(ref)} if ref is not None else {"tensor": _meta(value).model_dump()}
+        if isinstance(value, list | tuple):
+            return [self.encode(v) for v in value]
+        if isinstance(value, float) and not math.isfinite(value):
+            return {"float": repr(value)}  # JSON has no inf or nan
+        if value is None or isinstance(value, bool | int | float | str):
+            return value
+        if isinstance(value, torch.dtype):
+            return str(value).removeprefix("torch.")
+        return {"object": str(value)}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        bound: dict[str, Any] = {}
+        positional = iter(args)
+        for arg in func._schema.arguments:
+            if not arg.kwarg_only and (value := next(positional, _MISSING)) is not _MISSING:
+                bound[arg.name] = value
+            elif arg.name in kwargs:
+                bound[arg.name] = kwargs[arg.name]
+            elif arg.has_default_value():
+                bound[arg.name] = arg.default_value
+        encoded = {name: self.encode(v) for name, v in bound.items()}
+        self.add(str(func), encoded, [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)])
+        return out
+
+
+_MISSING = object()
+
+
+def capture(model: torch.nn.Module, inputs: list) -> Graph:
+    """The graph of one forward call on `inputs` (meta tensors cost nothing)."""
+    mode = _Capture()
+    constants: dict[int, Any] = {}
+    for i, x in enumerate(inputs):
+        if isinstance(x, torch.Tensor):
+            mode.add(INPUT, {"index": i}, [x])
+        else:
+            constants[i] = mode.encode(x)
+    for name, t in itertools.chain(model.named_parameters(), model.named_buffers()):
+        mode.add(PARAM, {"name": name}, [t])
+    with torch.no_grad(), mode:
+        result = model(*inputs)
+    outputs = [mode.made.get(id(t)) for t in tree_leaves(result) if isinstance(t, torch.Tensor)]
+    if any(o is None for o in outputs):
+        raise ValueError("forward returned a tensor its graph did not make")
+    return Graph(nodes=mode.nodes, outputs=[list(o) for o in outputs if o], constants=constants)

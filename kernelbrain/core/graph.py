@@ -1,0 +1,52 @@
+"""The reference's ATen graph: every op its forward dispatched, in order, with each tensor argument a
+reference to the node that made it. Traced once by the child's analysis (kernelbrain/child/graph.py) on
+the meta device, recorded in `ProblemAnalysed.graph`, and read by the generators that compose kernels
+from it (kernelbrain/templates/pointwise.py): plain data, no torch.
+
+An argument is a JSON value: a number, bool, string (a dtype as "float32") or None as the call had it
+(defaults filled from the op's schema, so `elu(x)` reads alpha = 1); a tensor as `{"ref": [node, out]}`;
+a list of them as a list.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel
+
+INPUT = "input"  # a forward argument: args {"index": position}
+PARAM = "param"  # a parameter or buffer of the model: args {"name": its state-dict name}
+
+
+class Meta(BaseModel):
+    """A tensor's shape, strides and dtype ("float32", "bool", ...)."""
+
+    shape: list[int]
+    strides: list[int]
+    dtype: str
+
+
+class Node(BaseModel):
+    op: str  # INPUT, PARAM, or the ATen overload's name: "aten.mul.Tensor"
+    args: dict[str, Any]  # by the schema's argument names
+    outs: list[Meta]  # one per tensor it returned (a tuple's in order)
+
+
+class Graph(BaseModel):
+    nodes: list[Node]
+    outputs: list[list[int]]  # forward's tensor results, as [node, out]
+    # forward arguments that are not tensors, by position (they are constants of the trace)
+    constants: dict[int, Any] = {}
+
+    def ref(self, value: Any) -> tuple[int, int] | None:
+        """The [node, out] an argument refers to, or None for a literal."""
+        if isinstance(value, dict) and isinstance(value.get("ref"), list) and len(value["ref"]) == 2:
+            return int(value["ref"][0]), int(value["ref"][1])
+        return None
+
+    def meta(self, ref: tuple[int, int]) -> Meta:
+        return self.nodes[ref[0]].outs[ref[1]]
+
+    def ops(self) -> list[str]:
+        """The distinct ATen ops, in first-use order (inputs and parameters left out)."""
+        return list(dict.fromkeys(n.op for n in self.nodes if n.op not in {INPUT, PARAM}))

@@ -1,0 +1,430 @@
+"""Pointwise: any chain of elementwise ATen ops over up to four broadcast inputs, composed from the
+traced graph into one pass over memory.
+
+    y = f(x0, x1, x2, x3)   every op elementwise, computed in fp32, stored once in the output's dtype
+
+The graph's ops become one Triton function, `_body`, a statement per op (an expression from `EXPRESSIONS`,
+calling the helpers of templates/pointwise_parts.py where one expression is not accurate enough); the
+kernels there load the inputs, call it and store the result. Inputs of the output's shape and contiguous
+take the flat kernel; broadcast or strided ones the strided kernel (each input's strides over four
+collapsed dims, 0 where it broadcasts). Constants of the trace (a negative slope, an init argument) are
+written into `_body` as the reference had them.
+
+Strategy axes: elements per program (`block`), warps, and a persistent grid (`ctas_per_sm` programs per
+SM, each looping over tiles) against one tile per program.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+from kernelbrain.core.graph import INPUT, PARAM, Graph
+from kernelbrain.templates import model_source
+from kernelbrain.templates.render import constants, module, parts
+
+FAMILY = "pointwise"
+PARTS = "kernelbrain.templates.pointwise_parts"
+MAX_INPUTS = 4
+FLOATS = {"float32", "float16", "bfloat16"}
+
+ROUND0: list[dict[str, Any]] = [
+    {"strategy": "tile", "block": 1024, "num_warps": 4},
+    {"strategy": "tile", "block": 4096, "num_warps": 8},
+    {"strategy": "persistent", "block": 2048, "num_warps": 8, "ctas_per_sm": 4},
+    {"strategy": "tile", "block": 2048, "num_warps": 4},
+    {"strategy": "tile", "block": 8192, "num_warps": 16},
+]
+BLOCKS = (256, 512, 1024, 2048, 4096, 8192, 16384)
+
+MUTATIONS: dict[str, list[tuple[str, str]]] = {
+    "memory-bound near peak": [
+        ("larger_tiles", "at the bandwidth roof: more bytes in flight a program"),
+        ("persistent", "a grid the GPU holds at once: no tail of half-empty waves"),
+    ],
+    "latency or occupancy-limited": [
+        ("more_warps", "more warps a program keep more loads in flight"),
+        ("persistent", "programs that stay resident and loop hide the launch of each tile"),
+    ],
+    "launch-bound": [("larger_tiles", "fewer, fatter programs")],
+    "register spills": [("smaller_tiles", "fewer elements a program, fewer registers")],
+    "compute-bound": [("fewer_warps", "fewer warps, more registers each for the chain's math")],
+    "memory-bound with poor coalescing": [("larger_tiles", "longer contiguous runs a program")],
+}
+
+
+def mutate(knobs: dict[str, Any], move: str) -> dict[str, Any] | None:
+    k = dict(knobs)
+    at = BLOCKS.index(k["block"]) if k["block"] in BLOCKS else None
+    if move == "larger_tiles" and at is not None and at + 1 < len(BLOCKS):
+        return {**k, "block": BLOCKS[at + 1]}
+    if move == "smaller_tiles" and at:
+        return {**k, "block": BLOCKS[at - 1]}
+    if move == "more_warps" and k["num_warps"] < 16:
+        return {**k, "num_warps": k["num_warps"] * 2}
+    if move == "fewer_warps" and k["num_warps"] > 1:
+        return {**k, "num_warps": k["num_warps"] // 2}
+    if move == "persistent" and k["strategy"] != "persistent":
+        return {**k, "strategy": "persistent", "ctas_per_sm": 4}
+    return None
+
+
+def feasible(spec: dict, knobs: dict[str, Any]) -> bool:
+    """Any block serves any size; a warp holds at least 32 elements."""
+    return knobs["block"] >= 32 * knobs["num_warps"]
+
+
+# --- the graph's ops as fp32 Triton expressions ------------------------------------------------------
+
+
+def _num(v: Any) -> str:
+    if isinstance(v, dict) and "float" in v:
+        return f'float("{v["float"]}")'
+    if isinstance(v, bool):
+        return "1.0" if v else "0.0"
+    if isinstance(v, int | float):
+        return repr(float(v))
+    raise ValueError(f"not a number: {v!r}")
+
+
+def _pow_scalar(a: str, e: Any) -> str:
+    if isinstance(e, int | float) and not isinstance(e, bool):
+        e = float(e)
+        if e == 0.5:
+            return f"tl.sqrt({a})"
+        if e.is_integer() and 1 <= e <= 8:
+            return "(" + " * ".join([a] * int(e)) + ")"
+        if e.is_integer() and -4 <= e <= -1:
+            return "(1.0 / (" + " * ".join([a] * int(-e)) + "))"
+    return f"_pow({a}, {_num(e)})"
+
+
+def _clamp(a: str, lo: Any, hi: Any) -> str:
+    if lo is not None:
+        a = f"tl.maximum({a}, {lo})"
+    if hi is not None:
+        a = f"tl.minimum({a}, {hi})"
+    return a
+
+
+def _scaled(b: str, alpha: Any) -> str:
+    return b if alpha in ("1.0", None) else f"({alpha} * {b})"  # alpha as _num wrote it
+
+
+def _cast(a: str, dtype: Any) -> str:
+    if dtype in {"float16", "bfloat16"}:  # the reference rounds here: so does the chain
+        return f"{a}.to(tl.{dtype}).to(tl.float32)"
+    if dtype == "bool":
+        return f"({a} != 0.0)"
+    if dtype in {None, "float32", "float64"}:
+        return a
+    raise ValueError(f"a cast to {dtype}")
+
+
+# op -> its expression from the op's arguments, each an expression ("v3", "0.5") or a literal (str for
+# strings, None). Helpers (`_tanh`, ...) come from PARTS.
+Args = dict[str, Any]
+_UNARY = {
+    "abs": "tl.abs({})",
+    "neg": "(-{})",
+    "exp": "tl.exp({})",
+    "exp2": "tl.exp2({})",
+    "log": "tl.log({})",
+    "log2": "tl.log2({})",
+    "log10": "(tl.log({}) * 0.4342944819032518)",
+    "sqrt": "tl.sqrt({})",
+    "rsqrt": "tl.rsqrt({})",
+    "sin": "tl.sin({})",
+    "cos": "tl.cos({})",
+    "sigmoid": "tl.sigmoid({})",
+    "tanh": "_tanh({})",
+    "relu": "tl.maximum({}, 0.0)",
+    "erf": "tl.erf({})",
+    "floor": "tl.floor({})",
+    "ceil": "tl.ceil({})",
+    "reciprocal": "(1.0 / {})",
+    "square": "({0} * {0})",
+    "sign": "_sign({})",
+    "round": "_round({})",
+    "sgn": "_sign({})",
+    "log1p": "_log1p({})",
+    "expm1": "_expm1({})",
+    "silu": "({0} * tl.sigmoid({0}))",
+    "mish": "_mish({})",
+    "hardsigmoid": "tl.minimum(tl.maximum({} / 6.0 + 0.5, 0.0), 1.0)",
+    "hardswish": "({0} * tl.minimum(tl.maximum({0} + 3.0, 0.0), 6.0) / 6.0)",
+    "logical_not": "({} == 0.0)",
+    "clone": "{}",
+    "alias": "{}",
+    "detach": "{}",
+    "lift_fresh": "{}",
+}
+_COMPARE = {"gt": ">", "lt": "<", "ge": ">=", "le": "<=", "eq": "==", "ne": "!="}
+
+
+def _binary(name: str) -> Callable[[Args], str]:
+    def expr(a: Args) -> str:
+        x, y = a["self"], a["other"]
+        if name == "add":
+            return f"({x} + {_scaled(y, a.get('alpha'))})"
+        if name == "sub":
+            return f"({x} - {_scaled(y, a.get('alpha'))})"
+        if name == "rsub":
+            return f"({y} - {_scaled(x, a.get('alpha'))})"
+        if name == "mul":
+            return f"({x} * {y})"
+        if name == "div":
+            return f"({x} / {y})"
+        if name == "maximum":
+            return f"tl.maximum({x}, {y})"
+        if name == "minimum":
+            return f"tl.minimum({x}, {y})"
+        if name == "pow_tensor":
+            return f"_pow({x}, {y})"
+        if name in _COMPARE:
+            return f"({x} {_COMPARE[name]} {y})"
+        if name == "logical_and":
+            return f"(({x} != 0.0) & ({y} != 0.0))"
+        if name == "logical_or":
+            return f"(({x} != 0.0) | ({y} != 0.0))"
+        raise ValueError(name)
+
+    return expr
+
+
+EXPRESSIONS: dict[str, Callable[[Args], str]] = {
+    **{f"aten.{op}.default": (lambda a, f=f: f.format(a["self"])) for op, f in _UNARY.items()},
+    **{
+        f"aten.{op}.{kind}": _binary(op)
+        for op in ("add", "sub", "mul", "div")
+        for kind in ("Tensor", "Scalar")
+    },
+    "aten.rsub.Scalar": _binary("rsub"),
+    "aten.rsub.Tensor": _binary("rsub"),
+    "aten.maximum.default": _binary("maximum"),
+    "aten.minimum.default": _binary("minimum"),
+    "aten.logical_and.default": _binary("logical_and"),
+    "aten.logical_or.default": _binary("logical_or"),
+    # on bools only (compose refuses them on integers): what `&` and `|` of two comparisons dispatch
+    "aten.bitwise_and.Tensor": _binary("logical_and"),
+    "aten.bitwise_or.Tensor": _binary("logical_or"),
+    **{f"aten.{op}.{kind}": _binary(op) for op in _COMPARE for kind in ("Tensor", "Scalar")},
+    "aten.pow.Tensor_Scalar": lambda a: _pow_scalar(a["self"], a["raw"]["exponent"]),
+    "aten.pow.Tensor_Tensor": lambda a: f"_pow({a['self']}, {a['exponent']})",
+    "aten.clamp.default": lambda a: _clamp(a["self"], a["min"], a["max"]),
+    "aten.clamp.Tensor": lambda a: _clamp(a["self"], a["min"], a["max"]),
+    "aten.clamp_min.default": lambda a: _clamp(a["self"], a["min"], None),
+    "aten.clamp_max.default": lambda a: _clamp(a["self"], None, a["max"]),
+    "aten.hardtanh.default": lambda a: _clamp(a["self"], a["min_val"], a["max_val"]),
+    "aten.leaky_relu.default": lambda a: (
+        f"tl.where({a['self']} > 0, {a['self']}, {a['self']} * {a['negative_slope']})"
+    ),
+    "aten.elu.default": lambda a: f"_elu({a['self']}, {a['alpha']}, {a['scale']}, {a['input_scale']})",
+    "aten.celu.default": lambda a: (
+        f"(tl.maximum({a['self']}, 0.0) + _expm1(tl.minimum({a['self']}, 0.0) / {a['alpha']}) * {a['alpha']})"
+    ),
+    "aten.selu.default": lambda a: f"_elu({a['self']}, 1.6732632423543772, 1.0507009873554805, 1.0)",
+    "aten.gelu.default": lambda a: (
+        f"_gelu_tanh({a['self']})" if a["raw"].get("approximate") == "tanh" else f"_gelu_erf({a['self']})"
+    ),
+    "aten.softplus.default": lambda a: f"_softplus({a['self']}, {a['beta']}, {a['threshold']})",
+    "aten.threshold.default": lambda a: (
+        f"tl.where({a['self']} > {a['threshold']}, {a['self']}, {a['value']})"
+    ),
+    "aten.log_sigmoid_forward.default": lambda a: f"_log_sigmoid({a['self']})",
+    "aten.where.self": lambda a: f"tl.where({a['condition']}, {a['self']}, {a['other']})",
+    "aten.where.ScalarSelf": lambda a: f"tl.where({a['condition']}, {a['self']}, {a['other']})",
+    "aten.where.ScalarOther": lambda a: f"tl.where({a['condition']}, {a['self']}, {a['other']})",
+    "aten._to_copy.default": lambda a: _cast(a["self"], a["raw"].get("dtype")),
+}
+# helpers of PARTS each expression may call, by the name it is called with
+HELPERS = (
+    "_tanh",
+    "_log1p",
+    "_expm1",
+    "_softplus",
+    "_elu",
+    "_gelu_erf",
+    "_gelu_tanh",
+    "_log_sigmoid",
+    "_mish",
+    "_sign",
+    "_round",
+    "_pow",
+)
+# what each helper calls in turn
+_CALLS = {
+    "_softplus": ("_log1p",),
+    "_elu": ("_expm1",),
+    "_gelu_tanh": ("_tanh",),
+    "_log_sigmoid": ("_log1p",),
+}
+_CALLS |= {"_mish": ("_tanh", "_softplus", "_log1p")}
+# ops that keep the shape and only relabel: a view of the same shape is its input
+_SAME_SHAPE_VIEWS = {
+    "aten.view.default",
+    "aten._unsafe_view.default",
+    "aten.reshape.default",
+    "aten.expand.default",
+}
+
+
+class NotPointwise(ValueError):
+    """What the graph holds that this family cannot compose (named in the refusal)."""
+
+
+def compose(graph: Graph) -> dict:
+    """The spec of a graph that is one elementwise chain: its inputs (forward positions), the statements
+    of `_body`, the output's dtype and shape. Raises NotPointwise naming what is not."""
+    if len(graph.outputs) != 1:
+        raise NotPointwise(f"{len(graph.outputs)} outputs")
+    out_ref = tuple(graph.outputs[0])
+    out_meta = graph.meta(out_ref)
+    if out_meta.dtype not in FLOATS:
+        raise NotPointwise(f"an output of {out_meta.dtype}")
+    names: dict[tuple[int, int], str] = {}
+    inputs: list[int] = []
+    lines: list[str] = []
+    for i, node in enumerate(graph.nodes):
+        if node.op == INPUT:
+            if node.outs[0].dtype not in FLOATS:
+                raise NotPointwise(f"an input of {node.outs[0].dtype}")
+            if len(inputs) == MAX_INPUTS:
+                raise NotPointwise(f"more than {MAX_INPUTS} inputs")
+            names[(i, 0)] = f"v{len(inputs)}"
+            inputs.append(int(node.args["index"]))
+            continue
+        needed = _feeds(graph, i, out_ref)
+        if not needed:
+            continue  # computed and never used on the way to the output
+        if node.op == PARAM:
+            raise NotPointwise(f"the model's parameter {node.args['name']}")
+        if node.op in _SAME_SHAPE_VIEWS:
+            src = graph.ref(node.args.get("self"))
+            if src is None or src not in names or graph.meta(src).shape != node.outs[0].shape:
+                raise NotPointwise(f"{node.op} changing a shape")
+            names[(i, 0)] = names[src]
+            continue
+        make = EXPRESSIONS.get(node.op)
+        if make is None:
+            raise NotPointwise(node.op)
+        if any(k != 0 for k in needed):
+            raise NotPointwise(f"{node.op}'s second result")
+        if node.op.startswith("aten.bitwise_") and node.outs[0].dtype != "bool":
+            raise NotPointwise(f"{node.op} on integers")
+        args: dict[str, Any] = {"raw": node.args}
+        for key, value in node.args.items():
+            ref = graph.ref(value)
+            if ref is not None:
+                if ref not in names:
+                    raise NotPointwise(f"{node.op} on a tensor that is not an input of the chain")
+                args[key] = names[ref]
+            elif isinstance(value, dict) and "tensor" in value:
+                raise NotPointwise("a tensor constant of the model's")
+            elif isinstance(value, bool | int | float) or (isinstance(value, dict) and "float" in value):
+                args[key] = _num(value)
+            else:
+                args[key] = value
+        if node.outs[0].shape != out_meta.shape and math.prod(node.outs[0].shape) > 1:
+            _check_broadcast(node.outs[0].shape, out_meta.shape, node.op)
+        names[(i, 0)] = f"v{4 + len(lines)}"
+        lines.append(f"{names[(i, 0)]} = {make(args)}")
+    if out_ref not in names:
+        raise NotPointwise("an output no input reaches")
+    if not inputs:
+        raise NotPointwise("no tensor input")
+    for i in inputs:
+        _check_broadcast(graph.nodes[_node_of_input(graph, i)].outs[0].shape, out_meta.shape, "an input")
+    # the output takes its inputs' promoted dtype (each call's: a problem may time fp16 and fp32 shapes),
+    # unless the chain casts to another
+    dtypes = [graph.nodes[_node_of_input(graph, i)].outs[0].dtype for i in inputs]
+    promoted = "float32" if "float32" in dtypes or len(set(dtypes)) > 1 else dtypes[0]
+    text = "\n".join(lines)
+    used = [h for h in HELPERS if f"{h}(" in text]
+    for h in list(used):
+        used += [c for c in _CALLS.get(h, ()) if c not in used]
+    return {
+        "inputs": inputs,
+        "body": lines,
+        "result": names[out_ref],
+        "helpers": [h for h in HELPERS if h in used],
+        "dtype": None if out_meta.dtype == promoted else out_meta.dtype,
+        "shape": out_meta.shape,
+        "ops": graph.ops(),
+    }
+
+
+def _node_of_input(graph: Graph, index: int) -> int:
+    return next(i for i, n in enumerate(graph.nodes) if n.op == INPUT and n.args["index"] == index)
+
+
+def _feeds(graph: Graph, node: int, out: tuple[int, ...]) -> set[int]:
+    """Which results of `node` the output depends on (empty: none)."""
+    used: set[int] = set()
+    wanted = {out}
+    for j in range(len(graph.nodes) - 1, node, -1):
+        if not any((j, k) in wanted for k in range(len(graph.nodes[j].outs))):
+            continue
+        for value in graph.nodes[j].args.values():
+            for v in value if isinstance(value, list) else [value]:
+                ref = graph.ref(v)
+                if ref is not None:
+                    wanted.add(ref)
+    used = {k for (n, k) in wanted if n == node}
+    return used
+
+
+def _check_broadcast(shape: list[int], out: list[int], what: str) -> None:
+    tail = zip(reversed(shape), reversed(out), strict=False)
+    if len(shape) > len(out) or any(s not in (1, o) for s, o in tail):
+        raise NotPointwise(f"{what} of shape {shape} that does not broadcast to the output's {out}")
+
+
+def matches(ops: list[dict], graph: Graph | None = None) -> dict | None:
+    if graph is None:
+        return None
+    try:
+        return compose(graph)
+    except NotPointwise:
+        return None
+
+
+def render(spec: dict, knobs: dict[str, Any], signature: dict[str, list[str]]) -> str:
+    init_args = model_source.init_args(signature, "".join(f", {a}=None" for a in signature["init"]))
+    forward = signature["forward"]
+    xs = ", ".join(forward[i] for i in spec["inputs"])
+    body = "\n".join(f"    {line}" for line in spec["body"])
+    knob_text = ", ".join(f"{k}={v}" for k, v in knobs.items())
+    # float inputs of one dtype keep it, mixed ones promote to float32 (in Python: torch.promote_types
+    # is an ATen call, which a candidate may not make)
+    dtype = "xs[0].dtype if all(x.dtype == xs[0].dtype for x in xs) else torch.float32"
+    if spec["dtype"] is not None:
+        dtype = f"torch.{spec['dtype']}"
+    ctas = knobs.get("ctas_per_sm", 0) if knobs["strategy"] == "persistent" else 0
+    doc = (
+        f"Elementwise chain of {', '.join(spec['ops'])}: kernelbrain pointwise family ({knob_text}).\n\n"
+        "One pass over memory, the chain in fp32, composed from the reference's ATen graph.\n"
+    )
+    chain = f"@triton.jit\ndef _body(v0, v1, v2, v3):\n{body}\n    return {spec['result']}\n"
+    model = f"""class ModelNew(nn.Module):
+    def __init__(self{init_args}):
+        super().__init__()
+
+    def forward(self, {", ".join(forward)}):
+        xs = [{xs}]
+        shape = torch.broadcast_shapes(*(x.shape for x in xs))
+        y = torch.empty(shape, dtype={dtype}, device=xs[0].device)
+        return _launch(y, xs, BLOCK, NUM_WARPS, CTAS_PER_SM)
+"""
+    kernels = ("_load", "_flat_tile", "_flat_kernel", "_flat_persistent_kernel", "_strided_offset")
+    launcher = ("MAX_DIMS", "_collapsed", "_launch")
+    return module(
+        doc,
+        constants(BLOCK=knobs["block"], NUM_WARPS=knobs["num_warps"], CTAS_PER_SM=ctas),
+        parts(PARTS, *spec["helpers"]) if spec["helpers"] else "",
+        chain,
+        parts(PARTS, *kernels, "_strided_kernel"),
+        parts(PARTS, *launcher),
+        model,
+    )
