@@ -158,3 +158,27 @@ def test_a_child_that_ran_a_candidate_from_outside_shares_nothing_after(
         assert list((tmp_path / "shared").glob("*/token"))
     finally:
         box.close()
+
+
+def test_a_bench_shares_what_it_compiled_not_what_was_brought_to_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(triton_cache, "COMPILED", tmp_path / "compiled")
+    monkeypatch.setattr(triton_cache, "SHARED", tmp_path / "shared")
+    gatekeeper, benchmarker = Sandbox("cpu"), Sandbox("cpu")
+    other_key = PUTS_ENTRY.replace('"5ab1e" * 8', '"c0de" * 10')
+    assert other_key != PUTS_ENTRY
+    try:
+        # gated in a child that ran code from outside first: its entry is kept for its benches, not shared
+        assert gate(gatekeeper, (HERE / "candidates" / "good_softmax.py").read_text(), own_code=False)
+        assert gate(gatekeeper, PUTS_ENTRY, own_code=True)
+        bench = {"problem_source": PROBLEM, "device": "cpu", "which": "smallest", "repeats": 2, "warmup": 1}
+        request = BenchRequest(**bench, cand_source=PUTS_ENTRY)
+        benchmarker.call(request, timeout_s=300, own_code=True)
+        assert not list((tmp_path / "shared").glob("*/token"))  # brought to the bench child, not its own
+
+        benchmarker.call(BenchRequest(**bench, cand_source=other_key), timeout_s=300, own_code=True)
+        assert len(list((tmp_path / "shared").glob("*/token"))) == 1  # compiled there: shared
+    finally:
+        gatekeeper.close()
+        benchmarker.close()

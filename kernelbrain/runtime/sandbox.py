@@ -43,15 +43,17 @@ from kernelbrain.core.protocol import (
     GateRequest,
     JudgeRequest,
     LaunchersRequest,
+    NcuRequest,
     ReferenceTimeReply,
     ReferenceTimeRequest,
     Reply,
     Request,
+    RooflineRequest,
     TrialReply,
     TrialRequest,
 )
 from kernelbrain.core.scoring import reference_moved
-from kernelbrain.runtime import isolation, triton_cache
+from kernelbrain.runtime import gpu_lock, isolation, triton_cache
 
 # What a child may see of the worker's environment: the toolchain, never keys or tokens.
 ENV_ALLOWED = (
@@ -89,6 +91,8 @@ def without_secrets(env: dict[str, str]) -> dict[str, str]:
     return {k: v for k, v in env.items() if not is_secret(k)}
 
 
+# what times or profiles on the GPU: no other request may run there meanwhile (runtime/gpu_lock.py)
+TIMED = (BenchRequest, DuelRequest, ReferenceTimeRequest, RooflineRequest, NcuRequest)
 # clean timings of the reference taken again where the first makes it look slowed beside a candidate
 CLEAN_RETIMES = 2
 # the truth (float64 outputs and the reference's own) a judge holds for a problem's next candidates; a
@@ -181,6 +185,7 @@ class Sandbox:
         self.built: set[str] = set()  # the kernel signatures this sandbox's judge built launchers for
         # every candidate the child ran so far was kb's own template code: what it compiles may be shared
         self.own_code_only = True
+        self.brought: set[str] = set()  # the Triton cache entries the child's last request found there
 
     def _env(self) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if child_env_allowed(k)}
@@ -209,6 +214,7 @@ class Sandbox:
             return
         self.isolation = isolation.chosen()
         self.own_code_only = True
+        self.brought = set()
         self.tmp = Path(tempfile.mkdtemp(prefix="kb-sandbox-"))
         self.stderr = open(self.tmp / "stderr.log", "wb")  # noqa: SIM115 - lives as long as the child
         writable = (*self.writable, *((str(self.outbox),) if self.outbox is not None else ()))
@@ -237,13 +243,25 @@ class Sandbox:
     ) -> tuple[Any, float]:
         """Run one request; returns (its reply, busy seconds). Raises SandboxFault when the child dies or
         the candidate failed a check, SandboxError when kb's own code failed in the child. A gate runs
-        across two children (`gate`). `own_code`: its candidates are kb's own template code."""
+        across two children (`gate`). `own_code`: its candidates are kb's own template code. On a GPU
+        the request holds the GPU's lock: alone where it times or profiles."""
+        if self.device != "cuda":
+            return self._dispatch(request, timeout_s=timeout_s, task=task, own_code=own_code)
+        with gpu_lock.held(gpu_lock.gpu_name(self.gpu), alone=isinstance(request, TIMED)):
+            return self._dispatch(request, timeout_s=timeout_s, task=task, own_code=own_code)
+
+    def _dispatch(
+        self, request: Request, *, timeout_s: float, task: str, own_code: bool
+    ) -> tuple[Any, float]:
         if isinstance(request, GateRequest):
             return self.gate(request, timeout_s=timeout_s, task=task, own_code=own_code)
         if sources := _sources(request):
             self._bring_compiled(sources)
         if isinstance(request, BenchRequest):
-            return self.bench(request, timeout_s=timeout_s, task=task, own_code=own_code)
+            reply = self.bench(request, timeout_s=timeout_s, task=task, own_code=own_code)
+            if own_code and self.own_code_only:  # what the rung's shapes compiled
+                self._share_compiled()
+            return reply
         return self._call(request, timeout_s=timeout_s, task=task, own_code=own_code)
 
     def bench(
@@ -362,7 +380,9 @@ class Sandbox:
         )
         self.gate_phases.update(judge=busy_judge)
         if verdict.passed:
-            self._keep_compiled(request.cand_source, share=own_code and self.own_code_only)
+            self._keep_compiled(request.cand_source)
+            if own_code and self.own_code_only:
+                self._share_compiled()
         self.gate_phases["wall"] = time.perf_counter() - started
         return verdict, busy + busy_trial + busy_judge
 
@@ -413,15 +433,21 @@ class Sandbox:
         if cache is None:
             return
         triton_cache.fill(cache, sources)
+        self.brought = {e.name for e in cache.iterdir()}
 
-    def _keep_compiled(self, source: str, *, share: bool) -> None:
+    def _share_compiled(self) -> None:
+        """What this child compiled in its last request (not what was brought to it: the children that
+        compiled that may have run code from outside), for every child."""
+        cache = self._own_cache()
+        if cache is not None:
+            triton_cache.share(cache, self.brought)
+
+    def _keep_compiled(self, source: str) -> None:
         """What this child's Triton cache holds after a passing trial (emptied before it): the candidate's
-        compiled kernels, kept once for the children that time it, and for every child if `share`."""
+        compiled kernels, kept once for the children that time it."""
         cache = self._own_cache()
         if cache is not None:
             triton_cache.keep_compiled(cache, source)
-            if share:
-                triton_cache.share(cache)
 
     def _alone(
         self, request: BenchRequest, timed: BenchReply, timeout_s: float, task: str, fresh: bool = False

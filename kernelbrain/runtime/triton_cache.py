@@ -106,13 +106,13 @@ def keep_compiled(cache: Path, source: str) -> None:
         _keep(cache, kept)
 
 
-def share(cache: Path) -> None:
-    """The entries of a child's cache (emptied before a passing trial in a process that ran only kb's own
-    code) that SHARED lacks, kept there for every child."""
+def share(cache: Path, brought: set[str]) -> None:
+    """The entries of a child's cache that a request compiled (not among those `brought` to it) in a
+    process that ran only kb's own code, kept in SHARED, where it lacks them, for every child."""
     if not cache.is_dir():
         return
     for entry in cache.iterdir():
-        known = (SHARED / entry.name).exists() or (LAUNCHERS / entry.name).exists()
+        known = entry.name in brought or (SHARED / entry.name).exists()
         if entry.is_dir() and not entry.is_symlink() and not known:
             _keep(entry, SHARED / entry.name, entry=True)
 

@@ -56,8 +56,14 @@ class BenchmarkerRole(CandidateRole):
             repeats=max(DUEL_PAIRS, 2 * rung.repeats),
             warmup=rung.warmup,
         )
+        own_code = all(state.candidates[c].proposal.own_code for c in (task.candidate, task.rival))
         asked = self.consult(
-            state.config.device, request, timeout_s=self.timeout_s(state), task=task.key, started=t0
+            state.config.device,
+            request,
+            timeout_s=self.timeout_s(state),
+            task=task.key,
+            started=t0,
+            own_code=own_code,
         )
         if asked.fault is None:
             outcome, med, q1, q3 = adjudicate(asked.reply.ratios)

@@ -1,0 +1,75 @@
+"""The GPU lock between processes of one host: a request that times waits for every other request on the
+GPU to end, and they wait for it; requests that do not time share the GPU. Real processes, a real lock."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from kernelbrain.core.protocol import BenchRequest, DuelRequest, GateRequest, ReferenceTimeRequest
+from kernelbrain.runtime import gpu_lock
+from kernelbrain.runtime.sandbox import TIMED
+
+HOLDER = """
+import sys, time
+from pathlib import Path
+from kernelbrain.runtime import gpu_lock
+gpu_lock.LOCKS = Path(sys.argv[1])
+with gpu_lock.held("0", alone=sys.argv[2] == "alone"):
+    print("held", flush=True)
+    time.sleep(float(sys.argv[3]))
+"""
+
+
+def hold(tmp_path: Path, alone: bool, seconds: float) -> subprocess.Popen:
+    """Another process holding GPU 0's lock for `seconds`, once it says so."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, str(tmp_path), "alone" if alone else "shared", str(seconds)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "held"
+    return proc
+
+
+def waited(alone: bool) -> float:
+    start = time.monotonic()
+    with gpu_lock.held("0", alone=alone):
+        return time.monotonic() - start
+
+
+@pytest.mark.parametrize(
+    ("other_alone", "alone", "blocks"), [(False, True, True), (True, False, True), (False, False, False)]
+)
+def test_timing_waits_for_the_gpus_other_work_and_other_work_for_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, other_alone: bool, alone: bool, blocks: bool
+) -> None:
+    monkeypatch.setattr(gpu_lock, "LOCKS", tmp_path)
+    other = hold(tmp_path, other_alone, 1.5)
+    try:
+        took = waited(alone)
+        assert (took > 1.0) == blocks, took
+    finally:
+        other.wait(timeout=10)
+
+
+def test_another_gpu_is_another_lock(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(gpu_lock, "LOCKS", tmp_path)
+    other = hold(tmp_path, True, 1.5)
+    try:
+        start = time.monotonic()
+        with gpu_lock.held("1", alone=True):
+            assert time.monotonic() - start < 1.0
+    finally:
+        other.wait(timeout=10)
+
+
+def test_what_times_holds_the_gpu_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert all(issubclass(r, TIMED) for r in (BenchRequest, DuelRequest, ReferenceTimeRequest))
+    assert not issubclass(GateRequest, TIMED)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,1")
+    assert gpu_lock.gpu_name(None) == "3" and gpu_lock.gpu_name(2) == "2"
