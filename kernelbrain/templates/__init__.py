@@ -24,6 +24,7 @@ from kernelbrain.templates import (
     l2norm,
     layernorm,
     pointwise,
+    reduce,
     rmsnorm,
     row_softmax,
 )
@@ -40,6 +41,7 @@ FAMILIES = (
     conv_transpose,
     gemv,
     pointwise,
+    reduce,
 )
 
 

@@ -321,7 +321,8 @@ def compose(graph: Graph) -> dict:
                     raise NotPointwise(f"{node.op} on a tensor that is not an input of the chain")
                 args[key] = names[ref]
             elif isinstance(value, dict) and "tensor" in value:
-                raise NotPointwise("a tensor constant of the model's")
+                what = value["tensor"]
+                raise NotPointwise(what if isinstance(what, str) else "a tensor constant of the model's")
             elif isinstance(value, bool | int | float) or (isinstance(value, dict) and "float" in value):
                 args[key] = _num(value)
             else:

@@ -1,0 +1,229 @@
+"""Reductions: sum, mean, max, min, prod, argmax, argmin and the L1, L2 and max norms over any axis or set
+of axes, with the elementwise ops before the reduction (over up to four inputs) and after it (on the
+reduced value) fused in, composed from the traced graph.
+
+    y = epilogue(reduce_R(prologue(x0, ..., x3)))   in fp32, stored once in the output's dtype
+
+The input is read as an [outer, R, inner] view (reduced axes apart are moved last, with one copy): each
+program takes BLOCK_K kept positions and loops over R in BLOCK_R steps, tiling R where it is contiguous
+(rows, inner = 1) and the kept positions where they are (inner > 1). A short K with a long R (a loss,
+a full reduction) splits R over SPLIT programs and combines their fp32 partials in a second launch.
+The chains are templates/pointwise's; the kernels are in templates/reduce_parts.py.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kernelbrain.core.graph import INPUT, Graph, Node
+from kernelbrain.templates import model_source, pointwise
+from kernelbrain.templates.render import constants, module, parts
+
+FAMILY = "reduce"
+PARTS = "kernelbrain.templates.reduce_parts"
+
+ROUND0: list[dict[str, Any]] = [
+    {"strategy": "loop", "block_k": 1, "block_r": 1024, "split": 1, "num_warps": 4},
+    {"strategy": "split", "block_k": 1, "block_r": 2048, "split": 64, "num_warps": 8},
+    {"strategy": "loop", "block_k": 4, "block_r": 512, "split": 1, "num_warps": 4},
+    {"strategy": "loop", "block_k": 1, "block_r": 4096, "split": 1, "num_warps": 8},
+    {"strategy": "split", "block_k": 1, "block_r": 1024, "split": 16, "num_warps": 4},
+]
+BLOCKS = (128, 256, 512, 1024, 2048, 4096, 8192)
+
+MUTATIONS: dict[str, list[tuple[str, str]]] = {
+    "memory-bound near peak": [("larger_tiles", "more bytes in flight a program")],
+    "latency or occupancy-limited": [
+        ("more_split", "more programs on each long reduction keep more SMs reading"),
+        ("more_warps", "more warps a program keep more loads in flight"),
+    ],
+    "launch-bound": [("larger_tiles", "fewer, fatter programs")],
+    "register spills": [("smaller_tiles", "fewer accumulators a program")],
+    "compute-bound": [("fewer_warps", "fewer warps, more registers each")],
+    "memory-bound with poor coalescing": [("larger_tiles", "longer contiguous runs a program")],
+}
+
+
+def mutate(knobs: dict[str, Any], move: str) -> dict[str, Any] | None:
+    k = dict(knobs)
+    at = BLOCKS.index(k["block_r"]) if k["block_r"] in BLOCKS else None
+    if move == "larger_tiles" and at is not None and at + 1 < len(BLOCKS):
+        return {**k, "block_r": BLOCKS[at + 1]}
+    if move == "smaller_tiles" and at:
+        return {**k, "block_r": BLOCKS[at - 1]}
+    if move == "more_warps" and k["num_warps"] < 16:
+        return {**k, "num_warps": k["num_warps"] * 2}
+    if move == "fewer_warps" and k["num_warps"] > 1:
+        return {**k, "num_warps": k["num_warps"] // 2}
+    if move == "more_split" and k["split"] < 256:
+        return {**k, "strategy": "split", "split": max(16, k["split"] * 4)}
+    return None
+
+
+def feasible(spec: dict, knobs: dict[str, Any]) -> bool:
+    """Accumulators for BLOCK_K x BLOCK_R elements fit a program's registers; an argmax never splits."""
+    if spec["op"] >= 4 and knobs["split"] > 1:
+        return False
+    return 32 * knobs["num_warps"] <= knobs["block_k"] * knobs["block_r"] <= 8192
+
+
+# ATen reduction -> (OP, PRE, POST) of reduce_parts, by which of its results is used
+_PLAIN = {
+    "aten.sum.dim_IntList": (0, 0, 0),
+    "aten.sum.default": (0, 0, 0),
+    "aten.mean.dim": (0, 0, 1),
+    "aten.mean.default": (0, 0, 1),
+    "aten.amax.default": (1, 0, 0),
+    "aten.max.default": (1, 0, 0),
+    "aten.amin.default": (2, 0, 0),
+    "aten.min.default": (2, 0, 0),
+    "aten.prod.dim_int": (3, 0, 0),
+    "aten.prod.default": (3, 0, 0),
+    "aten.argmax.default": (4, 0, 0),
+    "aten.argmin.default": (5, 0, 0),
+}
+_PAIRED = {"aten.max.dim": ((1, 0, 0), (4, 0, 0)), "aten.min.dim": ((2, 0, 0), (5, 0, 0))}
+_NORMS = {1: (0, 1, 0), 2: (0, 2, 2), "inf": (1, 1, 0)}
+REDUCTIONS = {*_PLAIN, *_PAIRED, "aten.linalg_vector_norm.default"}
+
+
+class NotReduction(ValueError):
+    """What the graph holds that this family cannot compose."""
+
+
+def _combine(node: Node, out: int) -> tuple[int, int, int]:
+    if node.op in _PAIRED:
+        return _PAIRED[node.op][out]
+    if node.op in _PLAIN:
+        if node.args.get("dtype") not in (None, "float32"):
+            raise NotReduction(f"{node.op} to {node.args['dtype']}")
+        return _PLAIN[node.op]
+    ord_ = node.args.get("ord", 2)
+    ord_ = "inf" if isinstance(ord_, dict) and ord_.get("float") == "inf" else ord_
+    if ord_ not in _NORMS or node.args.get("dtype") is not None:
+        raise NotReduction(f"a norm of order {ord_}")
+    return _NORMS[ord_]
+
+
+def _dims(node: Node) -> list[int] | None:
+    dim = node.args.get("dim")
+    if dim is None or dim == []:
+        return None
+    return [int(dim)] if isinstance(dim, int) else [int(d) for d in dim]
+
+
+def compose(graph: Graph) -> dict:
+    """The spec of a graph that is one reduction with elementwise chains around it. Raises NotReduction
+    (or pointwise.NotPointwise) naming what is not."""
+    if len(graph.outputs) != 1:
+        raise NotReduction(f"{len(graph.outputs)} outputs")
+    found = [i for i, n in enumerate(graph.nodes) if n.op in REDUCTIONS]
+    if len(found) != 1:
+        raise NotReduction(f"{len(found)} reductions")
+    at = found[0]
+    red = graph.nodes[at]
+    source = graph.ref(red.args.get("self"))
+    if source is None:
+        raise NotReduction(f"{red.op} of no tensor")
+    before = pointwise.compose(Graph(nodes=graph.nodes[:at], outputs=[list(source)]))
+    # after: the reduced value as the chain's one input; nothing before the reduction may reach it
+    out_ref = tuple(graph.outputs[0])
+    used = out_ref if out_ref[0] == at else None
+    nodes: list[Node] = []
+    moved: dict[tuple[int, int], list[int]] = {}
+    for j in range(at + 1, len(graph.nodes)):
+        node = graph.nodes[j]
+        args = {}
+        for key, value in node.args.items():
+            ref = graph.ref(value)
+            if ref is not None and ref[0] == at:
+                if used is not None and used != ref:
+                    raise NotReduction(f"both results of {red.op}")
+                used = ref
+                args[key] = {"ref": [0, 0]}
+            elif ref is not None and ref in moved:
+                args[key] = {"ref": moved[ref]}
+            elif ref is not None:
+                args[key] = {"tensor": "the reduced value with what it reduced (a normalisation)"}
+            else:
+                args[key] = value
+        nodes.append(Node(op=node.op, args=args, outs=node.outs))
+        for k in range(len(node.outs)):
+            moved[(j, k)] = [len(nodes), k]
+    if used is None:
+        raise NotReduction("an output the reduction does not reach")
+    meta = red.outs[used[1]]
+    after = None
+    if out_ref[0] != at:
+        start = Node(op=INPUT, args={"index": 0}, outs=[meta])
+        chain = Graph(nodes=[start, *nodes], outputs=[moved[out_ref]])
+        after = pointwise.compose(chain)
+    op, pre, post = _combine(red, used[1])
+    helpers = before["helpers"] + (after["helpers"] if after else [])
+    out_dtype = graph.meta(out_ref).dtype
+    dtypes = {graph.nodes[i].outs[0].dtype for i, n in enumerate(graph.nodes) if n.op == INPUT}
+    follows = len(dtypes) == 1 and out_dtype in dtypes
+    return {
+        "inputs": before["inputs"],
+        "prologue": before["body"],
+        "prologue_result": before["result"],
+        "epilogue": after["body"] if after else [],
+        "epilogue_result": after["result"] if after else "v0",
+        "helpers": [h for h in pointwise.HELPERS if h in helpers],
+        "op": op,
+        "pre": pre,
+        "post": post,
+        "dims": _dims(red),
+        "keepdim": bool(red.args.get("keepdim", False)),
+        "dtype": None if follows else out_dtype,
+        "ops": graph.ops(),
+    }
+
+
+def matches(ops: list[dict], graph: Graph | None = None) -> dict | None:
+    if graph is None:
+        return None
+    try:
+        return compose(graph)
+    except (NotReduction, pointwise.NotPointwise):
+        return None
+
+
+def _chain(name: str, lines: list[str], result: str) -> str:
+    body = "".join(f"    {line}\n" for line in lines)
+    return f"@triton.jit\ndef {name}(v0, v1, v2, v3):\n{body}    return {result}\n"
+
+
+def render(spec: dict, knobs: dict[str, Any], signature: dict[str, list[str]]) -> str:
+    init_args = model_source.init_args(signature, "".join(f", {a}=None" for a in signature["init"]))
+    forward = signature["forward"]
+    xs = ", ".join(forward[i] for i in spec["inputs"])
+    knob_text = ", ".join(f"{k}={v}" for k, v in knobs.items())
+    dtype = "xs[0].dtype if all(x.dtype == xs[0].dtype for x in xs) else torch.float32"
+    if spec["dtype"] is not None:
+        dtype = f"torch.{spec['dtype']}"
+    doc = (
+        f"Reduction with its elementwise chains: {', '.join(spec['ops'])}: kernelbrain reduce family "
+        f"({knob_text}).\n\nOne pass over the input, in fp32, composed from the reference's ATen graph.\n"
+    )
+    model = f"""class ModelNew(nn.Module):
+    def __init__(self{init_args}):
+        super().__init__()
+
+    def forward(self, {", ".join(forward)}):
+        xs = [{xs}]
+        dtype = {dtype}
+        return _reduce_launch(xs, DIMS, KEEPDIM, dtype, OP, PRE, POST, BLOCK_K, BLOCK_R, SPLIT, NUM_WARPS)
+"""
+    knob_constants = {"BLOCK_K": knobs["block_k"], "BLOCK_R": knobs["block_r"], "SPLIT": knobs["split"]}
+    return module(
+        doc,
+        constants(**knob_constants, NUM_WARPS=knobs["num_warps"]),
+        constants(DIMS=spec["dims"], KEEPDIM=spec["keepdim"]),
+        constants(OP=spec["op"], PRE=spec["pre"], POST=spec["post"]),
+        parts(pointwise.PARTS, *spec["helpers"]) if spec["helpers"] else "",
+        _chain("_prologue", spec["prologue"], spec["prologue_result"]),
+        _chain("_epilogue", spec["epilogue"], spec["epilogue_result"]),
+        parts(PARTS, "_identity", "_times", "_finish", "_reduce_kernel", "_prod", "_reduce_launch"),
+        model,
+    )

@@ -1,0 +1,137 @@
+"""The reduce family, composed from the traced ATen graph: every reduction of its table over a leading,
+middle, trailing, split and full set of axes, with chains before and after it, against the reference
+through the interpreter for every round-0 knob set (odd sizes, size-1 axes, non-contiguous and fp16
+inputs); what it refuses; candidates through the real gate; a whole `kb run`."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+import torch
+
+from kernelbrain.child.analysis import analyse
+from kernelbrain.child.graph import capture
+from kernelbrain.core.events import GatePassed
+from kernelbrain.core.graph import Graph
+from kernelbrain.core.protocol import GateRequest
+from kernelbrain.templates import pointwise, reduce
+from tests.runs import QUICK_RUNGS, run_inprocess
+
+ROOT = Path(__file__).resolve().parents[1]
+LOSS = ROOT / "tests" / "problems" / "reduce_loss.py"
+SIGNATURE = {"init": [], "forward": ["x0", "x1"], "params": []}
+
+
+@pytest.fixture(autouse=True)
+def interpreter(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Candidates loaded in this process run on Triton's CPU interpreter (read when a kernel is made)."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+
+
+class Lambda(torch.nn.Module):
+    def __init__(self, fn) -> None:
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, *xs: torch.Tensor) -> torch.Tensor:
+        return self.fn(*xs)
+
+
+def graph_of(fn, *shapes: tuple[int, ...]) -> Graph:
+    return capture(Lambda(fn), [torch.empty(s, device="meta") for s in shapes])
+
+
+def candidate(spec: dict, knobs: dict, tmp_path: Path) -> ModuleType:
+    path = tmp_path / f"cand_{abs(hash(str(knobs)))}.py"
+    path.write_text(reduce.render(spec, knobs, SIGNATURE))
+    module_spec = importlib.util.spec_from_file_location(path.stem, path)
+    assert module_spec is not None and module_spec.loader is not None
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+    return module
+
+
+# every reduction of the table, over axes of (5, 33, 7): first, middle, last, two apart, all
+CASES = [
+    ("sum middle", lambda x, y: torch.sum(x, dim=1)),
+    ("mean all", lambda x, y: x.mean()),
+    ("max values last", lambda x, y: torch.max(x, dim=2)[0]),
+    ("argmax middle", lambda x, y: torch.argmax(x, dim=1)),
+    ("argmin first via min", lambda x, y: torch.min(x, dim=0)[1]),
+    ("amin two apart", lambda x, y: x.amin(dim=(0, 2))),
+    ("prod middle", lambda x, y: torch.prod(x / 2, dim=1)),
+    ("L2 norm keepdim", lambda x, y: torch.norm(x, dim=1, keepdim=True)),
+    ("frobenius", lambda x, y: torch.norm(x, p="fro")),
+    ("L1 last keepdim", lambda x, y: x.abs().sum(dim=-1, keepdim=True)),
+    ("max norm", lambda x, y: torch.linalg.vector_norm(x, ord=float("inf"), dim=(1, 2))),
+    ("mse of two", lambda x, y: torch.mean((x - y) ** 2)),
+    ("chain after", lambda x, y: torch.sqrt(torch.sum(x * y, dim=0).abs() + 1.0) * 2),
+    ("max of all", lambda x, y: torch.max(x + y)),
+]
+
+
+@pytest.mark.parametrize(("name", "fn"), CASES, ids=[c[0] for c in CASES])
+def test_every_reduction_on_every_round0_knob_set(name, fn, tmp_path):
+    spec = reduce.compose(graph_of(fn, (5, 33, 7), (5, 33, 7)))
+    torch.manual_seed(0)
+    x, y = torch.randn(5, 33, 7) * 3, torch.randn(5, 33, 7)
+    x.view(-1)[::13] = x.view(-1)[::17].max()  # ties: the first index wins, as torch's
+    expected = fn(x, y)
+    for knobs in reduce.ROUND0:
+        if not reduce.feasible(spec, knobs):
+            continue
+        got = candidate(spec, knobs, tmp_path).ModelNew()(x, y)
+        assert got.shape == expected.shape and got.dtype == expected.dtype, knobs
+        torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4, msg=str(knobs))
+
+
+def test_non_contiguous_size_one_and_half_inputs(tmp_path):
+    spec = reduce.compose(graph_of(lambda x, y: torch.sum(x * y, dim=(1, 2)), (4, 6, 9), (4, 6, 9)))
+    for knobs in (reduce.ROUND0[0], reduce.ROUND0[1]):
+        new = candidate(spec, knobs, tmp_path).ModelNew()
+        torch.manual_seed(1)
+        x, y = torch.randn(9, 6, 4).permute(2, 1, 0), torch.randn(6, 1)  # strided, and broadcast
+        torch.testing.assert_close(new(x, y), torch.sum(x * y, dim=(1, 2)), rtol=1e-4, atol=1e-4)
+        x1 = torch.randn(1, 1, 300)
+        torch.testing.assert_close(new(x1, x1), torch.sum(x1 * x1, dim=(1, 2)), rtol=1e-4, atol=1e-4)
+        h = torch.randn(3, 5, 200, dtype=torch.float16)
+        got, truth = new(h, h), torch.sum(h.double() * h.double(), dim=(1, 2))
+        assert got.dtype == torch.float16
+        assert ((got.double() - truth).abs() <= truth.abs() * 2**-10 + 1e-3).all()  # one fp16 rounding
+
+
+@pytest.mark.parametrize(
+    ("fn", "why"),
+    [
+        (lambda x: x / x.sum(dim=1, keepdim=True), "normalisation"),
+        (lambda x: x.sum(dim=1) + x.amax(dim=1), "2 reductions"),
+        (lambda x: torch.norm(x, p=3, dim=1), "order 3"),
+        (lambda x: torch.cumsum(x, 1).sum(), "aten.cumsum"),
+        (lambda x: torch.max(x, dim=1), "2 outputs"),
+    ],
+)
+def test_what_it_refuses_is_named(fn, why):
+    with pytest.raises((reduce.NotReduction, pointwise.NotPointwise), match=why):
+        reduce.compose(graph_of(fn, (4, 8)))
+
+
+def test_every_round0_candidate_of_a_loss_passes_the_gate(box):
+    source = LOSS.read_text()
+    analysis = analyse(source, "cpu")
+    spec = reduce.matches(analysis["ops"], Graph.model_validate(analysis["graph"]))
+    assert spec is not None and spec["dims"] == [1, 2] and spec["post"] == 1
+    for knobs in reduce.ROUND0:
+        candidate = reduce.render(spec, knobs, analysis["signature"])
+        request = GateRequest(problem_source=source, cand_source=candidate, device="cpu", seeds=3)
+        reply = box.call(request, timeout_s=120)[0]
+        assert reply.passed, (knobs, reply)
+
+
+def test_kb_run_on_a_loss_no_hand_written_family_covers(tmp_path):
+    state = run_inprocess(LOSS, tmp_path / "kb.db", max_candidates=2, rungs=QUICK_RUNGS)
+    assert {c.proposal.family for c in state.candidates.values()} == {"reduce"}
+    assert state.finished is not None and state.finished.winner
+    assert all(isinstance(c.gate, GatePassed) for c in state.candidates.values())
