@@ -19,6 +19,7 @@ from kernelbrain.core.problem import ProblemError
 from kernelbrain.generators import GenerationError
 from kernelbrain.runtime import isolation
 from kernelbrain.runtime.check import CandidateFileError
+from kernelbrain.runtime.environment import without_secrets
 from kernelbrain.runtime.isolation import IsolationError
 from kernelbrain.runtime.roles import ROLES
 from kernelbrain.runtime.runner import (
@@ -32,7 +33,6 @@ from kernelbrain.runtime.runner import (
     start_run,
     supervise,
 )
-from kernelbrain.runtime.sandbox import without_secrets
 from kernelbrain.runtime.worker import Worker
 from kernelbrain.store import EventStore, StoreError
 from kernelbrain.views.ending import EXIT_PROBLEM

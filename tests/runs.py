@@ -187,3 +187,24 @@ def run_interpreted(script: str, *args: str, timeout: float = 300) -> Any:
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+_CHECKS = """
+import importlib, json, sys, tempfile, traceback
+from pathlib import Path
+found = {}
+for name, check in importlib.import_module(sys.argv[1]).checks().items():
+    try:
+        check(Path(tempfile.mkdtemp()))
+        found[name] = None
+    except Exception:
+        found[name] = traceback.format_exc()[-2000:]
+print(json.dumps(found))
+"""
+
+
+def run_checks(module: str, timeout: float = 900) -> dict[str, str | None]:
+    """Every check `module.checks()` names, run in one fresh interpreter process (Triton reads
+    TRITON_INTERPRET when it is first imported, so a test process cannot run candidates itself): its
+    traceback by name, None where it held."""
+    return run_interpreted(_CHECKS, module, timeout=timeout)

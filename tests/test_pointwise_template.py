@@ -6,6 +6,7 @@ real gate, and a whole `kb run` on a problem no hand-written family covers."""
 from __future__ import annotations
 
 import importlib.util
+from functools import partial
 from pathlib import Path
 from types import ModuleType
 
@@ -18,16 +19,10 @@ from kernelbrain.core.events import GatePassed
 from kernelbrain.core.graph import Graph
 from kernelbrain.core.protocol import GateRequest
 from kernelbrain.templates import pointwise
-from tests.runs import QUICK_RUNGS, run_inprocess
+from tests.runs import QUICK_RUNGS, run_checks, run_inprocess
 
 ROOT = Path(__file__).resolve().parents[1]
 CHAIN = ROOT / "tests" / "problems" / "pointwise_chain.py"
-
-
-@pytest.fixture(autouse=True)
-def interpreter(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Candidates loaded in this process run on Triton's CPU interpreter (read when a kernel is made)."""
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
 
 
 def problem(forward: str, n_inputs: int = 1, init: str = "", shapes: str = "(5, 37)") -> str:
@@ -118,15 +113,34 @@ def same(expected: torch.Tensor, got: torch.Tensor, rtol: float = 1e-5, atol: fl
     torch.testing.assert_close(got, expected, rtol=rtol, atol=atol, equal_nan=True)
 
 
-@pytest.mark.parametrize(("forward", "n"), CHAINS, ids=[c[0][:40] for c in CHAINS])
-def test_every_op_of_the_table_computes_what_the_reference_does(forward, n, tmp_path):
+def check_chain(forward: str, n: int, tmp_path: Path) -> None:
     prob, cand = composed(problem(forward, n), tmp_path)
     torch.manual_seed(0)
     xs = [wide(3, 41, 7) for _ in range(n)]
     same(prob.Model()(*xs), cand.ModelNew()(*xs))
 
 
-def test_broadcast_strided_and_half_inputs(tmp_path):
+def checks() -> dict:
+    """What runs in one interpreter process (tests.runs.run_checks), by the name its test asks for."""
+    found = {forward: partial(check_chain, forward, n) for forward, n in CHAINS}
+    return {**found, "broadcast": check_broadcast_strided_and_half_inputs}
+
+
+@pytest.fixture(scope="module")
+def interpreted() -> dict[str, str | None]:
+    return run_checks("tests.test_pointwise_template")
+
+
+@pytest.mark.parametrize(("forward", "n"), CHAINS, ids=[c[0][:40] for c in CHAINS])
+def test_every_op_of_the_table_computes_what_the_reference_does(interpreted, forward, n):
+    assert interpreted[forward] is None, interpreted[forward]
+
+
+def test_broadcast_strided_and_half_inputs(interpreted):
+    assert interpreted["broadcast"] is None, interpreted["broadcast"]
+
+
+def check_broadcast_strided_and_half_inputs(tmp_path: Path) -> None:
     prob, cand = composed(problem("torch.tanh(x0) * x1 + F.softplus(x2)", 3, shapes="(4, 1, 9)"), tmp_path)
     ref, new = prob.Model(), cand.ModelNew()
     torch.manual_seed(1)

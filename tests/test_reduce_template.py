@@ -6,6 +6,7 @@ inputs); what it refuses; candidates through the real gate; a whole `kb run`."""
 from __future__ import annotations
 
 import importlib.util
+from functools import partial
 from pathlib import Path
 from types import ModuleType
 
@@ -18,17 +19,11 @@ from kernelbrain.core.events import GatePassed
 from kernelbrain.core.graph import Graph
 from kernelbrain.core.protocol import GateRequest
 from kernelbrain.templates import pointwise, reduce
-from tests.runs import QUICK_RUNGS, run_inprocess
+from tests.runs import QUICK_RUNGS, run_checks, run_inprocess
 
 ROOT = Path(__file__).resolve().parents[1]
 LOSS = ROOT / "tests" / "problems" / "reduce_loss.py"
 SIGNATURE = {"init": [], "forward": ["x0", "x1"], "params": []}
-
-
-@pytest.fixture(autouse=True)
-def interpreter(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Candidates loaded in this process run on Triton's CPU interpreter (read when a kernel is made)."""
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
 
 
 class Lambda(torch.nn.Module):
@@ -73,8 +68,7 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize(("name", "fn"), CASES, ids=[c[0] for c in CASES])
-def test_every_reduction_on_every_round0_knob_set(name, fn, tmp_path):
+def check_case(fn, tmp_path: Path) -> None:
     spec = reduce.compose(graph_of(fn, (5, 33, 7), (5, 33, 7)))
     torch.manual_seed(0)
     x, y = torch.randn(5, 33, 7) * 3, torch.randn(5, 33, 7)
@@ -88,7 +82,27 @@ def test_every_reduction_on_every_round0_knob_set(name, fn, tmp_path):
         torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4, msg=str(knobs))
 
 
-def test_non_contiguous_size_one_and_half_inputs(tmp_path):
+def checks() -> dict:
+    """What runs in one interpreter process (tests.runs.run_checks), by the name its test asks for."""
+    found = {name: partial(check_case, fn) for name, fn in CASES}
+    return {**found, "layouts": check_non_contiguous_size_one_and_half_inputs}
+
+
+@pytest.fixture(scope="module")
+def interpreted() -> dict[str, str | None]:
+    return run_checks("tests.test_reduce_template")
+
+
+@pytest.mark.parametrize("name", [c[0] for c in CASES])
+def test_every_reduction_on_every_round0_knob_set(interpreted, name):
+    assert interpreted[name] is None, interpreted[name]
+
+
+def test_non_contiguous_size_one_and_half_inputs(interpreted):
+    assert interpreted["layouts"] is None, interpreted["layouts"]
+
+
+def check_non_contiguous_size_one_and_half_inputs(tmp_path: Path) -> None:
     spec = reduce.compose(graph_of(lambda x, y: torch.sum(x * y, dim=(1, 2)), (4, 6, 9), (4, 6, 9)))
     for knobs in (reduce.ROUND0[0], reduce.ROUND0[1]):
         new = candidate(spec, knobs, tmp_path).ModelNew()

@@ -28,8 +28,8 @@ from kernelbrain.core.policy import stalled
 from kernelbrain.core.problem import read_problem, source_hash
 from kernelbrain.core.state import RunState
 from kernelbrain.runtime import isolation
+from kernelbrain.runtime.environment import without_secrets
 from kernelbrain.runtime.roles import ROLES
-from kernelbrain.runtime.sandbox import without_secrets
 from kernelbrain.runtime.worker import Worker
 from kernelbrain.store import EventStore
 

@@ -54,42 +54,7 @@ from kernelbrain.core.protocol import (
 )
 from kernelbrain.core.scoring import reference_moved
 from kernelbrain.runtime import gpu_lock, isolation, triton_cache
-
-# What a child may see of the worker's environment: the toolchain, never keys or tokens.
-ENV_ALLOWED = (
-    "PATH",
-    "LANG",
-    "LC_ALL",
-    "PYTHONPATH",
-    "LD_LIBRARY_PATH",
-    "CUDA_HOME",
-    "CUDA_PATH",
-    "CUDA_VISIBLE_DEVICES",
-    "TRITON_CACHE_DIR",
-    "TRITON_PTXAS_PATH",
-    "OPENBLAS_CORETYPE",
-    "OPENBLAS_L2_SIZE",
-    "OMP_NUM_THREADS",
-    "KB_EXEC_LOG",
-)
-# GPU toolchain settings travel whole (the H200 hosts require NCCL_NVLS_ENABLE=0 and friends to stay set)
-ENV_PREFIXES = ("CUDA_", "NVIDIA_", "NCCL_", "NVSHMEM_", "TORCH_SYMM_MEM", "TRITON_")
-ENV_SECRET_WORDS = ("KEY", "TOKEN", "SECRET", "PASSWORD", "CREDENTIAL")
-
-
-def is_secret(name: str) -> bool:
-    return any(word in name.upper() for word in ENV_SECRET_WORDS)
-
-
-def child_env_allowed(name: str) -> bool:
-    return not is_secret(name) and (name in ENV_ALLOWED or name.startswith(ENV_PREFIXES))
-
-
-def without_secrets(env: dict[str, str]) -> dict[str, str]:
-    """env less every key, token, secret, password or credential: what a worker that starts sandboxes
-    holds (only the generator, which talks to the LLM, keeps the key)."""
-    return {k: v for k, v in env.items() if not is_secret(k)}
-
+from kernelbrain.runtime.environment import child_env_allowed
 
 # what times or profiles on the GPU: no other request may run there meanwhile (runtime/gpu_lock.py)
 TIMED = (BenchRequest, DuelRequest, ReferenceTimeRequest, RooflineRequest, NcuRequest)

@@ -405,7 +405,7 @@ def render(spec: dict, knobs: dict[str, Any], signature: dict[str, list[str]]) -
     ctas = knobs.get("ctas_per_sm", 0) if knobs["strategy"] == "persistent" else 0
     doc = (
         f"Elementwise chain of {', '.join(spec['ops'])}: kernelbrain pointwise family ({knob_text}).\n\n"
-        "One pass over memory, the chain in fp32, composed from the reference's ATen graph.\n"
+        "Each element read and written once, the chain in fp32, composed from the reference's ATen graph.\n"
     )
     chain = f"@triton.jit\ndef _body(v0, v1, v2, v3):\n{body}\n    return {spec['result']}\n"
     model = f"""class ModelNew(nn.Module):

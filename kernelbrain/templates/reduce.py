@@ -204,7 +204,7 @@ def render(spec: dict, knobs: dict[str, Any], signature: dict[str, list[str]]) -
         dtype = f"torch.{spec['dtype']}"
     doc = (
         f"Reduction with its elementwise chains: {', '.join(spec['ops'])}: kernelbrain reduce family "
-        f"({knob_text}).\n\nOne pass over the input, in fp32, composed from the reference's ATen graph.\n"
+        f"({knob_text}).\n\nThe input read once, in fp32, composed from the reference's ATen graph.\n"
     )
     model = f"""class ModelNew(nn.Module):
     def __init__(self{init_args}):
