@@ -23,6 +23,7 @@ from kernelbrain.templates import (
     gemv,
     l2norm,
     layernorm,
+    normalize,
     pointwise,
     reduce,
     rmsnorm,
@@ -42,6 +43,7 @@ FAMILIES = (
     gemv,
     pointwise,
     reduce,
+    normalize,
 )
 
 

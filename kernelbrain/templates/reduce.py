@@ -105,7 +105,7 @@ def _combine(node: Node, out: int) -> tuple[int, int, int]:
     return _NORMS[ord_]
 
 
-def _dims(node: Node) -> list[int] | None:
+def dims_of(node: Node) -> list[int] | None:
     dim = node.args.get("dim")
     if dim is None or dim == []:
         return None
@@ -173,7 +173,7 @@ def compose(graph: Graph) -> dict:
         "op": op,
         "pre": pre,
         "post": post,
-        "dims": _dims(red),
+        "dims": dims_of(red),
         "keepdim": bool(red.args.get("keepdim", False)),
         "dtype": None if follows else out_dtype,
         "ops": graph.ops(),
@@ -189,7 +189,7 @@ def matches(ops: list[dict], graph: Graph | None = None) -> dict | None:
         return None
 
 
-def _chain(name: str, lines: list[str], result: str) -> str:
+def chain(name: str, lines: list[str], result: str) -> str:
     body = "".join(f"    {line}\n" for line in lines)
     return f"@triton.jit\ndef {name}(v0, v1, v2, v3):\n{body}    return {result}\n"
 
@@ -222,8 +222,8 @@ def render(spec: dict, knobs: dict[str, Any], signature: dict[str, list[str]]) -
         constants(DIMS=spec["dims"], KEEPDIM=spec["keepdim"]),
         constants(OP=spec["op"], PRE=spec["pre"], POST=spec["post"]),
         parts(pointwise.PARTS, *spec["helpers"]) if spec["helpers"] else "",
-        _chain("_prologue", spec["prologue"], spec["prologue_result"]),
-        _chain("_epilogue", spec["epilogue"], spec["epilogue_result"]),
+        chain("_prologue", spec["prologue"], spec["prologue_result"]),
+        chain("_epilogue", spec["epilogue"], spec["epilogue_result"]),
         parts(PARTS, "_identity", "_times", "_finish", "_reduce_kernel", "_prod", "_reduce_launch"),
         model,
     )

@@ -1,0 +1,114 @@
+"""The normalize family (reduce-then-map), composed from the traced ATen graph: its statistics over a
+trailing, middle and full set of axes combined with the inputs, against the reference through the
+interpreter for every round-0 knob set; what it refuses; every round-0 candidate of a problem of kb's
+own through the real gate; a whole `kb run`."""
+
+from __future__ import annotations
+
+import importlib.util
+from functools import partial
+from pathlib import Path
+
+import pytest
+import torch
+
+from kernelbrain.child.analysis import analyse
+from kernelbrain.child.graph import capture
+from kernelbrain.core.events import GatePassed
+from kernelbrain.core.graph import Graph
+from kernelbrain.core.protocol import GateRequest
+from kernelbrain.templates import normalize, pointwise, reduce
+from tests.runs import QUICK_RUNGS, run_checks, run_inprocess
+
+ROOT = Path(__file__).resolve().parents[1]
+ROWS = ROOT / "tests" / "problems" / "normalize_rows.py"
+SIGNATURE = {"init": [], "forward": ["x", "y"], "params": []}
+
+
+class Lambda(torch.nn.Module):
+    def __init__(self, fn) -> None:
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, *xs: torch.Tensor) -> torch.Tensor:
+        return self.fn(*xs)
+
+
+def graph_of(fn, *shapes: tuple[int, ...]) -> Graph:
+    return capture(Lambda(fn), [torch.empty(s, device="meta") for s in shapes])
+
+
+CASES = [
+    ("L1 rows", lambda x, y: x / torch.mean(torch.abs(x), dim=1, keepdim=True)),
+    ("RMS last, times y", lambda x, y: x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5) * y),
+    ("centred by the max", lambda x, y: x - x.amax(dim=1, keepdim=True)),
+    ("over everything", lambda x, y: x / x.abs().sum()),
+    ("two axes apart", lambda x, y: (x - x.mean(dim=(0, 2), keepdim=True)) * 2),
+    ("L2 of a chain", lambda x, y: (x + y) / torch.norm(x + y, dim=2, keepdim=True)),
+]
+
+
+def check_case(fn, tmp_path: Path) -> None:
+    spec = normalize.compose(graph_of(fn, (5, 33, 7), (5, 33, 7)))
+    torch.manual_seed(0)
+    x, y = torch.randn(5, 33, 7), torch.randn(5, 33, 7)
+    expected = fn(x, y)
+    for i, knobs in enumerate(normalize.ROUND0):
+        path = tmp_path / f"cand{i}.py"
+        path.write_text(normalize.render(spec, knobs, SIGNATURE))
+        module_spec = importlib.util.spec_from_file_location(path.stem, path)
+        assert module_spec is not None and module_spec.loader is not None
+        module = importlib.util.module_from_spec(module_spec)
+        module_spec.loader.exec_module(module)
+        got = module.ModelNew()(x, y)
+        assert got.shape == expected.shape and got.dtype == expected.dtype, knobs
+        torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4, msg=str(knobs))
+
+
+def checks() -> dict:
+    """What runs in one interpreter process (tests.runs.run_checks), by the name its test asks for."""
+    return {name: partial(check_case, fn) for name, fn in CASES}
+
+
+@pytest.fixture(scope="module")
+def interpreted() -> dict[str, str | None]:
+    return run_checks("tests.test_normalize_template")
+
+
+@pytest.mark.parametrize("name", [c[0] for c in CASES])
+def test_every_case_on_every_round0_knob_set(interpreted, name):
+    assert interpreted[name] is None, interpreted[name]
+
+
+@pytest.mark.parametrize(
+    ("fn", "why"),
+    [
+        (lambda x: x.sum(dim=1), "a reduction alone"),
+        (lambda x: x / x.sum(dim=1)[:, None], "without keepdim"),
+        (lambda x: (x - x.mean(1, keepdim=True)) / x.std(1, keepdim=True), "aten.std"),
+        (lambda x: x * x.argmax(dim=1, keepdim=True), "index"),
+        (lambda x: torch.relu(x), "0 reductions"),
+    ],
+)
+def test_what_it_refuses_is_named(fn, why):
+    with pytest.raises((normalize.NotNormalize, reduce.NotReduction, pointwise.NotPointwise), match=why):
+        normalize.compose(graph_of(fn, (4, 8)))
+
+
+def test_every_round0_candidate_passes_the_gate(box):
+    source = ROWS.read_text()
+    analysis = analyse(source, "cpu")
+    spec = normalize.matches(analysis["ops"], Graph.model_validate(analysis["graph"]))
+    assert spec is not None
+    for knobs in normalize.ROUND0:
+        candidate = normalize.render(spec, knobs, analysis["signature"])
+        request = GateRequest(problem_source=source, cand_source=candidate, device="cpu", seeds=3)
+        reply = box.call(request, timeout_s=120)[0]
+        assert reply.passed, (knobs, reply)
+
+
+def test_kb_run_on_a_normalisation_no_hand_written_family_covers(tmp_path):
+    state = run_inprocess(ROWS, tmp_path / "kb.db", max_candidates=2, rungs=QUICK_RUNGS)
+    assert {c.proposal.family for c in state.candidates.values()} == {"normalize"}
+    assert state.finished is not None and state.finished.winner
+    assert all(isinstance(c.gate, GatePassed) for c in state.candidates.values())
