@@ -333,7 +333,8 @@ class Sandbox:
         assert isinstance(trial, TrialReply)
         self.gate_phases["trial"] = busy_trial
         self.gate_phases.update({f"trial.{k}": v for k, v in trial.steps.items()})
-        busy_trial += self._launchers_built(trial.launchers, timeout_s, task)
+        if not (own_code and self.own_code_only):  # else the trial's own launchers are shared (below)
+            busy_trial += self._launchers_built(trial.launchers, timeout_s, task)
         try:
             handed = self._handed(trial, len(drawn.shapes), request.seeds)
         finally:
