@@ -5,7 +5,6 @@ own through the real gate; a whole `kb run`."""
 
 from __future__ import annotations
 
-import importlib.util
 from functools import partial
 from pathlib import Path
 
@@ -13,29 +12,16 @@ import pytest
 import torch
 
 from kernelbrain.child.analysis import analyse
-from kernelbrain.child.graph import capture
 from kernelbrain.core.events import GatePassed
 from kernelbrain.core.graph import Graph
 from kernelbrain.core.protocol import GateRequest
 from kernelbrain.templates import normalize, pointwise, reduce
+from tests.composed import graph_of, load
 from tests.runs import QUICK_RUNGS, run_checks, run_inprocess
 
 ROOT = Path(__file__).resolve().parents[1]
 ROWS = ROOT / "tests" / "problems" / "normalize_rows.py"
 SIGNATURE = {"init": [], "forward": ["x", "y"], "params": []}
-
-
-class Lambda(torch.nn.Module):
-    def __init__(self, fn) -> None:
-        super().__init__()
-        self.fn = fn
-
-    def forward(self, *xs: torch.Tensor) -> torch.Tensor:
-        return self.fn(*xs)
-
-
-def graph_of(fn, *shapes: tuple[int, ...]) -> Graph:
-    return capture(Lambda(fn), [torch.empty(s, device="meta") for s in shapes])
 
 
 CASES = [
@@ -54,13 +40,7 @@ def check_case(fn, tmp_path: Path) -> None:
     x, y = torch.randn(5, 33, 7), torch.randn(5, 33, 7)
     expected = fn(x, y)
     for i, knobs in enumerate(normalize.ROUND0):
-        path = tmp_path / f"cand{i}.py"
-        path.write_text(normalize.render(spec, knobs, SIGNATURE))
-        module_spec = importlib.util.spec_from_file_location(path.stem, path)
-        assert module_spec is not None and module_spec.loader is not None
-        module = importlib.util.module_from_spec(module_spec)
-        module_spec.loader.exec_module(module)
-        got = module.ModelNew()(x, y)
+        got = load(normalize.render(spec, knobs, SIGNATURE), tmp_path, f"cand{i}").ModelNew()(x, y)
         assert got.shape == expected.shape and got.dtype == expected.dtype, knobs
         torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4, msg=str(knobs))
 

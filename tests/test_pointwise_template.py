@@ -5,7 +5,6 @@ real gate, and a whole `kb run` on a problem no hand-written family covers."""
 
 from __future__ import annotations
 
-import importlib.util
 from functools import partial
 from pathlib import Path
 from types import ModuleType
@@ -14,11 +13,11 @@ import pytest
 import torch
 
 from kernelbrain.child.analysis import analyse
-from kernelbrain.child.graph import capture
 from kernelbrain.core.events import GatePassed
 from kernelbrain.core.graph import Graph
 from kernelbrain.core.protocol import GateRequest
-from kernelbrain.templates import pointwise
+from kernelbrain.templates import pointwise, reduce
+from tests.composed import graph_of, load
 from tests.runs import QUICK_RUNGS, run_checks, run_inprocess
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -80,16 +79,6 @@ CHAINS = [
     ("(x0 * x1 + x2) / (x3.abs() + 1)", 4),
     ("x0.half().float() + x0.reciprocal().clamp(-5, 5) + torch.square(x0)", 1),
 ]
-
-
-def load(source: str, tmp_path: Path, name: str) -> ModuleType:
-    path = tmp_path / f"{name}.py"
-    path.write_text(source)
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def composed(source: str, tmp_path: Path, knobs: dict | None = None) -> tuple[ModuleType, ModuleType]:
@@ -174,19 +163,6 @@ def test_every_round0_candidate_passes_the_gate(box, knobs):
     assert reply.passed, reply
 
 
-def graph_of(model: torch.nn.Module, *shapes: tuple[int, ...]) -> Graph:
-    return capture(model, [torch.empty(s, device="meta") for s in shapes])
-
-
-class Lambda(torch.nn.Module):
-    def __init__(self, fn) -> None:
-        super().__init__()
-        self.fn = fn
-
-    def forward(self, *xs: torch.Tensor) -> torch.Tensor:
-        return self.fn(*xs)
-
-
 @pytest.mark.parametrize(
     ("fn", "shapes", "why"),
     [
@@ -202,7 +178,7 @@ class Lambda(torch.nn.Module):
 )
 def test_what_it_refuses_is_named(fn, shapes, why):
     with pytest.raises(pointwise.NotPointwise, match=why):
-        pointwise.compose(graph_of(Lambda(fn), *shapes))
+        pointwise.compose(graph_of(fn, *shapes))
 
 
 class Scaled(torch.nn.Module):
@@ -226,7 +202,7 @@ def test_a_parameter_is_refused_and_dead_ops_are_left_out():
         x.sum()  # traced, never used
         return torch.relu(x)
 
-    spec = pointwise.compose(graph_of(Lambda(dead), (4, 8)))
+    spec = pointwise.compose(graph_of(dead, (4, 8)))
     assert spec["body"] == ["v4 = tl.maximum(v0, 0.0)"] and spec["helpers"] == []
 
 
@@ -236,3 +212,16 @@ def test_kb_run_on_a_chain_no_hand_written_family_covers(tmp_path):
     assert {c.proposal.family for c in state.candidates.values()} == {"pointwise"}
     assert state.finished is not None and state.finished.winner
     assert all(isinstance(c.gate, GatePassed) for c in state.candidates.values())
+
+
+def test_mutations_step_tiles_and_warps_within_their_limits():
+    first = pointwise.ROUND0[0]  # block 1024, 4 warps
+    assert pointwise.mutate(first, "larger_tiles") == {**first, "block": 2048}
+    assert pointwise.mutate(first, "fewer_warps") == {**first, "num_warps": 2}
+    assert pointwise.mutate(first, "persistent") == {**first, "strategy": "persistent", "ctas_per_sm": 4}
+    top = {"strategy": "persistent", "block": 16384, "num_warps": 16, "ctas_per_sm": 4}
+    assert [pointwise.mutate(top, m) for m in ("larger_tiles", "more_warps", "persistent")] == [None] * 3
+    rows = reduce.ROUND0[0]  # block_r 1024, split 1
+    assert reduce.mutate(rows, "smaller_tiles") == {**rows, "block_r": 512}
+    assert reduce.mutate(rows, "more_split") == {**rows, "strategy": "split", "split": 16}
+    assert reduce.mutate(rows, "persistent") is None

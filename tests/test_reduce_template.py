@@ -5,7 +5,6 @@ inputs); what it refuses; candidates through the real gate; a whole `kb run`."""
 
 from __future__ import annotations
 
-import importlib.util
 from functools import partial
 from pathlib import Path
 from types import ModuleType
@@ -14,11 +13,11 @@ import pytest
 import torch
 
 from kernelbrain.child.analysis import analyse
-from kernelbrain.child.graph import capture
 from kernelbrain.core.events import GatePassed
 from kernelbrain.core.graph import Graph
 from kernelbrain.core.protocol import GateRequest
 from kernelbrain.templates import pointwise, reduce
+from tests.composed import graph_of, load
 from tests.runs import QUICK_RUNGS, run_checks, run_inprocess
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -26,27 +25,8 @@ LOSS = ROOT / "tests" / "problems" / "reduce_loss.py"
 SIGNATURE = {"init": [], "forward": ["x0", "x1"], "params": []}
 
 
-class Lambda(torch.nn.Module):
-    def __init__(self, fn) -> None:
-        super().__init__()
-        self.fn = fn
-
-    def forward(self, *xs: torch.Tensor) -> torch.Tensor:
-        return self.fn(*xs)
-
-
-def graph_of(fn, *shapes: tuple[int, ...]) -> Graph:
-    return capture(Lambda(fn), [torch.empty(s, device="meta") for s in shapes])
-
-
 def candidate(spec: dict, knobs: dict, tmp_path: Path) -> ModuleType:
-    path = tmp_path / f"cand_{abs(hash(str(knobs)))}.py"
-    path.write_text(reduce.render(spec, knobs, SIGNATURE))
-    module_spec = importlib.util.spec_from_file_location(path.stem, path)
-    assert module_spec is not None and module_spec.loader is not None
-    module = importlib.util.module_from_spec(module_spec)
-    module_spec.loader.exec_module(module)
-    return module
+    return load(reduce.render(spec, knobs, SIGNATURE), tmp_path, f"cand_{abs(hash(str(knobs)))}")
 
 
 # every reduction of the table, over axes of (5, 33, 7): first, middle, last, two apart, all

@@ -124,16 +124,17 @@ def analyse(problem_source: str, device: str) -> dict:
     problem.fit_outputs = problem.meta_outputs  # no guard here: fits are checked against the reference
     shape = problem.ladder_shapes(device, "primary")[0]
 
-    def trace(where: str) -> tuple[list[dict], tuple[float, float]]:
+    def trace(where: str) -> tuple[list[dict], dict | None, tuple[float, float]]:
         ref, _ = build(problem, None, shape, where)
-        return record_calls(ref, problem.inputs(shape, 0, where)), count(problem, shape, where)
+        inputs = problem.inputs(shape, 0, where)
+        calls = record_calls(ref, inputs)
+        try:  # a graph that cannot be captured only narrows the generators
+            graph = capture(ref, inputs).model_dump()
+        except Exception:
+            graph = None
+        return calls, graph, count(problem, shape, where)
 
-    (ops, (flops, nbytes)), traced_on = traced(device, trace)
-    try:  # on the device the trace needed; a graph that cannot be captured only narrows the generators
-        ref, _ = build(problem, None, shape, traced_on)
-        graph = capture(ref, problem.inputs(shape, 0, traced_on)).model_dump()
-    except Exception:
-        graph = None
+    (ops, graph, (flops, nbytes)), traced_on = traced(device, trace)
     primary = problem.shapes[0]
     labels = [shape_label(s) for s in problem.shapes]
     model_cls = problem.module.Model

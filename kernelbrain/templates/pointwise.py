@@ -54,20 +54,27 @@ MUTATIONS: dict[str, list[tuple[str, str]]] = {
 }
 
 
-def mutate(knobs: dict[str, Any], move: str) -> dict[str, Any] | None:
+def step(knobs: dict[str, Any], move: str, key: str, blocks: tuple[int, ...]) -> dict[str, Any] | None:
+    """The tile and warp moves the composed families share: `key` one step along `blocks`, warps doubled
+    or halved (1 to 16); None where the move is another or at its limit."""
     k = dict(knobs)
-    at = BLOCKS.index(k["block"]) if k["block"] in BLOCKS else None
-    if move == "larger_tiles" and at is not None and at + 1 < len(BLOCKS):
-        return {**k, "block": BLOCKS[at + 1]}
+    at = blocks.index(k[key]) if k[key] in blocks else None
+    if move == "larger_tiles" and at is not None and at + 1 < len(blocks):
+        return {**k, key: blocks[at + 1]}
     if move == "smaller_tiles" and at:
-        return {**k, "block": BLOCKS[at - 1]}
+        return {**k, key: blocks[at - 1]}
     if move == "more_warps" and k["num_warps"] < 16:
         return {**k, "num_warps": k["num_warps"] * 2}
     if move == "fewer_warps" and k["num_warps"] > 1:
         return {**k, "num_warps": k["num_warps"] // 2}
+    return None
+
+
+def mutate(knobs: dict[str, Any], move: str) -> dict[str, Any] | None:
+    k = dict(knobs)
     if move == "persistent" and k["strategy"] != "persistent":
         return {**k, "strategy": "persistent", "ctas_per_sm": 4}
-    return None
+    return step(k, move, "block", BLOCKS)
 
 
 def feasible(spec: dict, knobs: dict[str, Any]) -> bool:

@@ -46,18 +46,9 @@ MUTATIONS: dict[str, list[tuple[str, str]]] = {
 
 def mutate(knobs: dict[str, Any], move: str) -> dict[str, Any] | None:
     k = dict(knobs)
-    at = BLOCKS.index(k["block_r"]) if k["block_r"] in BLOCKS else None
-    if move == "larger_tiles" and at is not None and at + 1 < len(BLOCKS):
-        return {**k, "block_r": BLOCKS[at + 1]}
-    if move == "smaller_tiles" and at:
-        return {**k, "block_r": BLOCKS[at - 1]}
-    if move == "more_warps" and k["num_warps"] < 16:
-        return {**k, "num_warps": k["num_warps"] * 2}
-    if move == "fewer_warps" and k["num_warps"] > 1:
-        return {**k, "num_warps": k["num_warps"] // 2}
     if move == "more_split" and k["split"] < 256:
         return {**k, "strategy": "split", "split": max(16, k["split"] * 4)}
-    return None
+    return pointwise.step(k, move, "block_r", BLOCKS)
 
 
 def feasible(spec: dict, knobs: dict[str, Any]) -> bool:
