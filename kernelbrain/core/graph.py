@@ -50,3 +50,14 @@ class Graph(BaseModel):
     def ops(self) -> list[str]:
         """The distinct ATen ops, in first-use order (inputs and parameters left out)."""
         return list(dict.fromkeys(n.op for n in self.nodes if n.op not in {INPUT, PARAM}))
+
+    def needed(self) -> set[tuple[int, int]]:
+        """Every [node, out] the outputs depend on (they included)."""
+        wanted = {(int(o[0]), int(o[1])) for o in self.outputs}
+        for j in range(len(self.nodes) - 1, -1, -1):
+            if any((j, k) in wanted for k in range(len(self.nodes[j].outs))):
+                for value in self.nodes[j].args.values():
+                    for v in value if isinstance(value, list) else [value]:
+                        if (ref := self.ref(v)) is not None:
+                            wanted.add(ref)
+        return wanted

@@ -25,9 +25,11 @@ from kernelbrain.templates import (
     layernorm,
     normalize,
     pointwise,
+    pool,
     reduce,
     rmsnorm,
     row_softmax,
+    scan,
 )
 
 # each matcher wants its own op sequence, so the order only breaks ties; gemv late: it takes any lone
@@ -43,6 +45,8 @@ FAMILIES = (
     gemv,
     pointwise,
     reduce,
+    scan,
+    pool,
     normalize,
 )
 

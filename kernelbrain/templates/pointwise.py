@@ -295,7 +295,7 @@ def compose(graph: Graph) -> dict:
     lines: list[str] = []
     for i, node in enumerate(graph.nodes):
         if node.op == INPUT:
-            if node.outs[0].dtype not in FLOATS:
+            if node.outs[0].dtype not in FLOATS | {"bool"}:  # a bool mask is loaded as 0 or 1
                 raise NotPointwise(f"an input of {node.outs[0].dtype}")
             if len(inputs) == MAX_INPUTS:
                 raise NotPointwise(f"more than {MAX_INPUTS} inputs")
@@ -348,6 +348,8 @@ def compose(graph: Graph) -> dict:
     # unless the chain casts to another
     dtypes = [graph.nodes[_node_of_input(graph, i)].outs[0].dtype for i in inputs]
     promoted = "float32" if "float32" in dtypes or len(set(dtypes)) > 1 else dtypes[0]
+    if "bool" in dtypes:  # the launcher's rule (one dtype kept, mixed ones fp32) would count the mask
+        promoted = "bool"
     text = "\n".join(lines)
     used = [h for h in HELPERS if f"{h}(" in text]
     for h in list(used):
