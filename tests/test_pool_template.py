@@ -34,7 +34,7 @@ def candidate(spec: dict, knobs: dict, tmp_path: Path) -> ModuleType:
 # (name, fn, the traced shape, a second shape): odd sizes, size-1 axes
 CASES = [
     ("max 1-D dilated", lambda x: F.max_pool1d(x, 3, 2, 1, 2), (2, 3, 17), (1, 1, 9)),
-    ("max 2-D", lambda x: F.max_pool2d(x, 4, 1, 1), (2, 3, 17, 15), (1, 2, 5, 4)),
+    ("max 2-D", lambda x: F.max_pool2d(x, 4, 1, 1), (2, 2, 11, 9), (1, 2, 5, 4)),
     (
         "max 2-D ceil, asymmetric",
         lambda x: F.max_pool2d(x, (2, 3), (2, 1), (1, 0), ceil_mode=True),
@@ -44,8 +44,8 @@ CASES = [
     (
         "max 3-D ceil dilated",
         lambda x: F.max_pool3d(x, 3, 2, 1, 2, ceil_mode=True),
-        (2, 3, 9, 8, 7),
-        (1, 2, 6, 5, 5),
+        (1, 2, 9, 6, 7),
+        (1, 1, 6, 5, 5),
     ),
     ("avg 1-D", lambda x: F.avg_pool1d(x, 4, 1, 2), (2, 3, 17), (4, 1, 6)),
     (
@@ -57,7 +57,7 @@ CASES = [
     (
         "avg 3-D divisor",
         lambda x: F.avg_pool3d(x, (2, 3, 2), (1, 2, 2), 1, divisor_override=5),
-        (2, 3, 9, 8, 7),
+        (1, 2, 6, 7, 5),
         (1, 1, 3, 4, 3),
     ),
     (
@@ -72,10 +72,10 @@ CASES = [
 def check_case(fn, shapes, tmp_path: Path) -> None:
     spec = pool.compose(graph_of(fn, shapes[0]))
     torch.manual_seed(0)
-    for shape in shapes:
+    for shape, knob_sets in zip(shapes, (pool.ROUND0, pool.ROUND0[:1]), strict=True):
         x = torch.randn(shape)
         expected = fn(x)
-        for knobs in pool.ROUND0:
+        for knobs in knob_sets:
             got = candidate(spec, knobs, tmp_path).ModelNew()(x)
             assert got.shape == expected.shape and got.dtype == expected.dtype, (shape, knobs)
             torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4, msg=f"{shape} {knobs}")

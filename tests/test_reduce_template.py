@@ -11,12 +11,15 @@ from types import ModuleType
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from kernelbrain.child.analysis import analyse
+from kernelbrain.child.graph import mark_sized
 from kernelbrain.core.events import GatePassed
 from kernelbrain.core.graph import Graph
 from kernelbrain.core.protocol import GateRequest
 from kernelbrain.templates import pointwise, reduce
+from kernelbrain.templates.decompose import expand
 from tests.composed import graph_of, load
 from tests.runs import QUICK_RUNGS, run_checks, run_inprocess
 
@@ -45,11 +48,19 @@ CASES = [
     ("mse of two", lambda x, y: torch.mean((x - y) ** 2)),
     ("chain after", lambda x, y: torch.sqrt(torch.sum(x * y, dim=0).abs() + 1.0) * 2),
     ("max of all", lambda x, y: torch.max(x + y)),
+    # losses: ATen's fused map-and-reduce ops split by templates/decompose.py
+    ("smooth L1", lambda x, y: F.smooth_l1_loss(x, y)),
+    ("smooth L1 beta, summed", lambda x, y: F.smooth_l1_loss(x, y, reduction="sum", beta=0.5)),
+    ("huber delta", lambda x, y: F.huber_loss(x, y, delta=2.0)),
+    ("mse op", lambda x, y: F.mse_loss(x, y)),
+    ("soft margin", lambda x, y: F.soft_margin_loss(x, torch.sign(y))),
+    ("binary cross-entropy", lambda x, y: F.binary_cross_entropy(torch.sigmoid(x), torch.sigmoid(y))),
+    ("kl divergence, summed", lambda x, y: F.kl_div(F.logsigmoid(x), torch.sigmoid(y), reduction="sum")),
 ]
 
 
 def check_case(fn, tmp_path: Path) -> None:
-    spec = reduce.compose(graph_of(fn, (5, 33, 7), (5, 33, 7)))
+    spec = reduce.compose(expand(graph_of(fn, (5, 33, 7), (5, 33, 7))))
     torch.manual_seed(0)
     x, y = torch.randn(5, 33, 7) * 3, torch.randn(5, 33, 7)
     x.view(-1)[::13] = x.view(-1)[::17].max()  # ties: the first index wins, as torch's
@@ -65,7 +76,11 @@ def check_case(fn, tmp_path: Path) -> None:
 def checks() -> dict:
     """What runs in one interpreter process (tests.runs.run_checks), by the name its test asks for."""
     found = {name: partial(check_case, fn) for name, fn in CASES}
-    return {**found, "layouts": check_non_contiguous_size_one_and_half_inputs}
+    return {
+        **found,
+        "layouts": check_non_contiguous_size_one_and_half_inputs,
+        "batchmean": check_a_division_by_a_size_follows_the_shape,
+    }
 
 
 @pytest.fixture(scope="module")
@@ -129,3 +144,44 @@ def test_kb_run_on_a_loss_no_hand_written_family_covers(tmp_path):
     assert {c.proposal.family for c in state.candidates.values()} == {"reduce"}
     assert state.finished is not None and state.finished.winner
     assert all(isinstance(c.gate, GatePassed) for c in state.candidates.values())
+
+
+def test_a_loss_without_reduction_is_the_elementwise_map_alone():
+    graph = expand(graph_of(lambda x, y: F.huber_loss(x, y, reduction="none", delta=0.5), (4, 8), (4, 8)))
+    assert [n.op for n in graph.nodes[2:]] == ["kb.huber_loss"]
+    spec = pointwise.compose(graph)
+    assert spec["inputs"] == [0, 1] and "tl.where" in spec["body"][0] and "0.5" in spec["body"][0]
+
+
+def _batchmean(x, y):
+    return F.kl_div(F.logsigmoid(x), torch.sigmoid(y), reduction="batchmean")  # the sum / x.size(0)
+
+
+def check_a_division_by_a_size_follows_the_shape(tmp_path: Path) -> None:
+    graph = mark_sized(graph_of(_batchmean, (6, 40), (6, 40)), graph_of(_batchmean, (3, 50), (3, 50)))
+    spec = reduce.compose(expand(graph))
+    assert spec["divide_by"] == [0, 0, 1] and spec["epilogue"] == []
+    torch.manual_seed(2)
+    for knobs in reduce.ROUND0:
+        new = candidate(spec, knobs, tmp_path).ModelNew()
+        for shape in ((6, 40), (9, 3000)):  # at a shape the trace never saw, divided by its own batch
+            x, y = torch.randn(shape), torch.randn(shape)
+            torch.testing.assert_close(new(x, y), _batchmean(x, y), rtol=1e-4, atol=1e-5, msg=str(knobs))
+
+
+def test_a_division_by_a_size_follows_the_shape(interpreted):
+    assert interpreted["batchmean"] is None, interpreted["batchmean"]
+
+
+def test_a_number_that_changes_with_the_shape_unexplained_is_refused():
+    def fn(x):
+        return x.sum() / (x.size(0) * 3 + 7)
+
+    graph = mark_sized(graph_of(fn, (6, 40)), graph_of(fn, (3, 40)))
+    assert [(s.arg, s.input) for s in graph.sized] == [("other", -1)]
+    with pytest.raises(reduce.NotReduction, match="computed from a size"):
+        reduce.compose(graph)
+    with pytest.raises(pointwise.NotPointwise, match="computed from a size"):
+        pointwise.compose(
+            mark_sized(graph_of(lambda x: x * x.size(1), (6, 40)), graph_of(lambda x: x * x.size(1), (6, 41)))
+        )

@@ -61,10 +61,10 @@ CASES = [
 def check_case(fn, tmp_path: Path) -> None:
     spec = scan.compose(graph_of(fn, (5, 37, 9), (5, 37, 9)))
     torch.manual_seed(0)
-    for shape in ((5, 37, 9), (2, 64, 1)):
+    for shape, knob_sets in (((5, 37, 9), scan.ROUND0), ((2, 64, 1), scan.ROUND0[:1])):
         x, y = torch.randn(shape), torch.randn(shape)
         expected = fn(x, y)
-        for knobs in scan.ROUND0:
+        for knobs in knob_sets:
             got = candidate(spec, knobs, tmp_path).ModelNew()(x, y)
             assert got.shape == expected.shape and got.dtype == expected.dtype, (shape, knobs)
             torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4, msg=f"{shape} {knobs}")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import ast
-import contextlib
 import inspect
 from collections.abc import Callable
 from typing import Any
@@ -12,7 +11,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from kernelbrain.child import guard
-from kernelbrain.child.graph import capture
+from kernelbrain.child.graph import capture, mark_sized
 from kernelbrain.child.loading import (
     Problem,
     build,
@@ -20,6 +19,7 @@ from kernelbrain.child.loading import (
     outputs,
     signature,
 )
+from kernelbrain.core.graph import Graph
 from kernelbrain.core.problem import shape_label
 
 # products whose second operand's shape the recorder keeps (the first one's it keeps for every op)
@@ -136,6 +136,11 @@ def analyse(problem_source: str, device: str) -> dict:
 
     (ops, graph, (flops, nbytes)), traced_on = traced(device, trace)
     primary = problem.shapes[0]
+    if graph is not None:  # the numbers that change with the shape, by a second trace on meta
+        other = next((s for s in [primary, *_gate_shapes(problem, device)] if s != shape), None)
+        second = graph_on_meta(problem, other) if other is not None else None
+        if second is not None:
+            graph = mark_sized(Graph.model_validate(graph), second).model_dump()
     labels = [shape_label(s) for s in problem.shapes]
     model_cls = problem.module.Model
     names = {m: [n for n, _ in signature(getattr(model_cls, m))] for m in ("__init__", "forward")}
@@ -157,9 +162,27 @@ def analyse(problem_source: str, device: str) -> dict:
 def fits(problem: Problem, device: str) -> list[dict]:
     """Every shape fitted for this device (the rungs' on CPU, the gate's), for the children after."""
     problem.ladder_shapes(device, "all")
-    with contextlib.suppress(Exception):  # the judge's draws say what fails there, as the problem's fault
-        problem.gate_shapes(device)
+    _gate_shapes(problem, device)
     return [f.model_dump() for f in problem.fits()]
+
+
+def _gate_shapes(problem: Problem, device: str) -> list[dict]:
+    try:
+        return problem.gate_shapes(device)
+    except Exception:  # the judge's draws say what fails there, as the problem's fault
+        return []
+
+
+def graph_on_meta(problem: Problem, shape: dict) -> Graph | None:
+    """The reference's graph at a shape, on the meta device; None where it cannot be captured there."""
+    try:
+        init = problem.init_inputs(shape)
+        torch.manual_seed(1234)
+        with torch.device("meta"):
+            ref = problem.module.Model(*init).eval()
+        return capture(ref, problem.inputs(shape, 0, "meta"))
+    except Exception:
+        return None
 
 
 def ops_on_meta(problem: Problem, shape: dict) -> list[dict]:

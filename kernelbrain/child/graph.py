@@ -11,7 +11,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from kernelbrain.core.graph import INPUT, PARAM, Graph, Meta, Node
+from kernelbrain.core.graph import INPUT, PARAM, Graph, Meta, Node, Sized
 
 
 def _meta(t: torch.Tensor) -> Meta:
@@ -83,3 +83,39 @@ def capture(model: torch.nn.Module, inputs: list) -> Graph:
     if any(o is None for o in outputs):
         raise ValueError("forward returned a tensor its graph did not make")
     return Graph(nodes=mode.nodes, outputs=[list(o) for o in outputs if o], constants=constants)
+
+
+def _input_shapes(graph: Graph) -> dict[int, list[int]]:
+    return {int(n.args["index"]): n.outs[0].shape for n in graph.nodes if n.op == INPUT}
+
+
+def _explain(value: float, other: float, shapes: dict[int, list[int]], others: dict[int, list[int]]) -> dict:
+    """The product of one input's consecutive axes, plus a small offset, that is `value` at the first
+    shape and `other` at the second; {"input": -1} where none is."""
+    for index, shape in shapes.items():
+        alt = others.get(index)
+        if alt is None or len(alt) != len(shape):
+            continue
+        for start in range(len(shape)):
+            for end in range(start + 1, len(shape) + 1):
+                here, there = math.prod(shape[start:end]), math.prod(alt[start:end])
+                offset = value - here
+                if offset == other - there and float(offset).is_integer() and abs(offset) <= 2:
+                    return {"input": index, "start": start, "end": end, "offset": int(offset)}
+    return {"input": -1}
+
+
+def mark_sized(graph: Graph, other: Graph) -> Graph:
+    """`graph` with the numbers that differ in `other` (the same reference traced at another shape)
+    recorded in `Graph.sized`; unchanged where the two traces ran different ops."""
+    if [n.op for n in graph.nodes] != [n.op for n in other.nodes]:
+        return graph
+    shapes, others = _input_shapes(graph), _input_shapes(other)
+    sized = []
+    for i, (a, b) in enumerate(zip(graph.nodes, other.nodes, strict=True)):
+        for key, value in a.args.items():
+            alt = b.args.get(key)
+            numbers = isinstance(value, int | float) and isinstance(alt, int | float)
+            if numbers and not isinstance(value, bool) and value != alt:
+                sized.append(Sized(node=i, arg=key, **_explain(value, alt, shapes, others)))
+    return graph.model_copy(update={"sized": sized})

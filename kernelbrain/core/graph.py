@@ -10,6 +10,7 @@ a list of them as a list.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Any
 
 from pydantic import BaseModel
@@ -32,11 +33,27 @@ class Node(BaseModel):
     outs: list[Meta]  # one per tensor it returned (a tuple's in order)
 
 
+class Sized(BaseModel):
+    """A number in a node's arguments that the reference computed from a size (`x.size(0)` in a
+    division): the product of forward input `input`'s axes [start, end), plus `offset`. `input` -1: it
+    changed with the shape in no way found (a family must not keep it as a constant)."""
+
+    node: int
+    arg: str
+    input: int
+    start: int = 0
+    end: int = 0
+    offset: int = 0
+
+
 class Graph(BaseModel):
     nodes: list[Node]
     outputs: list[list[int]]  # forward's tensor results, as [node, out]
     # forward arguments that are not tensors, by position (they are constants of the trace)
     constants: dict[int, Any] = {}
+    # the numbers that differed when the reference was traced at a second shape (empty: none, or traced
+    # at one shape only)
+    sized: list[Sized] = []
 
     def ref(self, value: Any) -> tuple[int, int] | None:
         """The [node, out] an argument refers to, or None for a literal."""
@@ -61,3 +78,11 @@ class Graph(BaseModel):
                         if (ref := self.ref(v)) is not None:
                             wanted.add(ref)
         return wanted
+
+    def unsized(self, allowed: Collection[tuple[int, str]] = ()) -> None:
+        """Raise ValueError naming the first size-computed number the outputs depend on, outside
+        `allowed` ((node, arg) pairs the caller computes from the sizes itself)."""
+        needed = {n for n, _ in self.needed()}
+        for s in self.sized:
+            if s.node in needed and (s.node, s.arg) not in allowed:
+                raise ValueError(f"{self.nodes[s.node].op}'s {s.arg}, a number computed from a size")

@@ -8,6 +8,7 @@ from typing import Any
 from kernelbrain.core.events import ProblemAnalysed
 from kernelbrain.generators.base import GenerationError, Generator, Proposal
 from kernelbrain.templates import FAMILIES
+from kernelbrain.templates.decompose import expand
 
 
 def _describe(ops: list[dict]) -> str:
@@ -20,11 +21,12 @@ class ExpertGenerator(Generator):
     def match_family(
         self, analysis: ProblemAnalysed, name: str | None = None, problem_source: str | None = None
     ) -> tuple[ModuleType, dict]:
+        graph = expand(analysis.graph) if analysis.graph is not None else None
         for family in FAMILIES:
             if name is not None and name != family.FAMILY:
                 continue
-            spec = family.matches(analysis.ops, analysis.graph)
-            primary = family.matches(analysis.primary_ops, analysis.graph) if analysis.primary_ops else spec
+            spec = family.matches(analysis.ops, graph)
+            primary = family.matches(analysis.primary_ops, graph) if analysis.primary_ops else spec
             if spec is not None and primary is None:
                 continue  # what the rungs time is this family's, the file's own shape is not (CPU)
             # what the trace cannot show (parameter names, normalised dims) a family reads from the source
@@ -40,9 +42,10 @@ class ExpertGenerator(Generator):
         """The specs a knob set must be feasible at: the shape the rungs time and, where that is not the
         file's primary shape (CPU), the primary too (match_family made sure the family matches it): an
         export must not refuse the user's real size."""
-        return (
-            [spec, family.matches(analysis.primary_ops, analysis.graph)] if analysis.primary_ops else [spec]
-        )
+        if not analysis.primary_ops:
+            return [spec]
+        graph = expand(analysis.graph) if analysis.graph is not None else None
+        return [spec, family.matches(analysis.primary_ops, graph)]
 
     def _proposal(
         self,

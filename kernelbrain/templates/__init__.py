@@ -8,9 +8,11 @@ ModelNew). A family that needs what the trace cannot show (parameter names, norm
 exposes `refine(spec, problem_source) -> dict | None`: the spec completed from the problem's source,
 or None when the source shows something the family cannot reproduce.
 
-Shared, not families: `row_norm` (the row-normalisation kernels and knobs of layernorm and l2norm) and
-`model_source` (what a template reads from the problem's source). `attention_kernels` and
-`conv_transpose_kernels` hold the Triton source text those two families render.
+Shared, not families: `row_norm` (the row-normalisation kernels and knobs of layernorm and l2norm),
+`model_source` (what a template reads from the problem's source), `render` (the composed families' one
+renderer) and `decompose` (ATen ops split before the composed families read the graph).
+`attention_kernels` and `conv_transpose_kernels` hold the Triton source text those two families render;
+the composed families' kernels are real Triton functions in their `*_parts` modules.
 """
 
 from types import ModuleType
@@ -23,6 +25,7 @@ from kernelbrain.templates import (
     gemv,
     l2norm,
     layernorm,
+    moments,
     normalize,
     pointwise,
     pool,
@@ -47,6 +50,7 @@ FAMILIES = (
     reduce,
     scan,
     pool,
+    moments,
     normalize,
 )
 

@@ -44,6 +44,10 @@ def compose(graph: Graph) -> dict:
     found = [i for i, n in enumerate(graph.nodes) if n.op in reduce.REDUCTIONS]
     if len(found) != 1:
         raise NotNormalize(f"{len(found)} reductions")
+    try:
+        graph.unsized()
+    except ValueError as e:
+        raise NotNormalize(str(e)) from None
     at = found[0]
     red = graph.nodes[at]
     # the statistic's chain: ops after the reduction on its value alone

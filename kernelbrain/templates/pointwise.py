@@ -119,6 +119,18 @@ def _scaled(b: str, alpha: Any) -> str:
     return b if alpha in ("1.0", None) else f"({alpha} * {b})"  # alpha as _num wrote it
 
 
+def _smooth_l1(d: str, beta: Any, scale: float | None) -> str:
+    """Smooth L1 (scale 1: the quadratic part divided by beta) or Huber (None: the linear part times
+    delta) of the distance d; beta 0 is the L1 distance itself."""
+    b = float(beta)
+    if b == 0.0:
+        return d
+    quadratic = f"0.5 * _d * _d / {b!r}" if scale is not None else "0.5 * _d * _d"
+    linear = f"_d - {0.5 * b!r}" if scale is not None else f"{b!r} * (_d - {0.5 * b!r})"
+    body = f"tl.where(_d < {b!r}, {quadratic}, {linear})"
+    return body.replace("_d", f"({d})")
+
+
 def _cast(a: str, dtype: Any) -> str:
     if dtype in {"float16", "bfloat16"}:  # the reference rounds here: so does the chain
         return f"{a}.to(tl.{dtype}).to(tl.float32)"
@@ -244,6 +256,16 @@ EXPRESSIONS: dict[str, Callable[[Args], str]] = {
     "aten.where.ScalarSelf": lambda a: f"tl.where({a['condition']}, {a['self']}, {a['other']})",
     "aten.where.ScalarOther": lambda a: f"tl.where({a['condition']}, {a['self']}, {a['other']})",
     "aten._to_copy.default": lambda a: _cast(a["self"], a["raw"].get("dtype")),
+    "aten.xlogy.Tensor": lambda a: f"tl.where({a['self']} == 0.0, 0.0, {a['self']} * tl.log({a['other']}))",
+    # the elementwise maps of the losses (templates/decompose.py splits each from its reduction)
+    "kb.mse_loss": lambda a: f"(({a['self']} - {a['target']}) * ({a['self']} - {a['target']}))",
+    "kb.smooth_l1_loss": lambda a: _smooth_l1(f"tl.abs({a['self']} - {a['target']})", a["raw"]["beta"], 1.0),
+    "kb.huber_loss": lambda a: _smooth_l1(f"tl.abs({a['self']} - {a['target']})", a["raw"]["delta"], None),
+    "kb.soft_margin_loss": lambda a: f"_softplus(-({a['target']} * {a['self']}), 1.0, 20.0)",
+    "kb.binary_cross_entropy": lambda a: (
+        f"(({a['target']} - 1.0) * tl.maximum(_log1p(-{a['self']}), -100.0)"
+        f" - {a['target']} * tl.maximum(tl.log({a['self']}), -100.0))"
+    ),
 }
 # helpers of PARTS each expression may call, by the name it is called with
 HELPERS = (
@@ -286,6 +308,10 @@ def compose(graph: Graph) -> dict:
     of `_body`, the output's dtype and shape. Raises NotPointwise naming what is not."""
     if len(graph.outputs) != 1:
         raise NotPointwise(f"{len(graph.outputs)} outputs")
+    try:
+        graph.unsized()
+    except ValueError as e:
+        raise NotPointwise(str(e)) from None
     out_ref = tuple(graph.outputs[0])
     out_meta = graph.meta(out_ref)
     if out_meta.dtype not in FLOATS:

@@ -73,6 +73,10 @@ def compose(graph: Graph) -> dict:
     found = [i for i, n in enumerate(graph.nodes) if n.op in POOLS]
     if len(found) != 1:
         raise NotPool(f"{len(found)} poolings")
+    try:
+        graph.unsized()
+    except ValueError as e:
+        raise NotPool(str(e)) from None
     at = found[0]
     node = graph.nodes[at]
     spatial, pool_max = POOLS[node.op]

@@ -3,9 +3,9 @@ generator). The candidate's module defines `_prologue(v0)` (the elementwise chai
 each element read) and `_epilogue(v0)` (the chain after it, on each window's result).
 
 The input is read as [planes, D, H, W] (planes: every axis before the pooled ones; 1-D and 2-D pooling
-have D = H = 1 and a window of 1 there). Each program computes BLOCK output positions, flattened over
-[planes, OD, OH, OW], visiting the window's KD x KH x KW taps as unrolled loads (neighbouring outputs
-share most of their taps, which the caches serve). `MAX`: the largest tap (padding never wins);
+have D = H = 1 and a window of 1 there). Each program computes BLOCK neighbouring outputs of one output
+row (no division a position), visiting the window's KD x KH x KW taps as unrolled loads (neighbouring
+outputs share most of their taps, which the caches serve). `MAX`: the largest tap (padding never wins);
 else the average, divided as torch divides it: by `DIVISOR` when set, else by the window's taps inside
 the padded input (COUNT_PAD) or inside the input itself.
 """
@@ -29,16 +29,18 @@ def _epilogue(v0):  # replaced by the candidate's own
 
 @triton.jit
 def _pool_kernel(
-    y_ptr, x_ptr, total, D, H, W, OD, OH, OW, SD, SH, SW, PD, PH, PW, DD, DH, DW,
+    y_ptr, x_ptr, D, H, W, OD, OH, OW, SD, SH, SW, PD, PH, PW, DD, DH, DW,
     KD: tl.constexpr, KH: tl.constexpr, KW: tl.constexpr, MAX: tl.constexpr, COUNT_PAD: tl.constexpr,
     DIVISOR: tl.constexpr, BLOCK: tl.constexpr,
 ):  # fmt: skip
-    o = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    live = o < total
-    ow = o % OW
-    oh = (o // OW) % OH
-    od = (o // (OW * OH)) % OD
-    plane = o // (OW * OH * OD)
+    """Programs (output row, block of the row): the row's plane, od and oh are scalars, worked out once a
+    program; only the positions along the row are a vector."""
+    row = tl.program_id(0).to(tl.int64)
+    oh = row % OH
+    od = (row // OH) % OD
+    plane = row // (OH * OD)
+    ow = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    live = ow < OW
     d0 = od * SD - PD
     h0 = oh * SH - PH
     w0 = ow * SW - PW
@@ -46,13 +48,13 @@ def _pool_kernel(
     acc = tl.full([BLOCK], -float("inf") if MAX else 0.0, tl.float32)
     for kd in tl.static_range(KD):
         d = d0 + kd * DD
-        in_d = (d >= 0) & (d < D)
         for kh in tl.static_range(KH):
             h = h0 + kh * DH
-            in_dh = in_d & (h >= 0) & (h < H)
+            # the row's width where the tap's input row exists, else 0 (a scalar, compared as a vector)
+            width = tl.where((d >= 0) & (d < D) & (h >= 0) & (h < H), W, 0)
             for kw in tl.static_range(KW):
                 w = w0 + kw * DW
-                inside = live & in_dh & (w >= 0) & (w < W)
+                inside = live & (w >= 0) & (w < width)
                 v = tl.load(x_ptr + base + (d * H + h) * W + w, mask=inside, other=0.0).to(tl.float32)
                 v = _prologue(v)
                 if MAX:
@@ -73,7 +75,7 @@ def _pool_kernel(
                 n = (tl.minimum(d1, D) - tl.maximum(d0, 0)) * (tl.minimum(h1, H) - tl.maximum(h0, 0))
                 n = n * (tl.minimum(w1, W) - tl.maximum(w0, 0))
             acc = acc / tl.maximum(n, 1).to(tl.float32)
-    tl.store(y_ptr + o, _epilogue(acc).to(y_ptr.dtype.element_ty), mask=live)
+    tl.store(y_ptr + row * OW + ow, _epilogue(acc).to(y_ptr.dtype.element_ty), mask=live)
 
 
 def _out_size(size, k, s, p, dil, ceil):
@@ -98,10 +100,11 @@ def _pool_launch(x, pre, post, spatial, kernel, stride, padding, dilation, ceil,
     outs = [_out_size(dims[i], k[i], s[i], p[i], dl[i], ceil) for i in range(3)]
     y = torch.empty(lead + outs[pad:], dtype=out_dtype, device=x.device)
     if y.numel():
-        grid = (triton.cdiv(y.numel(), block),)
+        block = min(block, max(triton.next_power_of_2(outs[2]), 32 * num_warps))
+        grid = (y.numel() // outs[2], triton.cdiv(outs[2], block))
         _pool_kernel[grid](
-            y, x, y.numel(), *dims, *outs, *s, *p, *dl, KD=k[0], KH=k[1], KW=k[2], MAX=pool_max,
-            COUNT_PAD=count_pad, DIVISOR=divisor or 0, BLOCK=block, num_warps=num_warps,
+            y, x, *dims, *outs, *s, *p, *dl, KD=k[0], KH=k[1], KW=k[2], MAX=pool_max, COUNT_PAD=count_pad,
+            DIVISOR=divisor or 0, BLOCK=block, num_warps=num_warps,
         )  # fmt: skip
     for op, d in post:
         y = y.unsqueeze(d) if op == "unsqueeze" else y.squeeze(d)

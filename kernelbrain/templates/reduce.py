@@ -116,6 +116,11 @@ def compose(graph: Graph) -> dict:
     source = graph.ref(red.args.get("self"))
     if source is None:
         raise NotReduction(f"{red.op} of no tensor")
+    divide = _divided_by_size(graph, at)
+    try:
+        graph.unsized({(divide[0], "other")} if divide else ())
+    except ValueError as e:
+        raise NotReduction(str(e)) from None
     before = pointwise.compose(Graph(nodes=graph.nodes[:at], outputs=[list(source)]))
     # after: the reduced value as the chain's one input; nothing before the reduction may reach it
     out_ref = tuple(graph.outputs[0])
@@ -124,6 +129,9 @@ def compose(graph: Graph) -> dict:
     moved: dict[tuple[int, int], list[int]] = {}
     for j in range(at + 1, len(graph.nodes)):
         node = graph.nodes[j]
+        if divide and j == divide[0]:  # the sum's division by a size: the launcher's, from the shapes
+            used, moved[(j, 0)] = graph.ref(node.args["self"]), [0, 0]
+            continue
         args = {}
         for key, value in node.args.items():
             ref = graph.ref(value)
@@ -145,11 +153,13 @@ def compose(graph: Graph) -> dict:
         raise NotReduction("an output the reduction does not reach")
     meta = red.outs[used[1]]
     after = None
-    if out_ref[0] != at:
+    if out_ref[0] != at and moved.get(out_ref) != [0, 0]:
         start = Node(op=INPUT, args={"index": 0}, outs=[meta])
         chain = Graph(nodes=[start, *nodes], outputs=[moved[out_ref]])
         after = pointwise.compose(chain)
     op, pre, post = _combine(red, used[1])
+    if divide and (op, post) != (0, 0):
+        raise NotReduction(f"a division by a size after {red.op}")
     helpers = before["helpers"] + (after["helpers"] if after else [])
     out_dtype = graph.meta(out_ref).dtype
     dtypes = {graph.nodes[i].outs[0].dtype for i, n in enumerate(graph.nodes) if n.op == INPUT}
@@ -164,11 +174,27 @@ def compose(graph: Graph) -> dict:
         "op": op,
         "pre": pre,
         "post": post,
+        "divide_by": divide[1] if divide else None,
         "dims": dims_of(red),
         "keepdim": bool(red.args.get("keepdim", False)),
         "dtype": None if follows else out_dtype,
         "ops": graph.ops(),
     }
+
+
+def _divided_by_size(graph: Graph, at: int) -> tuple[int, list[int]] | None:
+    """The node dividing the reduction's value by a size of an input's (a batch mean), with that size
+    as [input, start, end]: the product of the input's axes [start, end)."""
+    for s in graph.sized:
+        node = graph.nodes[s.node]
+        src = graph.ref(node.args.get("self"))
+        by_size = s.arg == "other" and s.input >= 0 and not s.offset
+        if node.op in _DIVIDES and by_size and src is not None and src[0] == at:
+            return s.node, [s.input, s.start, s.end]
+    return None
+
+
+_DIVIDES = {"aten.div.Tensor", "aten.div.Scalar"}
 
 
 def matches(ops: list[dict], graph: Graph | None = None) -> dict | None:
@@ -193,6 +219,10 @@ def render(spec: dict, knobs: dict[str, Any], signature: dict[str, list[str]]) -
     dtype = "xs[0].dtype if all(x.dtype == xs[0].dtype for x in xs) else torch.float32"
     if spec["dtype"] is not None:
         dtype = f"torch.{spec['dtype']}"
+    divisor = "0"
+    if spec.get("divide_by"):  # a size of an input's, read from its shape at each call
+        index, start, end = spec["divide_by"]
+        divisor = f"_prod({forward[index]}.shape[{start}:{end}])"
     doc = (
         f"Reduction with its elementwise chains: {', '.join(spec['ops'])}: kernelbrain reduce family "
         f"({knob_text}).\n\nThe input read once, in fp32, composed from the reference's ATen graph.\n"
@@ -204,7 +234,8 @@ def render(spec: dict, knobs: dict[str, Any], signature: dict[str, list[str]]) -
     def forward(self, {", ".join(forward)}):
         xs = [{xs}]
         dtype = {dtype}
-        return _reduce_launch(xs, DIMS, KEEPDIM, dtype, OP, PRE, POST, BLOCK_K, BLOCK_R, SPLIT, NUM_WARPS)
+        return _reduce_launch(xs, DIMS, KEEPDIM, dtype, OP, PRE, POST, BLOCK_K, BLOCK_R, SPLIT, NUM_WARPS,
+                              {divisor})
 """
     knob_constants = {"BLOCK_K": knobs["block_k"], "BLOCK_R": knobs["block_r"], "SPLIT": knobs["split"]}
     return module(

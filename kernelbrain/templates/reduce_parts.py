@@ -129,8 +129,11 @@ def _prod(sizes):
     return out
 
 
-def _reduce_launch(xs, dims, keepdim, out_dtype, op, pre, post, block_k, block_r, split, num_warps):
-    """The reduction of xs's prologue over `dims` (None or empty: all), shaped as torch shapes it."""
+def _reduce_launch(
+    xs, dims, keepdim, out_dtype, op, pre, post, block_k, block_r, split, num_warps, divisor=0
+):  # fmt: skip
+    """The reduction of xs's prologue over `dims` (None or empty: all), shaped as torch shapes it; a sum
+    divided by `divisor` where one is given (a size the reference divided by)."""
     x = xs[0]
     nd = x.dim()
     shape = list(x.shape)
@@ -139,6 +142,7 @@ def _reduce_launch(xs, dims, keepdim, out_dtype, op, pre, post, block_k, block_r
     out_shape = [1 if d in dims else s for d, s in enumerate(shape)] if keepdim else [shape[d] for d in kept]
     y = torch.empty(out_shape, dtype=out_dtype, device=x.device)
     n = _prod(shape[d] for d in dims)
+    total, post = (divisor, 1) if divisor else (n, post)
     if y.numel() == 0:
         return y
     if not dims or dims == list(range(dims[0], dims[-1] + 1)):
@@ -157,7 +161,8 @@ def _reduce_launch(xs, dims, keepdim, out_dtype, op, pre, post, block_k, block_r
     common["num_warps"] = num_warps
     if op >= 4 or split <= 1 or n < 2 * block_r * split:  # one launch, each program all of R
         grid = (triton.cdiv(k_all, block_k), 1)
-        _reduce_kernel[grid](y, *pad, k_all, n, inner, n, n, POST=post, PROLOGUE=True, FINAL=True, **common)
+        args = (y, *pad, k_all, n, inner, n, total)
+        _reduce_kernel[grid](*args, POST=post, PROLOGUE=True, FINAL=True, **common)
         return y
     chunk = triton.cdiv(triton.cdiv(n, split), block_r) * block_r
     split = triton.cdiv(n, chunk)
@@ -168,6 +173,6 @@ def _reduce_launch(xs, dims, keepdim, out_dtype, op, pre, post, block_k, block_r
     rows = part.t().contiguous()
     grid = (triton.cdiv(k_all, 16), 1)
     second = {"N_IN": 1, "OP": op, "PRE": 0, "BLOCK_K": 16, "BLOCK_R": triton.next_power_of_2(split)}
-    args = (y, rows, rows, rows, rows, k_all, split, 1, split, n)
+    args = (y, rows, rows, rows, rows, k_all, split, 1, split, total)
     _reduce_kernel[grid](*args, POST=post, PROLOGUE=False, FINAL=True, num_warps=4, **second)
     return y

@@ -126,6 +126,11 @@ def compose(graph: Graph) -> dict:
     found = [i for i, n in enumerate(graph.nodes) if n.op in SCANS]
     if len(found) != 1:
         raise NotScan(f"{len(found)} scans")
+    bounds = {(s.node, s.arg) for s in graph.sized if s.arg in ("start", "end", "length")}
+    try:  # a slice's bounds are read relative to the axis (`_bound`)
+        graph.unsized(bounds)
+    except ValueError as e:
+        raise NotScan(str(e)) from None
     at = found[0]
     node = graph.nodes[at]
     if node.args.get("dtype") not in (None, "float32"):
