@@ -185,3 +185,15 @@ def test_a_number_that_changes_with_the_shape_unexplained_is_refused():
         pointwise.compose(
             mark_sized(graph_of(lambda x: x * x.size(1), (6, 40)), graph_of(lambda x: x * x.size(1), (6, 41)))
         )
+
+
+def test_the_analysis_finds_a_batch_mean_divides_by_a_size():
+    """Traced at the CPU shape (batch 5) and again on meta at the file's own (batch 64): the division's
+    5 is input 0's first axis, which the candidate reads from its input at each call."""
+    analysis = analyse((ROOT / "tests" / "problems" / "reduce_batchmean.py").read_text(), "cpu")
+    graph = Graph.model_validate(analysis["graph"])
+    assert [(graph.nodes[s.node].op, s.arg, s.input, s.start, s.end) for s in graph.sized] == [
+        ("aten.div.Tensor", "other", 0, 0, 1)
+    ]
+    spec = reduce.compose(expand(graph))
+    assert spec["divide_by"] == [0, 0, 1] and spec["post"] == 0 and spec["epilogue"] == []
