@@ -33,6 +33,7 @@ from kernelbrain.templates import (
     rmsnorm,
     row_softmax,
     scan,
+    staged,
 )
 
 # each matcher wants its own op sequence, so the order only breaks ties; gemv late: it takes any lone
@@ -52,6 +53,7 @@ FAMILIES = (
     pool,
     moments,
     normalize,
+    staged,
 )
 
 

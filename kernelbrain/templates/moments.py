@@ -81,11 +81,11 @@ def compose(graph: Graph) -> dict:
     found = [i for i, n in enumerate(graph.nodes) if n.op in NORMS]
     if len(found) != 1:
         raise NotMoments(f"{len(found)} batch-statistics norms")
-    try:
-        graph.unsized()
+    at = found[0]
+    try:  # a group norm's sizes are its input's, read from it at each call
+        graph.unsized({(at, "N"), (at, "C"), (at, "HxW")})
     except ValueError as e:
         raise NotMoments(str(e)) from None
-    at = found[0]
     node = graph.nodes[at]
     a = node.args
     src = graph.ref(a["input"])

@@ -234,6 +234,9 @@ EXPRESSIONS: dict[str, Callable[[Args], str]] = {
     "aten.clamp.default": lambda a: _clamp(a["self"], a["min"], a["max"]),
     "aten.clamp.Tensor": lambda a: _clamp(a["self"], a["min"], a["max"]),
     "aten.clamp_min.default": lambda a: _clamp(a["self"], a["min"], None),
+    "aten.clamp_min.Tensor": lambda a: _clamp(a["self"], a["min"], None),
+    "aten.clamp_max.Tensor": lambda a: _clamp(a["self"], None, a["max"]),
+    "aten.scalar_tensor.default": lambda a: a["s"],
     "aten.clamp_max.default": lambda a: _clamp(a["self"], None, a["max"]),
     "aten.hardtanh.default": lambda a: _clamp(a["self"], a["min_val"], a["max_val"]),
     "aten.leaky_relu.default": lambda a: (
@@ -321,6 +324,8 @@ def compose(graph: Graph) -> dict:
     lines: list[str] = []
     for i, node in enumerate(graph.nodes):
         if node.op == INPUT:
+            if not _feeds(graph, i, out_ref):
+                continue  # an input the chain never reads is not loaded
             if node.outs[0].dtype not in FLOATS | {"bool"}:  # a bool mask is loaded as 0 or 1
                 raise NotPointwise(f"an input of {node.outs[0].dtype}")
             if len(inputs) == MAX_INPUTS:
@@ -339,7 +344,8 @@ def compose(graph: Graph) -> dict:
                 raise NotPointwise(f"{node.op} changing a shape")
             names[(i, 0)] = names[src]
             continue
-        make = EXPRESSIONS.get(node.op)
+        # an in-place op on a value of the chain's own (a clone's clamp_min_) reads as its functional form
+        make = EXPRESSIONS.get(node.op) or EXPRESSIONS.get(node.op.replace("_.", ".", 1))
         if make is None:
             raise NotPointwise(node.op)
         if any(k != 0 for k in needed):

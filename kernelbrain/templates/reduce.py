@@ -75,7 +75,7 @@ _PLAIN = {
 }
 _PAIRED = {"aten.max.dim": ((1, 0, 0), (4, 0, 0)), "aten.min.dim": ((2, 0, 0), (5, 0, 0))}
 _NORMS = {1: (0, 1, 0), 2: (0, 2, 2), "inf": (1, 1, 0)}
-REDUCTIONS = {*_PLAIN, *_PAIRED, "aten.linalg_vector_norm.default"}
+REDUCTIONS = {*_PLAIN, *_PAIRED, "aten.linalg_vector_norm.default", "aten.norm.ScalarOpt_dim"}
 
 
 class NotReduction(ValueError):
@@ -89,7 +89,8 @@ def _combine(node: Node, out: int) -> tuple[int, int, int]:
         if node.args.get("dtype") not in (None, "float32"):
             raise NotReduction(f"{node.op} to {node.args['dtype']}")
         return _PLAIN[node.op]
-    ord_ = node.args.get("ord", 2)
+    ord_ = node.args.get("ord", node.args.get("p", 2))
+    ord_ = int(ord_) if isinstance(ord_, float) and ord_.is_integer() else ord_
     ord_ = "inf" if isinstance(ord_, dict) and ord_.get("float") == "inf" else ord_
     if ord_ not in _NORMS or node.args.get("dtype") is not None:
         raise NotReduction(f"a norm of order {ord_}")

@@ -135,8 +135,8 @@ def _reduce_launch(
     """The reduction of xs's prologue over `dims` (None or empty: all), shaped as torch shapes it; a sum
     divided by `divisor` where one is given (a size the reference divided by)."""
     x = xs[0]
-    nd = x.dim()
-    shape = list(x.shape)
+    shape = list(torch.broadcast_shapes(*(t.shape for t in xs)))
+    nd = len(shape)
     dims = sorted({d % max(nd, 1) for d in dims}) if dims else list(range(nd))
     kept = [d for d in range(nd) if d not in dims]
     out_shape = [1 if d in dims else s for d, s in enumerate(shape)] if keepdim else [shape[d] for d in kept]

@@ -5,11 +5,11 @@ import torch
 import torch.nn as nn
 
 KB_SMOKE_SHAPE = {"batch_size": 3, "channels": 6, "depth": 4, "height": 5, "width": 7}
-batch_size = 3
-channels = 6
-depth = 4
-height = 5
-width = 7
+batch_size = 8
+channels = 12
+depth = 8
+height = 16
+width = 16
 
 
 class Model(nn.Module):
