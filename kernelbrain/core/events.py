@@ -127,7 +127,7 @@ class ProblemAnalysed(Event):
     rung_shapes: list[str] = []  # the shapes the rungs time on the run's device (newer): on CPU, one
     primary_ops: list[dict[str, Any]] = []  # ops at the file's primary shape where rungs time another (newer)
     fits: list[dict[str, Any]] = []  # shapes fitted to a byte budget, checked on the reference (newer)
-    graph: Graph | None = None  # the reference's ATen graph at the traced shape (newer; None: not captured)
+    graph: Graph | None = None  # the ATen graph at the traced shape, sizes marked (newer; None: not captured)
 
 
 class GenerationFailed(Event):
