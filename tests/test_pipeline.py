@@ -217,7 +217,7 @@ def test_the_ladder_is_configuration(tmp_path):
 
 def test_a_problem_outside_every_family_says_what_to_do(tmp_path):
     db = tmp_path / "kb.db"
-    problem = SOFTMAX.parent / "cumsum_small.py"
+    problem = SOFTMAX.parent / "sort_small.py"
     r = kb("run", str(problem), "--db", str(db), "--inprocess", "--quiet", "--device", "cpu")
     assert r.returncode == 3, r.stderr  # the run ends with no kernel
-    assert "no offline template matches cumsum; use --generator llm" in r.stdout
+    assert "no offline template matches sort; use --generator llm" in r.stdout

@@ -1,4 +1,4 @@
-"""A problem no offline template family covers (a scan)."""
+"""A problem no offline template family covers (a sort)."""
 
 import torch
 import torch.nn as nn
@@ -12,7 +12,7 @@ class Model(nn.Module):
         super().__init__()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.cumsum(x, dim=1)
+        return torch.sort(x, dim=1).values
 
 
 def get_inputs():
