@@ -173,14 +173,20 @@ def _gate_shapes(problem: Problem, device: str) -> list[dict]:
         return []
 
 
+def _on_meta(problem: Problem, shape: dict) -> tuple[torch.nn.Module, list]:
+    """The reference and its inputs at a shape, on the meta device (a full KernelBench size costs no
+    memory there)."""
+    init = problem.init_inputs(shape)
+    torch.manual_seed(1234)
+    with torch.device("meta"):
+        ref = problem.module.Model(*init).eval()
+    return ref, problem.inputs(shape, 0, "meta")
+
+
 def graph_on_meta(problem: Problem, shape: dict) -> Graph | None:
     """The reference's graph at a shape, on the meta device; None where it cannot be captured there."""
     try:
-        init = problem.init_inputs(shape)
-        torch.manual_seed(1234)
-        with torch.device("meta"):
-            ref = problem.module.Model(*init).eval()
-        return capture(ref, problem.inputs(shape, 0, "meta"))
+        return capture(*_on_meta(problem, shape))
     except Exception:
         return None
 
@@ -189,11 +195,7 @@ def ops_on_meta(problem: Problem, shape: dict) -> list[dict]:
     """The reference's ops at a shape, traced on the meta device only (a full KernelBench size costs no
     memory there); [] where the model or its forward needs real values or the host."""
     try:
-        init = problem.init_inputs(shape)
-        torch.manual_seed(1234)
-        with torch.device("meta"):
-            ref = problem.module.Model(*init).eval()
-        return record_calls(ref, problem.inputs(shape, 0, "meta"))
+        return record_calls(*_on_meta(problem, shape))
     except Exception:
         return []
 

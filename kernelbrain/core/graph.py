@@ -61,6 +61,11 @@ class Graph(BaseModel):
             return int(value["ref"][0]), int(value["ref"][1])
         return None
 
+    def refs(self, value: Any) -> list[tuple[int, int]]:
+        """The [node, out]s an argument refers to: one tensor's, or a list's (`cat`'s tensors)."""
+        values = value if isinstance(value, list) else [value]
+        return [r for v in values if (r := self.ref(v)) is not None]
+
     def meta(self, ref: tuple[int, int]) -> Meta:
         return self.nodes[ref[0]].outs[ref[1]]
 
@@ -74,9 +79,7 @@ class Graph(BaseModel):
         for j in range(len(self.nodes) - 1, -1, -1):
             if any((j, k) in wanted for k in range(len(self.nodes[j].outs))):
                 for value in self.nodes[j].args.values():
-                    for v in value if isinstance(value, list) else [value]:
-                        if (ref := self.ref(v)) is not None:
-                            wanted.add(ref)
+                    wanted.update(self.refs(value))
         return wanted
 
     def unsized(self, allowed: Collection[tuple[int, str]] = ()) -> None:

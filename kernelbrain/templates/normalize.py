@@ -53,13 +53,13 @@ def compose(graph: Graph) -> dict:
     # the statistic's chain: ops after the reduction on its value alone
     of_stat = {at}
     for j in range(at + 1, len(graph.nodes)):
-        refs = [r for v in graph.nodes[j].args.values() for r in _refs(graph, v)]
+        refs = [r for v in graph.nodes[j].args.values() for r in graph.refs(v)]
         if refs and all(r[0] in of_stat for r in refs):
             of_stat.add(j)
     used: set[tuple[int, int]] = set()
     for j in range(at + 1, len(graph.nodes)):
         if j not in of_stat:
-            used |= {r for v in graph.nodes[j].args.values() for r in _refs(graph, v) if r[0] in of_stat}
+            used |= {r for v in graph.nodes[j].args.values() for r in graph.refs(v) if r[0] in of_stat}
     if not used:
         raise NotNormalize("a reduction alone")
     if len(used) > 1:
@@ -80,11 +80,6 @@ def compose(graph: Graph) -> dict:
     mapped = pointwise.compose(_reordered(Graph(nodes=nodes, outputs=graph.outputs), inputs_first))
     mapped["stat_slot"] = mapped["inputs"].index(n_forward)
     return {"stat": stat, "map": mapped, "n_forward": n_forward, "ops": graph.ops()}
-
-
-def _refs(graph: Graph, value: Any) -> list[tuple[int, int]]:
-    values = value if isinstance(value, list) else [value]
-    return [r for v in values if (r := graph.ref(v)) is not None]
 
 
 def _reordered(graph: Graph, order: list[int]) -> Graph:

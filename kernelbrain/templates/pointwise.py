@@ -294,6 +294,8 @@ _CALLS = {
 }
 _CALLS |= {"_mish": ("_tanh", "_softplus", "_log1p")}
 # ops that keep the shape and only relabel: a view of the same shape is its input
+# ops that hand their input on unchanged (the composed families look through them)
+PASS_THROUGH = {"aten.detach.default", "aten.clone.default", "aten.alias.default"}
 _SAME_SHAPE_VIEWS = {
     "aten.view.default",
     "aten._unsafe_view.default",
@@ -319,12 +321,13 @@ def compose(graph: Graph) -> dict:
     out_meta = graph.meta(out_ref)
     if out_meta.dtype not in FLOATS:
         raise NotPointwise(f"an output of {out_meta.dtype}")
+    wanted = graph.needed()
     names: dict[tuple[int, int], str] = {}
     inputs: list[int] = []
     lines: list[str] = []
     for i, node in enumerate(graph.nodes):
         if node.op == INPUT:
-            if not _feeds(graph, i, out_ref):
+            if (i, 0) not in wanted:
                 continue  # an input the chain never reads is not loaded
             if node.outs[0].dtype not in FLOATS | {"bool"}:  # a bool mask is loaded as 0 or 1
                 raise NotPointwise(f"an input of {node.outs[0].dtype}")
@@ -333,7 +336,7 @@ def compose(graph: Graph) -> dict:
             names[(i, 0)] = f"v{len(inputs)}"
             inputs.append(int(node.args["index"]))
             continue
-        needed = _feeds(graph, i, out_ref)
+        needed = {k for k in range(len(node.outs)) if (i, k) in wanted}
         if not needed:
             continue  # computed and never used on the way to the output
         if node.op == PARAM:
@@ -399,22 +402,6 @@ def compose(graph: Graph) -> dict:
 
 def _node_of_input(graph: Graph, index: int) -> int:
     return next(i for i, n in enumerate(graph.nodes) if n.op == INPUT and n.args["index"] == index)
-
-
-def _feeds(graph: Graph, node: int, out: tuple[int, ...]) -> set[int]:
-    """Which results of `node` the output depends on (empty: none)."""
-    used: set[int] = set()
-    wanted = {out}
-    for j in range(len(graph.nodes) - 1, node, -1):
-        if not any((j, k) in wanted for k in range(len(graph.nodes[j].outs))):
-            continue
-        for value in graph.nodes[j].args.values():
-            for v in value if isinstance(value, list) else [value]:
-                ref = graph.ref(v)
-                if ref is not None:
-                    wanted.add(ref)
-    used = {k for (n, k) in wanted if n == node}
-    return used
 
 
 def _check_broadcast(shape: list[int], out: list[int], what: str) -> None:

@@ -45,7 +45,6 @@ POOLS = {  # ATen op -> (spatial axes, max)
     "aten.avg_pool3d.default": (3, False),
 }
 VIEWS = {"aten.unsqueeze.default": "unsqueeze", "aten.squeeze.dim": "squeeze"}
-_PASS_THROUGH = {"aten.detach.default", "aten.clone.default", "aten.alias.default"}
 MAX_TAPS = 512  # the window's taps are unrolled: beyond this, compile time grows past use
 
 
@@ -91,7 +90,7 @@ def compose(graph: Graph) -> dict:
     # before: views back to where the elementwise chain ends
     pre: list = []
     start = graph.ref(a["self"])
-    while start is not None and graph.nodes[start[0]].op in VIEWS.keys() | _PASS_THROUGH:
+    while start is not None and graph.nodes[start[0]].op in VIEWS.keys() | pointwise.PASS_THROUGH:
         view = graph.nodes[start[0]]
         if view.op in VIEWS:
             pre.insert(0, [VIEWS[view.op], int(view.args["dim"])])
@@ -113,7 +112,7 @@ def compose(graph: Graph) -> dict:
         if (j, 0) not in needed:
             continue  # the indices of a max pooling, or what nothing uses
         src = graph.ref(later.args.get("self"))
-        if later.op in VIEWS.keys() | _PASS_THROUGH and src in moved:
+        if later.op in VIEWS.keys() | pointwise.PASS_THROUGH and src in moved:
             if later.op in VIEWS:
                 post.append([VIEWS[later.op], int(later.args["dim"])])
             moved[(j, 0)] = moved[src]

@@ -39,7 +39,6 @@ MUTATIONS: dict[str, list[tuple[str, str]]] = {
 SCANS = {"aten.cumsum.default": 0, "aten.cumprod.default": 1}
 FILLS = {"aten.zeros_like.default": 0.0, "aten.ones_like.default": 1.0, "aten.zeros.default": 0.0}
 FILLS |= {"aten.ones.default": 1.0}
-_PASS_THROUGH = {"aten.detach.default", "aten.clone.default", "aten.alias.default"}
 
 
 class NotScan(ValueError):
@@ -56,7 +55,7 @@ def feasible(spec: dict, knobs: dict[str, Any]) -> bool:
 
 def _through(graph: Graph, ref: tuple[int, int] | None) -> tuple[int, int] | None:
     """`ref` past detach/clone/alias nodes."""
-    while ref is not None and graph.nodes[ref[0]].op in _PASS_THROUGH:
+    while ref is not None and graph.nodes[ref[0]].op in pointwise.PASS_THROUGH:
         ref = graph.ref(graph.nodes[ref[0]].args.get("self"))
     return ref
 
@@ -89,7 +88,7 @@ def _layout(graph: Graph, j: int, dim: int) -> tuple[list, list, tuple[int, int]
     node = graph.nodes[j]
     rank = len(node.outs[0].shape)
     src = graph.ref(node.args.get("self"))
-    if node.op in _PASS_THROUGH:
+    if node.op in pointwise.PASS_THROUGH:
         return [], [], src
     if node.op == "aten.flip.default":
         if [d % rank for d in node.args["dims"]] != [dim]:
@@ -158,7 +157,7 @@ def compose(graph: Graph) -> dict:
     after: list = []
     for j in range(at + 1, len(graph.nodes)):
         later = graph.nodes[j]
-        refs = [r for v in later.args.values() for r in _refs(graph, v)]
+        refs = [r for v in later.args.values() for r in graph.refs(v)]
         if not refs or not set(refs) & set(moved):
             continue  # a constant, or what only a fill is made from
         ops, cuts, src = _layout(graph, j, dim)
@@ -202,11 +201,6 @@ def compose(graph: Graph) -> dict:
         "dtype": None if follows else out_dtype,
         "ops": graph.ops(),
     }
-
-
-def _refs(graph: Graph, value: Any) -> list[tuple[int, int]]:
-    values = value if isinstance(value, list) else [value]
-    return [r for v in values if (r := graph.ref(v)) is not None]
 
 
 def matches(ops: list[dict], graph: Graph | None = None) -> dict | None:

@@ -64,12 +64,7 @@ def compose(graph: Graph) -> dict:
 
 
 def _uses(graph: Graph) -> set[tuple[int, int]]:
-    return {r for n in graph.nodes for v in n.args.values() for r in _refs(graph, v)}
-
-
-def _refs(graph: Graph, value: Any) -> list[tuple[int, int]]:
-    values = value if isinstance(value, list) else [value]
-    return [r for v in values if (r := graph.ref(v)) is not None]
+    return {r for n in graph.nodes for v in n.args.values() for r in graph.refs(v)}
 
 
 def matches(ops: list[dict], graph: Graph | None = None) -> dict | None:
