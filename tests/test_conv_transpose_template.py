@@ -6,7 +6,10 @@ feasibility refuses tiles that do not fit, and a whole in-process run ends with 
 
 from __future__ import annotations
 
+import ast
+import importlib.util
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -108,6 +111,39 @@ def test_render_keeps_the_module_and_calls_no_torch_conv():
     )
     assert "self.up = nn.ConvTranspose2d(in_channels=cin, out_channels=cout, kernel_size=k, stride=s)" in src
     assert "def forward(self, inp):" in src and "tl.dot(" in src
+
+
+def _functions(tree: ast.Module) -> dict[str, str]:
+    """A module's top-level functions by name, each as its AST (formatting and comments aside)."""
+    return {n.name: ast.dump(n) for n in tree.body if isinstance(n, ast.FunctionDef)}
+
+
+def test_every_render_is_composed_from_the_parts_module():
+    """Every round-0 knob set and every knob set one mutation away (each strategy, prepack, each dot
+    precision) renders a module that parses, whose functions (kernels and launcher) are the parts
+    module's own, as written there, and that holds no placeholder."""
+    origin = importlib.util.find_spec(ct.PARTS).origin  # read, not imported: the generator never is
+    own = _functions(ast.parse(Path(origin).read_text()))
+    sets = [*ct.ROUND0]
+    sets += [
+        c for k in ct.ROUND0 for moves in ct.MUTATIONS.values() for m, _ in moves if (c := ct.mutate(k, m))
+    ]
+    assert {k["strategy"] for k in sets} == set(ct.STRATEGIES)
+    assert {ct.fp32_dot(k) for k in sets} == set(ct.FP32_DOTS) and any(k.get("prepack") for k in sets)
+    sig = {"init": ["in_channels", "out_channels", "kernel_size"], "forward": ["x"]}
+    for knobs in sets:
+        src = ct.render({}, knobs, sig)
+        tree = ast.parse(src)
+        jitted = {
+            n.name
+            for n in tree.body
+            if isinstance(n, ast.FunctionDef) and "triton.jit" in map(ast.unparse, n.decorator_list)
+        }
+        assert jitted and jitted == set(ct.KERNEL_PARTS), knobs
+        functions = _functions(tree)
+        assert set(functions) == {*ct.KERNEL_PARTS, *ct.HOST_PARTS}, knobs
+        assert all(functions[name] == own[name] for name in functions), knobs
+        assert re.search(r"@[A-Z]", src) is None, knobs
 
 
 @pytest.mark.parametrize("knobs", ct.ROUND0, ids=lambda k: "-".join(str(v) for v in k.values()))

@@ -1,7 +1,7 @@
 """Scaled dot-product attention, no mask, flash-style forward: O = softmax(Q K^T * s) V.
 
 Shapes: Q (..., Lq, D), K (..., Lk, D), V (..., Lk, Dv), O (..., Lq, Dv); s = 1/sqrt(D) (SDPA's default).
-The kernels `render` embeds, and the online softmax they run, are in `attention_kernels`.
+The kernels `render` copies, and the online softmax they run, are in `attention_parts`.
 
 Strategies:
 - `full_d`: one pass. A program holds its Q block [BLOCK_M, D], K/V tiles [BLOCK_N, D] and acc
@@ -54,9 +54,15 @@ from typing import Any
 
 from kernelbrain.core.graph import Graph
 from kernelbrain.templates import model_source
-from kernelbrain.templates.attention_kernels import KERNELS
+from kernelbrain.templates.render import constants, module, parts
 
 FAMILY = "attention"
+PARTS = "kernelbrain.templates.attention_parts"
+# what every candidate copies of PARTS, in order: the kernels, then the host code that picks and launches
+# them at run time (by strategy, dtype and head width)
+KERNEL_PARTS = ("_dot16", "_qk", "_pv", "_attn_full_d", "_attn_d_tiled", "_scores", "_finite", "_tf32")
+KERNEL_PARTS += ("_split_store", "_split_v", "_softmax_rows", "_pv_gemm", "_attn_short16")
+HOST_PARTS = ("_materialized", "_launch")
 FLOAT_DTYPES = {"float32", "float16", "bfloat16"}
 # H100/H200: 227 KiB of shared memory per block (opt-in maximum)
 MAX_SMEM = 227 * 1024
@@ -418,6 +424,12 @@ def mutate(knobs: dict[str, Any], move: str) -> dict[str, Any] | None:
     raise ValueError(f"unknown move {move!r}")
 
 
+def _strings(**values: str) -> str:
+    """String knob constants, `NAME = "value"` a line (in double quotes, as the candidates have always
+    spelled them); the values are knob names, which need no escaping."""
+    return "".join(f'{name} = "{value}"\n' for name, value in values.items())
+
+
 def render(spec: dict, knobs: dict[str, Any], signature: dict[str, list[str]]) -> str:
     init_args = model_source.init_args(signature, "".join(f", {a}" for a in signature["init"]))
     fwd = list(signature["forward"])
@@ -431,36 +443,12 @@ def render(spec: dict, knobs: dict[str, Any], signature: dict[str, list[str]]) -
         "narrow16": tiles(knobs, "float16", FULL_D_MAX),
         "wide16": tiles(knobs, "float16", 2 * FULL_D_MAX),
     }
-    consts = [
-        f'STRATEGY = "{knobs["strategy"]}"',
-        f"BLOCK_DV = {knobs.get('block_dv', 128)}",
-        "# the launch tiles: fp32 inputs; 16-bit inputs with heads that fit full_d, and wider ones",
-        f"TILES = {by!r}",
-        f'QK32 = "{prec["qk32"]}"',
-        f'PV32 = "{prec["pv32"]}"',
-        f'P16 = "{prec["p16"]}"',
-        f"SHORT16 = {bool(knobs.get('short16', False))}",
-        f"SHORT16_MAX = {SHORT16_MAX}",
-        f"FULL_D_MAX = {FULL_D_MAX}",
-        f"SCRATCH_BYTES = {SCRATCH_BYTES}",
-        "LOG2E = 1.4426950408889634",
-    ]
     knob_text = ", ".join(f"{a}={b}" for a, b in knobs.items())
-    return f'''"""Scaled dot-product attention (flash forward, online softmax): kernelbrain attention template
-({knob_text})."""
-
-import math
-import os
-
-import torch
-import torch.nn as nn
-import triton
-import triton.language as tl
-
-{chr(10).join(consts)}
-{KERNELS}
-
-class ModelNew(nn.Module):
+    doc = (
+        "Scaled dot-product attention (flash forward, online softmax): kernelbrain attention template\n"
+        f"({knob_text})."
+    )
+    model = f"""class ModelNew(nn.Module):
     def __init__(self{init_args}):
         super().__init__()
 
@@ -475,4 +463,20 @@ class ModelNew(nn.Module):
         if o.numel():
             _launch(q3, k3, v3, o)
         return o.reshape(*lead, Lq, DV)
-'''
+"""
+    knob_constants = (
+        _strings(STRATEGY=knobs["strategy"])
+        + constants(BLOCK_DV=knobs.get("block_dv", 128))
+        + "# the launch tiles: fp32 inputs; 16-bit inputs with heads that fit full_d, and wider ones\n"
+        + constants(TILES=by)
+        + _strings(QK32=prec["qk32"], PV32=prec["pv32"], P16=prec["p16"])
+        + constants(SHORT16=bool(knobs.get("short16", False)), SHORT16_MAX=SHORT16_MAX)
+        + constants(FULL_D_MAX=FULL_D_MAX, SCRATCH_BYTES=SCRATCH_BYTES)
+    )
+    return module(
+        doc,
+        "import math\nimport os\n",
+        knob_constants,
+        parts(PARTS, "LOG2E", *KERNEL_PARTS, *HOST_PARTS),
+        model,
+    )

@@ -56,7 +56,7 @@ ModelNew builds the same nn.ConvTranspose2d under Model's attribute name (`conv_
 KernelBench name, unless the spec says otherwise), from Model's constructor parameters, so the
 state_dict keys match and the gate's copy makes the weights identical; forward reads stride, padding,
 dilation, output_padding and groups from that module and only computes the output with Triton. The
-kernels are in `conv_transpose_kernels`.
+kernels `render` copies are in `conv_transpose_parts`.
 
 What was measured behind the strategies and the round-0 order: docs/templates.md, "conv_transpose".
 """
@@ -67,9 +67,15 @@ from typing import Any
 
 from kernelbrain.core.graph import Graph
 from kernelbrain.templates import model_source
-from kernelbrain.templates.conv_transpose_kernels import KERNEL
+from kernelbrain.templates.render import constants, module, parts
 
 FAMILY = "conv_transpose"
+PARTS = "kernelbrain.templates.conv_transpose_parts"
+# what every candidate copies of PARTS, in order: the kernels of every strategy, then the launcher that
+# picks one by the knob constants
+KERNEL_PARTS = ("_dot", "_taps", "_convt_kernel", "_convt_rows_kernel", "_dense_w", "_pack_dense_w")
+KERNEL_PARTS += ("_convt_dense_kernel",)
+HOST_PARTS = ("_pair", "_launch")
 FLOAT_DTYPES = {"float32", "float16", "bfloat16"}
 # fp32 accumulator elements per thread; past this the accumulator spills
 MAX_ACC_PER_THREAD = 128
@@ -270,30 +276,8 @@ def render(spec: dict, knobs: dict[str, Any], signature: dict[str, list[str]]) -
     x = signature["forward"][0]
     rest = "".join(f", {a}" for a in signature["forward"][1:])
     strategy = knobs["strategy"]
-    consts = [
-        f"PHASE = {strategy in ('phase', 'phase_dot')}",
-        f"DOT = {strategy == 'phase_dot'}",
-        f"ROWS = {strategy == 'rows'}",
-        f"DENSE = {strategy == 'rows_dense'}",
-        f"BLOCK_P = {knobs['block_p']}",
-        f"BLOCK_C = {knobs['block_c']}",
-        f"BLOCK_K = {knobs['block_k']}",
-        f"NUM_WARPS = {knobs['num_warps']}",
-        f'FP32_DOT = "{fp32_dot(knobs)}"',
-        f"PREPACK = {bool(knobs.get('prepack', False))}",
-    ]
     knob_text = ", ".join(f"{k}={v}" for k, v in knobs.items())
-    return f'''"""Transposed 2-D convolution: kernelbrain conv_transpose template ({knob_text})."""
-
-import torch
-import torch.nn as nn
-import triton
-import triton.language as tl
-
-{chr(10).join(consts)}
-{KERNEL}
-
-class ModelNew(nn.Module):
+    model = f"""class ModelNew(nn.Module):
     def __init__(self{init_args}):
         super().__init__()
         # the same nn.ConvTranspose2d as Model's, under the same name: same state_dict keys, same weights
@@ -301,4 +285,21 @@ class ModelNew(nn.Module):
 
     def forward(self, {x}{rest}):
         return _launch({x}, self.{attr})
-'''
+"""
+    return module(
+        f"Transposed 2-D convolution: kernelbrain conv_transpose template ({knob_text}).",
+        constants(
+            PHASE=strategy in ("phase", "phase_dot"),
+            DOT=strategy == "phase_dot",
+            ROWS=strategy == "rows",
+            DENSE=strategy == "rows_dense",
+            BLOCK_P=knobs["block_p"],
+            BLOCK_C=knobs["block_c"],
+            BLOCK_K=knobs["block_k"],
+            NUM_WARPS=knobs["num_warps"],
+            FP32_DOT=fp32_dot(knobs),
+            PREPACK=bool(knobs.get("prepack", False)),
+        ),
+        parts(PARTS, *KERNEL_PARTS, *HOST_PARTS),
+        model,
+    )

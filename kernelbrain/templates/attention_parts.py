@@ -1,4 +1,5 @@
-"""The Triton source of the attention template: `render` embeds KERNELS in every candidate.
+"""The attention family's Triton parts (copied into a candidate by `templates.render`, never imported
+by the generator).
 
 The flash kernels (`_attn_full_d`, `_attn_d_tiled`): one program per (batch*head, BLOCK_M query rows)
 walks the keys in BLOCK_N tiles and never holds a whole score row. With the scores of tile j,
@@ -18,12 +19,38 @@ raw scores and m' their running max, P_j = exp2((R_j - m') * c), c = s * log2(e)
 
 `materialized` runs `_scores`, `_softmax_rows` (and for presplit P V `_split_v`) and `_pv_gemm`;
 `short16` runs `_attn_short16`. `_launch` picks the kernel at run time from the strategy, the dtype
-and the head width, with the constants `render` writes above this text (STRATEGY, TILES, QK32, PV32,
-P16, SHORT16, ...). The text is part of every rendered candidate, whose id is its source's hash:
-any edit here, comments included, makes new candidates.
+and the head width, with the knob constants the candidate's module defines (STRATEGY, BLOCK_DV, TILES,
+QK32, PV32, P16, SHORT16, ...: `attention.render` writes them). Every candidate copies the same parts,
+LOG2E and every function here, and its id is its source's hash: any edit to them, comments included,
+makes new candidates.
 """
 
-KERNELS = """
+from __future__ import annotations
+
+import math
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+# The knob constants `_launch` and `_materialized` read as globals: the candidate writes its own
+# (attention.render); these defaults, never copied, only let this module import and lint.
+STRATEGY = "full_d"
+BLOCK_DV = 128
+TILE = {"m": 64, "n": 64, "d": 64, "k": 64, "warps": 4, "stages": 2}
+TILES = {"float32": TILE, "narrow16": TILE, "wide16": TILE}
+QK32 = "fp64"
+PV32 = "ieee"
+P16 = "split"
+SHORT16 = False
+SHORT16_MAX = 256
+FULL_D_MAX = 256
+SCRATCH_BYTES = 1 << 30
+
+LOG2E = 1.4426950408889634
+
+
 @triton.jit
 def _dot16(a, b, acc, UPCAST: tl.constexpr):
     if UPCAST:
@@ -66,9 +93,11 @@ def _pv(p, v, acc, PV: tl.constexpr, UPCAST: tl.constexpr):
 
 
 @triton.jit
-def _attn_full_d(q_ptr, k_ptr, v_ptr, o_ptr, Lq, Lk, D, DV, qk_scale,
-                 QK: tl.constexpr, PV: tl.constexpr, UPCAST: tl.constexpr, BLOCK_M: tl.constexpr,
-                 BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr):
+def _attn_full_d(
+    q_ptr, k_ptr, v_ptr, o_ptr, Lq, Lk, D, DV, qk_scale, QK: tl.constexpr, PV: tl.constexpr,
+    UPCAST: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_DV: tl.constexpr,
+):  # fmt: skip
     pid_m = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -88,8 +117,9 @@ def _attn_full_d(q_ptr, k_ptr, v_ptr, o_ptr, Lq, Lk, D, DV, qk_scale,
     for n0 in range(0, Lk, BLOCK_N):
         cols = n0 + rn
         # K tile read transposed: [BLOCK_D, BLOCK_N]
-        kt = tl.load(k_base + cols[None, :] * D + rd[:, None], mask=(cols[None, :] < Lk) & (rd[:, None] < D),
-                     other=0.0)
+        kt = tl.load(
+            k_base + cols[None, :] * D + rd[:, None], mask=(cols[None, :] < Lk) & (rd[:, None] < D), other=0.0
+        )
         s = _qk(q, kt, s_zero, QK, UPCAST)
         s = tl.where(cols[None, :] < Lk, s, -float("inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
@@ -106,9 +136,11 @@ def _attn_full_d(q_ptr, k_ptr, v_ptr, o_ptr, Lq, Lk, D, DV, qk_scale,
 
 
 @triton.jit
-def _attn_d_tiled(q_ptr, k_ptr, v_ptr, o_ptr, Lq, Lk, D, DV, qk_scale,
-                  QK: tl.constexpr, PV: tl.constexpr, UPCAST: tl.constexpr, BLOCK_M: tl.constexpr,
-                  BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr):
+def _attn_d_tiled(
+    q_ptr, k_ptr, v_ptr, o_ptr, Lq, Lk, D, DV, qk_scale, QK: tl.constexpr, PV: tl.constexpr,
+    UPCAST: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_DV: tl.constexpr,
+):  # fmt: skip
     pid_m = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
     pid_dv = tl.program_id(2)
@@ -149,8 +181,10 @@ def _attn_d_tiled(q_ptr, k_ptr, v_ptr, o_ptr, Lq, Lk, D, DV, qk_scale,
 
 
 @triton.jit
-def _scores(q_ptr, k_ptr, s_ptr, Lq, Lk, D, QK: tl.constexpr, UPCAST: tl.constexpr,
-            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+def _scores(
+    q_ptr, k_ptr, s_ptr, Lq, Lk, D, QK: tl.constexpr, UPCAST: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+):  # fmt: skip
     # S[bh] = Q[bh] K[bh]^T, raw (unscaled): one [BLOCK_M, BLOCK_N] tile, BLOCK_D steps over the head
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
@@ -217,8 +251,9 @@ def _split_v(v_ptr, out_ptr, Lk, DV, plane, BLOCK_K: tl.constexpr, BLOCK_DV: tl.
 
 
 @triton.jit
-def _softmax_rows(s_ptr, p_ptr, rows, Lk, qk_scale, plane, SPLIT: tl.constexpr, BLOCK_R: tl.constexpr,
-                  BLOCK_K: tl.constexpr):
+def _softmax_rows(
+    s_ptr, p_ptr, rows, Lk, qk_scale, plane, SPLIT: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr
+):
     # P: the softmax of S * scale along each row of S, in S's precision up to the exponent (as in the flash
     # kernels): an online max/sum pass, then a pass that writes normalised fp32 P
     rr = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
@@ -226,7 +261,7 @@ def _softmax_rows(s_ptr, p_ptr, rows, Lk, qk_scale, plane, SPLIT: tl.constexpr, 
     r_mask = rr[:, None] < rows
     base = rr[:, None] * Lk
     m = tl.full([BLOCK_R], -float("inf"), s_ptr.dtype.element_ty)
-    l = tl.zeros([BLOCK_R], tl.float32)
+    l = tl.zeros([BLOCK_R], tl.float32)  # noqa: E741
     for k0 in range(0, Lk, BLOCK_K):
         cols = k0 + rk
         s = tl.load(s_ptr + base + cols[None, :], mask=r_mask & (cols[None, :] < Lk), other=-float("inf"))
@@ -234,7 +269,7 @@ def _softmax_rows(s_ptr, p_ptr, rows, Lk, qk_scale, plane, SPLIT: tl.constexpr, 
         # rows past the end stay at -inf: keep their shift finite (their P is never stored)
         m_safe = tl.where(m_new == -float("inf"), 0.0, m_new)
         alpha = tl.exp2(((m - m_safe) * qk_scale).to(tl.float32))
-        l = l * alpha + tl.sum(tl.exp2(((s - m_safe[:, None]) * qk_scale).to(tl.float32)), axis=1)
+        l = l * alpha + tl.sum(tl.exp2(((s - m_safe[:, None]) * qk_scale).to(tl.float32)), axis=1)  # noqa: E741
         m = m_new
     m = tl.where(m == -float("inf"), 0.0, m)
     inv = 1.0 / l
@@ -247,8 +282,10 @@ def _softmax_rows(s_ptr, p_ptr, rows, Lk, qk_scale, plane, SPLIT: tl.constexpr, 
 
 
 @triton.jit
-def _pv_gemm(p_ptr, v_ptr, o_ptr, Lq, Lk, DV, p_plane, v_plane, PV: tl.constexpr, UPCAST: tl.constexpr,
-             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_DV: tl.constexpr):
+def _pv_gemm(
+    p_ptr, v_ptr, o_ptr, Lq, Lk, DV, p_plane, v_plane, PV: tl.constexpr, UPCAST: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_DV: tl.constexpr,
+):  # fmt: skip
     # O[bh] = P[bh] V[bh]: one [BLOCK_M, BLOCK_DV] tile, BLOCK_N steps over the keys. presplit: P and V
     # are hi/lo plane pairs (p_plane, v_plane apart), three exact TF32 dots
     pid_m = tl.program_id(0)
@@ -265,7 +302,7 @@ def _pv_gemm(p_ptr, v_ptr, o_ptr, Lq, Lk, DV, p_plane, v_plane, PV: tl.constexpr
         p_mask = (rm[:, None] < Lq) & (cols[None, :] < Lk)
         p = tl.load(p_base + cols[None, :], mask=p_mask, other=0.0)
         v_mask = (cols[:, None] < Lk) & (rdv[None, :] < DV)
-        if PV == "presplit":  # V's planes are stored transposed (DV x Lk)
+        if PV == "presplit":  # noqa: SIM108  (V's planes are stored transposed: DV x Lk)
             v_offs = rdv[None, :] * Lk + cols[:, None]
         else:
             v_offs = cols[:, None] * DV + rdv[None, :]
@@ -288,9 +325,10 @@ def _pv_gemm(p_ptr, v_ptr, o_ptr, Lq, Lk, DV, p_plane, v_plane, PV: tl.constexpr
 
 
 @triton.jit
-def _attn_short16(q_ptr, k_ptr, v_ptr, o_ptr, Lq, Lk, D, DV, qk_scale, PV: tl.constexpr,
-                  UPCAST: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-                  BLOCK_DV: tl.constexpr):
+def _attn_short16(
+    q_ptr, k_ptr, v_ptr, o_ptr, Lq, Lk, D, DV, qk_scale, PV: tl.constexpr, UPCAST: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+):  # fmt: skip
     # short16 (16-bit inputs, wide heads, every key in one tile): one program holds its BLOCK_M rows'
     # whole score rows, S = Q K^T stepping BLOCK_D over the head, takes their softmax in registers, then
     # walks the output in BLOCK_DV column chunks, P (split into V's dtype: hi and lo) times each V chunk.
@@ -364,18 +402,22 @@ def _materialized(q, k, v, o, qk, pv, upcast, qk_scale, t):
         qc, kc, vc, oc = (q, k, v, o) if n == BH else (q[b0:b1], k[b0:b1], v[b0:b1], o[b0:b1])
         _scores[(triton.cdiv(Lq, bm), triton.cdiv(Lk, bn), n)](
             qc, kc, s, Lq, Lk, D, QK=qk, UPCAST=upcast, BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=bd,
-            num_warps=t["warps"], num_stages=t["stages"])
-        _softmax_rows[(triton.cdiv(n * Lq, block_r),)](s, p, n * Lq, Lk, qk_scale, p[0].numel(),
-                                                      SPLIT=p_split, BLOCK_R=block_r, BLOCK_K=row_block,
-                                                      num_warps=4)
+            num_warps=t["warps"], num_stages=t["stages"],
+        )  # fmt: skip
+        _softmax_rows[(triton.cdiv(n * Lq, block_r),)](
+            s, p, n * Lq, Lk, qk_scale, p[0].numel(), SPLIT=p_split, BLOCK_R=block_r, BLOCK_K=row_block,
+            num_warps=4,
+        )  # fmt: skip
         vv, v_plane = vc, 0
         if split:
-            _split_v[(triton.cdiv(Lk, 64), triton.cdiv(DV, 64), n)](vv, vs, Lk, DV, vs[0].numel(), BLOCK_K=64,
-                                                                   BLOCK_DV=64)
+            _split_v[(triton.cdiv(Lk, 64), triton.cdiv(DV, 64), n)](
+                vv, vs, Lk, DV, vs[0].numel(), BLOCK_K=64, BLOCK_DV=64
+            )
             vv, v_plane = vs, vs[0].numel()
         _pv_gemm[(triton.cdiv(Lq, bm), triton.cdiv(DV, bdv), n)](
             p, vv, oc, Lq, Lk, DV, p[0].numel(), v_plane, PV=pv, UPCAST=upcast, BLOCK_M=bm, BLOCK_N=bk,
-            BLOCK_DV=bdv, num_warps=t["warps"], num_stages=t["stages"])
+            BLOCK_DV=bdv, num_warps=t["warps"], num_stages=t["stages"],
+        )  # fmt: skip
 
 
 def _launch(q, k, v, o):
@@ -400,21 +442,23 @@ def _launch(q, k, v, o):
         _attn_short16[(triton.cdiv(Lq, bm), BH)](
             q, k, v, o, Lq, Lk, D, DV, qk_scale, PV=pv, UPCAST=upcast, BLOCK_M=bm, BLOCK_N=lk_pad,
             BLOCK_D=min(t["d"], d_pad), BLOCK_DV=min(BLOCK_DV, dv_pad), num_warps=t["warps"],
-            num_stages=t["stages"])
+            num_stages=t["stages"],
+        )  # fmt: skip
         return
     if STRATEGY == "materialized" and not fits:
         _materialized(q, k, v, o, qk, pv, upcast, qk_scale, {**t, "m": bm, "n": bn})
         return
     if STRATEGY in ("full_d", "materialized") and fits:
         grid = (triton.cdiv(Lq, bm), BH)
-        _attn_full_d[grid](q, k, v, o, Lq, Lk, D, DV, qk_scale, QK=qk, PV=pv, UPCAST=upcast,
-                           BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=d_pad, BLOCK_DV=dv_pad,
-                           num_warps=t["warps"], num_stages=t["stages"])
+        _attn_full_d[grid](
+            q, k, v, o, Lq, Lk, D, DV, qk_scale, QK=qk, PV=pv, UPCAST=upcast, BLOCK_M=bm, BLOCK_N=bn,
+            BLOCK_D=d_pad, BLOCK_DV=dv_pad, num_warps=t["warps"], num_stages=t["stages"],
+        )  # fmt: skip
         return
     bd = min(t["d"], d_pad)
     bdv = min(BLOCK_DV, dv_pad)
     grid = (triton.cdiv(Lq, bm), BH, triton.cdiv(DV, bdv))
-    _attn_d_tiled[grid](q, k, v, o, Lq, Lk, D, DV, qk_scale, QK=qk, PV=pv, UPCAST=upcast,
-                        BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=bd, BLOCK_DV=bdv,
-                        num_warps=t["warps"], num_stages=t["stages"])
-"""
+    _attn_d_tiled[grid](
+        q, k, v, o, Lq, Lk, D, DV, qk_scale, QK=qk, PV=pv, UPCAST=upcast, BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=bd,
+        BLOCK_DV=bdv, num_warps=t["warps"], num_stages=t["stages"],
+    )  # fmt: skip

@@ -1,20 +1,40 @@
-"""The Triton source of the conv_transpose template: `render` embeds KERNEL in every candidate.
+"""The conv_transpose family's Triton parts (copied into a candidate by `templates.render`, never
+imported by the generator).
 
 `_convt_kernel` serves `direct`, `phase` and `phase_dot` (the constexprs PHASE and DOT), with `_taps`
 summing one tap's input channels as outer products or as a tl.dot; `_convt_rows_kernel` serves `rows`;
 `_convt_dense_kernel` serves `rows_dense`, its weight tiles built by `_dense_w` or, with `prepack`,
-packed once a call by `_pack_dense_w`. `_launch` picks the kernel and its grid from the constants
-`render` writes above this text (PHASE, DOT, ROWS, DENSE, BLOCK_*, NUM_WARPS, FP32_DOT, PREPACK) and
-reads the convolution's stride, padding, dilation, output padding and groups from the module.
-The text is part of every rendered candidate, whose id is its source's hash: any edit here, comments
-included, makes new candidates.
+packed once a call by `_pack_dense_w`. `_launch` picks the kernel and its grid from the knob constants
+the candidate's module defines (PHASE, DOT, ROWS, DENSE, BLOCK_*, NUM_WARPS, FP32_DOT, PREPACK:
+`conv_transpose.render` writes them) and reads the convolution's stride, padding, dilation, output
+padding and groups from the module. Every candidate copies every function here, and its id is its
+source's hash: any edit to them, comments included, makes new candidates.
 """
 
-KERNEL = """
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+# The knob constants `_launch` reads as globals: the candidate writes its own (conv_transpose.render);
+# these defaults, never copied, only let this module import and lint.
+PHASE = False
+DOT = False
+ROWS = False
+DENSE = True
+BLOCK_P = 128
+BLOCK_C = 16
+BLOCK_K = 8
+NUM_WARPS = 4
+FP32_DOT = "ieee"
+PREPACK = False
+
+
 @triton.jit
 def _dot(a, b, acc, PREC: tl.constexpr):
     # fp32 operands: PREC is "ieee" (FMA units) or "tf32x3" (three TF32 tensor-core dots); 16-bit: "native"
-    if PREC == "native":
+    if PREC == "native":  # noqa: SIM108
         acc = tl.dot(a, b, acc)
     else:
         acc = tl.dot(a, b, acc, input_precision=PREC)
@@ -22,31 +42,36 @@ def _dot(a, b, acc, PREC: tl.constexpr):
 
 
 @triton.jit
-def _taps(acc, x_tap, w_tap, valid, c_mask, rk, C_IN_G, HW, W_STRIDE, DOT: tl.constexpr, PREC: tl.constexpr,
-          BLOCK_K: tl.constexpr):
+def _taps(
+    acc, x_tap, w_tap, valid, c_mask, rk, C_IN_G, HW, W_STRIDE, DOT: tl.constexpr, PREC: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):  # fmt: skip
     # one tap (kh, kw): acc += x[pixels, group channels] @ w[group channels, output channels]
     for c0 in range(0, C_IN_G, BLOCK_K):
         kc = c0 + rk
         k_mask = kc < C_IN_G
         if DOT:
             a = tl.load(x_tap[:, None] + kc[None, :] * HW, mask=valid[:, None] & k_mask[None, :], other=0.0)
-            b = tl.load(w_tap[None, :] + kc[:, None] * W_STRIDE, mask=k_mask[:, None] & c_mask[None, :],
-                        other=0.0)
+            b = tl.load(
+                w_tap[None, :] + kc[:, None] * W_STRIDE, mask=k_mask[:, None] & c_mask[None, :], other=0.0
+            )
             acc = _dot(a, b, acc, PREC)
         else:
             # BLOCK_K outer products w[c, C block] x x[c, pixel block] at once, on FMA units
             a = tl.load(x_tap[None, :] + kc[:, None] * HW, mask=k_mask[:, None] & valid[None, :], other=0.0)
-            b = tl.load(w_tap[None, :] + kc[:, None] * W_STRIDE, mask=k_mask[:, None] & c_mask[None, :],
-                        other=0.0)
+            b = tl.load(
+                w_tap[None, :] + kc[:, None] * W_STRIDE, mask=k_mask[:, None] & c_mask[None, :], other=0.0
+            )
             acc += tl.sum(b.to(tl.float32)[:, :, None] * a.to(tl.float32)[:, None, :], axis=0)
     return acc
 
 
 @triton.jit
-def _convt_kernel(x_ptr, w_ptr, b_ptr, y_ptr, C_IN, H, W, C_OUT, OH, OW, C_IN_G, C_OUT_G, N_CB,
-                  SH, SW, PH, PW, DH, DW, KH: tl.constexpr, KW: tl.constexpr, HAS_BIAS: tl.constexpr,
-                  PHASE: tl.constexpr, DOT: tl.constexpr, PREC: tl.constexpr, BLOCK_P: tl.constexpr,
-                  BLOCK_C: tl.constexpr, BLOCK_K: tl.constexpr):
+def _convt_kernel(
+    x_ptr, w_ptr, b_ptr, y_ptr, C_IN, H, W, C_OUT, OH, OW, C_IN_G, C_OUT_G, N_CB, SH, SW, PH, PW, DH, DW,
+    KH: tl.constexpr, KW: tl.constexpr, HAS_BIAS: tl.constexpr, PHASE: tl.constexpr, DOT: tl.constexpr,
+    PREC: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_K: tl.constexpr,
+):  # fmt: skip
     # axis 0: (n, group, output-channel block); axis 1: output-pixel block; axis 2: stride phase
     pid0 = tl.program_id(0)
     pid_p = tl.program_id(1)
@@ -93,8 +118,10 @@ def _convt_kernel(x_ptr, w_ptr, b_ptr, y_ptr, C_IN, H, W, C_OUT, OH, OW, C_IN_G,
                     ih = th // SH + pi
                     iw = tw // SW + pj
                     valid = p_mask & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
-                    acc = _taps(acc, x_n + ih * W + iw, w_g + kh * KW + kw, valid, c_mask, rk, C_IN_G, HW,
-                                W_STRIDE, DOT, PREC, BLOCK_K)
+                    acc = _taps(
+                        acc, x_n + ih * W + iw, w_g + kh * KW + kw, valid, c_mask, rk, C_IN_G, HW, W_STRIDE,
+                        DOT, PREC, BLOCK_K,
+                    )  # fmt: skip
             else:
                 th = oh + PH - kh * DH
                 tw = ow + PW - kw * DW
@@ -104,8 +131,10 @@ def _convt_kernel(x_ptr, w_ptr, b_ptr, y_ptr, C_IN, H, W, C_OUT, OH, OW, C_IN_G,
                 iw = twp // SW
                 valid = p_mask & (th >= 0) & (tw >= 0) & (thp % SH == 0) & (twp % SW == 0)
                 valid = valid & (ih < H) & (iw < W)
-                acc = _taps(acc, x_n + ih * W + iw, w_g + kh * KW + kw, valid, c_mask, rk, C_IN_G, HW,
-                            W_STRIDE, DOT, PREC, BLOCK_K)
+                acc = _taps(
+                    acc, x_n + ih * W + iw, w_g + kh * KW + kw, valid, c_mask, rk, C_IN_G, HW, W_STRIDE, DOT,
+                    PREC, BLOCK_K,
+                )  # fmt: skip
     oc = g * C_OUT_G + ocl
     y_n = y_ptr + n.to(tl.int64) * C_OUT * OH * OW
     if DOT:
@@ -121,11 +150,12 @@ def _convt_kernel(x_ptr, w_ptr, b_ptr, y_ptr, C_IN, H, W, C_OUT, OH, OW, C_IN_G,
 
 
 @triton.jit
-def _convt_rows_kernel(x_ptr, w_ptr, b_ptr, y_ptr, C_IN, H, W, C_OUT, OH, OW, C_OUT_G, N_CB,
-                       C_IN_G: tl.constexpr, SH: tl.constexpr, SW: tl.constexpr, PH: tl.constexpr,
-                       PW: tl.constexpr, DH: tl.constexpr, DW: tl.constexpr, KH: tl.constexpr,
-                       KW: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_J: tl.constexpr,
-                       BLOCK_C: tl.constexpr):
+def _convt_rows_kernel(
+    x_ptr, w_ptr, b_ptr, y_ptr, C_IN, H, W, C_OUT, OH, OW, C_OUT_G, N_CB, C_IN_G: tl.constexpr,
+    SH: tl.constexpr, SW: tl.constexpr, PH: tl.constexpr, PW: tl.constexpr, DH: tl.constexpr,
+    DW: tl.constexpr, KH: tl.constexpr, KW: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_J: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+):  # fmt: skip
     # axis 0: (n, group, channel block, output row); axis 1: block of columns j, ow = rw + j*SW per phase
     pid0 = tl.program_id(0)
     oh = pid0 % OH
@@ -171,9 +201,11 @@ def _convt_rows_kernel(x_ptr, w_ptr, b_ptr, y_ptr, C_IN, H, W, C_OUT, OH, OW, C_
 
 
 @triton.jit
-def _dense_w(w_ptr, g, cb, C_OUT_G, C_IN_G: tl.constexpr, SW: tl.constexpr, PW: tl.constexpr,
-             DW: tl.constexpr, KH: tl.constexpr, KW: tl.constexpr, SWP: tl.constexpr, DMIN: tl.constexpr,
-             NDP: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_K: tl.constexpr):
+def _dense_w(
+    w_ptr, g, cb, C_OUT_G, C_IN_G: tl.constexpr, SW: tl.constexpr, PW: tl.constexpr, DW: tl.constexpr,
+    KH: tl.constexpr, KW: tl.constexpr, SWP: tl.constexpr, DMIN: tl.constexpr, NDP: tl.constexpr,
+    BLOCK_C: tl.constexpr, BLOCK_K: tl.constexpr,
+):  # fmt: skip
     # rows_dense's weight tiles (module docstring): rows m = (channel, phase p), K = (input channel,
     # column offset d); the tap of phase p at offset d is kw = (p + PW - d*SW) / DW when exact, zero
     # where no tap meets. Returns the pointers of the tile at kh = 0 and input channels 0.. (a tap row
@@ -194,9 +226,11 @@ def _dense_w(w_ptr, g, cb, C_OUT_G, C_IN_G: tl.constexpr, SW: tl.constexpr, PW: 
 
 
 @triton.jit
-def _pack_dense_w(w_ptr, wp_ptr, C_OUT_G, N_CB, N_C0, C_IN_G: tl.constexpr, SW: tl.constexpr,
-                  PW: tl.constexpr, DW: tl.constexpr, KH: tl.constexpr, KW: tl.constexpr, SWP: tl.constexpr,
-                  DMIN: tl.constexpr, NDP: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_K: tl.constexpr):
+def _pack_dense_w(
+    w_ptr, wp_ptr, C_OUT_G, N_CB, N_C0, C_IN_G: tl.constexpr, SW: tl.constexpr, PW: tl.constexpr,
+    DW: tl.constexpr, KH: tl.constexpr, KW: tl.constexpr, SWP: tl.constexpr, DMIN: tl.constexpr,
+    NDP: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_K: tl.constexpr,
+):  # fmt: skip
     # one dense weight tile per program, stored contiguously at its (group, channel block, kh, K step)
     pid = tl.program_id(0)
     c0i = pid % N_C0
@@ -215,12 +249,13 @@ def _pack_dense_w(w_ptr, wp_ptr, C_OUT_G, N_CB, N_C0, C_IN_G: tl.constexpr, SW: 
 
 
 @triton.jit
-def _convt_dense_kernel(x_ptr, w_ptr, b_ptr, y_ptr, C_IN, H, W, C_OUT, OH, OW, C_OUT_G, N_CB, N_JB,
-                        C_IN_G: tl.constexpr, SH: tl.constexpr, SW: tl.constexpr, PH: tl.constexpr,
-                        PW: tl.constexpr, DH: tl.constexpr, DW: tl.constexpr, KH: tl.constexpr,
-                        KW: tl.constexpr, HAS_BIAS: tl.constexpr, SWP: tl.constexpr, DMIN: tl.constexpr,
-                        NDP: tl.constexpr, PREC: tl.constexpr, PACKED: tl.constexpr, BLOCK_J: tl.constexpr,
-                        BLOCK_C: tl.constexpr, BLOCK_K: tl.constexpr):
+def _convt_dense_kernel(
+    x_ptr, w_ptr, b_ptr, y_ptr, C_IN, H, W, C_OUT, OH, OW, C_OUT_G, N_CB, N_JB, C_IN_G: tl.constexpr,
+    SH: tl.constexpr, SW: tl.constexpr, PH: tl.constexpr, PW: tl.constexpr, DH: tl.constexpr,
+    DW: tl.constexpr, KH: tl.constexpr, KW: tl.constexpr, HAS_BIAS: tl.constexpr, SWP: tl.constexpr,
+    DMIN: tl.constexpr, NDP: tl.constexpr, PREC: tl.constexpr, PACKED: tl.constexpr, BLOCK_J: tl.constexpr,
+    BLOCK_C: tl.constexpr, BLOCK_K: tl.constexpr,
+):  # fmt: skip
     # one program: output row oh, BLOCK_C channels, columns ow = j*SW + p for BLOCK_J periods j and every
     # phase p < SW. Column-block fastest in the grid: neighbouring programs write neighbouring columns.
     pid = tl.program_id(0)
@@ -243,8 +278,9 @@ def _convt_dense_kernel(x_ptr, w_ptr, b_ptr, y_ptr, C_IN, H, W, C_OUT, OH, OW, C
     k = tl.arange(0, KK)
     d = DMIN + k % NDP
     # the unpacked tiles' pointers and mask, built once and kept across the tap loop
-    w_g, a_ok, kc = _dense_w(w_ptr, g, cb, C_OUT_G, C_IN_G, SW, PW, DW, KH, KW, SWP, DMIN, NDP, BLOCK_C,
-                             BLOCK_K)
+    w_g, a_ok, kc = _dense_w(
+        w_ptr, g, cb, C_OUT_G, C_IN_G, SW, PW, DW, KH, KW, SWP, DMIN, NDP, BLOCK_C, BLOCK_K
+    )
     W_STRIDE = C_OUT_G * KH * KW
     j = jb * BLOCK_J + tl.arange(0, BLOCK_J)
     iw = j[None, :] + d[:, None]
@@ -282,8 +318,11 @@ def _convt_dense_kernel(x_ptr, w_ptr, b_ptr, y_ptr, C_IN, H, W, C_OUT, OH, OW, C
     vals = tl.gather(acc, tl.broadcast_to(src[None, :], (BLOCK_C, BLOCK_J * SWP)), axis=1)
     ow = jb * BLOCK_J * SW + w
     y_row = y_ptr + (n.to(tl.int64) * C_OUT + oc[:, None]) * (OH * OW) + oh * OW
-    tl.store(y_row + ow[None, :], vals.to(y_ptr.dtype.element_ty),
-             mask=cb_ok[:, None] & ((w < BLOCK_J * SW) & (ow < OW))[None, :])
+    tl.store(
+        y_row + ow[None, :],
+        vals.to(y_ptr.dtype.element_ty),
+        mask=cb_ok[:, None] & ((w < BLOCK_J * SW) & (ow < OW))[None, :],
+    )
 
 
 def _pair(v):
@@ -323,9 +362,9 @@ def _launch(x, conv):
         grid = (n * groups * n_cb * oh, triton.cdiv(triton.cdiv(ow, sw), BLOCK_P))
         _convt_rows_kernel[grid](
             x, weight, bias if bias is not None else weight, y, c_in, h, w, c_out, oh, ow, c_out_g, n_cb,
-            C_IN_G=c_in_g, SH=sh, SW=sw, PH=ph, PW=pw, DH=dh, DW=dw, KH=kh, KW=kw,
-            HAS_BIAS=bias is not None, BLOCK_J=BLOCK_P, BLOCK_C=block_c, num_warps=NUM_WARPS,
-        )
+            C_IN_G=c_in_g, SH=sh, SW=sw, PH=ph, PW=pw, DH=dh, DW=dw, KH=kh, KW=kw, HAS_BIAS=bias is not None,
+            BLOCK_J=BLOCK_P, BLOCK_C=block_c, num_warps=NUM_WARPS,
+        )  # fmt: skip
         return y
     if DENSE:
         swp = triton.next_power_of_2(sw)
@@ -347,13 +386,13 @@ def _launch(x, conv):
             _pack_dense_w[(tiles,)](
                 weight, wt, c_out_g, n_cb, n_c0, C_IN_G=c_in_g, SW=sw, PW=pw, DW=dw, KH=kh, KW=kw, SWP=swp,
                 DMIN=dmin, NDP=ndp, BLOCK_C=block_c, BLOCK_K=block_k, num_warps=4,
-            )
+            )  # fmt: skip
         _convt_dense_kernel[(n * groups * n_cb * oh * n_jb,)](
-            x, wt, bias if bias is not None else weight, y, c_in, h, w, c_out, oh, ow, c_out_g, n_cb,
-            n_jb, C_IN_G=c_in_g, SH=sh, SW=sw, PH=ph, PW=pw, DH=dh, DW=dw, KH=kh, KW=kw,
-            HAS_BIAS=bias is not None, SWP=swp, DMIN=dmin, NDP=ndp, PREC=prec, PACKED=PREPACK,
-            BLOCK_J=block_j, BLOCK_C=block_c, BLOCK_K=block_k, num_warps=NUM_WARPS,
-        )
+            x, wt, bias if bias is not None else weight, y, c_in, h, w, c_out, oh, ow, c_out_g, n_cb, n_jb,
+            C_IN_G=c_in_g, SH=sh, SW=sw, PH=ph, PW=pw, DH=dh, DW=dw, KH=kh, KW=kw, HAS_BIAS=bias is not None,
+            SWP=swp, DMIN=dmin, NDP=ndp, PREC=prec, PACKED=PREPACK, BLOCK_J=block_j, BLOCK_C=block_c,
+            BLOCK_K=block_k, num_warps=NUM_WARPS,
+        )  # fmt: skip
         return y
     if PHASE:
         pixels = triton.cdiv(oh, sh) * triton.cdiv(ow, sw)
@@ -362,9 +401,7 @@ def _launch(x, conv):
         grid = (n * groups * n_cb, triton.cdiv(oh * ow, BLOCK_P), 1)
     _convt_kernel[grid](
         x, weight, bias if bias is not None else weight, y, c_in, h, w, c_out, oh, ow, c_in // groups,
-        c_out_g, n_cb, sh, sw, ph, pw, dh, dw, KH=kh, KW=kw, HAS_BIAS=bias is not None, PHASE=PHASE,
-        DOT=DOT, PREC=prec, BLOCK_P=BLOCK_P, BLOCK_C=block_c, BLOCK_K=block_k,
-        num_warps=NUM_WARPS,
-    )
+        c_out_g, n_cb, sh, sw, ph, pw, dh, dw, KH=kh, KW=kw, HAS_BIAS=bias is not None, PHASE=PHASE, DOT=DOT,
+        PREC=prec, BLOCK_P=BLOCK_P, BLOCK_C=block_c, BLOCK_K=block_k, num_warps=NUM_WARPS,
+    )  # fmt: skip
     return y
-"""
