@@ -11,6 +11,7 @@ import pytest
 
 from kernelbrain.core.protocol import GateRequest
 from kernelbrain.templates import FAMILIES, l2norm, row_norm
+from tests.norm_parts import assert_composed_of_parts, reachable
 from tests.runs import QUICK_RUNGS, run_inprocess
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -128,6 +129,16 @@ def test_round0_candidates_pass_the_gate(box, problems, analyses, variant, knobs
     args = {"problem_source": problems[variant], "cand_source": source, "device": "cpu", "seeds": 3}
     r = box.call(GateRequest(**args), timeout_s=120)[0].model_dump()
     assert r["passed"] is True, r
+
+
+def test_every_reachable_knob_set_renders_from_the_parts_module():
+    spec = {"dim": 1, "ndim": 2, "n_cols": 300, "dtype": "float32", "eps": 1e-12}
+    knob_sets = reachable(row_norm.ROUND0, row_norm.MUTATIONS, row_norm.mutate)
+    assert {k["strategy"] for k in knob_sets} == {"registers", "looped", "split"}
+    for knobs in knob_sets:
+        source = l2norm.render(spec, knobs, {"init": [], "forward": ["x"]})
+        assert_composed_of_parts(source, row_norm.PARTS)
+        assert f"_row_norm_{knobs['strategy']}_kernel" in source
 
 
 def test_kb_run_picks_an_l2norm_winner(tmp_path):

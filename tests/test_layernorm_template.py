@@ -16,6 +16,7 @@ from kernelbrain.core.events import ProblemAnalysed
 from kernelbrain.core.protocol import AnalyseRequest, GateRequest
 from kernelbrain.generators.expert import ExpertGenerator
 from kernelbrain.templates import FAMILIES, layernorm, row_norm
+from tests.norm_parts import assert_composed_of_parts, reachable
 from tests.runs import QUICK_RUNGS, run_inprocess
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -179,6 +180,17 @@ def test_round0_candidates_pass_the_gate(box, problems, analyses, variant, knobs
     args = {"problem_source": problems[variant], "cand_source": source, "device": "cpu", "seeds": 3}
     r = box.call(GateRequest(**args), timeout_s=120)[0].model_dump()
     assert r["passed"] is True, r
+
+
+@pytest.mark.parametrize("variant", ["seed", "decomposed"])
+def test_every_reachable_knob_set_renders_from_the_parts_module(analyses, problems, variant):
+    spec = _spec(analyses, problems, variant)
+    knob_sets = reachable(row_norm.ROUND0, row_norm.MUTATIONS, row_norm.mutate)
+    assert {k["strategy"] for k in knob_sets} == {"registers", "looped", "split"}
+    for knobs in knob_sets:
+        source = layernorm.render(spec, knobs, analyses[variant]["signature"])
+        assert_composed_of_parts(source, row_norm.PARTS)
+        assert f"_row_norm_{knobs['strategy']}_kernel" in source and "_layer_norm(" in source
 
 
 def test_row_norm_mutations_move_knobs_and_feasibility_refuses_oversize_tiles():

@@ -3,7 +3,8 @@
 Matched from the trace in three spellings: `x / torch.norm(x, p=2, dim=d, keepdim=True)` (KernelBench
 level 1), `F.normalize(x, p=2, dim=d)`, and the decomposed square -> sum over d (keepdim) -> sqrt ->
 divide (or rsqrt -> multiply). Another dim than the last is moved last (a contiguous copy) so rows are
-contiguous. The kernels, knobs and mutations are row_norm's: the sum of squares rides in its M2.
+contiguous. The knobs and mutations are row_norm's, the kernels row_norm_parts': the sum of squares
+rides in its M2.
 
 The recorder keeps `p` only when passed by keyword; torch.norm's default ('fro') is the 2-norm over
 one dim, so an absent p counts as 2.
@@ -15,13 +16,15 @@ from typing import Any
 
 from kernelbrain.core.graph import Graph
 from kernelbrain.templates import model_source
+from kernelbrain.templates.render import constants, module
 from kernelbrain.templates.row_norm import (
     FLOAT_DTYPES,
     MUTATIONS,
     ROUND0,
-    ROW_NORM_SOURCE,
-    consts,
     feasible,
+    kernels,
+    knob_args,
+    launcher,
     mutate,
 )
 
@@ -83,22 +86,11 @@ def render(spec: dict, knobs: dict[str, Any], signature: dict[str, list[str]]) -
     rest = "".join(f", {a}" for a in signature["forward"][1:])
     knob_text = ", ".join(f"{k}={v}" for k, v in knobs.items())
     denominator = f"max(||x||, {spec['eps']!r})" if spec["eps"] else "||x||"
-    return f'''"""L2 normalisation over dim {spec["dim"]}: kernelbrain l2norm template ({knob_text}).
-
-y = x / {denominator}, the sum of squares accumulated in fp32.
-"""
-
-import torch
-import torch.nn as nn
-import triton
-import triton.language as tl
-
-{chr(10).join(consts(knobs, layer=False))}
-DIM = {spec["dim"]}
-EPS = {float(spec["eps"])!r}
-{ROW_NORM_SOURCE[knobs["strategy"]]}
-
-class ModelNew(nn.Module):
+    doc = (
+        f"L2 normalisation over dim {spec['dim']}: kernelbrain l2norm template ({knob_text}).\n\n"
+        f"y = x / {denominator}, the sum of squares accumulated in fp32.\n"
+    )
+    model = f"""class ModelNew(nn.Module):
     def __init__(self{init_args}):
         super().__init__()
 
@@ -108,6 +100,8 @@ class ModelNew(nn.Module):
         xt = {x}.movedim(dim, -1).contiguous()
         y = torch.empty_like(xt)
         if y.numel():
-            _launch(xt.view(-1, xt.shape[-1]), y.view(-1, xt.shape[-1]), None, None, EPS)
+            d = xt.shape[-1]
+            {launcher(knobs)}(xt.view(-1, d), y.view(-1, d), None, None, EPS, False, {knob_args(knobs)})
         return y.movedim(-1, dim)
-'''
+"""
+    return module(doc, kernels(knobs), constants(DIM=spec["dim"], EPS=float(spec["eps"])), model)

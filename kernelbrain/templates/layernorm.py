@@ -4,7 +4,8 @@
 
 Matched from the trace in two spellings: one `layer_norm` call (nn.LayerNorm or F.layer_norm /
 torch.layer_norm), or the decomposed mean -> x - mean -> square -> [+ eps] -> sqrt -> divide
-(or rsqrt -> multiply) with no affine. The kernels, knobs and mutations are row_norm's.
+(or rsqrt -> multiply) with no affine. The knobs and mutations are row_norm's; the kernels and the
+`_layer_norm` wrapper are row_norm_parts'.
 
 The trace records neither normalized_shape nor the weights, so `refine` reads them from the source:
 ModelNew copies Model's constructor (same parameters under the same names: the gate's state-dict
@@ -21,13 +22,15 @@ from typing import Any
 
 from kernelbrain.core.graph import Graph
 from kernelbrain.templates import model_source as ms
+from kernelbrain.templates.render import module
 from kernelbrain.templates.row_norm import (
     FLOAT_DTYPES,
     MUTATIONS,
     ROUND0,
-    ROW_NORM_SOURCE,
-    consts,
     feasible,
+    kernels,
+    knob_args,
+    launcher,
     mutate,
 )
 
@@ -182,24 +185,6 @@ def refine(spec: dict, problem_source: str | None) -> dict | None:
     }
 
 
-_WRAPPER = """
-def _layer_norm(x, normalized_shape, weight, bias, eps):
-    shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
-    if tuple(x.shape[x.dim() - len(shape) :]) != shape:
-        raise ValueError(f"layer norm over {shape} does not fit an input of shape {tuple(x.shape)}")
-    d = 1
-    for s in shape:
-        d *= s
-    xc = x.contiguous()
-    y = torch.empty_like(xc)
-    w = weight.contiguous() if weight is not None else None
-    b = bias.contiguous() if bias is not None else None
-    if y.numel():
-        _launch(xc.view(-1, d), y.view(-1, d), w, b, float(eps))
-    return y
-"""
-
-
 def render(spec: dict, knobs: dict[str, Any], signature: dict[str, list[str]]) -> str:
     if "init_body" not in spec:
         raise ValueError("layernorm renders from a refined spec: refine(spec, problem_source) first")
@@ -210,24 +195,19 @@ def render(spec: dict, knobs: dict[str, Any], signature: dict[str, list[str]]) -
     body = "\n".join(f"        {line}" for line in spec["init_body"].splitlines())
     knob_text = ", ".join(f"{k}={v}" for k, v in knobs.items())
     affine = spec["weight_expr"] != "None" or spec["bias_expr"] != "None"
-    return f'''"""LayerNorm ({spec["form"]}): kernelbrain layernorm template ({knob_text}).
-
-y = (x - mean) / sqrt(var + eps){" * weight + bias" if affine else ""} over the normalised trailing dims,
-statistics accumulated in fp32. The constructor is Model's, so the parameters are too.
-"""
-
-import torch
-import torch.nn as nn
-import triton
-import triton.language as tl
-
-{chr(10).join(consts(knobs, layer=True))}
-{ROW_NORM_SOURCE[knobs["strategy"]]}{_WRAPPER}
-
-class ModelNew(nn.Module):
+    doc = (
+        f"LayerNorm ({spec['form']}): kernelbrain layernorm template ({knob_text}).\n\n"
+        f"y = (x - mean) / sqrt(var + eps){' * weight + bias' if affine else ''} over the normalised "
+        "trailing dims,\n"
+        "statistics accumulated in fp32. The constructor is Model's, so the parameters are too.\n"
+    )
+    args = f"{spec['weight_expr']}, {spec['bias_expr']}, {spec['eps_expr']}"
+    launch = f"{launcher(knobs)}, ({knob_args(knobs)})"
+    model = f"""class ModelNew(nn.Module):
     def __init__({params}):
 {body}
 
     def forward(self, {x}{rest}):
-        return _layer_norm({x}, {shape}, {spec["weight_expr"]}, {spec["bias_expr"]}, {spec["eps_expr"]})
-'''
+        return _layer_norm({x}, {shape}, {args}, {launch})
+"""
+    return module(doc, kernels(knobs, "_layer_norm"), model)

@@ -29,8 +29,10 @@ from typing import Any
 
 from kernelbrain.core.graph import Graph
 from kernelbrain.templates import model_source
+from kernelbrain.templates.render import constants, module, parts
 
 FAMILY = "rmsnorm"
+PARTS = "kernelbrain.templates.rmsnorm_parts"  # the kernels and launchers, one of each per strategy
 # elements a program may hold in registers; past this Triton spends minutes compiling a kernel that spills
 MAX_BLOCK = 32768
 DEFAULT_EPS = 1e-5
@@ -173,68 +175,6 @@ def mutate(knobs: dict[str, Any], move: str) -> dict[str, Any] | None:
     raise ValueError(f"unknown move {move!r}")
 
 
-_KERNELS = {
-    "registers": """
-@triton.jit
-def _rmsnorm_kernel(x_ptr, y_ptr, C, S, n_tiles, eps, BLOCK_C: tl.constexpr, BLOCK_S: tl.constexpr):
-    pid = tl.program_id(0)
-    n = (pid // n_tiles).to(tl.int64)
-    s = (pid % n_tiles) * BLOCK_S + tl.arange(0, BLOCK_S)
-    c = tl.arange(0, BLOCK_C)
-    mask = (c[:, None] < C) & (s[None, :] < S)
-    # rows of BLOCK_S contiguous positions, one row per channel: coalesced loads, reduction across rows
-    offs = n * C * S + c[:, None].to(tl.int64) * S + s[None, :]
-    x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-    rms = tl.sqrt(tl.sum(x * x, axis=0) / C + eps)
-    tl.store(y_ptr + offs, (x / rms[None, :]).to(y_ptr.dtype.element_ty), mask=mask)
-
-
-def _launch(x, y, n_outer, C, S, eps):
-    block_c = triton.next_power_of_2(C)
-    if block_c > MAX_BLOCK:
-        raise ValueError(f"registers holds all {C} channels of a tile: more than {MAX_BLOCK}")
-    block_s = max(1, min(BLOCK_S, triton.next_power_of_2(S), MAX_BLOCK // block_c))
-    n_tiles = triton.cdiv(S, block_s)
-    _rmsnorm_kernel[(n_outer * n_tiles,)](x, y, C, S, n_tiles, eps, BLOCK_C=block_c, BLOCK_S=block_s,
-                                          num_warps=NUM_WARPS)
-""",
-    "looped": """
-@triton.jit
-def _rmsnorm_kernel(x_ptr, y_ptr, C, S, n_tiles, eps, BLOCK_C: tl.constexpr, BLOCK_S: tl.constexpr):
-    pid = tl.program_id(0)
-    n = (pid // n_tiles).to(tl.int64)
-    s = (pid % n_tiles) * BLOCK_S + tl.arange(0, BLOCK_S)
-    s_mask = s[None, :] < S
-    cc = tl.arange(0, BLOCK_C)
-    x_tile = x_ptr + n * C * S + s[None, :]
-    y_tile = y_ptr + n * C * S + s[None, :]
-    # pass 1: sum of squares over channel chunks, reduced across the chunk rows once at the end
-    acc = tl.zeros([BLOCK_C, BLOCK_S], tl.float32)
-    for c0 in range(0, C, BLOCK_C):
-        c = c0 + cc
-        mask = (c[:, None] < C) & s_mask
-        x = tl.load(x_tile + c[:, None].to(tl.int64) * S, mask=mask, other=0.0).to(tl.float32)
-        acc += x * x
-    rms = tl.sqrt(tl.sum(acc, axis=0) / C + eps)
-    # pass 2: read each chunk again and normalise it
-    for c0 in range(0, C, BLOCK_C):
-        c = c0 + cc
-        mask = (c[:, None] < C) & s_mask
-        offs = c[:, None].to(tl.int64) * S
-        x = tl.load(x_tile + offs, mask=mask, other=0.0).to(tl.float32)
-        tl.store(y_tile + offs, (x / rms[None, :]).to(y_ptr.dtype.element_ty), mask=mask)
-
-
-def _launch(x, y, n_outer, C, S, eps):
-    block_c = min(BLOCK_C, triton.next_power_of_2(C))
-    block_s = min(BLOCK_S, triton.next_power_of_2(S))
-    n_tiles = triton.cdiv(S, block_s)
-    _rmsnorm_kernel[(n_outer * n_tiles,)](x, y, C, S, n_tiles, eps, BLOCK_C=block_c, BLOCK_S=block_s,
-                                          num_warps=NUM_WARPS)
-""",
-}
-
-
 def _init_params(init: list[str], eps_name: str | None) -> str:
     """Model's constructor parameter names; eps keeps a default, and so does every one after it."""
     out, defaulted = [], False
@@ -254,31 +194,19 @@ def render(spec: dict, knobs: dict[str, Any], signature: dict[str, list[str]]) -
     )
     x = signature["forward"][0]
     rest = "".join(f", {a}" for a in signature["forward"][1:])
-    consts = [
-        f"NUM_WARPS = {knobs['num_warps']}",
-        f"MAX_BLOCK = {MAX_BLOCK}",
-        f"BLOCK_S = {knobs['block_s']}",
-    ]
+    strategy = knobs["strategy"]
+    knob_consts = {"NUM_WARPS": knobs["num_warps"], "MAX_BLOCK": MAX_BLOCK, "BLOCK_S": knobs["block_s"]}
     if "block_c" in knobs:
-        consts.append(f"BLOCK_C = {knobs['block_c']}")
+        knob_consts["BLOCK_C"] = knobs["block_c"]
+    # the launcher's knob arguments after (x, y, n_outer, C, S, eps)
+    knob_args = "BLOCK_S, MAX_BLOCK" if strategy == "registers" else "BLOCK_C, BLOCK_S"
     eps_source = eps_name if eps_name else "EPS"
     knob_text = ", ".join(f"{k}={v}" for k, v in knobs.items())
-    return f'''"""RMSNorm over dim {spec["dim"]}: kernelbrain rmsnorm template ({knob_text}).
-
-y = x / sqrt(mean(x^2 over dim {spec["dim"]}) + eps), accumulated in fp32.
-"""
-
-import torch
-import torch.nn as nn
-import triton
-import triton.language as tl
-
-{chr(10).join(consts)}
-DIM = {spec["dim"]}
-EPS = {float(spec["eps"])!r}
-{_KERNELS[knobs["strategy"]]}
-
-class ModelNew(nn.Module):
+    doc = (
+        f"RMSNorm over dim {spec['dim']}: kernelbrain rmsnorm template ({knob_text}).\n\n"
+        f"y = x / sqrt(mean(x^2 over dim {spec['dim']}) + eps), accumulated in fp32.\n"
+    )
+    model = f"""class ModelNew(nn.Module):
     def __init__(self{model_source.init_args(signature, _init_params(init, eps_name))}):
         super().__init__()
         self.eps = float({eps_source})
@@ -294,6 +222,12 @@ class ModelNew(nn.Module):
             inner *= d
         y = torch.empty_like(xc)
         if y.numel():
-            _launch(xc, y, n_outer, xc.shape[dim], inner, self.eps)
+            _launch_{strategy}(xc, y, n_outer, xc.shape[dim], inner, self.eps, {knob_args}, NUM_WARPS)
         return y
-'''
+"""
+    return module(
+        doc,
+        constants(**knob_consts) + constants(DIM=spec["dim"], EPS=float(spec["eps"])),
+        parts(PARTS, f"_rmsnorm_{strategy}_kernel", f"_launch_{strategy}"),
+        model,
+    )
