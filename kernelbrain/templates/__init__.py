@@ -21,6 +21,7 @@ from typing import Any
 from kernelbrain.templates import (
     attention,
     conv_transpose,
+    cross_entropy,
     gemm_epilogue,
     gemv,
     l2norm,
@@ -54,6 +55,7 @@ FAMILIES = (
     moments,
     normalize,
     staged,
+    cross_entropy,
 )
 
 
