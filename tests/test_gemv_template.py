@@ -13,6 +13,7 @@ import pytest
 from kernelbrain.core.diagnosis import LABELS
 from kernelbrain.core.protocol import GateRequest
 from kernelbrain.templates import FAMILIES, gemv
+from tests.matmul_parts import assert_composed_of_parts, reachable
 from tests.runs import QUICK_RUNGS, run_inprocess
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -131,6 +132,22 @@ def test_round0_candidates_pass_the_gate(box, problems, analyses, variant, knobs
     r = box.call(GateRequest(**args), timeout_s=300)[0].model_dump()
     assert r["passed"] is True, r
     assert r["max_rel_err"] < 1e-4
+
+
+def test_every_reachable_knob_set_renders_from_the_parts_module():
+    knob_sets = reachable(gemv.ROUND0, gemv.MUTATIONS, gemv.mutate)
+    assert {k["strategy"] for k in knob_sets} == {"row_blocks", "split_k"}
+    specs = [
+        {"m": 2048, "k": 1048576, "batch": 1, "dtype": "float32"},
+        {"m": 19, "k": 333, "batch": 3, "dtype": "float32", "column": True},
+    ]
+    for spec in specs:
+        for knobs in knob_sets:
+            source = gemv.render(spec, knobs, {"init": [], "forward": ["A", "x"]})
+            assert_composed_of_parts(source, gemv.PARTS)
+            assert "_gemv_kernel" in source and "_sum_splits_kernel" in source
+            split = knobs.get("split_k", 1) if knobs["strategy"] == "split_k" else 1
+            assert f"SPLIT_K = {split}\n" in source and f"BLOCK_K = {knobs['block_k']}\n" in source
 
 
 def test_mutations_move_knobs_and_feasibility_refuses_oversize_tiles():

@@ -22,6 +22,9 @@ Inputs that are not fp32 (fp16/bf16) take a plain dot with fp32 accumulation in 
 The divisor: from the trace when it is recorded (an int divisor is the second positional int the
 recorder writes as "dim"), overridden at run time by Model's constructor parameter named like
 `divisor` when there is one.
+
+The kernel and its launcher are in templates/gemm_epilogue_parts.py: the strategy and the epilogue ops
+reach the one kernel as constexprs (PRECISION, EPILOGUE_1/2), so each candidate compiles only its own code.
 """
 
 from __future__ import annotations
@@ -30,8 +33,10 @@ from typing import Any
 
 from kernelbrain.core.graph import Graph
 from kernelbrain.templates import model_source
+from kernelbrain.templates.render import constants, module, parts
 
 FAMILY = "gemm_epilogue"
+PARTS = "kernelbrain.templates.gemm_epilogue_parts"
 FLOAT_DTYPES = {"float32", "float16", "bfloat16"}
 # H100/H200: 227 KiB of shared memory per block (opt-in maximum)
 MAX_SMEM = 227 * 1024
@@ -218,91 +223,6 @@ def _next_pow2(n: int) -> int:
     return 1 << max(0, (int(n) - 1).bit_length())
 
 
-_DOT = {
-    "ieee": """
-        acc = tl.dot(a, b, acc, input_precision="ieee")""",
-    # low 13 of fp32's 23 mantissa bits cleared (-8192 == 0xFFFFE000): the value is exact in TF32
-    "tf32x3": """
-        if SPLIT:
-            a_hi = (a.to(tl.int32, bitcast=True) & -8192).to(tl.float32, bitcast=True)
-            b_hi = (b.to(tl.int32, bitcast=True) & -8192).to(tl.float32, bitcast=True)
-            a_lo = a - a_hi
-            b_lo = b - b_hi
-            # a fresh tensor-core accumulator per K tile, added into acc with ordinary fp32 adds:
-            # tensor cores accumulate with truncation, which over a long K drifts past 1e-4
-            part = tl.dot(a_lo, b_hi, input_precision="tf32")
-            part = tl.dot(a_hi, b_lo, part, input_precision="tf32")
-            acc += tl.dot(a_hi, b_hi, part, input_precision="tf32")
-        else:
-            acc = tl.dot(a, b, acc)""",
-}
-
-_EPILOGUE_CODE = {
-    "relu": "    acc = tl.maximum(acc, 0.0)",
-    "div": "    acc = acc / divisor",
-}
-
-
-def _kernel(strategy: str, epilogue: list[str]) -> str:
-    dot = _DOT[strategy]
-    if strategy == "ieee":
-        # fp16/bf16 inputs: input_precision only concerns fp32; a plain dot accumulating in fp32
-        dot = """
-        if SPLIT:
-            acc = tl.dot(a, b, acc, input_precision="ieee")
-        else:
-            acc = tl.dot(a, b, acc)"""
-    epi = "\n".join(_EPILOGUE_CODE[e] for e in epilogue)
-    return f"""
-@triton.jit
-def _gemm_kernel(x_ptr, w_ptr, bias_ptr, y_ptr, M, N, K, stride_xm, stride_wn, stride_ym, divisor,
-                 HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                 BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
-    # GROUP_M row blocks walk the column blocks together: the W tiles they share stay in L2
-    pid = tl.program_id(0)
-    grid_m = tl.cdiv(M, BLOCK_M)
-    grid_n = tl.cdiv(N, BLOCK_N)
-    per_group = GROUP_M * grid_n
-    first_m = (pid // per_group) * GROUP_M
-    group_rows = tl.minimum(grid_m - first_m, GROUP_M)
-    pid_m = first_m + (pid % per_group) % group_rows
-    pid_n = (pid % per_group) // group_rows
-    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    rk = tl.arange(0, BLOCK_K)
-    # x (M, K) and W (N, K) are row-major, K contiguous; the W tile is read as W^T: [BLOCK_K, BLOCK_N]
-    x_tile = x_ptr + rm.to(tl.int64)[:, None] * stride_xm + rk[None, :]
-    w_tile = w_ptr + rn.to(tl.int64)[None, :] * stride_wn + rk[:, None]
-    m_mask = rm[:, None] < M
-    n_mask = rn[None, :] < N
-    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        k_left = K - k0
-        a = tl.load(x_tile, mask=m_mask & (rk[None, :] < k_left), other=0.0)
-        b = tl.load(w_tile, mask=(rk[:, None] < k_left) & n_mask, other=0.0){dot}
-        x_tile += BLOCK_K
-        w_tile += BLOCK_K
-    if HAS_BIAS:
-        acc += tl.load(bias_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
-{epi}
-    y = y_ptr + rm.to(tl.int64)[:, None] * stride_ym + rn[None, :]
-    tl.store(y, acc.to(y_ptr.dtype.element_ty), mask=m_mask & n_mask)
-
-
-def _launch(x2, weight, bias, y2, divisor):
-    M, K = x2.shape
-    N = weight.shape[0]
-    bm = min(BLOCK_M, max(16, triton.next_power_of_2(M)))
-    bn = min(BLOCK_N, max(16, triton.next_power_of_2(N)))
-    bk = min(BLOCK_K, max(16, triton.next_power_of_2(K)))
-    grid = (triton.cdiv(M, bm) * triton.cdiv(N, bn),)
-    _gemm_kernel[grid](x2, weight, bias if bias is not None else weight, y2, M, N, K, x2.stride(0),
-                       weight.stride(0), y2.stride(0), divisor, HAS_BIAS=bias is not None,
-                       SPLIT=x2.dtype == torch.float32, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=GROUP_M,
-                       num_warps=NUM_WARPS, num_stages=NUM_STAGES)
-"""
-
-
 _IN_NAMES = ("in_features", "input_size", "in_dim", "input_dim", "in_size", "d_in", "n_in")
 _OUT_NAMES = (
     "out_features",
@@ -363,28 +283,10 @@ def render(spec: dict, knobs: dict[str, Any], signature: dict[str, list[str]]) -
     divisor_src = names["divisor"] if names["divisor"] else "DIVISOR"
     x = signature["forward"][0]
     rest = "".join(f", {a}" for a in signature["forward"][1:])
-    consts = [
-        f"BLOCK_M = {knobs['block_m']}",
-        f"BLOCK_N = {knobs['block_n']}",
-        f"BLOCK_K = {knobs['block_k']}",
-        f"GROUP_M = {knobs['group_m']}",
-        f"NUM_WARPS = {knobs['num_warps']}",
-        f"NUM_STAGES = {knobs['num_stages']}",
-        f"DIVISOR = {spec.get('divisor')!r}",
-    ]
     knob_text = ", ".join(f"{k}={v}" for k, v in knobs.items())
     epi_text = " -> ".join(["x @ W^T + b", *spec["epilogue"]])
-    return f'''"""Fused Linear + epilogue ({epi_text}): kernelbrain gemm_epilogue template ({knob_text})."""
-
-import torch
-import torch.nn as nn
-import triton
-import triton.language as tl
-
-{chr(10).join(consts)}
-{_kernel(knobs["strategy"], spec["epilogue"])}
-
-class ModelNew(nn.Module):
+    doc = f"Fused Linear + epilogue ({epi_text}): kernelbrain gemm_epilogue template ({knob_text})."
+    model = f"""class ModelNew(nn.Module):
     def __init__(self{init_args}):
         super().__init__()
         # the same nn.Linear as Model's, under the same name: same state_dict keys, same weights
@@ -400,6 +302,16 @@ class ModelNew(nn.Module):
         x2 = {x}.reshape(-1, {x}.shape[-1]).contiguous()
         y2 = torch.empty((x2.shape[0], weight.shape[0]), dtype={x}.dtype, device={x}.device)
         if y2.numel():
-            _launch(x2, weight, bias, y2, self.divisor)
+            _gemm_launch(x2, weight, bias, y2, self.divisor, STRATEGY, EPILOGUE, BLOCK_M, BLOCK_N, BLOCK_K,
+                         GROUP_M, NUM_WARPS, NUM_STAGES)
         return y2.reshape(*{x}.shape[:-1], weight.shape[0])
-'''
+"""
+    return module(
+        doc,
+        constants(STRATEGY=knobs["strategy"], EPILOGUE=list(spec["epilogue"])),
+        constants(BLOCK_M=knobs["block_m"], BLOCK_N=knobs["block_n"], BLOCK_K=knobs["block_k"]),
+        constants(GROUP_M=knobs["group_m"], NUM_WARPS=knobs["num_warps"], NUM_STAGES=knobs["num_stages"]),
+        constants(DIVISOR=spec.get("divisor")),
+        parts(PARTS, "_epilogue_op", "_gemm_kernel", "_gemm_launch"),
+        model,
+    )
