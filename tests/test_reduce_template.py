@@ -73,11 +73,27 @@ def check_case(fn, tmp_path: Path) -> None:
         torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4, msg=str(knobs))
 
 
+def check_long_middle_axis(tmp_path: Path) -> None:
+    """A middle axis longer than a tile's rows, inner positions not a power of two: the column tiles, one
+    launch and split in two (a partial a chunk), agree with torch."""
+    torch.manual_seed(2)
+    x = torch.randn(3, 700, 37)
+    for fn in (lambda x, y: x.mean(dim=1), lambda x, y: torch.argmin(x, dim=1), lambda x, y: x.amax(dim=1)):
+        spec = reduce.compose(graph_of(fn, (3, 700, 37), (3, 700, 37)))
+        # split 16 of 1024-element tiles: 64 inner positions x 16 rows, R = 700 >= 2 * 16 * 16: it splits
+        assert any(k["split"] == 16 and k["block_k"] * k["block_r"] == 1024 for k in reduce.ROUND0)
+        for knobs in reduce.ROUND0:
+            if reduce.feasible(spec, knobs):
+                got = candidate(spec, knobs, tmp_path).ModelNew()(x, x)
+                torch.testing.assert_close(got, fn(x, x), rtol=1e-4, atol=1e-4, msg=str(knobs))
+
+
 def checks() -> dict:
     """What runs in one interpreter process (tests.runs.run_checks), by the name its test asks for."""
     found = {name: partial(check_case, fn) for name, fn in CASES}
     return {
         **found,
+        "long middle": check_long_middle_axis,
         "layouts": check_non_contiguous_size_one_and_half_inputs,
         "batchmean": check_a_division_by_a_size_follows_the_shape,
     }
@@ -91,6 +107,10 @@ def interpreted() -> dict[str, str | None]:
 @pytest.mark.parametrize("name", [c[0] for c in CASES])
 def test_every_reduction_on_every_round0_knob_set(interpreted, name):
     assert interpreted[name] is None, interpreted[name]
+
+
+def test_a_long_middle_axis_in_column_tiles(interpreted):
+    assert interpreted["long middle"] is None, interpreted["long middle"]
 
 
 def test_non_contiguous_size_one_and_half_inputs(interpreted):

@@ -84,6 +84,7 @@ def main() -> None:
             return
         frame = orjson.dumps(_reply(_read_exact(inp, HEADER.unpack(header)[0])).model_dump(mode="json"))
         out.write(HEADER.pack(len(frame)) + frame)
+        kernelbrain.child.ops.release_memory()
 
 
 if __name__ == "__main__":

@@ -3,8 +3,11 @@ clock or a synchronisation point in this process."""
 
 from __future__ import annotations
 
+import gc
 import threading
 from collections.abc import Callable
+
+import torch
 
 from kernelbrain.child import guard
 from kernelbrain.child.analysis import analyse
@@ -51,6 +54,19 @@ def serve(request: Request) -> Message:
         give_fits(request.problem_source, request.fits)
     result = OPS[type(request)](**request.model_dump(exclude={"op", "fits"}))
     return request.reply.model_validate(result)
+
+
+# cached CUDA memory past this is handed back after a request (see release_memory)
+RELEASE_ABOVE = 1 << 30
+
+
+def release_memory() -> None:
+    """Hand the CUDA caching allocator's free blocks back after a request: a run's children share one GPU,
+    and what one keeps cached (tens of gigabytes at KernelBench's full sizes) the next one's bench or
+    draws cannot allocate."""
+    if torch.cuda.is_initialized() and torch.cuda.memory_reserved() > RELEASE_ABOVE:
+        gc.collect()
+        torch.cuda.empty_cache()
 
 
 _PRISTINE = guard.timer_identities()

@@ -94,6 +94,16 @@ def untouched(problem: Problem, ref: torch.nn.Module, weights: tuple, where: str
 # input set, and about this many more, chosen after each sample ran (the candidate cannot tell which).
 # Each kept output is a copy held until the timing ends: at a large shape that is gigabytes each
 CHECKED_SAMPLES = 1
+# outputs larger than this are kept in host memory: five copies of an 8 GB output beside the input sets
+# would run a 140 GB GPU out of memory (copied outside the timed calls, back one at a time to check)
+KEEP_ON_DEVICE_BYTES = 256 << 20
+
+
+def keep(outs: list[torch.Tensor]) -> list[torch.Tensor]:
+    """A copy of a timed call's outputs to check after the timing, on the host when large."""
+    size = sum(o.numel() * o.element_size() for o in outs)
+    host = size > KEEP_ON_DEVICE_BYTES
+    return [o.detach().to("cpu", copy=True) if host else o.detach().clone() for o in outs]
 
 
 class Rotation:
@@ -113,6 +123,7 @@ class Rotation:
     SLOT_BYTES = 2 << 30
 
     def __init__(self, problem: Problem, shape: dict, device: str, seed: int) -> None:
+        self.device = device
         self.sets = [problem.inputs(shape, seed + i, device) for i in range(3)]
         self.slots = [[layout_copy(x) for x in self.sets[0]]]
         self.current = 0
@@ -178,7 +189,9 @@ def _check_kept(problem: Problem, shape: dict, ref: torch.nn.Module, inputs: Rot
     """The kept timed calls' outputs against the reference's on the same contents, rebuilt now."""
     for i, k, mix, got in kept:
         expected = outputs(ref(*inputs.inputs(k, mix)))
+        got = [g.to(inputs.device) for g in got]
         screen(problem, shape, got, expected, when=f", timed call {i}", hint=CHANGED)
+        del got, expected
 
 
 def bench(problem_source: str, cand_source: str, device: str, which: str, repeats: int, warmup: int) -> dict:
@@ -231,8 +244,7 @@ def bench(problem_source: str, cand_source: str, device: str, which: str, repeat
                     inputs.load(i)  # the reference's call may not leave the candidate anything either
                     new_t.append(timer(call, calls))
                     if i >= repeats - len(inputs.sets) or secrets.randbelow(repeats) < CHECKED_SAMPLES:
-                        got = [o.detach().clone() for o in outputs(last[0])]
-                        kept.append((i, inputs.current, inputs.last_mix(), got))
+                        kept.append((i, inputs.current, inputs.last_mix(), keep(outputs(last[0]))))
                     last[0] = None
             finally:
                 gc.enable()
@@ -244,8 +256,7 @@ def bench(problem_source: str, cand_source: str, device: str, which: str, repeat
                     check_launches(call, triton_kernel_names(cand))
                 except guard.Violation as v:
                     raise CandidateFault("policy", f"{label}, a timed call: {v}") from None
-                got = [o.detach().clone() for o in outputs(last[0])]
-                kept.append((repeats, inputs.current, inputs.last_mix(), got))
+                kept.append((repeats, inputs.current, inputs.last_mix(), keep(outputs(last[0]))))
                 last[0] = None
                 steps.done("launches")
             # a reference slowed or changed while the candidate was timed beside it (a patched torch

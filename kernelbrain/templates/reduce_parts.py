@@ -68,15 +68,25 @@ def _times(a, b):
 def _reduce_kernel(
     out_ptr, x0, x1, x2, x3, K, R, inner, chunk, n_total,
     N_IN: tl.constexpr, OP: tl.constexpr, PRE: tl.constexpr, POST: tl.constexpr, PROLOGUE: tl.constexpr,
-    FINAL: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr,
+    FINAL: tl.constexpr, COLS: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr,
 ):  # fmt: skip
     """Programs (k block, chunk of R). FINAL: the chunk is all of R, and the program writes the result
     (post, epilogue, the output's dtype); else it writes its chunk's fp32 partial at [split, k].
-    PROLOGUE: the loaded values go through it (not a split's partials, combined by a second launch)."""
-    k = tl.program_id(0).to(tl.int64) * BLOCK_K + tl.arange(0, BLOCK_K)
+    PROLOGUE: the loaded values go through it (not a split's partials, combined by a second launch).
+    COLS: a k block is BLOCK_K neighbouring inner positions of one outer index, so the compiler sees
+    each row of the tile contiguous (coalesced, vector loads where inner allows) and no lane divides."""
     split = tl.program_id(1)
-    kmask = k < K
-    base = (k // inner) * R * inner + (k % inner)
+    if COLS:
+        blocks = tl.cdiv(inner, BLOCK_K)
+        outer = (tl.program_id(0) // blocks).to(tl.int64)
+        i = (tl.program_id(0) % blocks) * BLOCK_K + tl.arange(0, BLOCK_K)
+        kmask = i < inner
+        base = outer * R * inner + i
+        k = outer * inner + i
+    else:
+        k = tl.program_id(0).to(tl.int64) * BLOCK_K + tl.arange(0, BLOCK_K)
+        kmask = k < K
+        base = (k // inner) * R * inner + (k % inner)
     acc = tl.full([BLOCK_K, BLOCK_R], _identity(OP), tl.float32)
     idx = tl.zeros([BLOCK_K, BLOCK_R], tl.int32)
     start = split * chunk
@@ -152,27 +162,32 @@ def _reduce_launch(
         xs = [t.expand(shape).permute(kept + dims).contiguous() for t in xs]
         inner = 1
     k_all = y.numel()
-    if inner > 1:  # neighbouring kept positions are neighbours in memory: tile them, not R
-        block_k, block_r = block_r, block_k
+    cols = inner > 1
+    if cols:  # neighbouring kept positions are neighbours in memory: tile them, R across the tile's rows
+        tile = block_k * block_r
+        block_k = min(block_r, triton.next_power_of_2(inner))
+        block_r = max(1, tile // block_k)
     block_r = min(block_r, triton.next_power_of_2(max(n, 1)))
     n_in = len(xs)
     pad = xs + [xs[0]] * (4 - n_in)
     common = {"N_IN": n_in, "OP": op, "PRE": pre, "BLOCK_K": block_k, "BLOCK_R": block_r}
     common["num_warps"] = num_warps
+    programs = k_all // inner * triton.cdiv(inner, block_k) if cols else triton.cdiv(k_all, block_k)
     if op >= 4 or split <= 1 or n < 2 * block_r * split:  # one launch, each program all of R
-        grid = (triton.cdiv(k_all, block_k), 1)
+        grid = (programs, 1)
         args = (y, *pad, k_all, n, inner, n, total)
-        _reduce_kernel[grid](*args, POST=post, PROLOGUE=True, FINAL=True, **common)
+        _reduce_kernel[grid](*args, POST=post, PROLOGUE=True, FINAL=True, COLS=cols, **common)
         return y
     chunk = triton.cdiv(triton.cdiv(n, split), block_r) * block_r
     split = triton.cdiv(n, chunk)
     part = torch.empty((split, k_all), dtype=torch.float32, device=x.device)
-    grid = (triton.cdiv(k_all, block_k), split)
-    _reduce_kernel[grid](part, *pad, k_all, n, inner, chunk, n, POST=0, PROLOGUE=True, FINAL=False, **common)
+    grid = (programs, split)
+    args = (part, *pad, k_all, n, inner, chunk, n)
+    _reduce_kernel[grid](*args, POST=0, PROLOGUE=True, FINAL=False, COLS=cols, **common)
     # the partials as [K, split] rows, combined by the same kernel (a norm's or a mean's parts summed)
     rows = part.t().contiguous()
     grid = (triton.cdiv(k_all, 16), 1)
     second = {"N_IN": 1, "OP": op, "PRE": 0, "BLOCK_K": 16, "BLOCK_R": triton.next_power_of_2(split)}
     args = (y, rows, rows, rows, rows, k_all, split, 1, split, total)
-    _reduce_kernel[grid](*args, POST=post, PROLOGUE=False, FINAL=True, num_warps=4, **second)
+    _reduce_kernel[grid](*args, POST=post, PROLOGUE=False, FINAL=True, COLS=False, num_warps=4, **second)
     return y
