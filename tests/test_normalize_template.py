@@ -28,6 +28,7 @@ CASES = [
     ("L1 rows", lambda x, y: x / torch.mean(torch.abs(x), dim=1, keepdim=True)),
     ("RMS last, times y", lambda x, y: x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5) * y),
     ("centred by the max", lambda x, y: x - x.amax(dim=1, keepdim=True)),
+    ("log-softmax as x - logsumexp", lambda x, y: x - torch.logsumexp(x, dim=1, keepdim=True)),
     ("over everything", lambda x, y: x / x.abs().sum()),
     ("two axes apart", lambda x, y: (x - x.mean(dim=(0, 2), keepdim=True)) * 2),
     ("L2 of a chain", lambda x, y: (x + y) / torch.norm(x + y, dim=2, keepdim=True)),

@@ -48,6 +48,8 @@ CASES = [
     ("mse of two", lambda x, y: torch.mean((x - y) ** 2)),
     ("chain after", lambda x, y: torch.sqrt(torch.sum(x * y, dim=0).abs() + 1.0) * 2),
     ("max of all", lambda x, y: torch.max(x + y)),
+    ("logsumexp middle, chain after", lambda x, y: torch.tanh(torch.logsumexp(x * 4, dim=1)) + 1),
+    ("logsumexp last keepdim", lambda x, y: torch.logsumexp(x, dim=-1, keepdim=True)),
     # losses: ATen's fused map-and-reduce ops split by templates/decompose.py
     ("smooth L1", lambda x, y: F.smooth_l1_loss(x, y)),
     ("smooth L1 beta, summed", lambda x, y: F.smooth_l1_loss(x, y, reduction="sum", beta=0.5)),
@@ -73,6 +75,20 @@ def check_case(fn, tmp_path: Path) -> None:
         torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4, msg=str(knobs))
 
 
+def check_logsumexp_of_infinities(tmp_path: Path) -> None:
+    """Rows all -inf give -inf, a +inf gives +inf, a NaN gives NaN, as torch.logsumexp."""
+    fn = lambda x, y: torch.logsumexp(x, dim=1)  # noqa: E731
+    spec = reduce.compose(graph_of(fn, (4, 300), (4, 300)))
+    x = torch.randn(4, 300)
+    x[0] = -float("inf")
+    x[1, 7] = float("inf")
+    x[2, 100] = float("nan")
+    for knobs in reduce.ROUND0:
+        if reduce.feasible(spec, knobs):
+            got = candidate(spec, knobs, tmp_path).ModelNew()(x, x)
+            torch.testing.assert_close(got, fn(x, x), equal_nan=True, msg=str(knobs))
+
+
 def check_long_middle_axis(tmp_path: Path) -> None:
     """A middle axis longer than a tile's rows, inner positions not a power of two: the column tiles, one
     launch and split in two (a partial a chunk), agree with torch."""
@@ -94,6 +110,7 @@ def checks() -> dict:
     return {
         **found,
         "long middle": check_long_middle_axis,
+        "logsumexp infinities": check_logsumexp_of_infinities,
         "layouts": check_non_contiguous_size_one_and_half_inputs,
         "batchmean": check_a_division_by_a_size_follows_the_shape,
     }
@@ -107,6 +124,10 @@ def interpreted() -> dict[str, str | None]:
 @pytest.mark.parametrize("name", [c[0] for c in CASES])
 def test_every_reduction_on_every_round0_knob_set(interpreted, name):
     assert interpreted[name] is None, interpreted[name]
+
+
+def test_logsumexp_of_infinities_as_torch(interpreted):
+    assert interpreted["logsumexp infinities"] is None, interpreted["logsumexp infinities"]
 
 
 def test_a_long_middle_axis_in_column_tiles(interpreted):

@@ -68,7 +68,7 @@ def compose(graph: Graph) -> dict:
     if not red.args.get("keepdim") and reduce.dims_of(red) is not None:
         raise NotNormalize(f"{red.op} without keepdim")
     stat = reduce.compose(Graph(nodes=graph.nodes[: stat_ref[0] + 1], outputs=[list(stat_ref)]))
-    if stat["op"] >= 4:
+    if stat["op"] in (4, 5):
         raise NotNormalize("an index as the statistic")
     # the map: the statistic becomes one more input, after forward's
     n_forward = 1 + max(int(n.args["index"]) for n in graph.nodes if n.op == INPUT)
@@ -153,7 +153,16 @@ def render(spec: dict, knobs: dict[str, Any], signature: dict[str, list[str]]) -
         reduce.chain("_prologue", stat["prologue"], stat["prologue_result"]),
         reduce.chain("_epilogue", stat["epilogue"], stat["epilogue_result"]),
         f"@triton.jit\ndef _body(v0, v1, v2, v3):\n{body}    return {mapped['result']}\n",
-        parts(reduce.PARTS, "_identity", "_times", "_finish", "_reduce_kernel", "_prod", "_reduce_launch"),
+        parts(
+            reduce.PARTS,
+            "_identity",
+            "_times",
+            "_infinite",
+            "_finish",
+            "_reduce_kernel",
+            "_prod",
+            "_reduce_launch",
+        ),
         parts(pointwise.PARTS, "_load", "_flat_tile", "_flat_kernel", "_flat_persistent_kernel"),
         parts(pointwise.PARTS, "_strided_offset", "_strided_kernel", "MAX_DIMS", "_collapsed", "_launch"),
         model,

@@ -56,7 +56,8 @@ def mutate(knobs: dict[str, Any], move: str) -> dict[str, Any] | None:
 
 
 def feasible(spec: dict, knobs: dict[str, Any]) -> bool:
-    """Accumulators for BLOCK_K x BLOCK_R elements fit a program's registers; an argmax never splits."""
+    """Accumulators for BLOCK_K x BLOCK_R elements fit a program's registers; an argmax or a logsumexp
+    (two values a lane) never splits."""
     if spec["op"] >= 4 and knobs["split"] > 1:
         return False
     return 32 * knobs["num_warps"] <= knobs["block_k"] * knobs["block_r"] <= 8192
@@ -76,6 +77,7 @@ _PLAIN = {
     "aten.prod.default": (3, 0, 0),
     "aten.argmax.default": (4, 0, 0),
     "aten.argmin.default": (5, 0, 0),
+    "aten.logsumexp.default": (6, 0, 0),
 }
 _PAIRED = {"aten.max.dim": ((1, 0, 0), (4, 0, 0)), "aten.min.dim": ((2, 0, 0), (5, 0, 0))}
 _NORMS = {1: (0, 1, 0), 2: (0, 2, 2), "inf": (1, 1, 0)}
@@ -251,6 +253,8 @@ def render(spec: dict, knobs: dict[str, Any], signature: dict[str, list[str]]) -
         parts(pointwise.PARTS, *spec["helpers"]) if spec["helpers"] else "",
         chain("_prologue", spec["prologue"], spec["prologue_result"]),
         chain("_epilogue", spec["epilogue"], spec["epilogue_result"]),
-        parts(PARTS, "_identity", "_times", "_finish", "_reduce_kernel", "_prod", "_reduce_launch"),
+        parts(
+            PARTS, "_identity", "_times", "_infinite", "_finish", "_reduce_kernel", "_prod", "_reduce_launch"
+        ),
         model,
     )

@@ -3,7 +3,8 @@ the generator). The candidate's module defines `_prologue(v0, v1, v2, v3)` (the 
 before the reduction, over its inputs) and `_epilogue(v0, v1, v2, v3)` (the chain after it, on the
 reduced value v0); the kernels here reduce along R of an [outer, R, inner] view, in fp32.
 
-`OP` combines (0 sum, 1 max, 2 min, 3 prod, 4 argmax, 5 argmin); `PRE` maps each element after the
+`OP` combines (0 sum, 1 max, 2 min, 3 prod, 4 argmax, 5 argmin, 6 logsumexp: a running max and a
+sum of exponentials under it, a lane's own, merged at the end); `PRE` maps each element after the
 prologue (0 as is, 1 abs, 2 square: the L1 and L2 norms); `POST` finishes the combined value (0 as is,
 1 divided by R: a mean, 2 its square root: the L2 norm). A split reduction writes fp32 partials of R's
 chunks, and a second launch combines them (the first of an argmax's ties: smallest index).
@@ -28,7 +29,7 @@ def _epilogue(v0, v1, v2, v3):  # replaced by the candidate's own
 
 @triton.jit
 def _identity(OP: tl.constexpr):
-    if OP == 1 or OP == 4:
+    if OP == 1 or OP == 4 or OP == 6:
         return -float("inf")
     if OP == 2 or OP == 5:
         return float("inf")
@@ -38,9 +39,14 @@ def _identity(OP: tl.constexpr):
 
 
 @triton.jit
-def _finish(acc, idx, n, OP: tl.constexpr, POST: tl.constexpr):
-    """The combined value of each row of the [BLOCK_K, BLOCK_R] accumulators (an index for OP 4, 5)."""
-    if OP == 0:
+def _finish(acc, idx, tot, n, OP: tl.constexpr, POST: tl.constexpr):
+    """The combined value of each row of the [BLOCK_K, BLOCK_R] accumulators (an index for OP 4, 5; for
+    OP 6 acc holds each lane's max and tot its sum of exp(x - that max))."""
+    if OP == 6:
+        top = tl.max(acc, axis=1)
+        shift = tl.where(_infinite(top), 0.0, top)
+        out = shift + tl.log(tl.sum(tot * tl.exp(acc - shift[:, None]), axis=1))
+    elif OP == 0:
         out = tl.sum(acc, axis=1)
     elif OP == 1:
         out = tl.max(acc, axis=1)
@@ -62,6 +68,11 @@ def _finish(acc, idx, n, OP: tl.constexpr, POST: tl.constexpr):
 @triton.jit
 def _times(a, b):
     return a * b
+
+
+@triton.jit
+def _infinite(x):
+    return (x == float("inf")) | (x == -float("inf"))
 
 
 @triton.jit
@@ -89,6 +100,7 @@ def _reduce_kernel(
         base = (k // inner) * R * inner + (k % inner)
     acc = tl.full([BLOCK_K, BLOCK_R], _identity(OP), tl.float32)
     idx = tl.zeros([BLOCK_K, BLOCK_R], tl.int32)
+    tot = tl.zeros([BLOCK_K, BLOCK_R], tl.float32)
     start = split * chunk
     for r0 in range(start, tl.minimum(start + chunk, R), BLOCK_R):
         r = r0 + tl.arange(0, BLOCK_R)
@@ -120,16 +132,21 @@ def _reduce_kernel(
             acc = tl.minimum(acc, v)
         elif OP == 3:
             acc *= v
+        elif OP == 6:  # a lane with nothing yet (max -inf) adds exp(-inf) = 0, never -inf - -inf
+            top = tl.maximum(acc, v)
+            shift = tl.where(_infinite(top), 0.0, top)
+            tot = tot * tl.exp(acc - shift) + tl.exp(v - shift)
+            acc = top
         else:
             better = v > acc if OP == 4 else v < acc  # strict: a lane keeps its first occurrence
             idx = tl.where(better, r[None, :] + tl.zeros([BLOCK_K, BLOCK_R], tl.int32), idx)
             acc = tl.where(better, v, acc)
     if FINAL:
-        out = _finish(acc, idx, n_total, OP, POST)
+        out = _finish(acc, idx, tot, n_total, OP, POST)
         out = _epilogue(out, out, out, out)
         tl.store(out_ptr + k, out.to(out_ptr.dtype.element_ty), mask=kmask)
     else:
-        tl.store(out_ptr + split * K + k, _finish(acc, idx, n_total, OP, 0), mask=kmask)
+        tl.store(out_ptr + split * K + k, _finish(acc, idx, tot, n_total, OP, 0), mask=kmask)
 
 
 def _prod(sizes):
