@@ -1,10 +1,18 @@
-"""What the template package shares: the tuning-variant rule the GPU tools in tools/ apply to --knobs."""
+"""What the template package shares: the one Family contract, kernels only in `*_parts` modules, and the
+tuning-variant rule the GPU tools in tools/ apply to --knobs."""
 
 from __future__ import annotations
 
+import ast
+import inspect
+import re
+from pathlib import Path
+
 import pytest
 
+from kernelbrain import templates
 from kernelbrain.templates import FAMILIES, attention, knobs_with, row_softmax
+from kernelbrain.templates.family import Family, Refining
 
 
 def test_knobs_with_lays_overrides_on_the_first_round0_set_of_that_strategy():
@@ -28,3 +36,38 @@ def test_knobs_with_lays_overrides_on_the_first_round0_set_of_that_strategy():
         for k in family.ROUND0:
             merged = knobs_with(family, dict(k))
             assert {key: merged[key] for key in k} == k, (family.FAMILY, k)
+
+
+def test_every_family_keeps_the_one_contract():
+    """Each module in FAMILIES has the Family protocol's names, with its methods' parameters as named
+    there (the expert generator calls them by these names)."""
+    contract = {
+        name: list(inspect.signature(getattr(Family, name)).parameters)[1:]
+        for name in ("matches", "feasible", "mutate", "render")
+    }
+    for family in FAMILIES:
+        assert isinstance(family, Family), family.__name__
+        for name, params in contract.items():
+            assert list(inspect.signature(getattr(family, name)).parameters) == params, (
+                family.__name__,
+                name,
+            )
+        if hasattr(family, "refine"):
+            assert isinstance(family, Refining)
+        assert family.ROUND0 and all("strategy" in k for k in family.ROUND0), family.__name__
+
+
+def test_no_family_keeps_kernel_text_in_strings():
+    """Kernels are real functions in `*_parts` modules: no family module (nor a shared helper of theirs)
+    holds a kernel's Triton source in a string (the one generated text is render.chain's elementwise
+    function of a traced graph's ops), and every parts module defines jit functions ruff and tests see."""
+    folder = Path(templates.__file__).parent
+    for path in folder.glob("*.py"):
+        text = path.read_text()
+        if path.stem.endswith("_parts"):
+            assert re.search(r"^@triton\.jit\b", text, re.M), path.name
+            continue
+        strings = [n.value for n in ast.walk(ast.parse(text)) if isinstance(n, ast.Constant)]
+        kernel = [s for s in strings if isinstance(s, str) and re.search(r"tl\.(load|store|program_id)\(", s)]
+        assert not kernel, (path.name, kernel[0][:80])
+        assert not re.search(r"@[A-Z_]{3,}@", text), path.name

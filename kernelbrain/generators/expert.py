@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from types import ModuleType
 from typing import Any
 
 from kernelbrain.core.events import ProblemAnalysed
 from kernelbrain.generators.base import GenerationError, Generator, Proposal
 from kernelbrain.templates import FAMILIES
 from kernelbrain.templates.decompose import expand
+from kernelbrain.templates.family import Family, Refining
 
 
 def _describe(ops: list[dict]) -> str:
@@ -20,7 +20,7 @@ class ExpertGenerator(Generator):
 
     def match_family(
         self, analysis: ProblemAnalysed, name: str | None = None, problem_source: str | None = None
-    ) -> tuple[ModuleType, dict]:
+    ) -> tuple[Family, dict]:
         graph = expand(analysis.graph) if analysis.graph is not None else None
         for family in FAMILIES:
             if name is not None and name != family.FAMILY:
@@ -30,15 +30,14 @@ class ExpertGenerator(Generator):
             if spec is not None and primary is None:
                 continue  # what the rungs time is this family's, the file's own shape is not (CPU)
             # what the trace cannot show (parameter names, normalised dims) a family reads from the source
-            refine = getattr(family, "refine", None)
-            if spec is not None and refine is not None:
-                spec = refine(spec, problem_source)
+            if spec is not None and isinstance(family, Refining):
+                spec = family.refine(spec, problem_source)
             if spec is not None:
                 return family, spec
         raise GenerationError(f"no offline template matches {_describe(analysis.ops)}; use --generator llm")
 
     @staticmethod
-    def checked_specs(family: ModuleType, spec: dict, analysis: ProblemAnalysed) -> list[dict]:
+    def checked_specs(family: Family, spec: dict, analysis: ProblemAnalysed) -> list[dict]:
         """The specs a knob set must be feasible at: the shape the rungs time and, where that is not the
         file's primary shape (CPU), the primary too (match_family made sure the family matches it): an
         export must not refuse the user's real size."""
@@ -49,7 +48,7 @@ class ExpertGenerator(Generator):
 
     def _proposal(
         self,
-        family: ModuleType,
+        family: Family,
         spec: dict,
         knobs: dict,
         analysis: ProblemAnalysed,

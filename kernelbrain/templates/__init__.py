@@ -1,21 +1,17 @@
 """Parametrised Triton templates, one module per op family.
 
-Each module exposes `FAMILY`, `matches(ops) -> dict | None` (the spec it extracts from the traced
-reference, or None), `ROUND0` (knob sets spreading over the family's strategy axes), `MUTATIONS`
-(bottleneck label -> knob moves), `mutate(knobs, move)`, `feasible(spec, knobs)` (whether a knob set
-can serve the traced shape) and `render(spec, knobs, signature) -> str` (a standalone module defining
-ModelNew). A family that needs what the trace cannot show (parameter names, normalised dims) also
-exposes `refine(spec, problem_source) -> dict | None`: the spec completed from the problem's source,
-or None when the source shows something the family cannot reproduce.
+Each family satisfies `family.Family`: `FAMILY`, `matches(ops, graph)` (the spec it extracts from the
+traced reference, or None), `ROUND0` (knob sets spreading over its strategy axes), `MUTATIONS`
+(bottleneck label -> knob moves), `mutate(knobs, move)`, `feasible(spec, knobs)` and
+`render(spec, knobs, signature) -> str` (a standalone module defining ModelNew); a `family.Refining`
+one also reads what the trace cannot show from the problem's source (`refine`). Every family's kernels
+are real `@triton.jit` functions in its `*_parts` module, copied into the candidate by `render`.
 
-Shared, not families: `row_norm` (the row-normalisation kernels and knobs of layernorm and l2norm),
-`model_source` (what a template reads from the problem's source), `render` (the composed families' one
-renderer) and `decompose` (ATen ops split before the composed families read the graph).
-`attention_kernels` and `conv_transpose_kernels` hold the Triton source text those two families render;
-the composed families' kernels are real Triton functions in their `*_parts` modules.
+Shared, not families: `row_norm` (the strategies and knobs layernorm and l2norm share), `model_source`
+(what a template reads from the problem's source), `render` (the one renderer) and `decompose` (ATen
+ops split before the composed families read the graph).
 """
 
-from types import ModuleType
 from typing import Any
 
 from kernelbrain.templates import (
@@ -36,10 +32,11 @@ from kernelbrain.templates import (
     scan,
     staged,
 )
+from kernelbrain.templates.family import Family
 
 # each matcher wants its own op sequence, so the order only breaks ties; gemv late: it takes any lone
 # matmul of a vector or a few columns; pointwise, from the graph, any chain of elementwise ops
-FAMILIES = (
+FAMILIES: tuple[Family, ...] = (
     row_softmax,
     rmsnorm,
     layernorm,
@@ -59,7 +56,7 @@ FAMILIES = (
 )
 
 
-def knobs_with(family: ModuleType, over: dict[str, Any]) -> dict[str, Any]:
+def knobs_with(family: Family, over: dict[str, Any]) -> dict[str, Any]:
     """A tuning variant: `over` laid on the family's first round-0 knob set of the strategy it names (of
     the family's first strategy when it names none; for a strategy only a mutation reaches, on what
     that move makes of the first set), as the GPU tools in tools/ take their --knobs."""

@@ -17,7 +17,7 @@ from typing import Any
 
 from kernelbrain.core.graph import INPUT, Graph, Node
 from kernelbrain.templates import model_source, pointwise, reduce
-from kernelbrain.templates.render import constants, module, parts
+from kernelbrain.templates.render import chain, constants, module, parts
 
 FAMILY = "normalize"
 
@@ -142,7 +142,6 @@ def render(spec: dict, knobs: dict[str, Any], signature: dict[str, list[str]]) -
         return _launch(y, xs, BLOCK, NUM_WARPS, 0)
 """
     helpers = [h for h in pointwise.HELPERS if h in stat["helpers"] + mapped["helpers"]]
-    body = "".join(f"    {line}\n" for line in mapped["body"])
     return module(
         doc,
         constants(BLOCK_K=knobs["block_k"], BLOCK_R=knobs["block_r"], SPLIT=knobs["split"]),
@@ -150,9 +149,9 @@ def render(spec: dict, knobs: dict[str, Any], signature: dict[str, list[str]]) -
         constants(DIMS=stat["dims"], OP=stat["op"], PRE=stat["pre"], POST=stat["post"])
         + f"OUT_DTYPE = {dtype}\n",
         parts(pointwise.PARTS, *helpers) if helpers else "",
-        reduce.chain("_prologue", stat["prologue"], stat["prologue_result"]),
-        reduce.chain("_epilogue", stat["epilogue"], stat["epilogue_result"]),
-        f"@triton.jit\ndef _body(v0, v1, v2, v3):\n{body}    return {mapped['result']}\n",
+        chain("_prologue", stat["prologue"], stat["prologue_result"]),
+        chain("_epilogue", stat["epilogue"], stat["epilogue_result"]),
+        chain("_body", mapped["body"], mapped["result"]),
         parts(
             reduce.PARTS,
             "_identity",

@@ -22,7 +22,7 @@ from typing import Any
 
 from kernelbrain.core.graph import INPUT, PARAM, Graph
 from kernelbrain.templates import model_source
-from kernelbrain.templates.render import constants, module, parts
+from kernelbrain.templates.render import chain, constants, module, parts
 
 FAMILY = "pointwise"
 PARTS = "kernelbrain.templates.pointwise_parts"
@@ -423,7 +423,6 @@ def render(spec: dict, knobs: dict[str, Any], signature: dict[str, list[str]]) -
     init_args = model_source.init_args(signature, "".join(f", {a}=None" for a in signature["init"]))
     forward = signature["forward"]
     xs = ", ".join(forward[i] for i in spec["inputs"])
-    body = "\n".join(f"    {line}" for line in spec["body"])
     knob_text = ", ".join(f"{k}={v}" for k, v in knobs.items())
     # float inputs of one dtype keep it, mixed ones promote to float32 (in Python: torch.promote_types
     # is an ATen call, which a candidate may not make)
@@ -435,7 +434,6 @@ def render(spec: dict, knobs: dict[str, Any], signature: dict[str, list[str]]) -
         f"Elementwise chain of {', '.join(spec['ops'])}: kernelbrain pointwise family ({knob_text}).\n\n"
         "Each element read and written once, the chain in fp32, composed from the reference's ATen graph.\n"
     )
-    chain = f"@triton.jit\ndef _body(v0, v1, v2, v3):\n{body}\n    return {spec['result']}\n"
     model = f"""class ModelNew(nn.Module):
     def __init__(self{init_args}):
         super().__init__()
@@ -452,7 +450,7 @@ def render(spec: dict, knobs: dict[str, Any], signature: dict[str, list[str]]) -
         doc,
         constants(BLOCK=knobs["block"], NUM_WARPS=knobs["num_warps"], CTAS_PER_SM=ctas),
         parts(PARTS, *spec["helpers"]) if spec["helpers"] else "",
-        chain,
+        chain("_body", spec["body"], spec["result"]),
         parts(PARTS, *kernels, "_strided_kernel"),
         parts(PARTS, *launcher),
         model,

@@ -16,7 +16,7 @@ from typing import Any
 
 from kernelbrain.core.graph import INPUT, Graph, Node
 from kernelbrain.templates import model_source, pointwise
-from kernelbrain.templates.render import constants, module, parts
+from kernelbrain.templates.render import chain, constants, module, parts
 
 FAMILY = "pool"
 PARTS = "kernelbrain.templates.pool_parts"
@@ -97,8 +97,8 @@ def compose(graph: Graph) -> dict:
         start = graph.ref(view.args["self"])
     if start is None:
         raise NotPool("a pooling of no tensor")
-    chain = pointwise.compose(Graph(nodes=graph.nodes[: start[0] + 1], outputs=[list(start)]))
-    if len(chain["inputs"]) != 1:
+    head = pointwise.compose(Graph(nodes=graph.nodes[: start[0] + 1], outputs=[list(start)]))
+    if len(head["inputs"]) != 1:
         raise NotPool("a pooling of more than one input")
     # after: views and an elementwise chain on the pooled value alone
     needed = graph.needed()
@@ -131,13 +131,13 @@ def compose(graph: Graph) -> dict:
     epilogue = None
     if moved[out_ref] != [0, 0]:
         epilogue = pointwise.compose(Graph(nodes=nodes, outputs=[moved[out_ref]]))
-    helpers = chain["helpers"] + (epilogue["helpers"] if epilogue else [])
+    helpers = head["helpers"] + (epilogue["helpers"] if epilogue else [])
     out_dtype = graph.meta(out_ref).dtype
     in_dtype = graph.meta(start).dtype
     return {
-        "inputs": chain["inputs"],
-        "prologue": chain["body"],
-        "prologue_result": chain["result"],
+        "inputs": head["inputs"],
+        "prologue": head["body"],
+        "prologue_result": head["result"],
         "epilogue": epilogue["body"] if epilogue else [],
         "epilogue_result": epilogue["result"] if epilogue else "v0",
         "helpers": [h for h in pointwise.HELPERS if h in helpers],
@@ -164,11 +164,6 @@ def matches(ops: list[dict], graph: Graph | None = None) -> dict | None:
         return compose(graph)
     except (NotPool, pointwise.NotPointwise):
         return None
-
-
-def _chain(name: str, lines: list[str], result: str) -> str:
-    body = "".join(f"    {line}\n" for line in lines)
-    return f"@triton.jit\ndef {name}(v0):\n{body}    return {result}\n"
 
 
 def render(spec: dict, knobs: dict[str, Any], signature: dict[str, list[str]]) -> str:
@@ -198,8 +193,8 @@ def render(spec: dict, knobs: dict[str, Any], signature: dict[str, list[str]]) -
         constants(PADDING=spec["padding"], DILATION=spec["dilation"], CEIL=spec["ceil"], MAX=spec["max"]),
         constants(COUNT_PAD=spec["count_pad"], DIVISOR=spec["divisor"], PRE=spec["pre"], POST=spec["post"]),
         parts(pointwise.PARTS, *spec["helpers"]) if spec["helpers"] else "",
-        _chain("_prologue", spec["prologue"], spec["prologue_result"]),
-        _chain("_epilogue", spec["epilogue"], spec["epilogue_result"]),
+        chain("_prologue", spec["prologue"], spec["prologue_result"], "v0"),
+        chain("_epilogue", spec["epilogue"], spec["epilogue_result"], "v0"),
         parts(PARTS, "_pool_kernel", "_out_size", "_pool_launch"),
         model,
     )

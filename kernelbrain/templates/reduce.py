@@ -17,7 +17,7 @@ from typing import Any
 
 from kernelbrain.core.graph import INPUT, Graph, Node
 from kernelbrain.templates import model_source, pointwise
-from kernelbrain.templates.render import constants, module, parts
+from kernelbrain.templates.render import chain, constants, module, parts
 
 FAMILY = "reduce"
 PARTS = "kernelbrain.templates.reduce_parts"
@@ -211,11 +211,6 @@ def matches(ops: list[dict], graph: Graph | None = None) -> dict | None:
         return compose(graph)
     except (NotReduction, pointwise.NotPointwise):
         return None
-
-
-def chain(name: str, lines: list[str], result: str) -> str:
-    body = "".join(f"    {line}\n" for line in lines)
-    return f"@triton.jit\ndef {name}(v0, v1, v2, v3):\n{body}    return {result}\n"
 
 
 def render(spec: dict, knobs: dict[str, Any], signature: dict[str, list[str]]) -> str:

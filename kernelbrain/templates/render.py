@@ -49,6 +49,13 @@ def constants(**values: Any) -> str:
     return "".join(f"{name} = {value!r}\n" for name, value in values.items())
 
 
+def chain(name: str, lines: list[str], result: str, params: str = "v0, v1, v2, v3") -> str:
+    """A `@triton.jit` function of `params` emitted from a traced graph's elementwise chain (the
+    pointwise table's lines, one assignment each), returning `result`: the one generated Triton text."""
+    body = "".join(f"    {line}\n" for line in lines)
+    return f"@triton.jit\ndef {name}({params}):\n{body}    return {result}\n"
+
+
 def module(doc: str, *sections: str) -> str:
     """A candidate module: its docstring, the header, then each section a blank line apart."""
     body = "\n\n".join(s.strip("\n") for s in sections if s.strip())

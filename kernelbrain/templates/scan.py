@@ -15,8 +15,8 @@ from __future__ import annotations
 from typing import Any
 
 from kernelbrain.core.graph import INPUT, Graph, Node
-from kernelbrain.templates import model_source, pointwise, reduce
-from kernelbrain.templates.render import constants, module, parts
+from kernelbrain.templates import model_source, pointwise
+from kernelbrain.templates.render import chain, constants, module, parts
 
 FAMILY = "scan"
 PARTS = "kernelbrain.templates.scan_parts"
@@ -149,7 +149,7 @@ def compose(graph: Graph) -> dict:
         raise NotScan("a scan of no float tensor")
     if sum(op[0] == "cat" for op in before) > 1:
         raise NotScan("two concatenations before the scan")
-    chain = pointwise.compose(Graph(nodes=graph.nodes[: start[0] + 1], outputs=[list(start)]))
+    head = pointwise.compose(Graph(nodes=graph.nodes[: start[0] + 1], outputs=[list(start)]))
     # after: an elementwise chain on the scanned value alone (no fill reaches it), and layout ops
     out_ref = tuple(graph.outputs[0])
     nodes: list[Node] = [Node(op=INPUT, args={"index": 0}, outs=[node.outs[0]])]
@@ -181,15 +181,15 @@ def compose(graph: Graph) -> dict:
     epilogue = None
     if moved[out_ref] != [0, 0]:
         epilogue = pointwise.compose(Graph(nodes=nodes, outputs=[moved[out_ref]]))
-    helpers = chain["helpers"] + (epilogue["helpers"] if epilogue else [])
+    helpers = head["helpers"] + (epilogue["helpers"] if epilogue else [])
     # the output's dtype follows the float inputs' one dtype, as at every shape the problem times
     out_dtype = graph.meta(out_ref).dtype
     floats = {graph.nodes[i].outs[0].dtype for i, n in enumerate(graph.nodes) if n.op == INPUT} - {"bool"}
     follows = floats == {out_dtype}
     return {
-        "inputs": chain["inputs"],
-        "prologue": chain["body"],
-        "prologue_result": chain["result"],
+        "inputs": head["inputs"],
+        "prologue": head["body"],
+        "prologue_result": head["result"],
         "epilogue": epilogue["body"] if epilogue else [],
         "epilogue_result": epilogue["result"] if epilogue else "v0",
         "helpers": [h for h in pointwise.HELPERS if h in helpers],
@@ -241,8 +241,8 @@ def render(spec: dict, knobs: dict[str, Any], signature: dict[str, list[str]]) -
         constants(DIM=spec["dim"], OP=spec["op"], SLICES=spec["slices"]),
         constants(BEFORE=spec["before"], AFTER=spec["after"]),
         parts(pointwise.PARTS, *spec["helpers"]) if spec["helpers"] else "",
-        reduce.chain("_prologue", spec["prologue"], spec["prologue_result"]),
-        reduce.chain("_epilogue", spec["epilogue"], spec["epilogue_result"]),
+        chain("_prologue", spec["prologue"], spec["prologue_result"]),
+        chain("_epilogue", spec["epilogue"], spec["epilogue_result"]),
         parts(PARTS, "_add", "_mul", "_scan_kernel", "_at", "_back", "_scan_launch"),
         model,
     )

@@ -17,7 +17,7 @@ from typing import Any
 
 from kernelbrain.core.graph import INPUT, Graph, Node
 from kernelbrain.templates import model_source, pointwise, reduce
-from kernelbrain.templates.render import constants, module, parts
+from kernelbrain.templates.render import chain, constants, module, parts
 
 FAMILY = "staged"
 ROUND0 = reduce.ROUND0
@@ -108,8 +108,8 @@ def render(spec: dict, knobs: dict[str, Any], signature: dict[str, list[str]]) -
         how += [str(stage[x]) for x in ("op", "pre", "post")]
         knobs_at = "BLOCK_K, BLOCK_R, SPLIT, NUM_WARPS"
         calls.append(f"        kb_s{k} = _reduce_launch_{k}(xs, {', '.join(how)}, {knobs_at}, {divisor})\n")
-        chains = reduce.chain("_prologue", stage["prologue"], stage["prologue_result"])
-        chains += "\n\n" + reduce.chain("_epilogue", stage["epilogue"], stage["epilogue_result"])
+        chains = chain("_prologue", stage["prologue"], stage["prologue_result"])
+        chains += "\n\n" + chain("_epilogue", stage["epilogue"], stage["epilogue_result"])
         sections.append(
             _renamed(chains + "\n\n" + parts(reduce.PARTS, "_reduce_kernel", "_reduce_launch"), k)
         )
