@@ -1,9 +1,9 @@
 """The cross_entropy family, composed from the traced ATen graph (a log-softmax, then a gather at each
 row's target): every reduction mode, class weights, ignore_index, a chain on the logits and on the loss,
-log-probabilities given, fp16 and bf16 logits, -inf logits, 1-D logits, against torch through the
-interpreter for every round-0 knob set at odd sizes (a row count no multiple of ROWS, odd class counts,
-more classes than one block); what it refuses, named; candidates through the real gate; a whole
-`kb run`."""
+log-probabilities given, fp16 and bf16 logits, -inf logits, 1-D logits, against torch (in float64 for
+half logits, as the gate) through the interpreter for every round-0 knob set at odd sizes (a row count
+no multiple of ROWS, odd class counts, more classes than one block, more blocks of rows than programs);
+what it refuses, named; candidates through the real gate; a whole `kb run`."""
 
 from __future__ import annotations
 
@@ -142,6 +142,13 @@ def checks() -> dict:
     one_d = [((None, 45), cross_entropy.ROUND0[:2]), ((None, 2500), cross_entropy.ROUND0[1:2])]
     for name, fn in (("1-D logits, mean", CASES[0][1]), ("1-D logits, unreduced", CASES[2][1])):
         out[name] = partial(check, fn, None, False, sizes=one_d)
+    # more blocks of rows than a reduced loss's programs: each program sums several (the parts import
+    # Triton: here only, in the interpreter's process)
+    from kernelbrain.templates import cross_entropy_parts
+
+    many = [((cross_entropy_parts.MAX_PROGRAMS + 77, 3), cross_entropy.ROUND0[1:2])]
+    for name, fn, ignored, _ in (CASES[3], CASES[5]):
+        out[f"{name}, more row blocks than programs"] = partial(check, fn, ignored, False, sizes=many)
     return out
 
 
@@ -154,7 +161,8 @@ def interpreted() -> dict[str, str | None]:
     "name",
     [c[0] for c in CASES]
     + [f"{d} logits{w}" for d in (torch.float16, torch.bfloat16) for w in ("", ", class weights")]
-    + ["1-D logits, mean", "1-D logits, unreduced"],
+    + ["1-D logits, mean", "1-D logits, unreduced"]
+    + [f"{c[0]}, more row blocks than programs" for c in (CASES[3], CASES[5])],
 )
 def test_every_case_on_every_round0_knob_set(interpreted, name):
     assert interpreted[name] is None, interpreted[name]

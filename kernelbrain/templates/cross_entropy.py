@@ -8,12 +8,12 @@ loss after it, and a mean or sum of the unreduced losses:
     y = epilogue(loss)  |  epilogue(sum loss / sum w[t_i])  |  epilogue(sum loss)  |  epilogue(mean loss)
 
 One launch reads the logits once (online max and sum of exp over the classes, the target's logit by its
-index) and writes each row's loss, or each program's sums for a second, one-program launch to add up
-(deterministic: no atomics). Class weights are a forward input or a parameter or buffer of the model's
-(ModelNew then runs the problem's constructor, as the moments family does). Refused by name: label
-smoothing and probability targets (the log-probabilities read by more than the gather), losses over
-more than two dims (`nll_loss2d`), a softmax then a log. The kernels are in
-templates/cross_entropy_parts.py.
+index) and writes each row's loss, or the reduced loss: each program's sums added up by the last one
+to finish, in a fixed order (the same result every run). Class weights are a forward input or a
+parameter or buffer of the model's (ModelNew then runs the problem's constructor, as the moments family
+does). Refused by name: label smoothing and probability targets (the log-probabilities read by more
+than the gather), losses over more than two dims (`nll_loss2d`), a softmax then a log. The kernels are
+in templates/cross_entropy_parts.py.
 """
 
 from __future__ import annotations
@@ -289,6 +289,8 @@ def render(spec: dict, knobs: dict[str, Any], signature: dict[str, list[str]]) -
         parts(pointwise.PARTS, *spec["helpers"]) if spec["helpers"] else "",
         reduce.chain("_prologue", spec["prologue"], spec["prologue_result"]),
         reduce.chain("_epilogue", spec["epilogue"], spec["epilogue_result"]),
-        parts(PARTS, "_rounded", "_logits", "_ce_rows_kernel", "_ce_finish_kernel", "_named", "_ce_launch"),
+        parts(
+            PARTS, "_rounded", "_logits", "_row_losses", "_ce_kernel", "_named", "MAX_PROGRAMS", "_ce_launch"
+        ),
         model,
     )

@@ -10,9 +10,10 @@ target's logit z_t is then loaded by its index, and
     loss = -w[t] * ((z_t - m) - log(s))     0 where t is ignore_index (w[t] = 1 without class weights)
 
 (LOG_SOFTMAX false: the logits are log-probabilities already, loss = -w[t] * z_t). `MODE` 0 writes each
-row's loss (through the epilogue); else each program writes the fp32 sums of its rows' losses and
-weights, and a second launch adds them up: 1 divided by the total weight (torch's mean), 2 the sum, 3
-divided by the row count (a mean of the unreduced losses).
+row's loss (through the epilogue); else at most MAX_PROGRAMS programs each sum their rows' losses and
+weights in fp32, and the last one to finish adds up all programs' sums in a fixed order (one launch,
+the same result every run): 1 divided by the total weight (torch's mean), 2 the sum, 3 divided by the
+row count (a mean of the unreduced losses).
 """
 
 from __future__ import annotations
@@ -67,22 +68,18 @@ def _logits(
 
 
 @triton.jit
-def _ce_rows_kernel(
-    dest, x0, x1, x2, x3, target, weight, N, C, s0, s1, s2, s3, t_stride, w_stride, ignore_index,
+def _row_losses(
+    x0, x1, x2, x3, target, weight, rows, rmask, C, s0, s1, s2, s3, t_stride, w_stride, ignore_index,
     C0: tl.constexpr, C1: tl.constexpr, C2: tl.constexpr, C3: tl.constexpr, N_IN: tl.constexpr,
     PROLOGUE: tl.constexpr, ROUND: tl.constexpr, LOG_SOFTMAX: tl.constexpr, WEIGHTED: tl.constexpr,
-    MODE: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr,
+    BLOCK: tl.constexpr,
 ):  # fmt: skip
-    """Programs of ROWS rows. MODE 0: each row's loss through the epilogue, in dest's dtype, at dest[row];
-    else the program's fp32 loss sum at dest[pid] and weight sum at dest[P + pid] (P programs)."""
-    pid = tl.program_id(0)
-    rows = pid.to(tl.int64) * ROWS + tl.arange(0, ROWS)
-    rmask = rows < N
-    shift = tl.zeros([ROWS], tl.float32)
-    log_s = tl.zeros([ROWS], tl.float32)
+    """The fp32 losses and weights of `rows` (0, 0 where ignored or past the end)."""
+    shift = tl.zeros(rows.shape, tl.float32)
+    log_s = tl.zeros(rows.shape, tl.float32)
     if LOG_SOFTMAX:
-        m = tl.full([ROWS], -float("inf"), tl.float32)
-        s = tl.zeros([ROWS], tl.float32)
+        m = tl.full(rows.shape, -float("inf"), tl.float32)
+        s = tl.zeros(rows.shape, tl.float32)
         for c0 in range(0, C, BLOCK):
             cols = c0 + tl.arange(0, BLOCK)
             mask = rmask[:, None] & (cols < C)[None, :]
@@ -107,36 +104,60 @@ def _ce_rows_kernel(
     logp = z_t
     if LOG_SOFTMAX:
         logp = _rounded((z_t - shift) - log_s, ROUND)
-    w = tl.full([ROWS], 1.0, tl.float32)
+    w = tl.full(rows.shape, 1.0, tl.float32)
     if WEIGHTED:
         w = tl.load(weight + t * w_stride, mask=inside, other=0.0).to(tl.float32)
-    loss = tl.where(valid, -logp * w, 0.0)
-    w = tl.where(valid, w, 0.0)
-    if MODE == 0:
-        out = _epilogue(loss, loss, loss, loss)
-        tl.store(dest + rows, out.to(dest.dtype.element_ty), mask=rmask)
-    else:
-        tl.store(dest + pid, tl.sum(loss, axis=0))
-        tl.store(dest + tl.num_programs(0) + pid, tl.sum(w, axis=0))
+    return tl.where(valid, -logp * w, 0.0), tl.where(valid, w, 0.0)
 
 
 @triton.jit
-def _ce_finish_kernel(out_ptr, part, P, n_rows, MODE: tl.constexpr, BLOCK: tl.constexpr):
-    """One program: the P partial sums added (in a fixed order), divided as MODE says, the epilogue."""
-    acc = tl.zeros([BLOCK], tl.float32)
-    w_acc = tl.zeros([BLOCK], tl.float32)
-    for p0 in range(0, P, BLOCK):
-        p = p0 + tl.arange(0, BLOCK)
-        acc += tl.load(part + p, mask=p < P, other=0.0)
-        if MODE == 1:
-            w_acc += tl.load(part + P + p, mask=p < P, other=0.0)
-    total = tl.sum(acc, axis=0)
-    if MODE == 1:
-        total = total / tl.sum(w_acc, axis=0)
-    if MODE == 3:
-        total = total / n_rows
-    total = _epilogue(total, total, total, total)
-    tl.store(out_ptr, total.to(out_ptr.dtype.element_ty))
+def _ce_kernel(
+    dest, work, x0, x1, x2, x3, target, weight, N, C, n_blocks, s0, s1, s2, s3, t_stride, w_stride,
+    ignore_index, C0: tl.constexpr, C1: tl.constexpr, C2: tl.constexpr, C3: tl.constexpr,
+    N_IN: tl.constexpr, PROLOGUE: tl.constexpr, ROUND: tl.constexpr, LOG_SOFTMAX: tl.constexpr,
+    WEIGHTED: tl.constexpr, MODE: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr,
+    FINISH: tl.constexpr,
+):  # fmt: skip
+    """Programs each taking blocks of ROWS rows, every num_programs-th. MODE 0: each row's loss through
+    the epilogue at dest[row]. Else each program's fp32 loss and weight sums go to work[pid] and
+    work[P + pid] (P programs), and the last program to count itself in at work[2P] adds them up in a
+    fixed order, divides as MODE says, and writes the epilogue's value to dest."""
+    pid = tl.program_id(0)
+    programs = tl.num_programs(0)
+    loss_sum = tl.zeros([ROWS], tl.float32)
+    w_sum = tl.zeros([ROWS], tl.float32)
+    for blk in range(pid, n_blocks, programs):
+        rows = blk * ROWS + tl.arange(0, ROWS).to(tl.int64)  # blk: an int in the interpreter
+        rmask = rows < N
+        loss, w = _row_losses(
+            x0, x1, x2, x3, target, weight, rows, rmask, C, s0, s1, s2, s3, t_stride, w_stride,
+            ignore_index, C0, C1, C2, C3, N_IN, PROLOGUE, ROUND, LOG_SOFTMAX, WEIGHTED, BLOCK,
+        )  # fmt: skip
+        if MODE == 0:
+            out = _epilogue(loss, loss, loss, loss)
+            tl.store(dest + rows, out.to(dest.dtype.element_ty), mask=rmask)
+        else:
+            loss_sum += loss
+            w_sum += w
+    if MODE != 0:
+        tl.store(work + pid, tl.sum(loss_sum, axis=0))
+        tl.store(work + programs + pid, tl.sum(w_sum, axis=0))
+        tl.debug_barrier()  # this program's sums are written before the count says so
+        if tl.atomic_add(work + 2 * programs, 1.0, sem="acq_rel") == programs - 1:
+            # volatile: the other programs' sums were written by other SMs, past this one's L1
+            acc = tl.zeros([FINISH], tl.float32)
+            w_acc = tl.zeros([FINISH], tl.float32)
+            for p0 in range(0, programs, FINISH):
+                p = p0 + tl.arange(0, FINISH)
+                acc += tl.load(work + p, mask=p < programs, other=0.0, volatile=True)
+                w_acc += tl.load(work + programs + p, mask=p < programs, other=0.0, volatile=True)
+            total = tl.sum(acc, axis=0)
+            if MODE == 1:
+                total = total / tl.sum(w_acc, axis=0)
+            if MODE == 3:
+                total = total / N
+            total = _epilogue(total, total, total, total)
+            tl.store(dest, total.to(dest.dtype.element_ty))
 
 
 def _named(model, name):
@@ -146,41 +167,54 @@ def _named(model, name):
     return found[name]
 
 
+# programs of a reduced loss: each one's sums are added up by the last, in one FINISH-wide sweep
+MAX_PROGRAMS = 1024
+
+
 def _ce_launch(
     xs, target, weight, out_dtype, lp_dtype, ignore_index, mode, log_softmax, prologue, block, rows,
     num_warps,
 ):  # fmt: skip
     """The loss of the logits `_prologue(*xs)` ([N, C] or [C]) against `target` ([N] or [] class
     indices), with class weights `weight` ([C]) or None; `lp_dtype` the dtype the reference held the
-    logits and log-probabilities in (their rounding), `out_dtype` the result's."""
-    shape = list(torch.broadcast_shapes(*(x.shape for x in xs)))
-    views = [x.expand(shape) for x in xs]
-    if len(shape) == 1:
-        views = [v.unsqueeze(0) for v in views]
-    n_rows, n_cls = views[0].shape
-    n_in = len(views)
-    pad = views + [views[0]] * (4 - n_in)
-    row_strides = [v.stride(0) for v in pad]
-    col_strides = {f"C{i}": v.stride(1) for i, v in enumerate(pad)}
-    t = target.reshape(n_rows)
-    w = weight if weight is not None else t
-    round_to = {torch.float16: 1, torch.bfloat16: 2}.get(lp_dtype, 0)
+    logits and log-probabilities in (their rounding), `out_dtype` the result's. Lean on the host: the
+    loss of a small batch takes less time on the GPU than its launch on the CPU."""
+    if len(xs) > 1:
+        shape = torch.broadcast_shapes(*(v.shape for v in xs))
+        xs = [v if v.shape == shape else v.expand(shape) for v in xs]
+    x = xs[0]
+    if x.dim() == 1:  # one row; its stride 0
+        n_rows, n_cls = 1, x.shape[0]
+        strides = [(0, v.stride(0)) for v in xs]
+        t_stride = 0
+    else:
+        n_rows, n_cls = x.shape
+        strides = [v.stride() for v in xs]
+        t_stride = target.stride(0)
+    n_in = len(xs)
+    strides += [strides[0]] * (4 - n_in)
+    w, w_stride = (weight, weight.stride(0)) if weight is not None else (target, 0)
     # a program's tile is at most `block` elements: whole rows up to that many classes, several of them
     # when they are short; longer rows in chunks of `block`
-    tile = min(block, triton.next_power_of_2(max(n_cls, 1)))
+    tile = min(block, triton.next_power_of_2(n_cls))
     rows = min(rows, max(1, block // tile))
-    programs = triton.cdiv(n_rows, rows)
+    n_blocks = triton.cdiv(n_rows, rows)
     if mode == 0:
-        out = torch.empty(target.shape, dtype=out_dtype, device=views[0].device)
-        dest = out
+        out = torch.empty(target.shape, dtype=out_dtype, device=x.device)
+        programs = n_blocks
+        work = out
     else:
-        out = torch.empty((), dtype=out_dtype, device=views[0].device)
-        dest = torch.empty(2 * programs, dtype=torch.float32, device=views[0].device)
-    if n_rows:
-        flags = {"N_IN": n_in, "PROLOGUE": prologue, "ROUND": round_to, "LOG_SOFTMAX": log_softmax}
-        flags |= {"WEIGHTED": weight is not None, "MODE": mode, "ROWS": rows, "BLOCK": tile}
-        args = (dest, *pad, t, w, n_rows, n_cls, *row_strides, t.stride(0), w.stride(0), ignore_index)
-        _ce_rows_kernel[(programs,)](*args, **col_strides, **flags, num_warps=num_warps)
-    if mode != 0:
-        _ce_finish_kernel[(1,)](out, dest, programs, n_rows, MODE=mode, BLOCK=1024, num_warps=4)
+        out = torch.empty((), dtype=out_dtype, device=x.device)
+        programs = min(n_blocks, MAX_PROGRAMS)
+        work = torch.zeros(2 * programs + 1, dtype=torch.float32, device=x.device)  # the count last
+    if n_rows == 0:  # no rows: torch's empty sum, or its 0 / 0
+        return out.fill_(float("nan") if mode in (1, 3) else 0.0)
+    _ce_kernel[(programs,)](
+        out, work, *xs, *([x] * (4 - n_in)), target, w, n_rows, n_cls, n_blocks,
+        strides[0][0], strides[1][0], strides[2][0], strides[3][0], t_stride, w_stride, ignore_index,
+        C0=strides[0][1], C1=strides[1][1], C2=strides[2][1], C3=strides[3][1], N_IN=n_in,
+        PROLOGUE=prologue, ROUND=1 if lp_dtype == torch.float16 else 2 if lp_dtype == torch.bfloat16 else 0,
+        LOG_SOFTMAX=log_softmax, WEIGHTED=weight is not None, MODE=mode, ROWS=rows, BLOCK=tile,
+        FINISH=MAX_PROGRAMS, num_warps=num_warps,
+    )  # fmt: skip
     return out
