@@ -22,7 +22,7 @@ from typing import Any
 
 from kernelbrain.core.graph import INPUT, PARAM, Graph, Node
 from kernelbrain.templates import model_source, pointwise, reduce
-from kernelbrain.templates.render import constants, module, parts
+from kernelbrain.templates.render import chain, constants, module, parts
 
 FAMILY = "cross_entropy"
 PARTS = "kernelbrain.templates.cross_entropy_parts"
@@ -219,8 +219,8 @@ def _after(graph: Graph, at: int, mode: int) -> dict:
     if out not in moved:
         raise NotCrossEntropy("an output the loss does not reach")
     first = Node(op=INPUT, args={"index": 0}, outs=[start])
-    chain = pointwise.compose(Graph(nodes=[first, *nodes], outputs=[moved[out]]))
-    return {**chain, "mode": mode}
+    mapped = pointwise.compose(Graph(nodes=[first, *nodes], outputs=[moved[out]]))
+    return {**mapped, "mode": mode}
 
 
 def matches(ops: list[dict], graph: Graph | None = None) -> dict | None:
@@ -287,8 +287,8 @@ def render(spec: dict, knobs: dict[str, Any], signature: dict[str, list[str]]) -
         constants(IGNORE_INDEX=spec["ignore_index"], MODE=spec["mode"], LOG_SOFTMAX=spec["log_softmax"])
         + constants(PROLOGUE=bool(spec["prologue"])),
         parts(pointwise.PARTS, *spec["helpers"]) if spec["helpers"] else "",
-        reduce.chain("_prologue", spec["prologue"], spec["prologue_result"]),
-        reduce.chain("_epilogue", spec["epilogue"], spec["epilogue_result"]),
+        chain("_prologue", spec["prologue"], spec["prologue_result"]),
+        chain("_epilogue", spec["epilogue"], spec["epilogue_result"]),
         parts(
             PARTS, "_rounded", "_logits", "_row_losses", "_ce_kernel", "_named", "MAX_PROGRAMS", "_ce_launch"
         ),
