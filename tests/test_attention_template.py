@@ -7,10 +7,7 @@ that do not fit, and an in-process run on sdp_attn ends with an attention winner
 
 from __future__ import annotations
 
-import ast
-import importlib.util
 import json
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -21,6 +18,7 @@ from kernelbrain.core.diagnosis import LABELS
 from kernelbrain.core.problem import read_problem
 from kernelbrain.core.protocol import AnalyseRequest, GateRequest
 from kernelbrain.templates import attention as at
+from tests.parts_check import assert_composed_of_parts, reachable_knobs
 from tests.runs import QUICK_RUNGS, interpreter_env, run_inprocess, run_interpreted
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -100,37 +98,19 @@ def test_matches_sdpa_and_nothing_else(analyses):
     assert 'QK32 = "fp64"' in at.render(at.matches(ops), legacy, analyses["seed"]["signature"])
 
 
-def _functions(tree: ast.Module) -> dict[str, str]:
-    """A module's top-level functions by name, each as its AST (formatting and comments aside)."""
-    return {n.name: ast.dump(n) for n in tree.body if isinstance(n, ast.FunctionDef)}
-
-
 def test_every_render_is_composed_from_the_parts_module():
     """Every round-0 knob set and every knob set one mutation away (each strategy, short16, presplit)
     renders a module that parses, whose functions (kernels and launchers) are the parts module's own, as
     written there, and that holds no placeholder."""
-    origin = importlib.util.find_spec(at.PARTS).origin  # read, not imported: the generator never is
-    own = _functions(ast.parse(Path(origin).read_text()))
-    sets = [*at.ROUND0]
-    sets += [
-        c for k in at.ROUND0 for moves in at.MUTATIONS.values() for m, _ in moves if (c := at.mutate(k, m))
-    ]
+    sets = reachable_knobs(at)
     assert {k["strategy"] for k in sets} == set(at.STRATEGIES)
     assert {at.precision(k)["pv32"] for k in sets} == set(at.PV32) and any(k.get("short16") for k in sets)
     spec = {"bh": 2, "lq": 32, "d": 16, "dtype": "float32"}
     for knobs in sets:
         src = at.render(spec, knobs, {"init": [], "forward": ["Q", "K", "V"]})
-        tree = ast.parse(src)
-        jitted = {
-            n.name
-            for n in tree.body
-            if isinstance(n, ast.FunctionDef) and "triton.jit" in map(ast.unparse, n.decorator_list)
-        }
-        assert jitted and jitted == set(at.KERNEL_PARTS), knobs
-        functions = _functions(tree)
-        assert set(functions) == {*at.KERNEL_PARTS, *at.HOST_PARTS}, knobs
-        assert all(functions[name] == own[name] for name in functions), knobs
-        assert re.search(r"@[A-Z]", src) is None, knobs
+        found = assert_composed_of_parts(src, at.PARTS, knobs)
+        assert found.kernels == set(at.KERNEL_PARTS), knobs
+        assert found.functions == {*at.KERNEL_PARTS, *at.HOST_PARTS}, knobs
 
 
 @pytest.mark.parametrize("knobs", at.ROUND0, ids=lambda k: "-".join(str(v) for v in k.values()))

@@ -6,10 +6,7 @@ feasibility refuses tiles that do not fit, and a whole in-process run ends with 
 
 from __future__ import annotations
 
-import ast
-import importlib.util
 import json
-import re
 from pathlib import Path
 
 import pytest
@@ -18,6 +15,7 @@ from kernelbrain.core.diagnosis import LABELS
 from kernelbrain.core.protocol import GateRequest
 from kernelbrain.runtime.runner import DEFAULT_RUNGS
 from kernelbrain.templates import conv_transpose as ct
+from tests.parts_check import assert_composed_of_parts, reachable_knobs
 from tests.runs import QUICK_RUNGS, run_inprocess, run_interpreted
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -113,37 +111,19 @@ def test_render_keeps_the_module_and_calls_no_torch_conv():
     assert "def forward(self, inp):" in src and "tl.dot(" in src
 
 
-def _functions(tree: ast.Module) -> dict[str, str]:
-    """A module's top-level functions by name, each as its AST (formatting and comments aside)."""
-    return {n.name: ast.dump(n) for n in tree.body if isinstance(n, ast.FunctionDef)}
-
-
 def test_every_render_is_composed_from_the_parts_module():
     """Every round-0 knob set and every knob set one mutation away (each strategy, prepack, each dot
     precision) renders a module that parses, whose functions (kernels and launcher) are the parts
     module's own, as written there, and that holds no placeholder."""
-    origin = importlib.util.find_spec(ct.PARTS).origin  # read, not imported: the generator never is
-    own = _functions(ast.parse(Path(origin).read_text()))
-    sets = [*ct.ROUND0]
-    sets += [
-        c for k in ct.ROUND0 for moves in ct.MUTATIONS.values() for m, _ in moves if (c := ct.mutate(k, m))
-    ]
+    sets = reachable_knobs(ct)
     assert {k["strategy"] for k in sets} == set(ct.STRATEGIES)
     assert {ct.fp32_dot(k) for k in sets} == set(ct.FP32_DOTS) and any(k.get("prepack") for k in sets)
     sig = {"init": ["in_channels", "out_channels", "kernel_size"], "forward": ["x"]}
     for knobs in sets:
         src = ct.render({}, knobs, sig)
-        tree = ast.parse(src)
-        jitted = {
-            n.name
-            for n in tree.body
-            if isinstance(n, ast.FunctionDef) and "triton.jit" in map(ast.unparse, n.decorator_list)
-        }
-        assert jitted and jitted == set(ct.KERNEL_PARTS), knobs
-        functions = _functions(tree)
-        assert set(functions) == {*ct.KERNEL_PARTS, *ct.HOST_PARTS}, knobs
-        assert all(functions[name] == own[name] for name in functions), knobs
-        assert re.search(r"@[A-Z]", src) is None, knobs
+        found = assert_composed_of_parts(src, ct.PARTS, knobs)
+        assert found.kernels == set(ct.KERNEL_PARTS), knobs
+        assert found.functions == {*ct.KERNEL_PARTS, *ct.HOST_PARTS}, knobs
 
 
 @pytest.mark.parametrize("knobs", ct.ROUND0, ids=lambda k: "-".join(str(v) for v in k.values()))

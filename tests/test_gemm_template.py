@@ -12,7 +12,7 @@ import pytest
 from kernelbrain.core.diagnosis import LABELS
 from kernelbrain.core.protocol import GateRequest
 from kernelbrain.templates import gemm_epilogue as ge
-from tests.matmul_parts import assert_composed_of_parts, reachable
+from tests.parts_check import assert_composed_of_parts, reachable_knobs
 from tests.runs import QUICK_RUNGS, run_inprocess
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -126,14 +126,14 @@ def test_round0_candidates_pass_the_gate(box, problems, analyses, variant, knobs
 
 
 def test_every_reachable_knob_set_renders_from_the_parts_module():
-    knob_sets = reachable(ge.ROUND0, ge.MUTATIONS, ge.mutate)
+    knob_sets = reachable_knobs(ge)
     assert {k["strategy"] for k in knob_sets} == {"ieee", "tf32x3"}
     signature = {"init": ["in_features", "out_features", "divisor"], "forward": ["x"]}
     for epilogue in (["relu", "div"], ["div", "relu"], ["relu"], ["div"]):
         spec = {"m": 1024, "k": 8192, "n": 8192, "dtype": "float32", "epilogue": epilogue, "divisor": None}
         for knobs in knob_sets:
             source = ge.render(spec, knobs, signature)
-            assert_composed_of_parts(source, ge.PARTS)
+            assert_composed_of_parts(source, ge.PARTS, knobs)
             # the strategy and the epilogue reach the kernel as constexprs, from the module's constants
             assert f"STRATEGY = {knobs['strategy']!r}\n" in source and f"EPILOGUE = {epilogue!r}\n" in source
 

@@ -13,7 +13,7 @@ import pytest
 from kernelbrain.core.diagnosis import LABELS
 from kernelbrain.core.protocol import GateRequest
 from kernelbrain.templates import FAMILIES, gemv
-from tests.matmul_parts import assert_composed_of_parts, reachable
+from tests.parts_check import assert_composed_of_parts, reachable_knobs
 from tests.runs import QUICK_RUNGS, run_inprocess
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -135,7 +135,7 @@ def test_round0_candidates_pass_the_gate(box, problems, analyses, variant, knobs
 
 
 def test_every_reachable_knob_set_renders_from_the_parts_module():
-    knob_sets = reachable(gemv.ROUND0, gemv.MUTATIONS, gemv.mutate)
+    knob_sets = reachable_knobs(gemv)
     assert {k["strategy"] for k in knob_sets} == {"row_blocks", "split_k"}
     specs = [
         {"m": 2048, "k": 1048576, "batch": 1, "dtype": "float32"},
@@ -144,7 +144,7 @@ def test_every_reachable_knob_set_renders_from_the_parts_module():
     for spec in specs:
         for knobs in knob_sets:
             source = gemv.render(spec, knobs, {"init": [], "forward": ["A", "x"]})
-            assert_composed_of_parts(source, gemv.PARTS)
+            assert_composed_of_parts(source, gemv.PARTS, knobs)
             assert "_gemv_kernel" in source and "_sum_splits_kernel" in source
             split = knobs.get("split_k", 1) if knobs["strategy"] == "split_k" else 1
             assert f"SPLIT_K = {split}\n" in source and f"BLOCK_K = {knobs['block_k']}\n" in source

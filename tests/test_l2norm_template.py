@@ -11,7 +11,7 @@ import pytest
 
 from kernelbrain.core.protocol import GateRequest
 from kernelbrain.templates import FAMILIES, l2norm, row_norm
-from tests.norm_parts import assert_composed_of_parts, reachable
+from tests.parts_check import assert_composed_of_parts, reachable_knobs
 from tests.runs import QUICK_RUNGS, run_inprocess
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -133,11 +133,11 @@ def test_round0_candidates_pass_the_gate(box, problems, analyses, variant, knobs
 
 def test_every_reachable_knob_set_renders_from_the_parts_module():
     spec = {"dim": 1, "ndim": 2, "n_cols": 300, "dtype": "float32", "eps": 1e-12}
-    knob_sets = reachable(row_norm.ROUND0, row_norm.MUTATIONS, row_norm.mutate)
+    knob_sets = reachable_knobs(row_norm)
     assert {k["strategy"] for k in knob_sets} == {"registers", "looped", "split"}
     for knobs in knob_sets:
         source = l2norm.render(spec, knobs, {"init": [], "forward": ["x"]})
-        assert_composed_of_parts(source, row_norm.PARTS)
+        assert_composed_of_parts(source, row_norm.PARTS, knobs)
         assert f"_row_norm_{knobs['strategy']}_kernel" in source
 
 

@@ -16,7 +16,7 @@ from kernelbrain.core.events import ProblemAnalysed
 from kernelbrain.core.protocol import AnalyseRequest, GateRequest
 from kernelbrain.generators.expert import ExpertGenerator
 from kernelbrain.templates import FAMILIES, layernorm, row_norm
-from tests.norm_parts import assert_composed_of_parts, reachable
+from tests.parts_check import assert_composed_of_parts, reachable_knobs
 from tests.runs import QUICK_RUNGS, run_inprocess
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -185,11 +185,11 @@ def test_round0_candidates_pass_the_gate(box, problems, analyses, variant, knobs
 @pytest.mark.parametrize("variant", ["seed", "decomposed"])
 def test_every_reachable_knob_set_renders_from_the_parts_module(analyses, problems, variant):
     spec = _spec(analyses, problems, variant)
-    knob_sets = reachable(row_norm.ROUND0, row_norm.MUTATIONS, row_norm.mutate)
+    knob_sets = reachable_knobs(row_norm)
     assert {k["strategy"] for k in knob_sets} == {"registers", "looped", "split"}
     for knobs in knob_sets:
         source = layernorm.render(spec, knobs, analyses[variant]["signature"])
-        assert_composed_of_parts(source, row_norm.PARTS)
+        assert_composed_of_parts(source, row_norm.PARTS, knobs)
         assert f"_row_norm_{knobs['strategy']}_kernel" in source and "_layer_norm(" in source
 
 

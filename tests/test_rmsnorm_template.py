@@ -15,7 +15,7 @@ from kernelbrain.core.diagnosis import LABELS
 from kernelbrain.core.protocol import GateRequest
 from kernelbrain.templates import FAMILIES, rmsnorm
 from tests.kbcli import kb
-from tests.norm_parts import assert_composed_of_parts, reachable
+from tests.parts_check import assert_composed_of_parts, reachable_knobs
 
 ROOT = Path(__file__).resolve().parents[1]
 RMSNORM = ROOT / "benchmarks" / "problems" / "rmsnorm.py"
@@ -128,11 +128,11 @@ def test_round0_candidates_pass_the_gate(box, problems, analyses, variant, knobs
 
 def test_every_reachable_knob_set_renders_from_the_parts_module():
     spec = {"dim": 1, "ndim": 4, "outer": 2, "n_channels": 64, "inner": 128, "dtype": "float32", "eps": 1e-5}
-    knob_sets = reachable(rmsnorm.ROUND0, rmsnorm.MUTATIONS, rmsnorm.mutate)
+    knob_sets = reachable_knobs(rmsnorm)
     assert {k["strategy"] for k in knob_sets} == {"registers", "looped"}
     for knobs in knob_sets:
         source = rmsnorm.render(spec, knobs, {"init": ["num_features", "eps"], "forward": ["x"]})
-        assert_composed_of_parts(source, rmsnorm.PARTS)
+        assert_composed_of_parts(source, rmsnorm.PARTS, knobs)
         assert f"_rmsnorm_{knobs['strategy']}_kernel" in source
 
 

@@ -6,10 +6,7 @@ without prefetch) runs here too, with its waits preset to pass."""
 
 from __future__ import annotations
 
-import ast
 import json
-import re
-from pathlib import Path
 
 import pytest
 import triton
@@ -18,6 +15,7 @@ from kernelbrain.child.loading import load_module
 from kernelbrain.core.protocol import GateRequest
 from kernelbrain.templates import row_softmax as rs
 from kernelbrain.templates import row_softmax_parts as parts_module
+from tests.parts_check import assert_composed_of_parts, reachable_knobs
 from tests.runs import run_interpreted
 
 SIGNATURE = {"init": [], "forward": ["x"]}
@@ -217,36 +215,15 @@ def test_split_row_one_launch_path_with_and_without_prefetch(prefetch):
     assert out["cnt"] == [8] * 5, out  # each of a row's 4 chunks published once, in the one launch
 
 
-def _reachable() -> list[dict]:
-    """The round-0 knob sets and every one a chain of mutations makes of them."""
-    out, todo = [], list(rs.ROUND0)
-    while todo:
-        knobs = todo.pop()
-        if knobs in out:
-            continue
-        out.append(knobs)
-        for moves in rs.MUTATIONS.values():
-            todo += [c for move, _ in moves if (c := rs.mutate(knobs, move)) is not None]
-    return out
-
-
 def test_every_reachable_knob_set_renders_from_the_parts_module():
-    # every kernel and launcher the candidate defines is the parts module's own, statement for statement
-    tree = ast.parse(Path(parts_module.__file__).read_text())
-    theirs = {n.name: ast.dump(n) for n in tree.body if isinstance(n, ast.FunctionDef)}
-    reached = _reachable()
+    # every knob set any chain of mutations reaches: each kernel and launcher is the parts module's own
+    reached = reachable_knobs(rs, depth=None)
     assert {k["strategy"] for k in reached} == {"single_pass", "online", "multi_row", "split_row", "deferred"}
     for knobs in reached:
         for log in (False, True):
             spec = {"log": log, "dim": -1, "ndim": 2, "n_cols": 393216}
             source = rs.render(spec, knobs, SIGNATURE)
-            assert re.search(r"@[A-Z]", source) is None, (knobs, "a placeholder left")
-            functions = [n for n in ast.parse(source).body if isinstance(n, ast.FunctionDef)]
-            jitted = [
-                f.name for f in functions if any(ast.unparse(d) == "triton.jit" for d in f.decorator_list)
-            ]
-            assert "_softmax_kernel" in source and jitted, knobs
-            for f in functions:
-                assert ast.dump(f) == theirs.get(f.name), (knobs, f.name)
-                if f.name in jitted:
-                    assert isinstance(getattr(parts_module, f.name), triton.runtime.JITFunction)
+            found = assert_composed_of_parts(source, rs.PARTS, knobs)
+            assert "_softmax_kernel" in source, knobs
+            for name in found.kernels:
+                assert isinstance(getattr(parts_module, name), triton.runtime.JITFunction), (knobs, name)
