@@ -138,6 +138,8 @@ def check_broadcast_strided_and_half_inputs(tmp_path: Path) -> None:
         [wide(9, 6, 4).permute(2, 1, 0), wide(6, 4).t()[:, :, None], wide(1, 1, 9)],  # non-contiguous
         [wide(1, 1, 1), wide(5, 1, 3, 1, 2, 1), wide(2, 1)],  # size-1 axes, six dims
         [wide(0, 3), wide(3), wide(1)],  # empty
+        [wide(3, 2, 1500), wide(1500), wide(3, 1, 1)],  # a last axis over a tile: two column blocks a row
+        [wide(700, 3), wide(3), wide(700, 1)],  # a short last axis: many rows a tile, the last tile partial
     ]
     for xs in cases:
         same(ref(*xs), new(*xs))

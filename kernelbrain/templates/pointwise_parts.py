@@ -133,36 +133,40 @@ def _flat_persistent_kernel(y_ptr, x0, x1, x2, x3, n, N_IN: tl.constexpr, BLOCK:
 
 
 @triton.jit
-def _strided_offset(offs, d1, d2, d3, s0, s1, s2, s3):
-    """An input's element offset for the output's flat index, over four (collapsed) dims: its strides
-    are 0 where it broadcasts."""
-    i3 = offs % d3
-    r = offs // d3
-    i2 = r % d2
-    r = r // d2
-    return (r // d1) * s0 + (r % d1) * s1 + i2 * s2 + i3 * s3
+def _strided_offset(rows, cols, d1, d2, s0, s1, s2, s3):
+    """An input's element offsets for a [ROWS, BLOCK_C] tile of the output's four (collapsed) dims, rows
+    over the first three: its strides are 0 where it broadcasts. Only the rows divide."""
+    i2 = rows % d2
+    r = rows // d2
+    base = (r // d1) * s0 + (r % d1) * s1 + i2 * s2
+    return base[:, None] + cols[None, :] * s3
 
 
 @triton.jit
 def _strided_kernel(
-    y_ptr, x0, x1, x2, x3, n, d1, d2, d3,
+    y_ptr, x0, x1, x2, x3, n_rows, d1, d2, d3,
     a0, a1, a2, a3, b0, b1, b2, b3, c0, c1, c2, c3, e0, e1, e2, e3,
-    N_IN: tl.constexpr, BLOCK: tl.constexpr,
+    N_IN: tl.constexpr, ROWS: tl.constexpr, BLOCK_C: tl.constexpr,
 ):  # fmt: skip
-    """Broadcast or strided inputs: each input's (a, b, c, e) strides over the output's four dims."""
-    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < n
-    v0 = _load(x0, _strided_offset(offs, d1, d2, d3, a0, a1, a2, a3), mask)
+    """Broadcast or strided inputs: each input's (a, b, c, e) strides over the output's four dims. A
+    program takes ROWS rows (the first three dims) x BLOCK_C of the last: a division a row, not an
+    element."""
+    col_blocks = tl.cdiv(d3, BLOCK_C)
+    rows = (tl.program_id(0) // col_blocks).to(tl.int64) * ROWS + tl.arange(0, ROWS)
+    cols = (tl.program_id(0) % col_blocks) * BLOCK_C + tl.arange(0, BLOCK_C)
+    mask = (rows < n_rows)[:, None] & (cols < d3)[None, :]
+    v0 = _load(x0, _strided_offset(rows, cols, d1, d2, a0, a1, a2, a3), mask)
     v1 = v0
     v2 = v0
     v3 = v0
     if N_IN > 1:
-        v1 = _load(x1, _strided_offset(offs, d1, d2, d3, b0, b1, b2, b3), mask)
+        v1 = _load(x1, _strided_offset(rows, cols, d1, d2, b0, b1, b2, b3), mask)
     if N_IN > 2:
-        v2 = _load(x2, _strided_offset(offs, d1, d2, d3, c0, c1, c2, c3), mask)
+        v2 = _load(x2, _strided_offset(rows, cols, d1, d2, c0, c1, c2, c3), mask)
     if N_IN > 3:
-        v3 = _load(x3, _strided_offset(offs, d1, d2, d3, e0, e1, e2, e3), mask)
-    tl.store(y_ptr + offs, _body(v0, v1, v2, v3).to(y_ptr.dtype.element_ty), mask=mask)
+        v3 = _load(x3, _strided_offset(rows, cols, d1, d2, e0, e1, e2, e3), mask)
+    out = rows[:, None] * d3 + cols[None, :]  # the output is contiguous
+    tl.store(y_ptr + out, _body(v0, v1, v2, v3).to(y_ptr.dtype.element_ty), mask=mask)
 
 
 MAX_DIMS = 4  # the strided kernel's dims after collapsing; more and the inputs are made contiguous
@@ -214,6 +218,9 @@ def _launch(y, xs, block, num_warps, persistent_ctas):
     per_input = [[0] * lead + s for s in strides[1:]]
     per_input += [per_input[0]] * (4 - n_in)
     flat = [s for st in per_input for s in st]
-    _strided_kernel[(tiles,)](y, *pad, n, shape[1], shape[2], shape[3], *flat, N_IN=n_in, BLOCK=block,
-                              num_warps=num_warps)  # fmt: skip
+    block_c = min(block, triton.next_power_of_2(shape[3]))
+    rows, n_rows = block // block_c, n // shape[3]
+    grid = (triton.cdiv(n_rows, rows) * triton.cdiv(shape[3], block_c),)
+    _strided_kernel[grid](y, *pad, n_rows, shape[1], shape[2], shape[3], *flat, N_IN=n_in, ROWS=rows,
+                          BLOCK_C=block_c, num_warps=num_warps)  # fmt: skip
     return y

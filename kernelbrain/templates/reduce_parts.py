@@ -201,10 +201,11 @@ def _reduce_launch(
     grid = (programs, split)
     args = (part, *pad, k_all, n, inner, chunk, n)
     _reduce_kernel[grid](*args, POST=0, PROLOGUE=True, FINAL=False, COLS=cols, **common)
-    # the partials as [K, split] rows, combined by the same kernel (a norm's or a mean's parts summed)
-    rows = part.t().contiguous()
-    grid = (triton.cdiv(k_all, 16), 1)
-    second = {"N_IN": 1, "OP": op, "PRE": 0, "BLOCK_K": 16, "BLOCK_R": triton.next_power_of_2(split)}
-    args = (y, rows, rows, rows, rows, k_all, split, 1, split, total)
-    _reduce_kernel[grid](*args, POST=post, PROLOGUE=False, FINAL=True, COLS=False, num_warps=4, **second)
+    # the partials combined by the same kernel, read in place as columns of [split, K] (a norm's or a
+    # mean's parts summed): no transposing copy
+    rows = min(16, triton.next_power_of_2(split))
+    second = {"N_IN": 1, "OP": op, "PRE": 0, "BLOCK_K": 128, "BLOCK_R": rows}
+    grid = (triton.cdiv(k_all, 128), 1)
+    args = (y, part, part, part, part, k_all, split, k_all, split, total)
+    _reduce_kernel[grid](*args, POST=post, PROLOGUE=False, FINAL=True, COLS=True, num_warps=4, **second)
     return y
