@@ -7,6 +7,10 @@ traced reference, or None), `ROUND0` (knob sets spreading over its strategy axes
 one also reads what the trace cannot show from the problem's source (`refine`). Every family's kernels
 are real `@triton.jit` functions in its `*_parts` module, copied into the candidate by `render`.
 
+`cross_entropy` composes negative log-likelihood losses from the graph (`aten._log_softmax` then
+`aten.nll_loss_forward`, as `F.cross_entropy` traces), with class weights, ignore_index and every
+reduction mode.
+
 Shared, not families: `row_norm` (the strategies and knobs layernorm and l2norm share), `model_source`
 (what a template reads from the problem's source), `render` (the one renderer) and `decompose` (ATen
 ops split before the composed families read the graph).
