@@ -1,0 +1,104 @@
+"""Round-0 candidates of problem files timed against eager in this process, quickly: no sandbox, no gate,
+for a first look on the GPU at a template change (kb's own bench is the measurement that counts).
+
+    python3 tools/round0_probe.py [--max N] [--reps R] [--out FILE.json] PROBLEM.py ...
+
+Per problem: the expert generator's round-0 proposals for the file's own shape; each candidate's
+output checked against eager's on one random input set (max abs error printed); then eager and the
+candidates timed interleaved with CUDA events on that set, medians of R samples.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.append(str(ROOT))
+
+from kernelbrain.child.analysis import analyse  # noqa: E402
+from kernelbrain.child.loading import Problem  # noqa: E402
+from kernelbrain.core.events import ProblemAnalysed  # noqa: E402
+from kernelbrain.generators.expert import ExpertGenerator  # noqa: E402
+
+
+def _load(source: str, folder: Path, name: str):
+    path = folder / f"{name}.py"
+    path.write_text(source)
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _median_ms(fn, reps: int) -> float:
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def probe(path: Path, max_candidates: int, reps: int, folder: Path) -> dict:
+    source = path.read_text()
+    analysed = ProblemAnalysed(**analyse(source, "cuda"), families=[])
+    proposals = ExpertGenerator().first_round(analysed, problem_source=source)[:max_candidates]
+    problem = Problem(source)
+    shape = problem.ladder_shapes("cuda", "primary")[0]
+    inputs = problem.inputs(shape, 0, "cuda")
+    ref = problem.module.Model(*problem.module.get_init_inputs()).cuda()
+    with torch.no_grad():
+        expected = ref(*inputs)
+        rows = []
+        for i, p in enumerate(proposals):
+            cand = _load(p.source, folder, f"{path.stem}_{i}")
+            new = cand.ModelNew(*problem.module.get_init_inputs()).cuda()
+            got = new(*inputs)
+            err = (got.float() - expected.float()).abs().max().item()
+            rows.append({"family": p.family, "knobs": p.knobs, "model": new, "max_abs_err": err})
+            del got
+        eager = [_median_ms(lambda: ref(*inputs), reps)]
+        for row in rows:  # interleaved: eager again after each candidate
+            model = row.pop("model")
+            row["ms"] = _median_ms(lambda m=model: m(*inputs), reps)
+            eager.append(_median_ms(lambda: ref(*inputs), reps))
+            row["vs_eager"] = statistics.median(eager) / row["ms"]
+    return {"problem": path.name, "eager_ms": statistics.median(eager), "candidates": rows}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("problems", nargs="+", type=Path)
+    parser.add_argument("--max", type=int, default=4)
+    parser.add_argument("--reps", type=int, default=10)
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args()
+    results = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for path in args.problems:
+            result = probe(path, args.max, args.reps, Path(tmp))
+            results.append(result)
+            print(f"{result['problem']}: eager {result['eager_ms']:.3f} ms", flush=True)
+            for row in result["candidates"]:
+                speed = f"{row['vs_eager']:.3f}x  {row['ms']:.3f} ms"
+                print(f"  {speed}  err {row['max_abs_err']:.2e}  {row['knobs']}", flush=True)
+            torch.cuda.empty_cache()
+    if args.out:
+        args.out.write_text(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()
