@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -18,7 +20,7 @@ from typing import ClassVar, Literal
 import pytest
 
 from kernelbrain.core.protocol import GateReply, GateRequest, Message, Request
-from kernelbrain.runtime.sandbox import Sandbox, SandboxError, SandboxFault
+from kernelbrain.runtime.sandbox import FILE_CAP, Sandbox, SandboxError, SandboxFault, child_limits
 
 HERE = Path(__file__).resolve().parent
 PROBLEM = (HERE / "problems" / "softmax_small.py").read_text()
@@ -263,3 +265,18 @@ def test_a_bench_is_charged_its_timed_calls_and_the_references_alone(box: Sandbo
         reply, busy = box.call(request, timeout_s=300)
         timed = sum(s.repeats * s.calls * (s.cand_median_s + s.ref_median_s) for s in reply.shapes)
         assert busy >= timed > 0, (busy, timed)
+
+
+def test_a_child_writes_a_file_past_4_gib_but_not_past_the_cap(tmp_path) -> None:
+    """A problem's 4 GiB input is drawn into one file (100_HingeLoss's was cut short by a 4 GiB cap); a
+    write past FILE_CAP fails ("File too large": Python ignores SIGXFSZ). Sparse files: offsets count,
+    not the disk."""
+
+    def write_at(offset: int) -> subprocess.CompletedProcess:
+        code = f"f = open({str(tmp_path / 'big')!r}, 'wb'); f.seek({offset}); f.write(b'x'); f.close()"
+        run = [sys.executable, "-c", code]
+        return subprocess.run(run, preexec_fn=child_limits, capture_output=True, text=True)
+
+    assert write_at((4 << 30) + 4096).returncode == 0
+    past = write_at(FILE_CAP)
+    assert past.returncode != 0 and "File too large" in past.stderr

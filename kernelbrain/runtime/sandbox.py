@@ -83,12 +83,20 @@ class ProblemFault(SandboxError):
     """The problem's own code raised in the judge, where no candidate code runs: the problem's fault."""
 
 
-def _child_setup() -> None:
+# the largest file a child may write: the judge writes a problem's drawn inputs, one file a tensor set,
+# and a trial its outputs; KernelBench's reach 8.6 GB a tensor (a 4 GiB cap failed 100_HingeLoss's
+# 4 GiB input). Still a bound on a candidate that writes without end
+FILE_CAP = 64 << 30
+
+
+def child_limits() -> None:
+    """What every child starts with (a subprocess's preexec_fn): no SIGINT, no core dumps, files no larger
+    than FILE_CAP, and death with its worker."""
     # ignored across exec: a SIGINT to the child's group (a terminal's Ctrl-C) must not stop a request
     # in a wrapper (bwrap) before the child itself ignores it
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-    resource.setrlimit(resource.RLIMIT_FSIZE, (4 << 30, 4 << 30))
+    resource.setrlimit(resource.RLIMIT_FSIZE, (FILE_CAP, FILE_CAP))
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
@@ -200,7 +208,7 @@ class Sandbox:
             cwd=self.tmp,
             env=self._env(),
             start_new_session=True,
-            preexec_fn=_child_setup,
+            preexec_fn=child_limits,
         )
 
     def call(
