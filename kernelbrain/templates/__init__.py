@@ -20,6 +20,8 @@ from typing import Any
 
 from kernelbrain.templates import (
     attention,
+    contraction,
+    conv,
     conv_transpose,
     cross_entropy,
     gemm_epilogue,
@@ -48,7 +50,9 @@ FAMILIES: tuple[Family, ...] = (
     gemm_epilogue,
     attention,
     conv_transpose,
+    conv,
     gemv,
+    contraction,
     pointwise,
     reduce,
     scan,

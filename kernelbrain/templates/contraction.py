@@ -1,0 +1,535 @@
+"""Contractions: one GEMM-like op (aten.mm, aten.addmm, aten.bmm) with the views around it that
+torch.matmul, F.linear and einsum decompose into, and a pointwise epilogue on its accumulator tile,
+composed from the traced graph into one Triton kernel.
+
+    y[b, m, n] = epilogue(sum_k A[b, m, k] * B[b, k, n], e1, e2, e3)   fp32 accumulation, one store
+
+Every view (t, transpose, permute, view, reshape, expand, unsqueeze, squeeze, clone) is followed
+symbolically: each axis of a tensor is the run of source dims ("atoms": a forward input's or a
+parameter's dim, or a broadcast) it merges. At the contraction, an operand's axes say which source dims
+make its batch, rows and columns; ModelNew lays each operand out from its source by a permute and a
+reshape (a view wherever the strides allow: a transposed operand is read by its strides, not copied)
+and broadcast batch pieces get stride 0. The output is the contraction's rows and columns in order, so
+the views after it only regroup them (a permute that reorders them is refused).
+
+The epilogue is templates/pointwise's chain with the contraction value as v0 and up to three further
+tensors (a bias, a residual forward input, a parameter), each broadcast to the shape it meets the chain
+at and read per tile by its strides. ModelNew runs Model's constructor (its parameters are Model's own)
+and reads them by their state-dict names.
+
+Precision: fp32 operands take an exact "ieee" dot or "tf32x3" (three TF32 dots of hi/lo splits, see
+templates/gemm_epilogue); fp16/bf16 ones a plain dot accumulating in fp32. The kernel and its launcher
+are in templates/contraction_parts.py.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from kernelbrain.core.graph import INPUT, PARAM, Graph, Meta, Node
+from kernelbrain.templates import model_source, pointwise
+from kernelbrain.templates.render import chain, constants, module, parts
+
+FAMILY = "contraction"
+PARTS = "kernelbrain.templates.contraction_parts"
+# H100/H200: 227 KiB of shared memory per block (opt-in maximum)
+MAX_SMEM = 227 * 1024
+# fp32 accumulator elements per thread; past this the accumulator spills
+MAX_ACC_PER_THREAD = 128
+MAX_EXTRAS = 3
+MAX_PIECES = 3  # batch dims the kernel indexes (the grid's second axis)
+MAX_BATCH = 65535  # a CUDA grid's second axis
+
+ROUND0: list[dict[str, Any]] = [
+    {"strategy": "tf32x3", "block_m": 128, "block_n": 128, "block_k": 32, "group_m": 8, "num_warps": 8,
+     "num_stages": 3},
+    {"strategy": "ieee", "block_m": 64, "block_n": 64, "block_k": 32, "group_m": 8, "num_warps": 4,
+     "num_stages": 3},
+    {"strategy": "tf32x3", "block_m": 64, "block_n": 64, "block_k": 32, "group_m": 8, "num_warps": 4,
+     "num_stages": 4},
+    {"strategy": "tf32x3", "block_m": 128, "block_n": 64, "block_k": 32, "group_m": 8, "num_warps": 4,
+     "num_stages": 4},
+    {"strategy": "ieee", "block_m": 128, "block_n": 128, "block_k": 16, "group_m": 8, "num_warps": 8,
+     "num_stages": 3},
+]  # fmt: skip
+
+MUTATIONS: dict[str, list[tuple[str, str]]] = {
+    "compute-bound": [
+        (
+            "tf32x3",
+            "at the FMA roof: three TF32 tensor-core dots keep fp32 accuracy at several times the rate",
+        ),
+        ("larger_tiles", "bigger output tiles do more dot work per loaded element"),
+    ],
+    "memory-bound near peak": [
+        ("larger_tiles", "bigger output tiles re-read A and B fewer times"),
+        ("wider_groups", "a wider GROUP_M swizzle keeps the B tiles a group shares in L2"),
+    ],
+    "memory-bound with poor coalescing": [("longer_k", "longer K tiles make longer contiguous loads")],
+    "latency or occupancy-limited": [
+        ("more_stages", "a deeper software pipeline keeps more tile loads in flight"),
+        ("smaller_tiles", "smaller output tiles make more programs to fill the SMs"),
+    ],
+    "launch-bound": [("larger_tiles", "fewer, fatter programs")],
+    "register spills": [
+        ("more_warps", "spread the accumulator over more threads"),
+        ("smaller_tiles", "a smaller output tile holds a smaller accumulator"),
+    ],
+}
+
+
+def mutate(knobs: dict[str, Any], move: str) -> dict[str, Any] | None:
+    k = dict(knobs)
+    if move == "tf32x3":
+        return {**k, "strategy": "tf32x3"} if k["strategy"] != "tf32x3" else None
+    if move == "larger_tiles":
+        key = "block_m" if k["block_m"] <= k["block_n"] else "block_n"
+        return {**k, key: k[key] * 2} if k[key] < 256 else None
+    if move == "smaller_tiles":
+        key = "block_m" if k["block_m"] >= k["block_n"] else "block_n"
+        return {**k, key: k[key] // 2} if k[key] > 16 else None
+    if move == "wider_groups":
+        return {**k, "group_m": k["group_m"] * 2} if k["group_m"] < 32 else None
+    if move == "longer_k":
+        return {**k, "block_k": k["block_k"] * 2} if k["block_k"] < 128 else None
+    if move == "more_stages":
+        return {**k, "num_stages": k["num_stages"] + 1} if k["num_stages"] < 6 else None
+    if move == "more_warps":
+        return {**k, "num_warps": k["num_warps"] * 2} if k["num_warps"] < 16 else None
+    return None
+
+
+def _next_pow2(n: int) -> int:
+    return 1 << max(0, (int(n) - 1).bit_length())
+
+
+def tile(spec: dict, knobs: dict[str, Any]) -> tuple[int, int, int]:
+    """(BLOCK_M, BLOCK_N, BLOCK_K) the launcher uses at the traced shape: never wider than the matrix
+    (rounded up to a power of two, at least 16: tl.dot's minimum)."""
+
+    def clamp(block: int, dim: int) -> int:
+        return min(block, max(16, _next_pow2(dim)))
+
+    return (
+        clamp(knobs["block_m"], spec["m"]),
+        clamp(knobs["block_n"], spec["n"]),
+        clamp(knobs["block_k"], spec["k"]),
+    )
+
+
+def smem_bytes(spec: dict, knobs: dict[str, Any]) -> int:
+    """The software pipeline's A and B tiles a stage (fp32: the widest), plus a tf32x3 dot's hi/lo."""
+    bm, bn, bk = tile(spec, knobs)
+    per_stage = (bm * bk + bk * bn) * 4
+    return knobs["num_stages"] * per_stage + (2 * per_stage if knobs["strategy"] == "tf32x3" else 0)
+
+
+def feasible(spec: dict, knobs: dict[str, Any]) -> bool:
+    """Tiles of powers of two >= 16, the pipeline within shared memory, the accumulator (and the tile of
+    each epilogue tensor) within registers, the batch within the grid's second axis."""
+    blocks = (knobs["block_m"], knobs["block_n"], knobs["block_k"])
+    if any(b < 16 or b & (b - 1) for b in blocks) or knobs["num_stages"] < 1:
+        return False
+    if spec["batch"] > MAX_BATCH:
+        return False
+    bm, bn, _ = tile(spec, knobs)
+    threads = 32 * knobs["num_warps"]
+    # in the K loop the accumulator (and a tf32x3 split's operands); in the epilogue the accumulator and
+    # each extra tile, once, where a thread may hold up to 255 registers
+    in_loop = bm * bn * (1 + (knobs["strategy"] == "tf32x3"))
+    in_epilogue = bm * bn * (1 + len(spec["extras"]))
+    fits = in_loop <= MAX_ACC_PER_THREAD * threads and in_epilogue <= 2 * MAX_ACC_PER_THREAD * threads
+    return smem_bytes(spec, knobs) <= MAX_SMEM and fits
+
+
+# --- the graph ---------------------------------------------------------------------------------------
+
+CONTRACTIONS = {"aten.mm.default", "aten.addmm.default", "aten.bmm.default"}
+_REGROUPS = {"aten.view.default", "aten._unsafe_view.default", "aten.reshape.default"}
+_SAME = {"aten.clone.default", "aten.contiguous.default", "aten.alias.default", "aten.detach.default",
+         "aten.lift_fresh.default"}  # fmt: skip
+_PERMUTES = {"aten.t.default", "aten.transpose.int", "aten.permute.default"}
+_SQUEEZES = {"aten.squeeze.dim", "aten.squeeze.dims", "aten.squeeze.default", "aten.unsqueeze.default"}
+VIEWS = _REGROUPS | _SAME | _PERMUTES | _SQUEEZES | {"aten.expand.default"}
+
+Atom = tuple[int, int]  # (source node, dim); (-1, size): a broadcast
+Axes = list[tuple[Atom, ...]]  # each axis: the atoms it merges, in row-major order (none: size 1)
+
+
+class NotContraction(ValueError):
+    """What the graph holds that this family cannot compose (named in the refusal)."""
+
+
+class _Atoms:
+    """Sizes of atoms, from the sources' traced shapes."""
+
+    def __init__(self, graph: Graph) -> None:
+        self.graph = graph
+
+    def size(self, atom: Atom) -> int:
+        return atom[1] if atom[0] < 0 else self.graph.nodes[atom[0]].outs[0].shape[atom[1]]
+
+    def axis(self, axis: tuple[Atom, ...]) -> int:
+        return math.prod(self.size(a) for a in axis)
+
+
+def _dim(d: int, rank: int) -> int:
+    return d + rank if d < 0 else d
+
+
+def _regroup(sizes: _Atoms, axes: Axes, shape: list[int], op: str) -> Axes:
+    """A view's axes: the atoms in row-major order cut into runs of the view's sizes (an atom of size 1
+    dropped: it changes no element's place); NotContraction where a size would split an atom."""
+    atoms = [a for axis in axes for a in axis if sizes.size(a) != 1]
+    out: Axes = []
+    at = 0
+    for want in shape:
+        run: list[Atom] = []
+        while math.prod(sizes.size(a) for a in run) < want and at < len(atoms):
+            run.append(atoms[at])
+            at += 1
+        if math.prod(sizes.size(a) for a in run) != want:
+            raise NotContraction(f"{op} splitting a dim")
+        out.append(tuple(run))
+    if at != len(atoms):
+        raise NotContraction(f"{op} splitting a dim")
+    return out
+
+
+def _view(sizes: _Atoms, node: Node, axes: Axes) -> Axes:
+    """The axes of a view op's result from its input's."""
+    op, a, rank = node.op, node.args, len(axes)
+    if op in _SAME:
+        return axes
+    if op in _REGROUPS:
+        return _regroup(sizes, axes, node.outs[0].shape, op)
+    if op == "aten.t.default":
+        return axes[::-1]
+    if op == "aten.transpose.int":
+        d0, d1 = _dim(int(a["dim0"]), rank), _dim(int(a["dim1"]), rank)
+        out = list(axes)
+        out[d0], out[d1] = axes[d1], axes[d0]
+        return out
+    if op == "aten.permute.default":
+        return [axes[_dim(int(d), rank)] for d in a["dims"]]
+    if op == "aten.unsqueeze.default":
+        out = list(axes)
+        out.insert(_dim(int(a["dim"]), rank + 1), ())
+        return out
+    if op in _SQUEEZES:  # squeeze: the axes of size 1 among those named go
+        dims = a.get("dim", a.get("dims"))
+        named = (
+            range(rank)
+            if dims is None
+            else [_dim(int(d), rank) for d in ([dims] if isinstance(dims, int) else dims)]
+        )
+        return [ax for i, ax in enumerate(axes) if not (i in named and sizes.axis(ax) == 1)]
+    if op == "aten.expand.default":
+        shape = [int(s) for s in a["size"]]
+        new = len(shape) - rank
+        out = [((-1, s),) if s > 1 else () for s in shape[:new]]
+        for ax, s in zip(axes, shape[new:], strict=True):
+            out.append(ax if s in (-1, sizes.axis(ax)) else ((-1, s),))
+        return out
+    raise NotContraction(op)
+
+
+def _operand(graph: Graph, sizes: _Atoms, value: Any, sources: dict[int, int]) -> Axes:
+    """The axes of a contraction's operand, followed through its views back to a forward input or a
+    parameter (recorded in `sources`, node -> position)."""
+    ref = graph.ref(value)
+    if ref is None:
+        raise NotContraction("an operand that is not a tensor")
+    node = graph.nodes[ref[0]]
+    if node.op in (INPUT, PARAM):
+        if node.outs[0].dtype not in pointwise.FLOATS:
+            raise NotContraction(f"an operand of {node.outs[0].dtype}")
+        sources.setdefault(ref[0], len(sources))
+        return [((ref[0], d),) for d in range(len(node.outs[0].shape))]
+    if node.op not in VIEWS:
+        raise NotContraction(f"an operand produced by {node.op}")
+    return _view(sizes, node, _operand(graph, sizes, node.args.get("self"), sources))
+
+
+def _pieces(
+    sizes: _Atoms, a: tuple[Atom, ...], b: tuple[Atom, ...]
+) -> list[tuple[tuple[Atom, ...], tuple[Atom, ...]]]:
+    """The batch axis of both operands cut where both have an atom boundary: each piece a run of source
+    dims on each side, or one broadcast atom on one side."""
+    out: list[tuple[tuple[Atom, ...], tuple[Atom, ...]]] = []
+    i = j = 0
+    while i < len(a) or j < len(b):
+        ra: list[Atom] = []
+        rb: list[Atom] = []
+        while True:
+            pa = math.prod(sizes.size(x) for x in ra)
+            pb = math.prod(sizes.size(x) for x in rb)
+            if ra and rb and pa == pb:
+                break
+            if (pa <= pb or j == len(b)) and i < len(a):
+                ra.append(a[i])
+                i += 1
+            elif j < len(b):
+                rb.append(b[j])
+                j += 1
+            else:
+                raise NotContraction("batch dims of the operands that do not align")
+        for run in (ra, rb):
+            if any(x[0] < 0 for x in run) and len(run) > 1:
+                raise NotContraction("a batch broadcast that does not align with the other operand's dims")
+        if ra[0][0] < 0 and rb[0][0] < 0:
+            raise NotContraction("a batch dim both operands broadcast")
+        out.append((tuple(ra), tuple(rb)))
+    return out
+
+
+def _plan(atoms: list[tuple[Atom, ...] | None], sources: dict[int, int], rank: dict[int, int]) -> list[Any]:
+    """(source, order, groups) for contraction_parts._operand: the source dims in the order the logical
+    dims take them (the rest, of size 1, after them), each logical dim's dims or None (broadcast)."""
+    src = next(a[0] for run in atoms if run for a in run if a[0] >= 0)
+    groups = [None if run and run[0][0] < 0 else [d for s, d in run if s == src] for run in atoms]
+    if any(s not in (src, -1) for run in atoms if run for s, _ in run):
+        raise NotContraction("an operand made of two tensors")
+    used = [d for g in groups if g for d in g]
+    order = used + [d for d in range(rank[src]) if d not in used]
+    return [sources[src], order, groups]
+
+
+def compose(graph: Graph) -> dict:
+    """The spec of a graph that is one contraction of two (viewed) tensors and a pointwise epilogue.
+    Raises NotContraction (or pointwise.NotPointwise) naming what is not."""
+    if len(graph.outputs) != 1:
+        raise NotContraction(f"{len(graph.outputs)} outputs")
+    wanted = {n for n, _ in graph.needed()}
+    found = [i for i, n in enumerate(graph.nodes) if n.op in CONTRACTIONS and i in wanted]
+    if len(found) != 1:
+        raise NotContraction(f"{len(found)} contractions")
+    at = found[0]
+    node = graph.nodes[at]
+    view_sizes = {(i, k) for i, n in enumerate(graph.nodes) if n.op in VIEWS for k in ("size",)}
+    try:
+        graph.unsized(view_sizes)
+    except ValueError as e:
+        raise NotContraction(str(e)) from None
+    sizes = _Atoms(graph)
+    sources: dict[int, int] = {}
+    first, second = ("mat1", "mat2") if node.op == "aten.addmm.default" else ("self", "mat2")
+    a = _operand(graph, sizes, node.args[first], sources)
+    b = _operand(graph, sizes, node.args[second], sources)
+    pieces = _pieces(sizes, a[0], b[0]) if len(a) == 3 else []
+    if len(pieces) > MAX_PIECES:
+        raise NotContraction(f"{len(pieces)} batch dims")
+    for what, run in (("rows", a[-2]), ("reduced dims", a[-1]), ("reduced dims", b[-2]), ("columns", b[-1])):
+        if any(x[0] < 0 for x in run):
+            raise NotContraction(f"a broadcast along the contraction's {what}")
+    rank = {s: len(graph.nodes[s].outs[0].shape) for s in sources}
+    a_plan = _plan([pa for pa, _ in pieces] + [a[-2], a[-1]], sources, rank)
+    b_plan = _plan([pb for _, pb in pieces] + [b[-2], b[-1]], sources, rank)
+    batch_atoms = [pa if pa[0][0] >= 0 else pb for pa, pb in pieces]
+    result: Axes = [tuple(x) for x in batch_atoms] + [a[-2], b[-1]]
+    flat = [x for ax in result for x in ax if sizes.size(x) != 1]
+    epi = _epilogue(graph, sizes, at, result, flat, sources)
+    out_dtype = graph.meta(tuple(graph.outputs[0])).dtype
+    operand_dtype = node.outs[0].dtype
+    m = sizes.axis(a[-2])
+    return {
+        "sources": [_source(graph.nodes[s]) for s in sorted(sources, key=sources.get)],
+        "a": a_plan,
+        "b": b_plan,
+        "out_axes": [[list(sources_of(x, sources)) for x in ax] for ax in epi["out"]],
+        "extras": epi["extras"],
+        "epilogue": epi["body"],
+        "epilogue_result": epi["result"],
+        "helpers": epi["helpers"],
+        "dtype": None if out_dtype == operand_dtype else out_dtype,
+        "m": m,
+        "n": sizes.axis(b[-1]),
+        "k": sizes.axis(a[-1]),
+        "batch": math.prod(sizes.axis(p[0] if p[0][0][0] >= 0 else p[1]) for p in pieces),
+        "ops": graph.ops(),
+    }
+
+
+def sources_of(atom: Atom, sources: dict[int, int]) -> tuple[int, int]:
+    """An atom as contraction_parts reads it: (position among the sources, dim)."""
+    return sources[atom[0]], atom[1]
+
+
+def _source(node: Node) -> list[Any]:
+    return ["input", int(node.args["index"])] if node.op == INPUT else ["param", str(node.args["name"])]
+
+
+def _epilogue(
+    graph: Graph, sizes: _Atoms, at: int, result: Axes, flat: list[Atom], sources: dict[int, int]
+) -> dict:
+    """The chain after the contraction as templates/pointwise composes it (the contraction's value v0,
+    the tensors it meets v1..v3), the output's axes, and each extra tensor with the axes it meets at."""
+    node = graph.nodes[at]
+    axes_of: dict[tuple[int, int], Axes] = {(at, 0): result}
+    moved: dict[tuple[int, int], list[int]] = {(at, 0): [0, 0]}
+    out_shape = graph.meta(tuple(graph.outputs[0])).shape
+    nodes: list[Node] = [
+        Node(op=INPUT, args={"index": 0}, outs=[Meta(shape=out_shape, strides=[], dtype=node.outs[0].dtype)])
+    ]
+    extras: list[list[Any]] = []
+    extra_at: dict[tuple[int, int], list[int]] = {}
+
+    def extra(ref: tuple[int, int], axes: Axes) -> list[int]:
+        src = graph.nodes[ref[0]]
+        while src.op in _SAME:  # a clone or detach of a source reads as the source
+            ref = graph.ref(src.args["self"])
+            src = graph.nodes[ref[0]]
+        if src.op not in (INPUT, PARAM):
+            raise NotContraction(f"an epilogue tensor made by {src.op}")
+        if ref not in extra_at:
+            if len(extras) == MAX_EXTRAS:
+                raise NotContraction(f"more than {MAX_EXTRAS} tensors in the epilogue")
+            meta = src.outs[0]
+            if len(meta.shape) > len(axes) or any(
+                s not in (1, sizes.axis(ax))
+                for s, ax in zip(reversed(meta.shape), reversed(axes), strict=False)
+            ):
+                raise NotContraction(f"an epilogue tensor of shape {meta.shape} that does not broadcast")
+            nodes.append(
+                Node(
+                    op=INPUT,
+                    args={"index": len(extras) + 1},
+                    outs=[meta.model_copy(update={"shape": out_shape})],
+                )
+            )
+            extra_at[ref] = [len(nodes) - 1, 0]
+            extras.append(
+                [
+                    _source(src),
+                    [[list(sources_of(x, sources)) if x[0] >= 0 else None for x in ax] for ax in axes],
+                ]
+            )
+        return extra_at[ref]
+
+    if node.op == "aten.addmm.default":  # the bias: added to the contraction's value before the chain
+        if node.args.get("beta", 1) != 1 or node.args.get("alpha", 1) != 1:
+            raise NotContraction("addmm with beta or alpha other than 1")
+        bias = extra(graph.ref(node.args["self"]), result)
+        add = {"self": {"ref": [0, 0]}, "other": {"ref": bias}, "alpha": 1}
+        nodes.append(Node(op="aten.add.Tensor", args=add, outs=[nodes[0].outs[0]]))
+        moved[(at, 0)] = [len(nodes) - 1, 0]
+    wanted = graph.needed()
+    for j in range(at + 1, len(graph.nodes)):
+        n = graph.nodes[j]
+        if not any((j, k) in wanted for k in range(len(n.outs))):
+            continue
+        mine = [r for v in n.args.values() for r in graph.refs(v) if r in moved]
+        if not mine:
+            continue  # a view of an extra tensor, read where it is used
+        first = mine[0]
+        if n.op in VIEWS:
+            axes = _view(sizes, n, axes_of[first])
+            if [x for ax in axes for x in ax if sizes.size(x) != 1] != flat:
+                raise NotContraction(f"{n.op} reordering the contraction's result")
+            axes_of[(j, 0)], moved[(j, 0)] = axes, moved[first]
+            continue
+        elementwise = n.op in pointwise.EXPRESSIONS or n.op.replace("_.", ".", 1) in pointwise.EXPRESSIONS
+        if not elementwise or n.outs[0].shape != graph.meta(first).shape:
+            raise NotContraction(f"{n.op} after the contraction")
+        args = {}
+        for key, value in n.args.items():
+            if isinstance(value, list) and graph.refs(value):
+                raise NotContraction(f"{n.op} of a list of tensors after the contraction")
+            ref = graph.ref(value)
+            if ref is None:
+                args[key] = value
+            elif ref in moved:
+                args[key] = {"ref": moved[ref]}
+            else:
+                args[key] = {"ref": extra(ref, axes_of[first])}
+        nodes.append(
+            Node(op=n.op, args=args, outs=[o.model_copy(update={"shape": out_shape}) for o in n.outs])
+        )
+        axes_of[(j, 0)], moved[(j, 0)] = axes_of[first], [len(nodes) - 1, 0]
+    out = tuple(graph.outputs[0])
+    if out not in moved:
+        raise NotContraction("an output the contraction does not reach")
+    if moved[out] == [0, 0]:
+        return {"out": axes_of[out], "extras": [], "body": [], "result": "v0", "helpers": []}
+    chained = Graph(nodes=nodes, outputs=[moved[out]])
+    spec = pointwise.compose(chained)
+    if spec["inputs"][0] != 0:
+        raise NotContraction("an epilogue that does not read the contraction")
+    order = spec["inputs"][1:]
+    return {
+        "out": axes_of[out],
+        "extras": [extras[i - 1] for i in order],
+        "body": spec["body"],
+        "result": spec["result"],
+        "helpers": spec["helpers"],
+    }
+
+
+def matches(ops: list[dict], graph: Graph | None = None) -> dict | None:
+    if graph is None:
+        return None
+    try:
+        return compose(graph)
+    except (NotContraction, pointwise.NotPointwise):
+        return None
+
+
+def refine(spec: dict, problem_source: str | None) -> dict | None:
+    """The problem's constructor, run by ModelNew so that the parameters it reads are Model's."""
+    uses_params = any(s[0] == "param" for s in spec["sources"] + [e[0] for e in spec["extras"]])
+    if not uses_params:
+        return spec
+    ctor = model_source.constructor(problem_source) if problem_source is not None else None
+    if ctor is None:
+        return None
+    return {**spec, "init_params": ctor.params, "init_body": ctor.body}
+
+
+def _tensor(source: list[Any], forward: list[str]) -> str:
+    kind, what = source
+    return forward[what] if kind == "input" else f"_state(self, {what!r})"
+
+
+def render(spec: dict, knobs: dict[str, Any], signature: dict[str, list[str]]) -> str:
+    forward = signature["forward"]
+    if "init_body" in spec:
+        params = f"self, {spec['init_params']}" if spec["init_params"] else "self"
+        body = "".join(f"        {line}\n" for line in spec["init_body"].splitlines())
+    else:
+        fallback = "".join(f", {a}=None" for a in signature["init"])
+        params = "self" + model_source.init_args(signature, fallback)
+        body = "        super().__init__()\n"
+    srcs = ", ".join(_tensor(s, forward) for s in spec["sources"])
+    extras = ", ".join(f"({_tensor(e[0], forward)}, EXTRA_AXES[{i}])" for i, e in enumerate(spec["extras"]))
+    knob_text = ", ".join(f"{k}={v}" for k, v in knobs.items())
+    dtype = f"torch.{spec['dtype']}" if spec["dtype"] else "None"
+    doc = (
+        f"Contraction with its epilogue: {', '.join(spec['ops'])}: kernelbrain contraction family "
+        f"({knob_text}).\n\nOne tiled dot, the epilogue on the fp32 accumulator, composed from the "
+        "reference's ATen graph.\n"
+    )
+    model = f"""class ModelNew(nn.Module):
+    def __init__({params}):
+{body}
+    def forward(self, {", ".join(forward)}):
+        srcs = [{srcs}]
+        extras = [{extras}]
+        return _contraction_launch(srcs, A_PLAN, B_PLAN, OUT_AXES, extras, {dtype}, PRECISION, BLOCK_M,
+                                   BLOCK_N, BLOCK_K, GROUP_M, NUM_WARPS, NUM_STAGES)
+"""
+    launcher = ("_operand", "_size", "_padded", "_state", "_contraction_launch")
+    return module(
+        doc,
+        constants(PRECISION=knobs["strategy"], BLOCK_M=knobs["block_m"], BLOCK_N=knobs["block_n"]),
+        constants(BLOCK_K=knobs["block_k"], GROUP_M=knobs["group_m"], NUM_WARPS=knobs["num_warps"]),
+        constants(NUM_STAGES=knobs["num_stages"]),
+        constants(A_PLAN=spec["a"], B_PLAN=spec["b"], OUT_AXES=spec["out_axes"]),
+        constants(EXTRA_AXES=[e[1] for e in spec["extras"]]),
+        "import math\n",
+        parts(pointwise.PARTS, *spec["helpers"]) if spec["helpers"] else "",
+        chain("_epilogue", spec["epilogue"], spec["epilogue_result"]),
+        parts(PARTS, "_dot_tile", "_extra", "_contraction_kernel"),
+        parts(PARTS, *launcher),
+        model,
+    )

@@ -1,0 +1,214 @@
+"""The contraction family, composed from the traced ATen graph: mm, addmm and bmm with the views
+torch.matmul, F.linear and einsum decompose into (transposed operands, a batch of 3-D and 4-D broadcast
+inputs) and a pointwise epilogue on the accumulator (a bias, a scale, leaky ReLU, a residual forward
+input, a clamp, swish, a parameter), against torch through the interpreter for every round-0 knob set at
+sizes no tile divides; fp16 operands; what it refuses, by name; candidates through the real gate; a
+whole `kb run`."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import partial
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from kernelbrain.child.analysis import analyse
+from kernelbrain.core.events import GatePassed
+from kernelbrain.core.graph import Graph
+from kernelbrain.core.protocol import GateRequest
+from kernelbrain.templates import FAMILIES, contraction, gemm_epilogue
+from kernelbrain.templates.render import chain
+from tests.composed import graph_of, load
+from tests.parts_check import assert_composed_of_parts, reachable_knobs
+from tests.runs import QUICK_RUNGS, run_checks, run_inprocess
+
+ROOT = Path(__file__).resolve().parents[1]
+LINEAR_CHAIN = ROOT / "tests" / "problems" / "contraction_linear_chain.py"
+NAMES = ["a", "b", "c", "d"]
+
+
+def _swish(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    y = F.linear(x, w, bias)
+    return torch.sigmoid(y) * y
+
+
+# name -> (function of the forward inputs, their shapes); M, N, K = 37, 45, 19: no tile divides them
+FUNCTIONS: dict[str, tuple[Callable, list[tuple[int, ...]]]] = {
+    "mm": (lambda a, b: a @ b, [(37, 19), (19, 45)]),
+    "transposed A": (lambda a, b: a.T @ b, [(19, 37), (19, 45)]),
+    "transposed B": (lambda a, b: torch.matmul(a, b.T), [(37, 19), (45, 19)]),
+    "transposed both": (lambda a, b: a.T @ b.transpose(0, 1), [(19, 37), (45, 19)]),
+    "bmm": (torch.bmm, [(3, 37, 19), (3, 19, 45)]),
+    "bmm, transposed B": (lambda a, b: torch.bmm(a, b.transpose(1, 2)), [(3, 37, 19), (3, 45, 19)]),
+    "3-D by a 2-D weight": (torch.matmul, [(3, 37, 19), (19, 45)]),
+    "4-D broadcast matmul": (torch.matmul, [(2, 3, 37, 19), (3, 19, 45)]),
+    "einsum": (lambda a, b: torch.einsum("bik,bjk->bij", a, b), [(2, 37, 19), (2, 45, 19)]),
+    "linear with bias, scale, leaky relu, residual, clamp": (
+        lambda x, w, bias, r: torch.clamp(F.leaky_relu(F.linear(x, w, bias) * 0.5, 0.1) + r, -0.5, 1.0),
+        [(37, 19), (45, 19), (45,), (37, 45)],
+    ),
+    "3-D linear, swish": (_swish, [(2, 5, 19), (45, 19), (45,)]),
+}
+
+
+class LinearParameter(nn.Module):
+    """nn.Linear, then swish, then a subtracted nn.Parameter and GELU: the parameters read by name."""
+
+    INIT = (
+        "super().__init__()\nself.linear = nn.Linear(19, 45)\nself.subtract = nn.Parameter(torch.randn(45))"
+    )
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(19, 45)
+        self.subtract = nn.Parameter(torch.randn(45))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.linear(x)
+        x = torch.sigmoid(x) * x
+        return F.gelu(x - self.subtract)
+
+
+class MatmulWeightT(nn.Module):
+    """`torch.matmul(x, self.weight.T) + self.bias` over a 3-D input, then hardtanh."""
+
+    INIT = (
+        "super().__init__()\nself.weight = nn.Parameter(torch.randn(45, 19))\n"
+        "self.bias = nn.Parameter(torch.randn(45))"
+    )
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(45, 19))
+        self.bias = nn.Parameter(torch.randn(45))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.hardtanh(torch.matmul(x, self.weight.T) + self.bias, -2.0, 2.0)
+
+
+MODELS: dict[str, tuple[type[nn.Module], list[tuple[int, ...]]]] = {
+    "linear, swish, a parameter subtracted, gelu": (LinearParameter, [(37, 19)]),
+    "matmul by a parameter's transpose, bias, hardtanh": (MatmulWeightT, [(2, 37, 19)]),
+}
+
+
+def _fn_case(name: str, dtype: torch.dtype, folder: Path) -> None:
+    fn, shapes = FUNCTIONS[name]
+    spec = contraction.compose(graph_of(fn, *shapes))
+    signature = {"init": [], "forward": NAMES[: len(shapes)], "params": []}
+    torch.manual_seed(0)
+    xs = [torch.randn(s).to(dtype) for s in shapes]
+    want = fn(*(x.double() for x in xs))
+    for i, knobs in enumerate(contraction.ROUND0):
+        new = load(contraction.render(spec, knobs, signature), folder, f"c{i}_{abs(hash(name))}")
+        got = new.ModelNew()(*xs)
+        assert got.dtype == dtype and got.shape == want.shape, (got.dtype, got.shape)
+        tol = 1e-4 if dtype == torch.float32 else 2e-2
+        torch.testing.assert_close(got.double(), want, rtol=tol, atol=tol, msg=f"{name} {knobs}")
+
+
+def _model_case(name: str, folder: Path) -> None:
+    cls, shapes = MODELS[name]
+    with torch.device("meta"):
+        traced = cls()
+    spec = contraction.compose(graph_of(traced, *shapes))
+    spec = {**spec, "init_params": "", "init_body": cls.INIT}
+    signature = {"init": [], "forward": ["x"], "params": []}
+    torch.manual_seed(0)
+    ref = cls().double()
+    x = torch.randn(shapes[0], dtype=torch.float64)
+    for i, knobs in enumerate(contraction.ROUND0):
+        new = load(contraction.render(spec, knobs, signature), folder, f"m{i}_{abs(hash(name))}").ModelNew()
+        new.load_state_dict({k: v.float() for k, v in ref.state_dict().items()})
+        got = new(x.float())
+        torch.testing.assert_close(got.double(), ref(x), rtol=1e-4, atol=1e-4, msg=f"{name} {knobs}")
+
+
+def checks() -> dict:
+    """What runs in one interpreter process (tests.runs.run_checks), by the name its test asks for."""
+    out = {name: partial(_fn_case, name, torch.float32) for name in FUNCTIONS}
+    out |= {f"{name}, fp16": partial(_fn_case, name, torch.float16) for name in ("mm", "transposed B", "bmm")}
+    return out | {name: partial(_model_case, name) for name in MODELS}
+
+
+@pytest.fixture(scope="module")
+def interpreted() -> dict[str, str | None]:
+    return run_checks("tests.test_contraction_template")
+
+
+@pytest.mark.parametrize("name", list(checks()))
+def test_every_case_on_every_round0_knob_set(interpreted, name):
+    assert interpreted[name] is None, interpreted[name]
+
+
+@pytest.mark.parametrize(
+    ("fn", "shapes", "why"),
+    [
+        (lambda a, b: a @ b @ b, [(5, 5), (5, 5)], "2 contractions"),
+        (lambda a, b: (a @ b).sum(1), [(5, 4), (4, 6)], "aten.sum.dim_IntList after the contraction"),
+        (lambda a, b: (a * 2) @ b, [(5, 4), (4, 6)], "an operand produced by aten.mul.Tensor"),
+        (lambda a, b: (a @ b).T.contiguous(), [(5, 4), (4, 6)], "reordering the contraction's result"),
+        (lambda a, b: a * b, [(5, 4), (5, 4)], "0 contractions"),
+        (lambda a, b: a @ b + a[:, :1], [(5, 5), (5, 5)], "an epilogue tensor made by aten.slice.Tensor"),
+        (
+            lambda a, b: torch.softmax(a @ b, 1),
+            [(5, 4), (4, 6)],
+            "aten._softmax.default after the contraction",
+        ),
+    ],
+)
+def test_what_it_refuses_is_named(fn, shapes, why):
+    with pytest.raises(contraction.NotContraction, match=why):
+        contraction.compose(graph_of(fn, *shapes))
+
+
+def test_every_reachable_knob_set_renders_from_its_parts():
+    fn, shapes = FUNCTIONS["linear with bias, scale, leaky relu, residual, clamp"]
+    spec = contraction.compose(graph_of(fn, *shapes))
+    signature = {"init": [], "forward": NAMES, "params": []}
+    for knobs in reachable_knobs(contraction):
+        source = contraction.render(spec, knobs, signature)
+        # the one generated function, the traced chain, apart; all else is the parts module's
+        traced = chain("_epilogue", spec["epilogue"], spec["epilogue_result"])
+        assert not spec["helpers"] and traced in source
+        made = assert_composed_of_parts(source.replace(traced, ""), contraction.PARTS, knobs)
+        assert "_contraction_kernel" in made.kernels
+
+
+def test_round0_is_feasible_at_the_traced_shapes_and_large_tiles_are_not():
+    spec = {"m": 4096, "n": 4096, "k": 4096, "batch": 1, "extras": [[], [], []]}
+    assert all(contraction.feasible(spec, k) for k in contraction.ROUND0)
+    huge = {**contraction.ROUND0[0], "block_m": 256, "block_n": 256, "num_warps": 4}
+    assert not contraction.feasible(spec, huge)
+
+
+def test_gemm_epilogue_keeps_the_linear_relu_divide_it_was_measured_on():
+    names = [f.FAMILY for f in FAMILIES]
+    assert names.index("gemm_epilogue") < names.index("contraction")
+    assert names.index("gemv") < names.index("contraction") < names.index("pointwise")
+    assert gemm_epilogue.FAMILY == "gemm_epilogue"
+
+
+def test_every_round0_candidate_of_a_linear_chain_passes_the_gate(box):
+    source = LINEAR_CHAIN.read_text()
+    analysis = analyse(source, "cpu")
+    spec = contraction.matches(analysis["ops"], Graph.model_validate(analysis["graph"]))
+    assert spec is not None and len(spec["extras"]) == 3  # the bias, the scale, the residual
+    spec = contraction.refine(spec, source)
+    assert spec is not None
+    for knobs in contraction.ROUND0:
+        new_source = contraction.render(spec, knobs, analysis["signature"])
+        request = GateRequest(problem_source=source, cand_source=new_source, device="cpu", seeds=3)
+        reply = box.call(request, timeout_s=120)[0]
+        assert reply.passed, (knobs, reply)
+
+
+def test_kb_run_on_a_linear_chain_no_hand_written_family_covers(tmp_path):
+    state = run_inprocess(LINEAR_CHAIN, tmp_path / "kb.db", max_candidates=2, rungs=QUICK_RUNGS)
+    assert {c.proposal.family for c in state.candidates.values()} == {"contraction"}
+    assert state.finished is not None and state.finished.winner
+    assert all(isinstance(c.gate, GatePassed) for c in state.candidates.values())
