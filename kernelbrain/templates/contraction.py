@@ -307,7 +307,7 @@ def compose(graph: Graph) -> dict:
         raise NotContraction(f"{len(found)} contractions")
     at = found[0]
     node = graph.nodes[at]
-    view_sizes = {(i, k) for i, n in enumerate(graph.nodes) if n.op in VIEWS for k in ("size",)}
+    view_sizes = {(i, "size") for i, n in enumerate(graph.nodes) if n.op in VIEWS}
     try:
         graph.unsized(view_sizes)
     except ValueError as e:
