@@ -28,6 +28,7 @@ from tests.runs import QUICK_RUNGS, run_checks, run_inprocess
 
 ROOT = Path(__file__).resolve().parents[1]
 GROUPED = ROOT / "tests" / "problems" / "conv_grouped_mish.py"
+DEPTHWISE = ROOT / "tests" / "problems" / "conv_depthwise_gelu.py"
 SIGNATURE = {"init": [], "forward": ["x"], "params": []}
 RESIDUAL = {"init": [], "forward": ["x", "r"], "params": []}  # a second forward input
 
@@ -285,6 +286,24 @@ def test_every_round0_candidate_of_a_grouped_conv_passes_the_gate(box):
     assert spec is not None and spec["groups"] == 2 and spec["extras"] == [["param", "bias"]]
     for knobs in conv.ROUND0:
         assert conv.feasible(spec, knobs), knobs
+        new_source = conv.render(spec, knobs, analysis["signature"])
+        request = GateRequest(problem_source=source, cand_source=new_source, device="cpu", seeds=3)
+        reply = box.call(request, timeout_s=300)[0]
+        assert reply.passed, (knobs, reply)
+
+
+def test_a_depthwise_convs_groups_follow_its_channels_through_the_gate(box):
+    """groups = in_channels: traced at two shapes, the groups change with x's channels, so they are
+    read from the shapes at each call, not kept from the trace."""
+    source = DEPTHWISE.read_text()
+    analysis = analyse(source, "cpu")
+    graph = Graph.model_validate(analysis["graph"])
+    assert [s.arg for s in graph.sized] == ["groups"]
+    spec = conv.refine(conv.matches(analysis["ops"], graph), source)
+    assert spec is not None and spec["spatial"] == 1 and spec["c_in_g"] == spec["c_out_g"] == 1
+    feasible = [k for k in conv.ROUND0 if conv.feasible(spec, k)]
+    assert {k["strategy"] for k in feasible} == {"direct"}
+    for knobs in feasible:
         new_source = conv.render(spec, knobs, analysis["signature"])
         request = GateRequest(problem_source=source, cand_source=new_source, device="cpu", seeds=3)
         reply = box.call(request, timeout_s=300)[0]

@@ -6,8 +6,9 @@ elementwise chain after it, composed from the traced graph into one Triton kerne
 where e1..e3 are the other tensors the chain reads (a bias parameter of the model's, a forward input
 added as a residual), each broadcast to the output's shape. ModelNew runs the problem's own constructor
 (`refine`), so its parameters are Model's under the same names, and reads the convolution's weight and
-bias and the chain's parameters by those names; stride, padding, dilation and groups are constants of
-the trace. The kernel is in templates/conv_parts.py, the chain is templates/pointwise's.
+bias and the chain's parameters by those names; stride, padding and dilation are constants of the
+trace, the groups x's channels over the weight's input channels at each call. The kernel is in
+templates/conv_parts.py, the chain is templates/pointwise's.
 
 Strategy axes (conv_parts' docstring has the detail): "taps" (a tl.dot per tap and channel step),
 "gemm" (K = channels x taps flattened: few channels a group), "direct" (outer products on FMA units:
@@ -216,8 +217,8 @@ def compose(graph: Graph) -> dict:
     node = graph.nodes[at]
     if node.op not in CONVS:
         raise NotConv(node.op)
-    try:
-        graph.unsized()
+    try:  # the groups are read from the shapes at each call (a depthwise conv's follow its channels)
+        graph.unsized({(at, "groups")})
     except ValueError as e:
         raise NotConv(str(e)) from None
     a = node.args
@@ -327,7 +328,7 @@ def render(spec: dict, knobs: dict[str, Any], signature: dict[str, list[str]]) -
     def forward(self, {", ".join(forward)}):
         return _conv_launch(
             {forward[spec["input"]]}, {_read(spec["weight"], forward)}, {_read(spec["bias"], forward)},
-            [{extras}], STRIDE, PADDING, DILATION, GROUPS, {dtype}, STRATEGY, FP32_DOT, BLOCK_M, BLOCK_N,
+            [{extras}], STRIDE, PADDING, DILATION, {dtype}, STRATEGY, FP32_DOT, BLOCK_M, BLOCK_N,
             BLOCK_K, NUM_WARPS, NUM_STAGES,
         )
 """
@@ -337,7 +338,6 @@ def render(spec: dict, knobs: dict[str, Any], signature: dict[str, list[str]]) -
         constants(BLOCK_N=knobs["block_n"], BLOCK_K=knobs["block_k"], NUM_WARPS=knobs["num_warps"]),
         constants(NUM_STAGES=knobs["num_stages"]),
         constants(STRIDE=spec["stride"], PADDING=spec["padding"], DILATION=spec["dilation"]),
-        constants(GROUPS=spec["groups"]),
         parts(pointwise.PARTS, *spec["helpers"]) if spec["helpers"] else "",
         chain("_epilogue", spec["epilogue"], spec["epilogue_result"]),
         parts(PARTS, "_mma", "_extra", "_conv_kernel", "_conv_state", "_conv_launch"),

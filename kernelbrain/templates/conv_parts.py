@@ -168,9 +168,10 @@ def _conv_state(module, name):
         return module.get_buffer(name)
 
 
-def _conv_launch(x, w, b, extras, stride, padding, dilation, groups, out_dtype, strategy, fp32_dot, block_m,
+def _conv_launch(x, w, b, extras, stride, padding, dilation, out_dtype, strategy, fp32_dot, block_m,
                  block_n, block_k, num_warps, num_stages):  # fmt: skip
-    """epilogue(conv(x, w) + b, *extras) over x's last w.dim() - 2 axes (zero padding)."""
+    """epilogue(conv(x, w) + b, *extras) over x's last w.dim() - 2 axes (zero padding); the groups are
+    x's channels over the weight's input channels (a depthwise problem's groups follow its channels)."""
     spatial = w.dim() - 2
     pad = 3 - spatial
     x = x.contiguous()
@@ -186,7 +187,9 @@ def _conv_launch(x, w, b, extras, stride, padding, dilation, groups, out_dtype, 
     y = torch.empty([n_, c_out, *outs[pad:]], dtype=out_dtype or x.dtype, device=x.device)
     if y.numel() == 0:
         return y
-    c_in_g, c_out_g = c_in // groups, c_out // groups
+    c_in_g = w.shape[1]
+    groups = c_in // c_in_g
+    c_out_g = c_out // groups
     m = n_ * outs[0] * outs[1] * outs[2]
     floor = 1 if strategy == "direct" else 16  # a tl.dot's tiles are at least 16 a side
     bm = min(block_m, max(16, triton.next_power_of_2(m)))
