@@ -11,6 +11,12 @@ are real `@triton.jit` functions in its `*_parts` module, copied into the candid
 `aten.nll_loss_forward`, as `F.cross_entropy` traces), with class weights, ignore_index and every
 reduction mode.
 
+`contraction` composes one GEMM-like op (`aten.mm`, `aten.addmm`, `aten.bmm`, with the views
+torch.matmul, F.linear and einsum decompose into) and the pointwise chain after it, fused on the fp32
+accumulator tile; it comes after gemm_epilogue and gemv, so they keep the cases they were measured on.
+`conv` composes forward convolutions (1-D to 3-D; strided, zero-padded, dilated, grouped and depthwise,
+with or without bias) with the elementwise chain after them into one implicit-GEMM kernel.
+
 Shared, not families: `row_norm` (the strategies and knobs layernorm and l2norm share), `model_source`
 (what a template reads from the problem's source), `render` (the one renderer) and `decompose` (ATen
 ops split before the composed families read the graph).
