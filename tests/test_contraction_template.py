@@ -28,12 +28,24 @@ from tests.runs import QUICK_RUNGS, run_checks, run_inprocess
 
 ROOT = Path(__file__).resolve().parents[1]
 LINEAR_CHAIN = ROOT / "tests" / "problems" / "contraction_linear_chain.py"
+DIVIDE_SUM = ROOT / "tests" / "problems" / "contraction_divide_sum.py"
 NAMES = ["a", "b", "c", "d"]
 
 
 def _swish(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
     y = F.linear(x, w, bias)
     return torch.sigmoid(y) * y
+
+
+def _centred(y: torch.Tensor) -> torch.Tensor:
+    return y - y.mean(dim=1, keepdim=True)
+
+
+def _five_reductions(y: torch.Tensor) -> torch.Tensor:
+    """KernelBench level 2's 18: sum, max, mean, logsumexp, logsumexp, each over dim 1 kept."""
+    y = torch.max(torch.sum(y, dim=1, keepdim=True), dim=1, keepdim=True)[0]
+    y = torch.mean(y, dim=1, keepdim=True)
+    return torch.logsumexp(torch.logsumexp(y, dim=1, keepdim=True), dim=1, keepdim=True)
 
 
 # name -> (function of the forward inputs, their shapes); M, N, K = 37, 45, 19: no tile divides them
@@ -52,6 +64,39 @@ FUNCTIONS: dict[str, tuple[Callable, list[tuple[int, ...]]]] = {
         [(37, 19), (45, 19), (45,), (37, 45)],
     ),
     "3-D linear, swish": (_swish, [(2, 5, 19), (45, 19), (45,)]),
+    # a tail after the chain, composed by a memory-bound family as a second launch
+    "linear, /2, row sum, scale (reduce tail)": (
+        lambda x, w: (F.linear(x, w) / 2).sum(dim=1, keepdim=True) * 1.5,
+        [(37, 19), (45, 19)],
+    ),
+    "3-D matmul, sigmoid, sum (reduce tail)": (
+        lambda a, b: torch.sigmoid(torch.matmul(a, b)).sum(dim=-1, keepdim=True),
+        [(3, 37, 19), (19, 45)],
+    ),
+    "linear, logsumexp, leaky relu (reduce tail)": (
+        lambda x, w, bias: F.leaky_relu(torch.logsumexp(F.linear(x, w, bias), dim=1, keepdim=True), 0.01),
+        [(37, 19), (45, 19), (45,)],
+    ),
+    "linear, x - mean, gelu (normalize tail)": (
+        lambda x, w, bias: F.gelu(_centred(F.linear(x, w, bias))),
+        [(37, 19), (45, 19), (45,)],
+    ),
+    "linear, x - amax times a forward input (normalize tail)": (
+        lambda x, w, r: (lambda y: (y - y.amax(dim=1, keepdim=True)) * r)(F.linear(x, w)),
+        [(37, 19), (45, 19), (37, 45)],
+    ),
+    "gemm, max, x - mean, gelu (reduce, then normalize)": (
+        lambda x, w, bias: F.gelu(_centred(torch.max(F.linear(x, w, bias), dim=1, keepdim=True).values)),
+        [(37, 19), (45, 19), (45,)],
+    ),
+    "gemm, row sum, minus the batch mean, gelu (reduce, then normalize)": (
+        lambda x, w, bias: F.gelu((lambda s: s - s.mean())(F.linear(x, w, bias).sum(dim=1))),
+        [(37, 19), (45, 19), (45,)],
+    ),
+    "linear, sum, max, mean, logsumexp, logsumexp (staged tail)": (
+        lambda x, w, bias: _five_reductions(F.linear(x, w, bias)),
+        [(37, 19), (45, 19), (45,)],
+    ),
 }
 
 
@@ -90,9 +135,24 @@ class MatmulWeightT(nn.Module):
         return F.hardtanh(torch.matmul(x, self.weight.T) + self.bias, -2.0, 2.0)
 
 
+class LinearCentredScaled(nn.Module):
+    """nn.Linear, then centred along its rows and scaled by a parameter: a tail reading a parameter."""
+
+    INIT = "super().__init__()\nself.linear = nn.Linear(19, 45)\nself.gamma = nn.Parameter(torch.randn(45))"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(19, 45)
+        self.gamma = nn.Parameter(torch.randn(45))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _centred(self.linear(x)) * self.gamma
+
+
 MODELS: dict[str, tuple[type[nn.Module], list[tuple[int, ...]]]] = {
     "linear, swish, a parameter subtracted, gelu": (LinearParameter, [(37, 19)]),
     "matmul by a parameter's transpose, bias, hardtanh": (MatmulWeightT, [(2, 37, 19)]),
+    "linear, centred, scaled by a parameter (normalize tail)": (LinearCentredScaled, [(37, 19)]),
 }
 
 
@@ -149,7 +209,17 @@ def test_every_case_on_every_round0_knob_set(interpreted, name):
     ("fn", "shapes", "why"),
     [
         (lambda a, b: a @ b @ b, [(5, 5), (5, 5)], "2 contractions"),
-        (lambda a, b: (a @ b).sum(1), [(5, 4), (4, 6)], "aten.sum.dim_IntList after the contraction"),
+        (lambda a, b: (a @ b).cumsum(1), [(5, 4), (4, 6)], "aten.cumsum.default after the contraction"),
+        (
+            lambda a, b: (lambda y: torch.relu(y) * y.sum(1, keepdim=True))(a @ b),
+            [(5, 4), (4, 6)],
+            "a tail reading 2 values of the chain after aten.mm.default",
+        ),
+        (
+            lambda a, b: (lambda y: y - y.sum(1))(a @ b),
+            [(5, 5), (5, 5)],
+            "no memory-bound family takes .*normalize: aten.sum.dim_IntList without keepdim",
+        ),
         (lambda a, b: (a * 2) @ b, [(5, 4), (4, 6)], "an operand produced by aten.mul.Tensor"),
         (lambda a, b: (a @ b).T.contiguous(), [(5, 4), (4, 6)], "reordering the contraction's result"),
         (lambda a, b: a * b, [(5, 4), (5, 4)], "0 contractions"),
@@ -209,6 +279,27 @@ def test_every_round0_candidate_of_a_linear_chain_passes_the_gate(box):
 
 def test_kb_run_on_a_linear_chain_no_hand_written_family_covers(tmp_path):
     state = run_inprocess(LINEAR_CHAIN, tmp_path / "kb.db", max_candidates=2, rungs=QUICK_RUNGS)
+    assert {c.proposal.family for c in state.candidates.values()} == {"contraction"}
+    assert state.finished is not None and state.finished.winner
+    assert all(isinstance(c.gate, GatePassed) for c in state.candidates.values())
+
+
+def test_every_round0_candidate_of_a_divide_sum_tail_passes_the_gate(box):
+    source = DIVIDE_SUM.read_text()
+    analysis = analyse(source, "cpu")
+    spec = contraction.matches(analysis["ops"], Graph.model_validate(analysis["graph"]))
+    assert spec is not None and spec["tail"]["family"] == "reduce"
+    spec = contraction.refine(spec, source)
+    assert spec is not None
+    for knobs in contraction.ROUND0:
+        new_source = contraction.render(spec, knobs, analysis["signature"])
+        request = GateRequest(problem_source=source, cand_source=new_source, device="cpu", seeds=3)
+        reply = box.call(request, timeout_s=120)[0]
+        assert reply.passed, (knobs, reply)
+
+
+def test_kb_run_on_a_divide_sum_tail(tmp_path):
+    state = run_inprocess(DIVIDE_SUM, tmp_path / "kb.db", max_candidates=2, rungs=QUICK_RUNGS)
     assert {c.proposal.family for c in state.candidates.values()} == {"contraction"}
     assert state.finished is not None and state.finished.winner
     assert all(isinstance(c.gate, GatePassed) for c in state.candidates.values())

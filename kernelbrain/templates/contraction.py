@@ -17,6 +17,11 @@ tensors (a bias, a residual forward input, a parameter), each broadcast to the s
 at and read per tile by its strides. ModelNew runs Model's constructor (its parameters are Model's own)
 and reads them by their state-dict names.
 
+What follows the chain when it is not pointwise (a row sum, a logsumexp, x - max(x), reductions in
+sequence) is the tail (templates/tail.py): the chain's value h is written once in its traced dtype and
+the reduce, normalize or staged family composes the rest over h and forward's tensors as a second launch
+in the same candidate, its knobs that family's first feasible round-0 set.
+
 Precision: fp32 operands take an exact "ieee" dot or "tf32x3" (three TF32 dots of hi/lo splits, see
 templates/gemm_epilogue); fp16/bf16 ones a plain dot accumulating in fp32. The kernel and its launcher
 are in templates/contraction_parts.py.
@@ -28,7 +33,7 @@ import math
 from typing import Any
 
 from kernelbrain.core.graph import INPUT, PARAM, Graph, Meta, Node
-from kernelbrain.templates import model_source, pointwise
+from kernelbrain.templates import model_source, pointwise, tail
 from kernelbrain.templates.render import chain, constants, module, parts
 
 FAMILY = "contraction"
@@ -140,7 +145,8 @@ def feasible(spec: dict, knobs: dict[str, Any]) -> bool:
     in_loop = bm * bn * (1 + (knobs["strategy"] == "tf32x3"))
     in_epilogue = bm * bn * (1 + len(spec["extras"]))
     fits = in_loop <= MAX_ACC_PER_THREAD * threads and in_epilogue <= 2 * MAX_ACC_PER_THREAD * threads
-    return smem_bytes(spec, knobs) <= MAX_SMEM and fits
+    rest = spec.get("tail")
+    return smem_bytes(spec, knobs) <= MAX_SMEM and fits and (rest is None or tail.feasible(rest))
 
 
 # --- the graph ---------------------------------------------------------------------------------------
@@ -307,6 +313,15 @@ def compose(graph: Graph) -> dict:
         raise NotContraction(f"{len(found)} contractions")
     at = found[0]
     node = graph.nodes[at]
+    rest = None
+    ops = graph.ops()
+    try:
+        cut = tail.split(graph, at, VIEWS)
+        if cut is not None:
+            _, graph, after = cut
+            rest = tail.compose(after, "contraction", VIEWS)
+    except tail.NotTail as e:
+        raise NotContraction(str(e)) from None
     view_sizes = {(i, "size") for i, n in enumerate(graph.nodes) if n.op in VIEWS}
     try:
         graph.unsized(view_sizes)
@@ -347,7 +362,8 @@ def compose(graph: Graph) -> dict:
         "n": sizes.axis(b[-1]),
         "k": sizes.axis(a[-1]),
         "batch": math.prod(sizes.axis(p[0] if p[0][0][0] >= 0 else p[1]) for p in pieces),
-        "ops": graph.ops(),
+        "tail": rest,
+        "ops": ops,
     }
 
 
@@ -477,7 +493,10 @@ def matches(ops: list[dict], graph: Graph | None = None) -> dict | None:
 
 def refine(spec: dict, problem_source: str | None) -> dict | None:
     """The problem's constructor, run by ModelNew so that the parameters it reads are Model's."""
-    uses_params = any(s[0] == "param" for s in spec["sources"] + [e[0] for e in spec["extras"]])
+    tail_sources = spec["tail"]["sources"] if spec.get("tail") else []
+    uses_params = any(
+        s[0] == "param" for s in spec["sources"] + [e[0] for e in spec["extras"]] + tail_sources
+    )
     if not uses_params:
         return spec
     ctor = model_source.constructor(problem_source) if problem_source is not None else None
@@ -509,14 +528,23 @@ def render(spec: dict, knobs: dict[str, Any], signature: dict[str, list[str]]) -
         f"({knob_text}).\n\nOne tiled dot, the epilogue on the fp32 accumulator, composed from the "
         "reference's ATen graph.\n"
     )
+    rest = spec.get("tail")
+    tail_call, tail_parts = "", ""
+    if rest is not None:  # the second launch: the tail over the contraction's value
+        args = ["kb_h", *(_tensor(s, forward) for s in rest["sources"])]
+        tail_call, tail_parts = tail.call(rest, args, "kb_h"), tail.render_parts(rest)
+        doc += (
+            f"\nThen the tail over its value, composed by the memory-bound families: {tail.describe(rest)}.\n"
+        )
     model = f"""class ModelNew(nn.Module):
     def __init__({params}):
 {body}
     def forward(self, {", ".join(forward)}):
         srcs = [{srcs}]
         extras = [{extras}]
-        return _contraction_launch(srcs, A_PLAN, B_PLAN, OUT_AXES, extras, {dtype}, PRECISION, BLOCK_M,
+        kb_h = _contraction_launch(srcs, A_PLAN, B_PLAN, OUT_AXES, extras, {dtype}, PRECISION, BLOCK_M,
                                    BLOCK_N, BLOCK_K, GROUP_M, NUM_WARPS, NUM_STAGES)
+{tail_call}        return kb_h
 """
     launcher = ("_operand", "_size", "_padded", "_state", "_contraction_launch")
     return module(
@@ -531,5 +559,6 @@ def render(spec: dict, knobs: dict[str, Any], signature: dict[str, list[str]]) -
         chain("_epilogue", spec["epilogue"], spec["epilogue_result"]),
         parts(PARTS, "_dot_tile", "_extra", "_contraction_kernel"),
         parts(PARTS, *launcher),
+        tail_parts,
         model,
     )

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import ast
 import importlib.util
+import re
+from collections.abc import Iterable
 from functools import cache
 from typing import Any
 
@@ -60,3 +62,13 @@ def module(doc: str, *sections: str) -> str:
     """A candidate module: its docstring, the header, then each section a blank line apart."""
     body = "\n\n".join(s.strip("\n") for s in sections if s.strip())
     return f'"""{doc}"""\n\n{HEADER}\n{body}\n'
+
+
+def renamed(text: str, suffix: str, names: Iterable[str]) -> str:
+    """`text` with every whole-word use of `names` suffixed: a second copy of parts (a kernel, its
+    launcher, the chains it calls) that coexists with the first in one candidate module."""
+    words = sorted(set(names), key=len, reverse=True)
+    if not words:
+        return text
+    pattern = re.compile(r"\b(" + "|".join(re.escape(w) for w in words) + r")\b")
+    return pattern.sub(lambda m: m.group(1) + suffix, text)

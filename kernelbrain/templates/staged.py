@@ -12,12 +12,11 @@ of the kernel and launcher for each.
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 from kernelbrain.core.graph import INPUT, Graph, Node
 from kernelbrain.templates import model_source, pointwise, reduce
-from kernelbrain.templates.render import chain, constants, module, parts
+from kernelbrain.templates.render import chain, constants, module, parts, renamed
 
 FAMILY = "staged"
 ROUND0 = reduce.ROUND0
@@ -76,12 +75,6 @@ def matches(ops: list[dict], graph: Graph | None = None) -> dict | None:
         return None
 
 
-def _renamed(text: str, k: int) -> str:
-    for name in _PER_STAGE:
-        text = re.sub(rf"\b{name}\b", f"{name}_{k}", text)
-    return text
-
-
 def render(spec: dict, knobs: dict[str, Any], signature: dict[str, list[str]]) -> str:
     init_args = model_source.init_args(signature, "".join(f", {a}=None" for a in signature["init"]))
     forward = signature["forward"]
@@ -111,7 +104,9 @@ def render(spec: dict, knobs: dict[str, Any], signature: dict[str, list[str]]) -
         chains = chain("_prologue", stage["prologue"], stage["prologue_result"])
         chains += "\n\n" + chain("_epilogue", stage["epilogue"], stage["epilogue_result"])
         sections.append(
-            _renamed(chains + "\n\n" + parts(reduce.PARTS, "_reduce_kernel", "_reduce_launch"), k)
+            renamed(
+                chains + "\n\n" + parts(reduce.PARTS, "_reduce_kernel", "_reduce_launch"), f"_{k}", _PER_STAGE
+            )
         )
     helpers = [h for h in pointwise.HELPERS if any(h in s["helpers"] for s in stages)]
     model = f"""class ModelNew(nn.Module):

@@ -1,0 +1,349 @@
+"""The tail of a compute-bound op: what follows a contraction's (or a convolution's) fused pointwise
+chain when that is not pointwise too (a row sum, a logsumexp, x - max(x), several reductions in
+sequence), composed by the memory-bound families that already exist and run as a second launch in the
+same candidate:
+
+    h = chain(contraction(...))           the first kernel, h written once in its traced dtype
+    y = tail(h, t1, t2, ...)              reduce, normalize or staged over h and forward's tensors
+
+`split` cuts the traced graph where the chain ends: the head (the graph with h as its output) and the
+tail (a graph whose INPUT 0 is h, its further inputs the forward inputs and parameters it reads).
+`compose` gives the tail to the first family of FAMILIES that takes it, with that family's first
+feasible round-0 knob set; `parts` renders its kernels and chains with every top-level name suffixed
+(templates/render.renamed), so that they sit beside the head's in one module; `call` writes the lines
+of forward that launch it.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Collection
+from typing import Any
+
+from kernelbrain.core.graph import INPUT, PARAM, Graph, Meta, Node
+from kernelbrain.templates import normalize, pointwise, reduce, staged
+from kernelbrain.templates.render import chain, parts, renamed
+
+# the memory-bound families a tail may be, in the order they are tried
+FAMILIES = (reduce, normalize, staged)
+SUFFIX = "_tail"
+_REDUCE_COMMON = ("_identity", "_times", "_infinite", "_finish", "_prod")
+_POINTWISE_LAUNCH = (
+    "_load",
+    "_flat_tile",
+    "_flat_kernel",
+    "_flat_persistent_kernel",
+    "_strided_offset",
+    "_strided_kernel",
+    "MAX_DIMS",
+    "_collapsed",
+    "_launch",
+)
+_REFUSALS = (reduce.NotReduction, normalize.NotNormalize, staged.NotStaged, pointwise.NotPointwise)
+
+
+class NotTail(ValueError):
+    """What the tail holds that no memory-bound family composes (named in the refusal)."""
+
+
+def _elementwise(op: str) -> bool:
+    return op in pointwise.EXPRESSIONS or op.replace("_.", ".", 1) in pointwise.EXPRESSIONS
+
+
+def split(graph: Graph, at: int, views: Collection[str]) -> tuple[tuple[int, int], Graph, dict] | None:
+    """Where the chain after node `at` (its views and same-shape elementwise ops) ends: None where it
+    reaches the output; else (h, the head graph with h as its output, the tail: {"graph", "sources"},
+    sources naming the tail's inputs 1.. as ["input", position] or ["param", state-dict name])."""
+    wanted = graph.needed()
+    reached = {(at, k) for k in range(len(graph.nodes[at].outs))}
+    cut = None
+    for j in range(at + 1, len(graph.nodes)):
+        n = graph.nodes[j]
+        if not any((j, k) in wanted for k in range(len(n.outs))):
+            continue
+        mine = [r for v in n.args.values() for r in graph.refs(v) if r in reached]
+        if not mine:
+            continue
+        same = n.outs[0].shape == graph.meta(mine[0]).shape
+        if n.op in views or (_elementwise(n.op) and same):
+            reached |= {(j, k) for k in range(len(n.outs))}
+            continue
+        cut = j
+        break
+    if cut is None or tuple(graph.outputs[0]) in reached:
+        return None
+    # the tail: every node the output needs that the chain did not make, h a leaf
+    tail_wanted = {tuple(o) for o in graph.outputs}
+    read: set[tuple[int, int]] = set()
+    keep: list[int] = []
+    for j in range(len(graph.nodes) - 1, -1, -1):
+        outs = [(j, k) for k in range(len(graph.nodes[j].outs))]
+        if not any(r in tail_wanted for r in outs):
+            continue
+        if any(r in reached for r in outs):
+            read |= {r for r in outs if r in tail_wanted}
+            continue
+        keep.append(j)
+        for value in graph.nodes[j].args.values():
+            tail_wanted.update(graph.refs(value))
+    if len(read) != 1:
+        raise NotTail(f"a tail reading {len(read)} values of the chain after {graph.nodes[at].op}")
+    (h,) = read
+    head = Graph(nodes=graph.nodes, outputs=[list(h)], constants=graph.constants, sized=graph.sized)
+    return h, head, _tail_graph(graph, h, sorted(keep))
+
+
+def _tail_graph(graph: Graph, h: tuple[int, int], keep: list[int]) -> dict:
+    """The tail's nodes renumbered: INPUT 0 is h, each forward input or parameter an INPUT after it (a
+    forward input whose size a tail node computed a number from, too: a family reads it from its shape)."""
+    nodes = [Node(op=INPUT, args={"index": 0}, outs=[graph.meta(h)])]
+    where: dict[tuple[int, int], list[int]] = {h: [0, 0]}
+    sources: list[list[Any]] = []
+    by_source: dict[tuple[str, Any], int] = {}
+
+    def source(kind: str, what: Any, meta: Meta) -> int:
+        if (kind, what) not in by_source:
+            sources.append([kind, what])
+            nodes.append(Node(op=INPUT, args={"index": len(sources)}, outs=[meta]))
+            by_source[(kind, what)] = len(nodes) - 1
+        return by_source[(kind, what)]
+
+    def moved(value: Any) -> Any:
+        if isinstance(value, list):
+            return [moved(v) for v in value]
+        ref = graph.ref(value)
+        return {"ref": where[ref]} if ref is not None else value
+
+    for j in keep:
+        n = graph.nodes[j]
+        if n.op in (INPUT, PARAM):
+            key = ("input", int(n.args["index"])) if n.op == INPUT else ("param", str(n.args["name"]))
+            where[(j, 0)] = [source(*key, n.outs[0]), 0]
+            continue
+        nodes.append(Node(op=n.op, args={k: moved(v) for k, v in n.args.items()}, outs=n.outs))
+        for k in range(len(n.outs)):
+            where[(j, k)] = [len(nodes) - 1, k]
+    sized = []
+    for s in graph.sized:
+        if (s.node, 0) not in where or graph.nodes[s.node].op in (INPUT, PARAM):
+            continue
+        index = -1
+        if s.input >= 0:
+            meta = next(n.outs[0] for n in graph.nodes if n.op == INPUT and n.args["index"] == s.input)
+            index = nodes[source("input", s.input, meta)].args["index"]
+        sized.append(s.model_copy(update={"node": where[(s.node, 0)][0], "input": index}))
+    outputs = [where[tuple(o)] for o in graph.outputs]
+    tail = Graph(nodes=nodes, outputs=outputs, constants=graph.constants, sized=sized)
+    return {"graph": tail, "sources": sources}
+
+
+def _first_foreign(graph: Graph, views: Collection[str]) -> str | None:
+    """The first op of the tail that is neither elementwise, a view nor a reduction."""
+    wanted = {n for n, _ in graph.needed()}
+    for i, n in enumerate(graph.nodes):
+        known = _elementwise(n.op) or n.op in views or n.op in reduce.REDUCTIONS or n.op == INPUT
+        if i in wanted and not known:
+            return n.op
+    return None
+
+
+def compose(tail: dict, after: str, views: Collection[str] = ()) -> dict:
+    """The tail ({"graph", "sources"} from `split`) as the first family of FAMILIES composes it, with
+    the knobs it runs at; else its first reduction's segment (the reduction and the chain after it) as
+    a reduce, and the rest composed the same way over that value ("then"). Raises NotTail naming the op
+    no family takes (`after`: what precedes it)."""
+    graph = tail["graph"]
+    foreign = _first_foreign(graph, views)
+    if foreign is not None:
+        raise NotTail(f"{foreign} after the {after}")
+    why = []
+    for family in FAMILIES:
+        try:
+            spec = family.compose(graph)
+        except _REFUSALS as e:
+            why.append(f"{family.FAMILY}: {e}")
+            continue
+        knobs = next((k for k in family.ROUND0 if family.feasible(spec, k)), None)
+        if knobs is None:
+            why.append(f"{family.FAMILY}: no feasible round-0 knob set")
+            continue
+        return {
+            "family": family.FAMILY,
+            "spec": spec,
+            "knobs": knobs,
+            "sources": tail["sources"],
+            "then": None,
+        }
+    first = next((i for i, n in enumerate(graph.nodes) if n.op in reduce.REDUCTIONS), None)
+    cut = split(graph, first, views) if first is not None else None
+    if cut is not None:
+        _, head, rest = cut
+        try:
+            segment = compose({"graph": pruned(head), "sources": tail["sources"]}, after, views)
+            then = compose(rest, after, views)
+        except NotTail as e:
+            why.append(f"in segments: {e}")
+        else:
+            if segment["then"] is None and ["input", 0] not in rest["sources"]:
+                return {**segment, "then": _resourced(then, tail["sources"])}
+            why.append("in segments: a segment reading the tail's input again")
+    raise NotTail(f"a tail after the {after} no memory-bound family takes ({'; '.join(why)})")
+
+
+def _resourced(tail: dict, outer: list[list[Any]]) -> dict:
+    """A tail composed over another tail's graph, its sources (that graph's INPUT indices) as the
+    outer tail's sources."""
+    sources = [outer[int(i) - 1] for _, i in tail["sources"]]
+    then = tail["then"] and _resourced(tail["then"], outer)
+    return {**tail, "sources": sources, "then": then}
+
+
+def pruned(graph: Graph) -> Graph:
+    """The graph with only the nodes its outputs need, renumbered (a family counts every node's op)."""
+    keep = sorted({n for n, _ in graph.needed()} | {i for i, n in enumerate(graph.nodes) if n.op == INPUT})
+    at = {old: new for new, old in enumerate(keep)}
+
+    def moved(value: Any) -> Any:
+        if isinstance(value, list):
+            return [moved(v) for v in value]
+        ref = graph.ref(value)
+        return {"ref": [at[ref[0]], ref[1]]} if ref is not None else value
+
+    nodes = [
+        Node(
+            op=graph.nodes[i].op,
+            args={k: moved(v) for k, v in graph.nodes[i].args.items()},
+            outs=graph.nodes[i].outs,
+        )
+        for i in keep
+    ]
+    sized = [s.model_copy(update={"node": at[s.node]}) for s in graph.sized if s.node in at]
+    outputs = [[at[o[0]], o[1]] for o in graph.outputs]
+    return Graph(nodes=nodes, outputs=outputs, constants=graph.constants, sized=sized)
+
+
+def _helpers(*specs: dict) -> str:
+    used = [h for h in pointwise.HELPERS if any(h in s["helpers"] for s in specs)]
+    return parts(pointwise.PARTS, *used) if used else ""
+
+
+def _chains(spec: dict) -> str:
+    return (
+        chain("_prologue", spec["prologue"], spec["prologue_result"])
+        + "\n\n"
+        + chain("_epilogue", spec["epilogue"], spec["epilogue_result"])
+    )
+
+
+def _top_names(text: str) -> list[str]:
+    out = []
+    for node in ast.parse(text).body:
+        if isinstance(node, ast.FunctionDef):
+            out.append(node.name)
+        elif isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name):
+            out.append(node.targets[0].id)
+    return out
+
+
+def render_parts(tail: dict, suffix: str = SUFFIX) -> str:
+    """The tail's kernels, launchers and chains, every top-level name suffixed."""
+    family, spec = tail["family"], tail["spec"]
+    sections: list[str] = []
+    if family == "reduce":
+        sections = [_helpers(spec), _chains(spec), parts(reduce.PARTS, *_REDUCE_COMMON)]
+        sections.append(parts(reduce.PARTS, "_reduce_kernel", "_reduce_launch"))
+    elif family == "normalize":
+        stat, mapped = spec["stat"], spec["map"]
+        sections = [_helpers(stat, mapped), _chains(stat), chain("_body", mapped["body"], mapped["result"])]
+        sections.append(parts(reduce.PARTS, *_REDUCE_COMMON, "_reduce_kernel", "_reduce_launch"))
+        sections.append(parts(pointwise.PARTS, *_POINTWISE_LAUNCH))
+    elif family == "staged":
+        sections = [_helpers(*spec["stages"]), parts(reduce.PARTS, *_REDUCE_COMMON)]
+        for k, stage in enumerate(spec["stages"]):
+            text = _chains(stage) + "\n\n" + parts(reduce.PARTS, "_reduce_kernel", "_reduce_launch")
+            names = ("_prologue", "_epilogue", "_reduce_kernel", "_reduce_launch")
+            sections.append(renamed(text, f"_{k}", names))
+    else:
+        raise NotTail(f"a tail of family {family}")
+    text = "\n\n".join(s.strip("\n") for s in sections if s.strip()) + "\n"
+    text = renamed(text, suffix, _top_names(text))
+    return text if tail["then"] is None else text + "\n\n" + render_parts(tail["then"], suffix + "2")
+
+
+def _reduce_call(spec: dict, args: list[str], out: str, suffix: str, knobs: dict, launch: str = "") -> str:
+    xs = ", ".join(args[i] for i in spec["inputs"])
+    dtype = f"torch.{spec['dtype']}" if spec["dtype"] else f"{args[0]}.dtype"
+    divisor = "0"
+    if spec.get("divide_by"):
+        index, start, end = spec["divide_by"]
+        divisor = f"_prod{suffix}({args[index]}.shape[{start}:{end}])"
+    how = [
+        repr(spec["dims"]),
+        repr(spec["keepdim"]),
+        dtype,
+        str(spec["op"]),
+        str(spec["pre"]),
+        str(spec["post"]),
+    ]
+    how += [str(knobs[k]) for k in ("block_k", "block_r", "split", "num_warps")]
+    return f"        {out} = _reduce_launch{launch}{suffix}([{xs}], {', '.join(how)}, {divisor})\n"
+
+
+def call(tail: dict, args: list[str], out: str, suffix: str = SUFFIX) -> str:
+    """Lines of forward (indented for a method) setting `out` to the tail of `args`: args[0] the head's
+    value, args[i] the expression of the tail's input i (its sources, in order; `tensor` names each
+    source as forward reads it)."""
+    lines = _call(tail, args, out, suffix)
+    then = tail["then"]
+    if then is None:
+        return lines
+    by_source = {repr(s): a for s, a in zip(tail["sources"], args[1:], strict=True)}
+    then_args = [out, *(by_source[repr(s)] for s in then["sources"])]
+    return lines + call(then, then_args, out, suffix + "2")
+
+
+def _call(tail: dict, args: list[str], out: str, suffix: str) -> str:
+    family, spec, knobs = tail["family"], tail["spec"], tail["knobs"]
+    if family == "reduce":
+        return _reduce_call(spec, args, out, suffix, knobs)
+    if family == "staged":
+        n = spec["n_forward"]
+        names = args[:n] + [f"kb_t{k}" for k in range(len(spec["stages"]))]
+        lines = [
+            _reduce_call(
+                stage, names, out if k == len(spec["stages"]) - 1 else f"kb_t{k}", suffix, knobs, f"_{k}"
+            )
+            for k, stage in enumerate(spec["stages"])
+        ]
+        return "".join(lines)
+    stat, mapped = spec["stat"], spec["map"]
+    stat_xs = ", ".join(args[i] for i in stat["inputs"])
+    map_xs = ", ".join(args[i] if i < spec["n_forward"] else "kb_stat" for i in mapped["inputs"])
+    how = [repr(stat["dims"]), repr(bool(stat["dims"])), "torch.float32"]
+    how += [str(stat[k]) for k in ("op", "pre", "post")]
+    how += [str(knobs[k]) for k in ("block_k", "block_r", "split", "num_warps")]
+    slot = mapped["stat_slot"]
+    dtype = f"torch.{mapped['dtype']}" if mapped["dtype"] is not None else "None"
+    return (
+        f"        kb_stat = _reduce_launch{suffix}([{stat_xs}], {', '.join(how)})\n"
+        f"        kb_xs = [{map_xs}]\n"
+        f"        kb_given = [x for i, x in enumerate(kb_xs) if i != {slot}]\n"
+        "        kb_same = all(x.dtype == kb_given[0].dtype for x in kb_given)\n"
+        f"        kb_dtype = {dtype} or (kb_given[0].dtype if kb_same else torch.float32)\n"
+        "        kb_shape = torch.broadcast_shapes(*(x.shape for x in kb_xs))\n"
+        "        kb_y = torch.empty(kb_shape, dtype=kb_dtype, device=kb_xs[0].device)\n"
+        f"        {out} = _launch{suffix}(kb_y, kb_xs, {knobs['block']}, {knobs['num_warps']}, 0)\n"
+    )
+
+
+def feasible(tail: dict) -> bool:
+    family = next(f for f in FAMILIES if tail["family"] == f.FAMILY)
+    fits = family.feasible(tail["spec"], tail["knobs"])
+    return fits and (tail["then"] is None or feasible(tail["then"]))
+
+
+def describe(tail: dict) -> str:
+    """The tail's families and knobs, in launch order, for a candidate's docstring."""
+    knobs = ", ".join(f"{k}={v}" for k, v in tail["knobs"].items())
+    here = f"{tail['family']} ({knobs})"
+    return here if tail["then"] is None else f"{here}, then {describe(tail['then'])}"
