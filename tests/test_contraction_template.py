@@ -1,9 +1,10 @@
 """The contraction family, composed from the traced ATen graph: mm, addmm and bmm with the views
 torch.matmul, F.linear and einsum decompose into (transposed operands, a batch of 3-D and 4-D broadcast
 inputs) and a pointwise epilogue on the accumulator (a bias, a scale, leaky ReLU, a residual forward
-input, a clamp, swish, a parameter), against torch through the interpreter for every round-0 knob set at
-sizes no tile divides; fp16 operands; what it refuses, by name; candidates through the real gate; a
-whole `kb run`."""
+input, a clamp, swish, a parameter) and a tail after it as a second launch (a row sum, a logsumexp, a
+centring, reductions in sequence: templates/tail), against torch through the interpreter for every
+round-0 knob set at sizes no tile divides; fp16 operands; what it refuses, by name; candidates through
+the real gate; a whole `kb run`."""
 
 from __future__ import annotations
 
@@ -191,7 +192,10 @@ def _model_case(name: str, folder: Path) -> None:
 def checks() -> dict:
     """What runs in one interpreter process (tests.runs.run_checks), by the name its test asks for."""
     out = {name: partial(_fn_case, name, torch.float32) for name in FUNCTIONS}
-    out |= {f"{name}, fp16": partial(_fn_case, name, torch.float16) for name in ("mm", "transposed B", "bmm")}
+    out |= {
+        f"{name}, fp16": partial(_fn_case, name, torch.float16)
+        for name in ("mm", "transposed B", "bmm", "linear, /2, row sum, scale (reduce tail)")
+    }
     return out | {name: partial(_model_case, name) for name in MODELS}
 
 
