@@ -109,10 +109,26 @@ def check_chain(forward: str, n: int, tmp_path: Path) -> None:
     same(prob.Model()(*xs), cand.ModelNew()(*xs))
 
 
+VIEWS = problem("x0.unsqueeze(1) * x1 + x2.t() - torch.sigmoid(x2.permute(1, 0)) + x1", 3).replace(
+    "return [torch.randn(5, 37), torch.randn(5, 37), torch.randn(5, 37)]",
+    "return [torch.randn(37), torch.randn(37, 23), torch.randn(23, 37)]",
+)
+assert "randn(23, 37)" in VIEWS
+
+
+def check_views_of_inputs(tmp_path: Path) -> None:
+    """Inputs reached through unsqueeze, t and permute (a diagonal matrix's product is x0.unsqueeze(1) *
+    x1): each a slot of its own, the candidate taking the same view, at the traced shape and another."""
+    prob, cand = composed(VIEWS, tmp_path)
+    for m, n in ((37, 23), (41, 19)):
+        xs = [wide(m), wide(m, n), wide(n, m)]
+        same(prob.Model()(*xs), cand.ModelNew()(*xs))
+
+
 def checks() -> dict:
     """What runs in one interpreter process (tests.runs.run_checks), by the name its test asks for."""
     found = {forward: partial(check_chain, forward, n) for forward, n in CHAINS}
-    return {**found, "broadcast": check_broadcast_strided_and_half_inputs}
+    return {**found, "broadcast": check_broadcast_strided_and_half_inputs, "views": check_views_of_inputs}
 
 
 @pytest.fixture(scope="module")
@@ -123,6 +139,10 @@ def interpreted() -> dict[str, str | None]:
 @pytest.mark.parametrize(("forward", "n"), CHAINS, ids=[c[0][:40] for c in CHAINS])
 def test_every_op_of_the_table_computes_what_the_reference_does(interpreted, forward, n):
     assert interpreted[forward] is None, interpreted[forward]
+
+
+def test_views_of_inputs_are_slots_of_their_own(interpreted):
+    assert interpreted["views"] is None, interpreted["views"]
 
 
 def test_broadcast_strided_and_half_inputs(interpreted):

@@ -20,7 +20,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from kernelbrain.core.graph import INPUT, PARAM, Graph
+from kernelbrain.core.graph import INPUT, PARAM, Graph, Meta
 from kernelbrain.templates import model_source
 from kernelbrain.templates.render import chain, constants, module, parts
 
@@ -304,13 +304,27 @@ _SAME_SHAPE_VIEWS = {
 }
 
 
+# views of a forward input that only move or add size-1 dims: the candidate's forward takes the same view
+# (a view is not a torch op the rules forbid), and the kernel loads it by its strides
+DIM_VIEWS: dict[str, Callable[[dict], str]] = {
+    "aten.unsqueeze.default": lambda a: f".unsqueeze({a['dim']})",
+    "aten.squeeze.dim": lambda a: f".squeeze({a['dim']})",
+    "aten.squeeze.dims": lambda a: f".squeeze({tuple(a['dim'])})",
+    "aten.permute.default": lambda a: f".permute({tuple(a['dims'])})",
+    "aten.transpose.int": lambda a: f".transpose({a['dim0']}, {a['dim1']})",
+    "aten.t.default": lambda a: ".t()",
+}
+
+
 class NotPointwise(ValueError):
     """What the graph holds that this family cannot compose (named in the refusal)."""
 
 
-def compose(graph: Graph) -> dict:
+def compose(graph: Graph, views: bool = False) -> dict:
     """The spec of a graph that is one elementwise chain: its inputs (forward positions), the statements
-    of `_body`, the output's dtype and shape. Raises NotPointwise naming what is not."""
+    of `_body`, the output's dtype and shape. Raises NotPointwise naming what is not. With `views`, an
+    input reached through DIM_VIEWS is a slot of its own, loaded as that view (`views`: each slot's
+    view, applied by the candidate's forward); the slots are then in order of first use."""
     if len(graph.outputs) != 1:
         raise NotPointwise(f"{len(graph.outputs)} outputs")
     try:
@@ -325,24 +339,49 @@ def compose(graph: Graph) -> dict:
     names: dict[tuple[int, int], str] = {}
     inputs: list[int] = []
     lines: list[str] = []
-    for i, node in enumerate(graph.nodes):
-        if node.op == INPUT:
-            if (i, 0) not in wanted:
-                continue  # an input the chain never reads is not loaded
-            if node.outs[0].dtype not in FLOATS | {"bool"}:  # a bool mask is loaded as 0 or 1
-                raise NotPointwise(f"an input of {node.outs[0].dtype}")
+    slot_views: list[str] = []
+    slot_meta: list[Meta] = []
+    pending: dict[tuple[int, int], tuple[int, str]] = {}  # an input or a view of one, not yet loaded
+
+    def load(ref: tuple[int, int]) -> str:
+        """The slot that loads a pending input (as its view), made at its first use."""
+        if ref not in names:
+            index, view = pending[ref]
+            meta = graph.meta(ref)
+            if meta.dtype not in FLOATS | {"bool"}:  # a bool mask is loaded as 0 or 1
+                raise NotPointwise(f"an input of {meta.dtype}")
             if len(inputs) == MAX_INPUTS:
                 raise NotPointwise(f"more than {MAX_INPUTS} inputs")
-            names[(i, 0)] = f"v{len(inputs)}"
-            inputs.append(int(node.args["index"]))
+            names[ref] = f"v{len(inputs)}"
+            inputs.append(index)
+            slot_views.append(view)
+            slot_meta.append(meta)
+        return names[ref]
+
+    for i, node in enumerate(graph.nodes):
+        if node.op == INPUT:
+            if (i, 0) in wanted:  # an input the chain never reads is not loaded
+                pending[(i, 0)] = (int(node.args["index"]), "")
+                if not views:
+                    load((i, 0))
             continue
         needed = {k for k in range(len(node.outs)) if (i, k) in wanted}
         if not needed:
             continue  # computed and never used on the way to the output
         if node.op == PARAM:
             raise NotPointwise(f"the model's parameter {node.args['name']}")
+        src = graph.ref(node.args.get("self"))
+        if views and src in pending:  # a view of an input: its slot is made where something reads it
+            index, view = pending[src]
+            if node.op in DIM_VIEWS:
+                pending[(i, 0)] = (index, view + DIM_VIEWS[node.op](node.args))
+                continue
+            if node.op in _SAME_SHAPE_VIEWS and graph.meta(src).shape == node.outs[0].shape:
+                pending[(i, 0)] = (index, view)
+                continue
         if node.op in _SAME_SHAPE_VIEWS:
-            src = graph.ref(node.args.get("self"))
+            if src is not None and src in pending:
+                load(src)
             if src is None or src not in names or graph.meta(src).shape != node.outs[0].shape:
                 raise NotPointwise(f"{node.op} changing a shape")
             names[(i, 0)] = names[src]
@@ -358,6 +397,8 @@ def compose(graph: Graph) -> dict:
         args: dict[str, Any] = {"raw": node.args}
         for key, value in node.args.items():
             ref = graph.ref(value)
+            if ref is not None and ref in pending:
+                load(ref)
             if ref is not None:
                 if ref not in names:
                     raise NotPointwise(f"{node.op} on a tensor that is not an input of the chain")
@@ -373,15 +414,17 @@ def compose(graph: Graph) -> dict:
             _check_broadcast(node.outs[0].shape, out_meta.shape, node.op)
         names[(i, 0)] = f"v{4 + len(lines)}"
         lines.append(f"{names[(i, 0)]} = {make(args)}")
+    if out_ref in pending:
+        load(out_ref)  # the output is an input's view: copied by the kernel
     if out_ref not in names:
         raise NotPointwise("an output no input reaches")
     if not inputs:
         raise NotPointwise("no tensor input")
-    for i in inputs:
-        _check_broadcast(graph.nodes[_node_of_input(graph, i)].outs[0].shape, out_meta.shape, "an input")
+    for meta in slot_meta:
+        _check_broadcast(meta.shape, out_meta.shape, "an input")
     # the output takes its inputs' promoted dtype (each call's: a problem may time fp16 and fp32 shapes),
     # unless the chain casts to another
-    dtypes = [graph.nodes[_node_of_input(graph, i)].outs[0].dtype for i in inputs]
+    dtypes = [meta.dtype for meta in slot_meta]
     promoted = "float32" if "float32" in dtypes or len(set(dtypes)) > 1 else dtypes[0]
     if "bool" in dtypes:  # the launcher's rule (one dtype kept, mixed ones fp32) would count the mask
         promoted = "bool"
@@ -391,6 +434,7 @@ def compose(graph: Graph) -> dict:
         used += [c for c in _CALLS.get(h, ()) if c not in used]
     return {
         "inputs": inputs,
+        "views": slot_views,
         "body": lines,
         "result": names[out_ref],
         "helpers": [h for h in HELPERS if h in used],
@@ -398,10 +442,6 @@ def compose(graph: Graph) -> dict:
         "shape": out_meta.shape,
         "ops": graph.ops(),
     }
-
-
-def _node_of_input(graph: Graph, index: int) -> int:
-    return next(i for i, n in enumerate(graph.nodes) if n.op == INPUT and n.args["index"] == index)
 
 
 def _check_broadcast(shape: list[int], out: list[int], what: str) -> None:
@@ -414,7 +454,7 @@ def matches(ops: list[dict], graph: Graph | None = None) -> dict | None:
     if graph is None:
         return None
     try:
-        return compose(graph)
+        return compose(graph, views=True)
     except NotPointwise:
         return None
 
@@ -422,7 +462,8 @@ def matches(ops: list[dict], graph: Graph | None = None) -> dict | None:
 def render(spec: dict, knobs: dict[str, Any], signature: dict[str, list[str]]) -> str:
     init_args = model_source.init_args(signature, "".join(f", {a}=None" for a in signature["init"]))
     forward = signature["forward"]
-    xs = ", ".join(forward[i] for i in spec["inputs"])
+    views = spec.get("views") or [""] * len(spec["inputs"])  # a spec recorded before views had none
+    xs = ", ".join(forward[i] + view for i, view in zip(spec["inputs"], views, strict=True))
     knob_text = ", ".join(f"{k}={v}" for k, v in knobs.items())
     # float inputs of one dtype keep it, mixed ones promote to float32 (in Python: torch.promote_types
     # is an ATen call, which a candidate may not make)
