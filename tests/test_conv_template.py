@@ -2,8 +2,9 @@
 padding, dilation, groups, depthwise, 1x1, with and without bias) with the elementwise chain after them
 (a bias parameter, a residual input, Mish, GELU, a clamp) in one kernel, against torch through the
 interpreter for every round-0 knob set (odd sizes, channel counts off the tiles, a second shape), fp16
-and channels-last inputs; what it refuses; the parts every reachable knob set renders; candidates
-through the real gate; a whole `kb run`."""
+and channels-last inputs; a tail after the chain (a min over the channels, a spatial sum, a logsumexp,
+a normalisation, staged reductions) as a second launch the same way; what it refuses; the parts every
+reachable knob set renders; candidates through the real gate; a whole `kb run`."""
 
 from __future__ import annotations
 
@@ -24,11 +25,12 @@ from kernelbrain.templates import conv, pointwise
 from kernelbrain.templates.render import chain, parts
 from tests.composed import graph_of, load
 from tests.parts_check import assert_composed_of_parts, reachable_knobs
-from tests.runs import QUICK_RUNGS, run_checks, run_inprocess
+from tests.runs import QUICK_RUNGS, run_checks, run_inprocess, run_interpreted
 
 ROOT = Path(__file__).resolve().parents[1]
 GROUPED = ROOT / "tests" / "problems" / "conv_grouped_mish.py"
 DEPTHWISE = ROOT / "tests" / "problems" / "conv_depthwise_gelu.py"
+SCALE_MIN = ROOT / "tests" / "problems" / "conv_scale_min.py"
 SIGNATURE = {"init": [], "forward": ["x"], "params": []}
 RESIDUAL = {"init": [], "forward": ["x", "r"], "params": []}  # a second forward input
 
@@ -131,6 +133,73 @@ CASES = [
 ]
 
 
+# the same, a tail after the chain (templates/tail.py: a second launch over the chain's value)
+TAIL_CASES = [
+    (
+        "2-D, scaled, min over the channels kept (reduce tail)",
+        "nn.Conv2d(3, 10, 3, padding=1)",
+        "torch.min(y * 1.5, dim=1, keepdim=True)[0]",
+        None,
+        (2, 3, 7, 6),
+        (1, 3, 5, 4),
+        False,
+    ),
+    (
+        "3-D, min over the depth (reduce tail)",
+        "nn.Conv3d(3, 9, (2, 3, 2), padding=(0, 1, 0))",
+        "torch.min(y, dim=2)[0]",
+        None,
+        (2, 3, 4, 5, 6),
+        (1, 3, 3, 2, 3),
+        False,
+    ),
+    (
+        "2-D, halved, sum over the spatial dims (reduce tail)",
+        "nn.Conv2d(5, 11, (3, 2), stride=2)",
+        "(y / 2).sum(dim=[2, 3])",
+        None,
+        (2, 5, 9, 8),
+        (1, 5, 4, 5),
+        False,
+    ),
+    (
+        "2-D, bias parameter, logsumexp over the channels (reduce tail)",
+        "nn.Conv2d(4, 12, 3)",
+        "torch.logsumexp(y + self.b, dim=1, keepdim=True)",
+        (12, 1, 1),
+        (2, 4, 7, 9),
+        (1, 4, 4, 3),
+        False,
+    ),
+    (
+        "2-D, x - amax over the channels, scaled by a parameter (normalize tail)",
+        "nn.Conv2d(4, 10, 3, padding=1, bias=False)",
+        "(y - y.amax(dim=1, keepdim=True)) * self.b",
+        (10, 1, 1),
+        (2, 4, 5, 7),
+        (1, 4, 3, 3),
+        False,
+    ),
+    (
+        "2-D, spatial mean kept, then channel sum (staged tail)",
+        "nn.Conv2d(3, 9, 3)",
+        "y.mean(dim=[2, 3], keepdim=True).sum(dim=1)",
+        None,
+        (2, 3, 7, 6),
+        (1, 3, 4, 5),
+        False,
+    ),
+]
+# KernelBench level 2's 24: a softmax after the min, run where the tail takes it, else refused by name
+MIN_SOFTMAX = (
+    "nn.Conv3d(3, 9, (2, 3, 2), padding=(0, 1, 0))",
+    "torch.softmax(torch.min(y, dim=2)[0], dim=1)",
+    None,
+    ((2, 3, 4, 5, 6), (1, 3, 3, 2, 3)),
+    False,
+)
+
+
 def check_case(make: str, chain: str, bias_shape, shapes, residual: bool, tmp_path: Path) -> None:
     with torch.device("meta"):
         traced = Net(make, chain, bias_shape)
@@ -154,6 +223,20 @@ def check_case(make: str, chain: str, bias_shape, shapes, residual: bool, tmp_pa
                 got = new(*xs)
             assert got.shape == expected.shape and got.dtype == expected.dtype, (shape, knobs)
             torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4, msg=f"{shape} {knobs}")
+
+
+def check_tail_case(make: str, chain: str, bias_shape, shapes, residual: bool, tmp_path: Path) -> None:
+    """check_case of a chain with a tail, which the spec must hold; a softmax's refusal where no
+    memory-bound family takes it, named."""
+    with torch.device("meta"):
+        traced = Net(make, chain, bias_shape)
+    try:
+        spec = conv.compose(graph_of(traced, shapes[0]))
+    except conv.NotConv as e:
+        assert "softmax" in chain and "aten._softmax.default after the convolution" in str(e), e
+        return
+    assert spec["tail"] is not None and all(conv.feasible(spec, k) for k in conv.ROUND0)
+    check_case(make, chain, bias_shape, shapes, residual, tmp_path)
 
 
 def check_half_and_channels_last(tmp_path: Path) -> None:
@@ -199,6 +282,31 @@ def checks() -> dict:
     return {**found, "fp16 and channels last": check_half_and_channels_last}
 
 
+def tail_checks() -> dict:
+    """The tail cases, in an interpreter process of their own (`checks`' take long)."""
+    found = {
+        name: partial(check_tail_case, make, chain, bias, (a, b), residual)
+        for name, make, chain, bias, a, b, residual in TAIL_CASES
+    }
+    make, chain_text, bias, shapes, residual = MIN_SOFTMAX
+    return {**found, "min then softmax": partial(check_tail_case, make, chain_text, bias, shapes, residual)}
+
+
+_TAIL_CHECKS = """
+import json, sys, tempfile, traceback
+from pathlib import Path
+from tests.test_conv_template import tail_checks
+found = {}
+for name, check in tail_checks().items():
+    try:
+        check(Path(tempfile.mkdtemp()))
+        found[name] = None
+    except Exception:
+        found[name] = traceback.format_exc()[-2000:]
+print(json.dumps(found))
+"""
+
+
 @pytest.fixture(scope="module")
 def interpreted() -> dict[str, str | None]:
     return run_checks("tests.test_conv_template", timeout=1500)
@@ -207,6 +315,16 @@ def interpreted() -> dict[str, str | None]:
 @pytest.mark.parametrize("name", [c[0] for c in CASES])
 def test_every_convolution_on_every_round0_knob_set(interpreted, name):
     assert interpreted[name] is None, interpreted[name]
+
+
+@pytest.fixture(scope="module")
+def interpreted_tails() -> dict[str, str | None]:
+    return run_interpreted(_TAIL_CHECKS, timeout=1500)
+
+
+@pytest.mark.parametrize("name", [c[0] for c in TAIL_CASES] + ["min then softmax"])
+def test_a_tail_after_the_chain_on_every_round0_knob_set(interpreted_tails, name):
+    assert interpreted_tails[name] is None, interpreted_tails[name]
 
 
 def test_fp16_and_channels_last_inputs(interpreted):
@@ -234,8 +352,12 @@ class Two(nn.Module):
             "reflection_pad2d.default, not of a",
         ),
         ("nn.Conv2d(4, 4, 3)", "self.conv(torch.relu(x))", "relu.default, not of a forward input"),
-        ("nn.Conv2d(4, 4, 3)", "self.conv(x).sum(dim=1)", "after the convolution: aten.sum"),
-        ("nn.Conv2d(4, 4, 3)", "F.max_pool2d(self.conv(x), 2)", "after the convolution: aten.max_pool2d"),
+        ("nn.Conv2d(4, 4, 3)", "self.conv(x).cumsum(1)", "aten.cumsum.default after the convolution"),
+        (
+            "nn.Conv2d(4, 4, 3)",
+            "(lambda y: torch.relu(y) * y.sum(1, keepdim=True))(self.conv(x))",
+            "a tail reading 2 values of the chain after aten.convolution.default",
+        ),
         ("nn.Conv2d(4, 4, 3)", "self.conv(x) * x[:, :, :6, :6]", "after the convolution: aten.slice"),
         ("nn.Linear(8, 8)", "self.conv(x)", "0 convolutions"),
     ],
@@ -315,3 +437,16 @@ def test_kb_run_on_a_convolution_no_hand_written_family_covers(tmp_path):
     assert {c.proposal.family for c in state.candidates.values()} == {"conv"}
     assert state.finished is not None and state.finished.winner
     assert all(isinstance(c.gate, GatePassed) for c in state.candidates.values())
+
+
+def test_every_round0_candidate_of_a_scale_min_tail_passes_the_gate(box):
+    source = SCALE_MIN.read_text()
+    analysis = analyse(source, "cpu")
+    spec = conv.refine(conv.matches(analysis["ops"], Graph.model_validate(analysis["graph"])), source)
+    assert spec is not None and spec["tail"]["family"] == "reduce"
+    for knobs in conv.ROUND0:
+        assert conv.feasible(spec, knobs), knobs
+        new_source = conv.render(spec, knobs, analysis["signature"])
+        request = GateRequest(problem_source=source, cand_source=new_source, device="cpu", seeds=3)
+        reply = box.call(request, timeout_s=300)[0]
+        assert reply.passed, (knobs, reply)

@@ -10,6 +10,12 @@ bias and the chain's parameters by those names; stride, padding and dilation are
 trace, the groups x's channels over the weight's input channels at each call. The kernel is in
 templates/conv_parts.py, the chain is templates/pointwise's.
 
+What follows the chain when it is not elementwise (a min over the channels, a spatial sum, a
+logsumexp, a softmax, reductions in sequence) is the tail (templates/tail.py): the chain's value h is
+written once in its traced dtype and the reduce, normalize or staged family composes the rest over h and
+forward's tensors as a second launch in the same candidate, its knobs that family's first feasible
+round-0 set.
+
 Strategy axes (conv_parts' docstring has the detail): "taps" (a tl.dot per tap and channel step),
 "gemm" (K = channels x taps flattened: few channels a group), "direct" (outer products on FMA units:
 depthwise and narrow groups); tiles BLOCK_M x BLOCK_N x BLOCK_K, warps, pipeline stages, and the fp32
@@ -21,7 +27,7 @@ from __future__ import annotations
 from typing import Any
 
 from kernelbrain.core.graph import INPUT, PARAM, Graph, Node
-from kernelbrain.templates import model_source, pointwise
+from kernelbrain.templates import model_source, pointwise, tail
 from kernelbrain.templates.render import chain, constants, module, parts
 
 FAMILY = "conv"
@@ -82,6 +88,7 @@ MAX_EXTRAS = 3  # the chain's tensors besides the convolution's value (the kerne
 MAX_ACC_PER_THREAD = 128  # fp32 accumulator elements a thread; past this the accumulator spills
 SHARED_BYTES = 200 * 1024  # H200: 227 KiB of shared memory a block, some left for the compiler's own
 BLOCKS = (16, 32, 64, 128, 256, 512)
+VIEWS = pointwise.PASS_THROUGH  # what the chain may hold besides elementwise ops, for the tail's cut
 
 
 class NotConv(ValueError):
@@ -125,6 +132,9 @@ def feasible(spec: dict, knobs: dict[str, Any]) -> bool:
     if any(b < 1 or b & (b - 1) for b in (bm, bn, bk)) or warps not in (1, 2, 4, 8, 16):
         return False
     if bm * bn > MAX_ACC_PER_THREAD * 32 * warps or knobs["num_stages"] < 1:
+        return False
+    rest = spec.get("tail")
+    if rest is not None and not tail.feasible(rest):
         return False
     if strategy == "direct":
         return bm >= 16
@@ -217,6 +227,14 @@ def compose(graph: Graph) -> dict:
     node = graph.nodes[at]
     if node.op not in CONVS:
         raise NotConv(node.op)
+    rest, ops = None, graph.ops()
+    try:  # what is not elementwise after the chain: the tail, a second launch over the chain's value
+        cut = tail.split(graph, at, VIEWS)
+        if cut is not None:
+            _, graph, after = cut
+            rest = tail.compose(after, "convolution", VIEWS)
+    except tail.NotTail as e:
+        raise NotConv(str(e)) from None
     try:  # the groups are read from the shapes at each call (a depthwise conv's follow its channels)
         graph.unsized({(at, "groups")})
     except ValueError as e:
@@ -276,7 +294,8 @@ def compose(graph: Graph) -> dict:
         "taps": [int(k) for k in w_meta.shape[2:]],
         "dtype": x_meta.dtype,
         "out_dtype": None if out_dtype == x_meta.dtype else out_dtype,
-        "ops": graph.ops(),
+        "tail": rest,
+        "ops": ops,
     }
 
 
@@ -322,15 +341,22 @@ def render(spec: dict, knobs: dict[str, Any], signature: dict[str, list[str]]) -
         f"({knob_text}).\n\nAn implicit GEMM accumulated in fp32, the chain applied before the one store, "
         "composed from the reference's ATen graph.\n"
     )
+    rest = spec.get("tail")
+    tail_call, tail_parts = "", ""
+    if rest is not None:  # the second launch: the tail over the convolution's chain's value
+        args = ["kb_h", *(_read(s, forward) for s in rest["sources"])]
+        tail_call, tail_parts = tail.call(rest, args, "kb_h"), tail.render_parts(rest)
+        doc += f"\nThen the tail over its value, composed by memory-bound families: {tail.describe(rest)}.\n"
     model = f"""class ModelNew(nn.Module):
     def __init__({params}):
 {body}
     def forward(self, {", ".join(forward)}):
-        return _conv_launch(
+        kb_h = _conv_launch(
             {forward[spec["input"]]}, {_read(spec["weight"], forward)}, {_read(spec["bias"], forward)},
             [{extras}], STRIDE, PADDING, DILATION, {dtype}, STRATEGY, FP32_DOT, BLOCK_M, BLOCK_N,
             BLOCK_K, NUM_WARPS, NUM_STAGES,
         )
+{tail_call}        return kb_h
 """
     return module(
         doc,
@@ -341,5 +367,6 @@ def render(spec: dict, knobs: dict[str, Any], signature: dict[str, list[str]]) -
         parts(pointwise.PARTS, *spec["helpers"]) if spec["helpers"] else "",
         chain("_epilogue", spec["epilogue"], spec["epilogue_result"]),
         parts(PARTS, "_mma", "_extra", "_conv_kernel", "_conv_state", "_conv_launch"),
+        tail_parts,
         model,
     )
