@@ -49,6 +49,12 @@ def _five_reductions(y: torch.Tensor) -> torch.Tensor:
     return torch.logsumexp(torch.logsumexp(y, dim=1, keepdim=True), dim=1, keepdim=True)
 
 
+def _pool_gelu_scale_max(y: torch.Tensor) -> torch.Tensor:
+    """KernelBench level 2's 98 after its matmul: avg_pool1d over the unsqueezed rows, gelu, scale, max."""
+    y = F.gelu(F.avg_pool1d(y.unsqueeze(1), kernel_size=3).squeeze(1)) * 2.0
+    return torch.max(y, dim=1).values
+
+
 # name -> (function of the forward inputs, their shapes); M, N, K = 37, 45, 19: no tile divides them
 FUNCTIONS: dict[str, tuple[Callable, list[tuple[int, ...]]]] = {
     "mm": (lambda a, b: a @ b, [(37, 19), (19, 45)]),
@@ -97,6 +103,14 @@ FUNCTIONS: dict[str, tuple[Callable, list[tuple[int, ...]]]] = {
     "linear, sum, max, mean, logsumexp, logsumexp (staged tail)": (
         lambda x, w, bias: _five_reductions(F.linear(x, w, bias)),
         [(37, 19), (45, 19), (45,)],
+    ),
+    "linear, 1-D avg pool, gelu (pool, then pointwise)": (
+        lambda x, w, bias: F.gelu(F.avg_pool1d(F.linear(x, w, bias).unsqueeze(1), 4).squeeze(1)),
+        [(37, 19), (45, 19), (45,)],
+    ),
+    "matmul, 1-D avg pool, gelu, scale, max (pool, then reduce: level 2's 98)": (
+        lambda x, w: _pool_gelu_scale_max(F.linear(x, w)),
+        [(37, 19), (45, 19)],
     ),
 }
 
@@ -150,10 +164,78 @@ class LinearCentredScaled(nn.Module):
         return _centred(self.linear(x)) * self.gamma
 
 
+class LinearGroupNormHardtanh(nn.Module):
+    """Level 2's 30: nn.Linear, nn.GroupNorm (its affine parameters read by name), hardtanh."""
+
+    INIT = "super().__init__()\nself.gemm = nn.Linear(19, 45)\nself.group_norm = nn.GroupNorm(5, 45)"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gemm = nn.Linear(19, 45)
+        self.group_norm = nn.GroupNorm(5, 45)
+        with torch.no_grad():  # not the identity torch initialises them to
+            self.group_norm.weight.uniform_(0.5, 1.5)
+            self.group_norm.bias.uniform_(-0.5, 0.5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.hardtanh(self.group_norm(self.gemm(x)), -0.5, 0.5)
+
+
+class LinearGroupNormSwish(nn.Module):
+    """Level 2's 88 without affine: nn.Linear, a group norm, swish, times a parameter, swish."""
+
+    INIT = (
+        "super().__init__()\nself.gemm = nn.Linear(19, 45)\n"
+        "self.group_norm = nn.GroupNorm(3, 45, affine=False)\nself.multiply = nn.Parameter(torch.randn(45))"
+    )
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gemm = nn.Linear(19, 45)
+        self.group_norm = nn.GroupNorm(3, 45, affine=False)
+        self.multiply = nn.Parameter(torch.randn(45))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.group_norm(self.gemm(x))
+        y = y * torch.sigmoid(y) * self.multiply
+        return y * torch.sigmoid(y)
+
+
+class LinearBatchNormScale(nn.Module):
+    """Level 2's 84 before its softmax, in eval mode (kb times references so): nn.Linear, nn.BatchNorm1d
+    by its running statistics, times a parameter."""
+
+    INIT = (
+        "super().__init__()\nself.gemm = nn.Linear(19, 45)\nself.bn = nn.BatchNorm1d(45)\n"
+        "self.scale = nn.Parameter(torch.ones(1))"
+    )
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gemm = nn.Linear(19, 45)
+        self.bn = nn.BatchNorm1d(45)
+        self.scale = nn.Parameter(torch.full((1,), 1.5))
+        with torch.no_grad():  # running statistics and affine parameters a batch might have left
+            self.bn.running_mean.uniform_(-0.5, 0.5)
+            self.bn.running_var.uniform_(0.5, 2.0)
+            self.bn.weight.uniform_(0.5, 1.5)
+            self.bn.bias.uniform_(-0.5, 0.5)
+        self.eval()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.scale * self.bn(self.gemm(x))
+
+
 MODELS: dict[str, tuple[type[nn.Module], list[tuple[int, ...]]]] = {
     "linear, swish, a parameter subtracted, gelu": (LinearParameter, [(37, 19)]),
     "matmul by a parameter's transpose, bias, hardtanh": (MatmulWeightT, [(2, 37, 19)]),
     "linear, centred, scaled by a parameter (normalize tail)": (LinearCentredScaled, [(37, 19)]),
+    "linear, group norm, hardtanh (moments, then pointwise)": (LinearGroupNormHardtanh, [(37, 19)]),
+    "linear, group norm without affine, swish, a parameter, swish (moments, then pointwise)": (
+        LinearGroupNormSwish,
+        [(37, 19)],
+    ),
+    "linear, batch norm in eval mode, scale (moments, then pointwise)": (LinearBatchNormScale, [(37, 19)]),
 }
 
 
@@ -233,11 +315,33 @@ def test_every_case_on_every_round0_knob_set(interpreted, name):
             [(5, 4), (4, 6)],
             "aten._softmax.default after the contraction",
         ),
+        (
+            lambda a, b, m, v: F.batch_norm(a @ b, m, v),
+            [(5, 4), (4, 6), (6,), (6,)],
+            "moments: a norm's weight made by input",
+        ),
+        (
+            lambda a, b: F.avg_pool1d((a @ b).unsqueeze(1), 600),
+            [(5, 4), (4, 700)],
+            "pool: a window of 600 taps",
+        ),
+        (
+            lambda a, b: (lambda y: F.group_norm(y, 2) - y)(a @ b),
+            [(5, 4), (4, 6)],
+            "moments: ops after the norm; in segments: a segment reading the tail's input again",
+        ),
     ],
 )
 def test_what_it_refuses_is_named(fn, shapes, why):
     with pytest.raises(contraction.NotContraction, match=why):
         contraction.compose(graph_of(fn, *shapes))
+
+
+def test_a_batch_norm_in_training_mode_after_it_is_refused():
+    with torch.device("meta"):
+        model = nn.Sequential(nn.Linear(4, 6), nn.BatchNorm1d(6))
+    with pytest.raises(contraction.NotContraction, match="a batch norm in training mode"):
+        contraction.compose(graph_of(model, (5, 4)))
 
 
 def test_every_reachable_knob_set_renders_from_its_parts():

@@ -9,9 +9,12 @@ same candidate:
 `split` cuts the traced graph where the chain ends: the head (the graph with h as its output) and the
 tail (a graph whose INPUT 0 is h, its further inputs the forward inputs and parameters it reads).
 `compose` gives the tail to the first family of FAMILIES that takes it, with that family's first
-feasible round-0 knob set; `parts` renders its kernels and chains with every top-level name suffixed
-(templates/render.renamed), so that they sit beside the head's in one module; `call` writes the lines
-of forward that launch it.
+feasible round-0 knob set; else to one of STAGES (moments: a batch, group or instance norm, its
+parameters read by name from the one ModelNew; pool; pointwise: the chain after a norm, which moments
+keeps no epilogue for); else it cuts the tail after its first stage (a reduction with the chain after
+it, a norm, a pooling) and composes each side the same way. `render_parts` renders its kernels and
+chains with every top-level name suffixed (templates/render.renamed), so that they sit beside the
+head's in one module; `call` writes the lines of forward that launch it.
 """
 
 from __future__ import annotations
@@ -21,11 +24,13 @@ from collections.abc import Collection
 from typing import Any
 
 from kernelbrain.core.graph import INPUT, PARAM, Graph, Meta, Node
-from kernelbrain.templates import normalize, pointwise, reduce, staged
+from kernelbrain.templates import moments, normalize, pointwise, pool, reduce, staged
 from kernelbrain.templates.render import chain, parts, renamed
 
 # the memory-bound families a tail may be, in the order they are tried
 FAMILIES = (reduce, normalize, staged)
+# families a tail (or a segment of it) may be when none of FAMILIES takes it whole, in the order tried
+STAGES = (moments, pool, pointwise)
 SUFFIX = "_tail"
 _REDUCE_COMMON = ("_identity", "_times", "_infinite", "_finish", "_prod")
 _POINTWISE_LAUNCH = (
@@ -39,7 +44,16 @@ _POINTWISE_LAUNCH = (
     "_collapsed",
     "_launch",
 )
-_REFUSALS = (reduce.NotReduction, normalize.NotNormalize, staged.NotStaged, pointwise.NotPointwise)
+_REFUSALS = (
+    reduce.NotReduction,
+    normalize.NotNormalize,
+    staged.NotStaged,
+    pointwise.NotPointwise,
+    moments.NotMoments,
+    pool.NotPool,
+)
+_MOMENTS_PARTS = ("_moments_kernel", "_moments_finish", "_moments_map", "_moments_launch")
+_POOL_PARTS = ("_pool_kernel", "_out_size", "_pool_launch")
 
 
 class NotTail(ValueError):
@@ -72,6 +86,12 @@ def split(graph: Graph, at: int, views: Collection[str]) -> tuple[tuple[int, int
         break
     if cut is None or tuple(graph.outputs[0]) in reached:
         return None
+    return _cut(graph, reached, graph.nodes[at].op)
+
+
+def _cut(graph: Graph, reached: set[tuple[int, int]], after: str) -> tuple[tuple[int, int], Graph, dict]:
+    """The graph cut after the values `reached`: (h, the one of them the rest reads, the head graph with
+    h as its output, the tail over h as `split` gives it)."""
     # the tail: every node the output needs that the chain did not make, h a leaf
     tail_wanted = {tuple(o) for o in graph.outputs}
     read: set[tuple[int, int]] = set()
@@ -87,7 +107,7 @@ def split(graph: Graph, at: int, views: Collection[str]) -> tuple[tuple[int, int
         for value in graph.nodes[j].args.values():
             tail_wanted.update(graph.refs(value))
     if len(read) != 1:
-        raise NotTail(f"a tail reading {len(read)} values of the chain after {graph.nodes[at].op}")
+        raise NotTail(f"a tail reading {len(read)} values of the chain after {after}")
     (h,) = read
     head = Graph(nodes=graph.nodes, outputs=[list(h)], constants=graph.constants, sized=graph.sized)
     return h, head, _tail_graph(graph, h, sorted(keep))
@@ -137,45 +157,102 @@ def _tail_graph(graph: Graph, h: tuple[int, int], keep: list[int]) -> dict:
     return {"graph": tail, "sources": sources}
 
 
+_STAGE_OPS = reduce.REDUCTIONS | moments.NORMS | pool.POOLS.keys()
+
+
 def _first_foreign(graph: Graph, views: Collection[str]) -> str | None:
-    """The first op of the tail that is neither elementwise, a view nor a reduction."""
+    """The first op of the tail that is neither elementwise, a view, a reduction, a norm nor a pooling."""
     wanted = {n for n, _ in graph.needed()}
     for i, n in enumerate(graph.nodes):
-        known = _elementwise(n.op) or n.op in views or n.op in reduce.REDUCTIONS or n.op == INPUT
+        known = _elementwise(n.op) or n.op in views or n.op in _STAGE_OPS or n.op == INPUT
         if i in wanted and not known:
             return n.op
     return None
 
 
-def compose(tail: dict, after: str, views: Collection[str] = ()) -> dict:
-    """The tail ({"graph", "sources"} from `split`) as the first family of FAMILIES composes it, with
-    the knobs it runs at; else its first reduction's segment (the reduction and the chain after it) as
-    a reduce, and the rest composed the same way over that value ("then"). Raises NotTail naming the op
-    no family takes (`after`: what precedes it)."""
-    graph = tail["graph"]
-    foreign = _first_foreign(graph, views)
-    if foreign is not None:
-        raise NotTail(f"{foreign} after the {after}")
-    why = []
-    for family in FAMILIES:
+def with_params(graph: Graph, sources: list[list[Any]]) -> Graph:
+    """The tail graph with each INPUT that is a parameter or buffer (its source ["param", name]) a
+    PARAM node of that name again: moments reads a norm's weights by name, and the tail's launch reads
+    them from the one ModelNew (Model's constructor run in it) by `get_parameter`/`get_buffer`."""
+    nodes = []
+    for n in graph.nodes:
+        index = int(n.args["index"]) if n.op == INPUT else 0
+        if index > 0 and sources[index - 1][0] == "param":
+            n = Node(op=PARAM, args={"name": sources[index - 1][1]}, outs=n.outs)
+        nodes.append(n)
+    return graph.model_copy(update={"nodes": nodes})
+
+
+def _whole(graph: Graph, sources: list[list[Any]], families: tuple, why: list[str]) -> dict | None:
+    """The tail as the first of `families` composes it at its first feasible round-0 knob set (what
+    each refused, appended to `why`)."""
+    for family in families:
         try:
-            spec = family.compose(graph)
+            spec = family.compose(with_params(graph, sources) if family is moments else graph)
         except _REFUSALS as e:
             why.append(f"{family.FAMILY}: {e}")
+            continue
+        if family is moments and spec["mode"] == "batch" and spec["running"]:
+            # its batch count (an add_ nothing after it reads) is not in the tail's graph
+            why.append("moments: a batch norm in training mode, its running statistics updated")
             continue
         knobs = next((k for k in family.ROUND0 if family.feasible(spec, k)), None)
         if knobs is None:
             why.append(f"{family.FAMILY}: no feasible round-0 knob set")
             continue
-        return {
-            "family": family.FAMILY,
-            "spec": spec,
-            "knobs": knobs,
-            "sources": tail["sources"],
-            "then": None,
-        }
-    first = next((i for i, n in enumerate(graph.nodes) if n.op in reduce.REDUCTIONS), None)
-    cut = split(graph, first, views) if first is not None else None
+        return {"family": family.FAMILY, "spec": spec, "knobs": knobs, "sources": sources, "then": None}
+    return None
+
+
+def _segment(graph: Graph, views: Collection[str]) -> tuple[tuple[int, int], Graph, dict] | None:
+    """The tail cut after its first stage: a reduction with the views and elementwise chain after it,
+    a norm (moments keeps no epilogue), or a pooling with its squeezes (the chain after a 1-D pooling
+    goes to the next stage: pool.compose takes it only at the pooling's own shape); None where nothing
+    follows that stage."""
+    wanted = {n for n, _ in graph.needed()}
+    first = next((i for i, n in enumerate(graph.nodes) if n.op in _STAGE_OPS and i in wanted), None)
+    if first is None:
+        return None
+    op = graph.nodes[first].op
+    if op in reduce.REDUCTIONS:
+        return split(graph, first, views)
+    reached = {(first, k) for k in range(len(graph.nodes[first].outs))}
+    for j in range(first + 1, len(graph.nodes)):  # a pooling's squeeze back to 1-D: the pool's own
+        n = graph.nodes[j]
+        if op in pool.POOLS and n.op in pool.VIEWS and graph.ref(n.args["self"]) in reached:
+            reached.add((j, 0))
+    if tuple(graph.outputs[0]) in reached:
+        return None
+    return _cut(graph, reached, op)
+
+
+def _stages(graph: Graph) -> tuple:
+    """The families of STAGES worth trying on the graph whole: the one of its norm or pooling, else
+    pointwise where it holds no stage at all."""
+    ops = {n.op for n in graph.nodes}
+    if ops & moments.NORMS:
+        return (moments,)
+    if ops & pool.POOLS.keys():
+        return (pool,)
+    return () if ops & _STAGE_OPS else (pointwise,)
+
+
+def compose(tail: dict, after: str, views: Collection[str] = ()) -> dict:
+    """The tail ({"graph", "sources"} from `split`) as the first family of FAMILIES composes it, with
+    the knobs it runs at; else as the first of STAGES does; else its first stage's segment (a reduction
+    and the chain after it, a norm, a pooling) composed so, and the rest composed the same way over
+    that value ("then"). Raises NotTail naming the op no family takes (`after`: what precedes it)."""
+    graph = tail["graph"]
+    foreign = _first_foreign(graph, views)
+    if foreign is not None:
+        raise NotTail(f"{foreign} after the {after}")
+    why: list[str] = []
+    whole = _whole(graph, tail["sources"], FAMILIES, why)
+    if whole is None:
+        whole = _whole(graph, tail["sources"], _stages(graph), why)
+    if whole is not None:
+        return whole
+    cut = _segment(graph, views)
     if cut is not None:
         _, head, rest = cut
         try:
@@ -263,6 +340,18 @@ def render_parts(tail: dict, suffix: str = SUFFIX) -> str:
             text = _chains(stage) + "\n\n" + parts(reduce.PARTS, "_reduce_kernel", "_reduce_launch")
             names = ("_prologue", "_epilogue", "_reduce_kernel", "_reduce_launch")
             sections.append(renamed(text, f"_{k}", names))
+    elif family == "moments":
+        sections = [parts(moments.PARTS, *_MOMENTS_PARTS)]
+    elif family == "pool":
+        sections = [
+            _helpers(spec),
+            chain("_prologue", spec["prologue"], spec["prologue_result"], "v0"),
+            chain("_epilogue", spec["epilogue"], spec["epilogue_result"], "v0"),
+            parts(pool.PARTS, *_POOL_PARTS),
+        ]
+    elif family == "pointwise":
+        sections = [_helpers(spec), chain("_body", spec["body"], spec["result"])]
+        sections.append(parts(pointwise.PARTS, *_POINTWISE_LAUNCH))
     else:
         raise NotTail(f"a tail of family {family}")
     text = "\n\n".join(s.strip("\n") for s in sections if s.strip()) + "\n"
@@ -316,6 +405,12 @@ def _call(tail: dict, args: list[str], out: str, suffix: str) -> str:
             for k, stage in enumerate(spec["stages"])
         ]
         return "".join(lines)
+    if family == "moments":
+        return _moments_call(spec, args, out, suffix, knobs)
+    if family == "pool":
+        return _pool_call(spec, args, out, suffix, knobs)
+    if family == "pointwise":
+        return _pointwise_call(spec, args, out, suffix, knobs)
     stat, mapped = spec["stat"], spec["map"]
     stat_xs = ", ".join(args[i] for i in stat["inputs"])
     map_xs = ", ".join(args[i] if i < spec["n_forward"] else "kb_stat" for i in mapped["inputs"])
@@ -336,8 +431,47 @@ def _call(tail: dict, args: list[str], out: str, suffix: str) -> str:
     )
 
 
+def _state(name: str | None, buffer: bool) -> str:
+    """The expression reading a parameter or buffer of the one ModelNew by its state-dict name."""
+    if name is None:
+        return "None"
+    return f"self.get_buffer({name!r})" if buffer else f"self.get_parameter({name!r})"
+
+
+def _moments_call(spec: dict, args: list[str], out: str, suffix: str, knobs: dict) -> str:
+    running = spec["running"] or [None, None]
+    tensors = [_state(spec["weight"], False), _state(spec["bias"], False)]
+    tensors += [_state(running[0], True), _state(running[1], True), _state(spec["count"], True)]
+    how = [repr(spec["mode"]), str(spec["group"]), *tensors, repr(spec["eps"]), repr(spec["momentum"])]
+    how += [str(knobs[k]) for k in ("block", "split", "num_warps")]
+    return f"        {out} = _moments_launch{suffix}({args[spec['input']]}, {', '.join(how)})\n"
+
+
+def _pool_call(spec: dict, args: list[str], out: str, suffix: str, knobs: dict) -> str:
+    x = args[spec["inputs"][0]]
+    dtype = f"torch.{spec['dtype']}" if spec["dtype"] else f"{x}.dtype"
+    keys = ("pre", "post", "spatial", "kernel", "stride", "padding", "dilation", "ceil", "max", "count_pad")
+    how = [repr(spec[k]) for k in (*keys, "divisor")] + [dtype, str(knobs["block"]), str(knobs["num_warps"])]
+    return f"        {out} = _pool_launch{suffix}({x}, {', '.join(how)})\n"
+
+
+def _pointwise_call(spec: dict, args: list[str], out: str, suffix: str, knobs: dict) -> str:
+    views = spec.get("views") or [""] * len(spec["inputs"])
+    xs = ", ".join(args[i] + view for i, view in zip(spec["inputs"], views, strict=True))
+    dtype = f"torch.{spec['dtype']}" if spec["dtype"] is not None else "None"
+    ctas = knobs.get("ctas_per_sm", 0) if knobs["strategy"] == "persistent" else 0
+    return (
+        f"        kb_xs = [{xs}]\n"
+        "        kb_same = all(x.dtype == kb_xs[0].dtype for x in kb_xs)\n"
+        f"        kb_dtype = {dtype} or (kb_xs[0].dtype if kb_same else torch.float32)\n"
+        "        kb_shape = torch.broadcast_shapes(*(x.shape for x in kb_xs))\n"
+        "        kb_y = torch.empty(kb_shape, dtype=kb_dtype, device=kb_xs[0].device)\n"
+        f"        {out} = _launch{suffix}(kb_y, kb_xs, {knobs['block']}, {knobs['num_warps']}, {ctas})\n"
+    )
+
+
 def feasible(tail: dict) -> bool:
-    family = next(f for f in FAMILIES if tail["family"] == f.FAMILY)
+    family = next(f for f in FAMILIES + STAGES if tail["family"] == f.FAMILY)
     fits = family.feasible(tail["spec"], tail["knobs"])
     return fits and (tail["then"] is None or feasible(tail["then"]))
 
