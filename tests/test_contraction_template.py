@@ -30,6 +30,7 @@ from tests.runs import QUICK_RUNGS, run_checks, run_inprocess
 ROOT = Path(__file__).resolve().parents[1]
 LINEAR_CHAIN = ROOT / "tests" / "problems" / "contraction_linear_chain.py"
 DIVIDE_SUM = ROOT / "tests" / "problems" / "contraction_divide_sum.py"
+GROUPNORM = ROOT / "tests" / "problems" / "contraction_groupnorm_hardtanh.py"
 NAMES = ["a", "b", "c", "d"]
 
 
@@ -411,3 +412,19 @@ def test_kb_run_on_a_divide_sum_tail(tmp_path):
     assert {c.proposal.family for c in state.candidates.values()} == {"contraction"}
     assert state.finished is not None and state.finished.winner
     assert all(isinstance(c.gate, GatePassed) for c in state.candidates.values())
+
+
+def test_every_round0_candidate_of_a_group_norm_tail_passes_the_gate(box):
+    source = GROUPNORM.read_text()
+    analysis = analyse(source, "cpu")
+    spec = contraction.matches(analysis["ops"], Graph.model_validate(analysis["graph"]))
+    assert spec is not None and spec["tail"]["family"] == "moments"
+    assert spec["tail"]["then"]["family"] == "pointwise"
+    spec = contraction.refine(spec, source)
+    assert spec is not None and "init_body" in spec
+    for knobs in contraction.ROUND0:
+        new_source = contraction.render(spec, knobs, analysis["signature"])
+        assert "self.get_parameter('group_norm.weight')" in new_source
+        request = GateRequest(problem_source=source, cand_source=new_source, device="cpu", seeds=3)
+        reply = box.call(request, timeout_s=120)[0]
+        assert reply.passed, (knobs, reply)

@@ -145,8 +145,8 @@ def _tail_graph(graph: Graph, h: tuple[int, int], keep: list[int]) -> dict:
             where[(j, k)] = [len(nodes) - 1, k]
     sized = []
     for s in graph.sized:
-        if (s.node, 0) not in where or graph.nodes[s.node].op in (INPUT, PARAM):
-            continue
+        if (s.node, 0) not in where or nodes[where[(s.node, 0)][0]].op == INPUT:
+            continue  # a number of a node the tail reads as an input (h, a forward input, a parameter)
         index = -1
         if s.input >= 0:
             meta = next(n.outs[0] for n in graph.nodes if n.op == INPUT and n.args["index"] == s.input)
