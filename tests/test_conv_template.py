@@ -190,14 +190,31 @@ TAIL_CASES = [
         False,
     ),
 ]
-# KernelBench level 2's 24: a softmax after the min, run where the tail takes it, else refused by name
-MIN_SOFTMAX = (
-    "nn.Conv3d(3, 9, (2, 3, 2), padding=(0, 1, 0))",
-    "torch.softmax(torch.min(y, dim=2)[0], dim=1)",
-    None,
-    ((2, 3, 4, 5, 6), (1, 3, 3, 2, 3)),
-    False,
-)
+# tails the memory-bound families may not take yet: run where the tail takes them, else refused, the
+# refusal naming the op (name -> the conv, the chain, its bias parameter's shape, two shapes, the op)
+TAIL_OR_REFUSED = {
+    "3-D, min over the depth, softmax (level 2's 24)": (
+        "nn.Conv3d(3, 9, (2, 3, 2), padding=(0, 1, 0))",
+        "torch.softmax(torch.min(y, dim=2)[0], dim=1)",
+        None,
+        ((2, 3, 4, 5, 6), (1, 3, 3, 2, 3)),
+        "aten._softmax.default after the convolution",
+    ),
+    "2-D, tanh, scale, bias parameter, max pool (level 2's 82)": (
+        "nn.Conv2d(3, 10, 3)",
+        "F.max_pool2d(torch.tanh(y) * 2 + self.b, 2)",
+        (10, 1, 1),
+        ((2, 3, 9, 8), (1, 3, 6, 7)),
+        "aten.max_pool2d_with_indices.default after the convolution",
+    ),
+    "2-D, softplus activation, batch norm in training (level 2's 52)": (
+        "nn.Conv2d(3, 10, 3)",
+        "F.batch_norm(torch.tanh(F.softplus(y)) * y, None, None, training=True)",
+        None,
+        ((2, 3, 9, 8), (1, 3, 6, 7)),
+        "aten.native_batch_norm.default after the convolution",
+    ),
+}
 
 
 def check_case(make: str, chain: str, bias_shape, shapes, residual: bool, tmp_path: Path) -> None:
@@ -225,15 +242,17 @@ def check_case(make: str, chain: str, bias_shape, shapes, residual: bool, tmp_pa
             torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4, msg=f"{shape} {knobs}")
 
 
-def check_tail_case(make: str, chain: str, bias_shape, shapes, residual: bool, tmp_path: Path) -> None:
-    """check_case of a chain with a tail, which the spec must hold; a softmax's refusal where no
-    memory-bound family takes it, named."""
+def check_tail_case(
+    make: str, chain: str, bias_shape, shapes, residual: bool, tmp_path: Path, refusal: str | None = None
+) -> None:
+    """check_case of a chain with a tail, which the spec must hold; or where no memory-bound family
+    takes the tail, its refusal, which must name `refusal`."""
     with torch.device("meta"):
         traced = Net(make, chain, bias_shape)
     try:
         spec = conv.compose(graph_of(traced, shapes[0]))
     except conv.NotConv as e:
-        assert "softmax" in chain and "aten._softmax.default after the convolution" in str(e), e
+        assert refusal is not None and refusal in str(e), e
         return
     assert spec["tail"] is not None and all(conv.feasible(spec, k) for k in conv.ROUND0)
     check_case(make, chain, bias_shape, shapes, residual, tmp_path)
@@ -288,8 +307,9 @@ def tail_checks() -> dict:
         name: partial(check_tail_case, make, chain, bias, (a, b), residual)
         for name, make, chain, bias, a, b, residual in TAIL_CASES
     }
-    make, chain_text, bias, shapes, residual = MIN_SOFTMAX
-    return {**found, "min then softmax": partial(check_tail_case, make, chain_text, bias, shapes, residual)}
+    for name, (make, chain_text, bias, shapes, refusal) in TAIL_OR_REFUSED.items():
+        found[name] = partial(check_tail_case, make, chain_text, bias, shapes, False, refusal=refusal)
+    return found
 
 
 _TAIL_CHECKS = """
@@ -322,7 +342,7 @@ def interpreted_tails() -> dict[str, str | None]:
     return run_interpreted(_TAIL_CHECKS, timeout=1500)
 
 
-@pytest.mark.parametrize("name", [c[0] for c in TAIL_CASES] + ["min then softmax"])
+@pytest.mark.parametrize("name", [c[0] for c in TAIL_CASES] + list(TAIL_OR_REFUSED))
 def test_a_tail_after_the_chain_on_every_round0_knob_set(interpreted_tails, name):
     assert interpreted_tails[name] is None, interpreted_tails[name]
 
