@@ -64,3 +64,27 @@ def test_an_op_no_family_takes_is_named():
     assert cut is not None
     with pytest.raises(tail.NotTail, match=r"aten\._softmax\.default after the contraction"):
         tail.compose(cut[2], "contraction", contraction.VIEWS)
+
+
+def test_a_norm_is_a_moments_stage_reading_its_weights_by_name():
+    with torch.device("meta"):
+        model = torch.nn.Sequential(torch.nn.Linear(4, 6), torch.nn.GroupNorm(2, 6), torch.nn.Hardtanh())
+    cut = _split(model, (5, 4))
+    assert cut is not None
+    composed = tail.compose(cut[2], "contraction", contraction.VIEWS)
+    assert composed["family"] == "moments" and composed["then"]["family"] == "pointwise"
+    assert composed["spec"]["mode"] == "group" and composed["spec"]["weight"] == "1.weight"
+    lines = tail.call(composed, ["kb_h", *("x" for _ in composed["sources"])], "kb_h")
+    assert "_moments_launch_tail(kb_h, 'group', 2, self.get_parameter('1.weight')" in lines
+    assert "_launch_tail2(" in lines
+    names = [n.name for n in ast.parse(tail.render_parts(composed)).body if isinstance(n, ast.FunctionDef)]
+    assert len(names) == len(set(names)) and all(n.endswith(("_tail", "_tail2")) for n in names)
+
+
+def test_a_pooling_is_cut_after_its_squeezes_and_the_chain_goes_to_the_next_stage():
+    fn = lambda x, w: F.gelu(F.avg_pool1d(F.linear(x, w).unsqueeze(1), 2).squeeze(1)).amax(1)  # noqa: E731
+    cut = _split(fn, (5, 4), (6, 4))
+    assert cut is not None
+    composed = tail.compose(cut[2], "contraction", contraction.VIEWS)
+    assert composed["family"] == "pool" and composed["spec"]["post"] == [["squeeze", -2], ["squeeze", 1]]
+    assert composed["then"]["family"] == "reduce"
