@@ -79,11 +79,14 @@ def parts_functions(parts_module: str) -> dict[str, str]:
     return {name: ast.dump(fn) for name, fn in top_level_functions(tree).items()}
 
 
-def assert_composed_of_parts(source: str, parts_module: str, context: object = None) -> Composition:
+def assert_composed_of_parts(
+    source: str, parts_module: str, context: object = None, also: tuple[str, ...] = ()
+) -> Composition:
     """`source` parses, holds no "@KNOB"-style placeholder, defines at least one kernel and none but at
     the top level, and every top-level function it defines (kernel or launcher) is, by syntax tree, the
-    parts module's function of that name. `context` (the knob set, say) goes into each failure's message.
-    Returns what it defines, for a test's own checks."""
+    parts module's function of that name (or, for a name it lacks, that of a module in `also`: the
+    shared pointwise helpers). `context` (the knob set, say) goes into each failure's message. Returns
+    what it defines, for a test's own checks."""
     where = "" if context is None else f" ({context})"
     assert re.search(r"@[A-Z]", source) is None, f"a placeholder left in the candidate{where}"
     ours = top_level_functions(ast.parse(source))
@@ -91,8 +94,8 @@ def assert_composed_of_parts(source: str, parts_module: str, context: object = N
     assert kernels, f"no kernel in the candidate{where}"
     # no kernel hides anywhere but at the top level (in a class, a string)
     assert len(re.findall(r"@triton\.jit\b", source)) == len(kernels), f"a kernel not at the top{where}"
-    theirs = parts_functions(parts_module)
+    theirs = {k: v for module in reversed((parts_module, *also)) for k, v in parts_functions(module).items()}
     for name, fn in ours.items():
-        assert name in theirs, f"{name} is not a function of {parts_module}{where}"
+        assert name in theirs, f"{name} is not a function of {parts_module} nor {also}{where}"
         assert ast.dump(fn) == theirs[name], f"{name} differs from {parts_module}'s{where}"
     return Composition(functions=frozenset(ours), kernels=kernels)

@@ -21,7 +21,7 @@ from kernelbrain.child.analysis import analyse
 from kernelbrain.core.events import GatePassed
 from kernelbrain.core.graph import Graph
 from kernelbrain.core.protocol import GateRequest
-from kernelbrain.templates import FAMILIES, contraction, gemm_epilogue
+from kernelbrain.templates import FAMILIES, contraction, gemm_epilogue, pointwise
 from kernelbrain.templates.render import chain
 from tests.composed import graph_of, load
 from tests.parts_check import assert_composed_of_parts, reachable_knobs
@@ -354,7 +354,9 @@ def test_every_reachable_knob_set_renders_from_its_parts():
         # the one generated function, the traced chain, apart; all else is the parts module's
         traced = chain("_epilogue", spec["epilogue"], spec["epilogue_result"])
         assert not spec["helpers"] and traced in source
-        made = assert_composed_of_parts(source.replace(traced, ""), contraction.PARTS, knobs)
+        made = assert_composed_of_parts(
+            source.replace(traced, ""), contraction.PARTS, knobs, (pointwise.PARTS,)
+        )
         assert "_contraction_kernel" in made.kernels
 
 

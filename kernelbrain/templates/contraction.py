@@ -507,7 +507,7 @@ def refine(spec: dict, problem_source: str | None) -> dict | None:
 
 def _tensor(source: list[Any], forward: list[str]) -> str:
     kind, what = source
-    return forward[what] if kind == "input" else f"_state(self, {what!r})"
+    return forward[what] if kind == "input" else f"_model_tensor(self, {what!r})"
 
 
 def render(spec: dict, knobs: dict[str, Any], signature: dict[str, list[str]]) -> str:
@@ -546,7 +546,7 @@ def render(spec: dict, knobs: dict[str, Any], signature: dict[str, list[str]]) -
                                    BLOCK_N, BLOCK_K, GROUP_M, NUM_WARPS, NUM_STAGES)
 {tail_call}        return kb_h
 """
-    launcher = ("_operand", "_size", "_padded", "_state", "_contraction_launch")
+    launcher = ("_operand", "_size", "_padded", "_contraction_launch")
     return module(
         doc,
         constants(PRECISION=knobs["strategy"], BLOCK_M=knobs["block_m"], BLOCK_N=knobs["block_n"]),
@@ -555,7 +555,7 @@ def render(spec: dict, knobs: dict[str, Any], signature: dict[str, list[str]]) -
         constants(A_PLAN=spec["a"], B_PLAN=spec["b"], OUT_AXES=spec["out_axes"]),
         constants(EXTRA_AXES=[e[1] for e in spec["extras"]]),
         "import math\n",
-        parts(pointwise.PARTS, *spec["helpers"]) if spec["helpers"] else "",
+        parts(pointwise.PARTS, *spec["helpers"], "_model_tensor"),
         chain("_epilogue", spec["epilogue"], spec["epilogue_result"]),
         parts(PARTS, "_dot_tile", "_extra", "_contraction_kernel"),
         parts(PARTS, *launcher),

@@ -113,14 +113,6 @@ def _operand(srcs, plan):
     return t, sizes, strides
 
 
-def _state(model, name):
-    """Model's parameter or buffer by its state-dict name."""
-    try:
-        return model.get_parameter(name)
-    except AttributeError:
-        return model.get_buffer(name)
-
-
 def _size(srcs, atoms):
     return math.prod(srcs[s].shape[d] for s, d in atoms)
 

@@ -322,7 +322,7 @@ def refine(spec: dict, problem_source: str | None) -> dict | None:
 def _read(what: list | None, forward: list[str]) -> str:
     if what is None:
         return "None"
-    return forward[what[1]] if what[0] == "input" else f"_conv_state(self, {what[1]!r})"
+    return forward[what[1]] if what[0] == "input" else f"_model_tensor(self, {what[1]!r})"
 
 
 def render(spec: dict, knobs: dict[str, Any], signature: dict[str, list[str]]) -> str:
@@ -364,9 +364,9 @@ def render(spec: dict, knobs: dict[str, Any], signature: dict[str, list[str]]) -
         constants(BLOCK_N=knobs["block_n"], BLOCK_K=knobs["block_k"], NUM_WARPS=knobs["num_warps"]),
         constants(NUM_STAGES=knobs["num_stages"]),
         constants(STRIDE=spec["stride"], PADDING=spec["padding"], DILATION=spec["dilation"]),
-        parts(pointwise.PARTS, *spec["helpers"]) if spec["helpers"] else "",
+        parts(pointwise.PARTS, *spec["helpers"], "_model_tensor"),
         chain("_epilogue", spec["epilogue"], spec["epilogue_result"]),
-        parts(PARTS, "_mma", "_extra", "_conv_kernel", "_conv_state", "_conv_launch"),
+        parts(PARTS, "_mma", "_extra", "_conv_kernel", "_conv_launch"),
         tail_parts,
         model,
     )

@@ -160,14 +160,6 @@ def _conv_kernel(
     tl.store(y, out.to(y_ptr.dtype.element_ty), mask=mask)
 
 
-def _conv_state(module, name):
-    """Model's parameter or buffer `name` (its state-dict name), as ModelNew holds it too."""
-    try:
-        return module.get_parameter(name)
-    except AttributeError:
-        return module.get_buffer(name)
-
-
 def _conv_launch(x, w, b, extras, stride, padding, dilation, out_dtype, strategy, fp32_dot, block_m,
                  block_n, block_k, num_warps, num_stages):  # fmt: skip
     """epilogue(conv(x, w) + b, *extras) over x's last w.dim() - 2 axes (zero padding); the groups are

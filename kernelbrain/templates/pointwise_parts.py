@@ -224,3 +224,10 @@ def _launch(y, xs, block, num_warps, persistent_ctas):
     _strided_kernel[grid](y, *pad, n_rows, shape[1], shape[2], shape[3], *flat, N_IN=n_in, ROWS=rows,
                           BLOCK_C=block_c, num_warps=num_warps)  # fmt: skip
     return y
+
+
+def _model_tensor(model, name):
+    """Model's parameter or buffer by its state-dict name (ModelNew runs Model's constructor), found by a
+    lookup: KernelBench's static check refuses exception handling in a candidate."""
+    params = dict(model.named_parameters())
+    return params[name] if name in params else model.get_buffer(name)
