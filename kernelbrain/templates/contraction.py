@@ -33,7 +33,7 @@ import math
 from typing import Any
 
 from kernelbrain.core.graph import INPUT, PARAM, Graph, Meta, Node
-from kernelbrain.templates import model_source, pointwise, tail
+from kernelbrain.templates import gemm_epilogue, model_source, pointwise, tail
 from kernelbrain.templates.render import chain, constants, module, parts
 
 FAMILY = "contraction"
@@ -84,25 +84,8 @@ MUTATIONS: dict[str, list[tuple[str, str]]] = {
 }
 
 
-def mutate(knobs: dict[str, Any], move: str) -> dict[str, Any] | None:
-    k = dict(knobs)
-    if move == "tf32x3":
-        return {**k, "strategy": "tf32x3"} if k["strategy"] != "tf32x3" else None
-    if move == "larger_tiles":
-        key = "block_m" if k["block_m"] <= k["block_n"] else "block_n"
-        return {**k, key: k[key] * 2} if k[key] < 256 else None
-    if move == "smaller_tiles":
-        key = "block_m" if k["block_m"] >= k["block_n"] else "block_n"
-        return {**k, key: k[key] // 2} if k[key] > 16 else None
-    if move == "wider_groups":
-        return {**k, "group_m": k["group_m"] * 2} if k["group_m"] < 32 else None
-    if move == "longer_k":
-        return {**k, "block_k": k["block_k"] * 2} if k["block_k"] < 128 else None
-    if move == "more_stages":
-        return {**k, "num_stages": k["num_stages"] + 1} if k["num_stages"] < 6 else None
-    if move == "more_warps":
-        return {**k, "num_warps": k["num_warps"] * 2} if k["num_warps"] < 16 else None
-    return None
+# the same knobs and moves as gemm_epilogue's tiles: one rule for both
+mutate = gemm_epilogue.mutate
 
 
 def _next_pow2(n: int) -> int:
