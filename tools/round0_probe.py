@@ -63,11 +63,16 @@ def probe(path: Path, max_candidates: int, reps: int, folder: Path) -> dict:
     with torch.no_grad():
         expected = ref(*inputs)
         rows = []
+        failed = []
         for i, p in enumerate(proposals):
-            cand = _load(p.source, folder, f"{path.stem}_{i}")
-            new = cand.ModelNew(*problem.module.get_init_inputs()).cuda()
-            got = new(*inputs)
-            err = (got.float() - expected.float()).abs().max().item()
+            try:  # a probe reports a candidate that does not compile or run, and goes on
+                cand = _load(p.source, folder, f"{path.stem}_{i}")
+                new = cand.ModelNew(*problem.module.get_init_inputs()).cuda()
+                got = new(*inputs)
+                err = (got.float() - expected.float()).abs().max().item()
+            except Exception as exc:
+                failed.append({"family": p.family, "knobs": p.knobs, "error": _first_line(exc)})
+                continue
             rows.append({"family": p.family, "knobs": p.knobs, "model": new, "max_abs_err": err})
             del got
         eager = [_median_ms(lambda: ref(*inputs), reps)]
@@ -76,7 +81,12 @@ def probe(path: Path, max_candidates: int, reps: int, folder: Path) -> dict:
             row["ms"] = _median_ms(lambda m=model: m(*inputs), reps)
             eager.append(_median_ms(lambda: ref(*inputs), reps))
             row["vs_eager"] = statistics.median(eager) / row["ms"]
-    return {"problem": path.name, "eager_ms": statistics.median(eager), "candidates": rows}
+    return {"problem": path.name, "eager_ms": statistics.median(eager), "candidates": rows, "failed": failed}
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = [line for line in str(exc).splitlines() if line.strip()]
+    return f"{type(exc).__name__}: {lines[-1] if lines else ''}"[:300]
 
 
 def main() -> None:
@@ -89,15 +99,23 @@ def main() -> None:
     results = []
     with tempfile.TemporaryDirectory() as tmp:
         for path in args.problems:
-            result = probe(path, args.max, args.reps, Path(tmp))
+            try:
+                result = probe(path, args.max, args.reps, Path(tmp))
+            except Exception as exc:  # one problem failing must not lose the others
+                result = {"problem": path.name, "error": _first_line(exc)}
+                print(f"{path.name}: {result['error']}", flush=True)
+            else:
+                print(f"{result['problem']}: eager {result['eager_ms']:.3f} ms", flush=True)
+                for row in result["candidates"]:
+                    speed = f"{row['vs_eager']:.3f}x  {row['ms']:.3f} ms"
+                    what = f"{row['family']} {row['knobs']}"
+                    print(f"  {speed}  err {row['max_abs_err']:.2e}  {what}", flush=True)
+                for row in result["failed"]:
+                    print(f"  FAILED {row['family']} {row['knobs']}: {row['error']}", flush=True)
             results.append(result)
-            print(f"{result['problem']}: eager {result['eager_ms']:.3f} ms", flush=True)
-            for row in result["candidates"]:
-                speed = f"{row['vs_eager']:.3f}x  {row['ms']:.3f} ms"
-                print(f"  {speed}  err {row['max_abs_err']:.2e}  {row['knobs']}", flush=True)
             torch.cuda.empty_cache()
-    if args.out:
-        args.out.write_text(json.dumps(results, indent=1))
+            if args.out:  # written after each problem: a call cut off by its time limit keeps the rest
+                args.out.write_text(json.dumps(results, indent=1))
 
 
 if __name__ == "__main__":
