@@ -144,9 +144,9 @@ def feasible(spec: dict, knobs: dict[str, Any]) -> bool:
     return knobs["num_stages"] * (bm * bk + bk * bn) * size <= SHARED_BYTES
 
 
-def _tensor(graph: Graph, value: Any, what: str) -> list | None:
-    """A convolution's weight or bias: ["param", state-dict name] or ["input", forward position] (through
-    detach and clone), None for no tensor."""
+def tensor(graph: Graph, value: Any, what: str) -> list | None:
+    """A convolution's weight or bias (conv_transpose's too): ["param", state-dict name] or ["input",
+    forward position] (through detach and clone), None for no tensor."""
     ref = graph.ref(value)
     if ref is None:
         if value is not None:
@@ -162,9 +162,9 @@ def _tensor(graph: Graph, value: Any, what: str) -> list | None:
     raise NotConv(f"a {what} made by {node.op}")
 
 
-def _epilogue(graph: Graph, at: int) -> tuple[dict | None, list[list]]:
-    """The chain after the convolution (node `at`) as a pointwise spec whose v0 is the convolution's
-    value, and the tensors it also reads, in the order of its v1..v3."""
+def epilogue(graph: Graph, at: int) -> tuple[dict | None, list[list]]:
+    """The chain after the convolution (node `at`, transposed or not) as a pointwise spec whose v0 is
+    the convolution's value, and the tensors it also reads, in the order of its v1..v3."""
     out = tuple(graph.outputs[0])
     # what the output needs, the convolution's own arguments left out
     wanted = {out}
@@ -251,8 +251,8 @@ def compose(graph: Graph) -> dict:
         made = graph.nodes[src[0]].op if src is not None else "no tensor"
         raise NotConv(f"a convolution of {made}, not of a forward input")
     x = ["input", int(graph.nodes[src[0]].args["index"])]
-    weight = _tensor(graph, a["weight"], "weight")
-    bias = _tensor(graph, a.get("bias"), "bias")
+    weight = tensor(graph, a["weight"], "weight")
+    bias = tensor(graph, a.get("bias"), "bias")
     w_meta = graph.meta(graph.ref(a["weight"]))
     x_meta = graph.meta(graph.ref(a["input"]))
     spatial = len(w_meta.shape) - 2
@@ -274,16 +274,16 @@ def compose(graph: Graph) -> dict:
     groups = int(a.get("groups", 1))
     if len(graph.outputs) != 1 or graph.meta(tuple(graph.outputs[0])).dtype not in pointwise.FLOATS:
         raise NotConv("an output that is not floating point")
-    epilogue, extras = _epilogue(graph, at)
+    after, extras = epilogue(graph, at)
     out_dtype = graph.meta(tuple(graph.outputs[0])).dtype
     return {
         "input": x[1],
         "weight": weight,
         "bias": bias,
         "extras": extras,
-        "epilogue": epilogue["body"] if epilogue else [],
-        "epilogue_result": epilogue["result"] if epilogue else "v0",
-        "helpers": epilogue["helpers"] if epilogue else [],
+        "epilogue": after["body"] if after else [],
+        "epilogue_result": after["result"] if after else "v0",
+        "helpers": after["helpers"] if after else [],
         "spatial": spatial,
         "stride": stride,
         "padding": padding,
@@ -319,7 +319,8 @@ def refine(spec: dict, problem_source: str | None) -> dict | None:
     return {**spec, "init_params": ctor.params, "init_body": ctor.body}
 
 
-def _read(what: list | None, forward: list[str]) -> str:
+def read(what: list | None, forward: list[str]) -> str:
+    """The expression of forward that reads a tensor `tensor` named (conv_transpose renders it too)."""
     if what is None:
         return "None"
     return forward[what[1]] if what[0] == "input" else f"_model_tensor(self, {what[1]!r})"
@@ -333,7 +334,7 @@ def render(spec: dict, knobs: dict[str, Any], signature: dict[str, list[str]]) -
     else:  # no parameter of the model's is read: the problem's constructor is not needed
         params = "self" + model_source.init_args(signature, "".join(f", {a}=None" for a in signature["init"]))
         body = "        super().__init__()\n"
-    extras = ", ".join(_read(e, forward) for e in spec["extras"])
+    extras = ", ".join(read(e, forward) for e in spec["extras"])
     dtype = f"torch.{spec['out_dtype']}" if spec["out_dtype"] else "None"
     knob_text = ", ".join(f"{k}={v}" for k, v in knobs.items())
     doc = (
@@ -344,7 +345,7 @@ def render(spec: dict, knobs: dict[str, Any], signature: dict[str, list[str]]) -
     rest = spec.get("tail")
     tail_call, tail_parts = "", ""
     if rest is not None:  # the second launch: the tail over the convolution's chain's value
-        args = ["kb_h", *(_read(s, forward) for s in rest["sources"])]
+        args = ["kb_h", *(read(s, forward) for s in rest["sources"])]
         tail_call, tail_parts = tail.call(rest, args, "kb_h"), tail.render_parts(rest)
         doc += f"\nThen the tail over its value, composed by memory-bound families: {tail.describe(rest)}.\n"
     model = f"""class ModelNew(nn.Module):
@@ -352,7 +353,7 @@ def render(spec: dict, knobs: dict[str, Any], signature: dict[str, list[str]]) -
 {body}
     def forward(self, {", ".join(forward)}):
         kb_h = _conv_launch(
-            {forward[spec["input"]]}, {_read(spec["weight"], forward)}, {_read(spec["bias"], forward)},
+            {forward[spec["input"]]}, {read(spec["weight"], forward)}, {read(spec["bias"], forward)},
             [{extras}], STRIDE, PADDING, DILATION, {dtype}, STRATEGY, FP32_DOT, BLOCK_M, BLOCK_N,
             BLOCK_K, NUM_WARPS, NUM_STAGES,
         )
