@@ -1,11 +1,14 @@
 """Round-0 candidates of problem files timed against eager in this process, quickly: no sandbox, no gate,
 for a first look on the GPU at a template change (kb's own bench is the measurement that counts).
 
-    python3 tools/round0_probe.py [--max N] [--reps R] [--out FILE.json] PROBLEM.py ...
+    python3 tools/round0_probe.py [--max N] [--reps R] [--compile] [--knobs FILE.json] [--out FILE.json]
+                                  PROBLEM.py ...
 
 Per problem: the expert generator's round-0 proposals for the file's own shape; each candidate's
 output checked against eager's on one random input set (max abs error printed); then eager and the
-candidates timed interleaved with CUDA events on that set, medians of R samples.
+candidates timed interleaved with CUDA events on that set, medians of R samples. --compile times
+torch.compile of the reference too; --knobs names knob sets to time instead of round 0, per problem
+({"48_Mean_reduction_over_a_dimension": [{"strategy": ...}, ...]}), rendered by the matched family.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ if str(ROOT) not in sys.path:
 from kernelbrain.child.analysis import analyse  # noqa: E402
 from kernelbrain.child.loading import Problem  # noqa: E402
 from kernelbrain.core.events import ProblemAnalysed  # noqa: E402
+from kernelbrain.generators.base import Proposal  # noqa: E402
 from kernelbrain.generators.expert import ExpertGenerator  # noqa: E402
 
 
@@ -52,10 +56,21 @@ def _median_ms(fn, reps: int) -> float:
     return statistics.median(times)
 
 
-def probe(path: Path, max_candidates: int, reps: int, folder: Path) -> dict:
+def probe(
+    path: Path, max_candidates: int, reps: int, folder: Path, knobs: list | None, compiled: bool
+) -> dict:
     source = path.read_text()
     analysed = ProblemAnalysed(**analyse(source, "cuda"), families=[])
-    proposals = ExpertGenerator().first_round(analysed, problem_source=source)[:max_candidates]
+    generator = ExpertGenerator()
+    if knobs is None:
+        proposals = generator.first_round(analysed, problem_source=source)[:max_candidates]
+    else:
+        family, spec = generator.match_family(analysed, problem_source=source)
+        proposals = [
+            Proposal(source=family.render(spec, k, analysed.signature), family=family.FAMILY,
+                     strategy=k["strategy"], knobs=k, hint="--knobs")
+            for k in knobs
+        ]  # fmt: skip
     problem = Problem(source)
     shape = problem.ladder_shapes("cuda", "primary")[0]
     inputs = problem.inputs(shape, 0, "cuda")
@@ -81,7 +96,18 @@ def probe(path: Path, max_candidates: int, reps: int, folder: Path) -> dict:
             row["ms"] = _median_ms(lambda m=model: m(*inputs), reps)
             eager.append(_median_ms(lambda: ref(*inputs), reps))
             row["vs_eager"] = statistics.median(eager) / row["ms"]
-    return {"problem": path.name, "eager_ms": statistics.median(eager), "candidates": rows, "failed": failed}
+        out = {
+            "problem": path.name,
+            "eager_ms": statistics.median(eager),
+            "candidates": rows,
+            "failed": failed,
+        }
+        if compiled:
+            fast = torch.compile(ref)
+            fast(*inputs)
+            out["compile_ms"] = _median_ms(lambda: fast(*inputs), reps)
+            out["eager_vs_compile"] = out["eager_ms"] / out["compile_ms"]
+    return out
 
 
 def _first_line(exc: BaseException) -> str:
@@ -95,17 +121,25 @@ def main() -> None:
     parser.add_argument("--max", type=int, default=4)
     parser.add_argument("--reps", type=int, default=10)
     parser.add_argument("--out", type=Path)
+    parser.add_argument("--compile", action="store_true", help="time torch.compile of the reference too")
+    parser.add_argument(
+        "--knobs", type=Path, help="JSON: problem stem -> knob sets to time instead of round 0"
+    )
     args = parser.parse_args()
+    knob_sets = json.loads(args.knobs.read_text()) if args.knobs else {}
     results = []
     with tempfile.TemporaryDirectory() as tmp:
         for path in args.problems:
             try:
-                result = probe(path, args.max, args.reps, Path(tmp))
+                result = probe(path, args.max, args.reps, Path(tmp), knob_sets.get(path.stem), args.compile)
             except Exception as exc:  # one problem failing must not lose the others
                 result = {"problem": path.name, "error": _first_line(exc)}
                 print(f"{path.name}: {result['error']}", flush=True)
             else:
-                print(f"{result['problem']}: eager {result['eager_ms']:.3f} ms", flush=True)
+                line = f"{result['problem']}: eager {result['eager_ms']:.3f} ms"
+                if "compile_ms" in result:
+                    line += f", torch.compile {result['compile_ms']:.3f} ms"
+                print(line, flush=True)
                 for row in result["candidates"]:
                     speed = f"{row['vs_eager']:.3f}x  {row['ms']:.3f} ms"
                     what = f"{row['family']} {row['knobs']}"
