@@ -14,6 +14,7 @@ import click
 import orjson
 
 from kernelbrain import __version__
+from kernelbrain.core import torch_ops
 from kernelbrain.core.events import EventError, RunConfig
 from kernelbrain.core.problem import ProblemError
 from kernelbrain.generators import GenerationError
@@ -103,6 +104,13 @@ def _env_seconds(name: str, default: float) -> float:
     if not value > 0:
         raise click.UsageError(f"{name}={text!r} is not a number of seconds above 0; set it so or unset it")
     return value
+
+
+def _allow_torch(ctx: click.Context, param: click.Parameter, value: str) -> tuple[str, ...]:
+    try:
+        return torch_ops.parse(value)
+    except torch_ops.UnknownClass as e:
+        raise click.BadParameter(str(e)) from None
 
 
 def _echo_json(obj: Any) -> None:
@@ -239,6 +247,14 @@ def _drive(
     default=None,
     help="Rungs as SHAPES:REPEATS[:WARMUP],... (default on GPU: smallest:10:3,primary:30:5,all:100:10).",
 )
+@click.option(
+    "--allow-torch",
+    default="",
+    callback=_allow_torch,
+    metavar="CLASSES",
+    help="Let candidates keep these torch ops (comma list) and fuse the rest, labelled so: "
+    f"{torch_ops.help_text()}. Default: none, all Triton.",
+)
 @click.option("--gpu", type=click.IntRange(min=0), default=None, help="GPU index for the workers.")
 @click.option("--inprocess", is_flag=True, help="Step the workers in this process (tests, debugging).")
 @click.option(
@@ -267,6 +283,7 @@ def run(
     llm_timeout_s: float | None,
     llm_concurrency: int | None,
     ladder: str | None,
+    allow_torch: tuple[str, ...],
     gpu: int | None,
     inprocess: bool,
     external_workers: bool,
@@ -298,6 +315,7 @@ def run(
         llm_timeout_s=llm_timeout_s,
         llm_concurrency=llm_concurrency,
         analysis_timeout_s=_env_seconds("KB_ANALYSIS_TIMEOUT_S", 60.0),
+        allow_torch=allow_torch,
     )
     generators.get(generator, **config.generator_options())  # a misconfigured generator fails here
     with open_store(db, create=True) as store:

@@ -141,15 +141,28 @@ def trial(
     signature: dict[str, list[str]],
     forbidden: list[list[str]],
     seeds: int,
+    torch_ops: list[str] | None = None,
 ) -> dict:
     """The candidate's side of V(p): it compiles, its signature matches, and its forward, run on each of
     the judge's draws under watch, obeys the policy; its outputs go to a file for the judge. A check it
-    fails is the reply (no outputs), as a gate's verdict."""
+    fails is the reply (no outputs), as a gate's verdict. `torch_ops`: the classes of torch ops its label
+    lets it run (core/torch_ops.py), none by default."""
     try:
         draws = _Draws(folder, prints, keep_bytes, device)
         steps = Steps()
         launchers.forget()
-        done = _trial(cand_source, device, draws, Path(outbox), shapes, signature, forbidden, seeds, steps)
+        done = _trial(
+            cand_source,
+            device,
+            draws,
+            Path(outbox),
+            shapes,
+            signature,
+            forbidden,
+            seeds,
+            steps,
+            torch_ops or [],
+        )
         return {"folder": done, "steps": steps.seconds, "launchers": launchers.seen()}
     except CandidateFault as f:
         return {"category": f.category, "detail": f.detail}
@@ -165,6 +178,7 @@ def _trial(
     forbidden: list[list[str]],
     seeds: int,
     steps: Steps,
+    torch_classes: list[str],
 ) -> str:
     timers = guard.timer_identities()
     cand = _load_candidate(cand_source)
@@ -189,7 +203,7 @@ def _trial(
             inputs = [layout_copy(x) for x in before]
             steps.done("inputs")
             with torch.no_grad():
-                watch = guard.Watch(set(names), device)
+                watch = guard.Watch(set(names), device, torch_classes)
                 try:
                     with watch:
                         got = outputs(new(*inputs))

@@ -24,6 +24,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
 from kernelbrain.child import own_code
+from kernelbrain.core import torch_ops
 
 # Calls that move, view or allocate data but compute nothing a reference could be made of
 GLUE = frozenset(
@@ -189,7 +190,24 @@ def problem_identities(module: Any) -> dict[str, Any]:
     return found
 
 
+def dispatch_tables(packets: frozenset[str]) -> dict[str, str]:
+    """The dispatcher's kernel table of each overload of these ATen ops: a candidate that registers its
+    own kernel for an op it may run (torch.library) would run its own torch compute inside that op, where
+    the dispatch recorder does not look."""
+    found = {}
+    for name in sorted(packets):
+        packet = getattr(torch.ops.aten, name, None)
+        for overload in packet.overloads() if packet is not None else ():
+            qualified = f"aten::{name}" + ("" if overload == "default" else f".{overload}")
+            try:
+                found[qualified] = torch._C._dispatch_dump_table(qualified)
+            except RuntimeError:
+                continue
+    return found
+
+
 _PRISTINE_TORCH: dict[str, Any] = {}
+_PRISTINE_TABLES: dict[str, str] = {}  # the dispatch tables of every op a class of torch_ops admits
 _PRISTINE_CODE: dict[str, tuple[Any, Any]] = {}  # kb's own code and its libraries (own_code)
 
 
@@ -261,6 +279,7 @@ def install() -> None:
             prepare()  # torch as the profiler leaves it: its first start replaces torch.manual_seed
         _PRISTINE_TORCH.update(torch_identities())
         _PRISTINE_CODE.update(own_code.snapshot())
+        _PRISTINE_TABLES.update(dispatch_tables(torch_ops.aten_ops(torch_ops.CLASSES)))
         _LEFTOVERS.append(Leftovers())
 
 
@@ -324,11 +343,26 @@ def left_behind() -> bool:
     return bool(_LEFTOVERS and _LEFTOVERS[0].found())
 
 
-class Watch:
-    """Run one forward under observation; `check()` raises Violation for anything off limits."""
+def check_tables(classes: list[str]) -> None:
+    """Violation where a kernel of an op these classes admit was registered since the child started."""
+    now = dispatch_tables(torch_ops.aten_ops(classes))
+    changed = [k for k, v in now.items() if _PRISTINE_TABLES.get(k, v) != v]
+    if changed:
+        raise Violation(
+            f"the candidate registered its own kernel for {', '.join(changed[:3])}: an op it may keep in "
+            "torch must be torch's own"
+        )
 
-    def __init__(self, forbidden_ops: set[str], device: str) -> None:
-        self.forbidden = forbidden_ops
+
+class Watch:
+    """Run one forward under observation; `check()` raises Violation for anything off limits. A candidate
+    labelled with classes of torch ops (core/torch_ops.py, `kb run --allow-torch`) may also run exactly
+    their ATen ops; their Python names are not forbidden to it."""
+
+    def __init__(self, forbidden_ops: set[str], device: str, torch_classes: list[str] | None = None) -> None:
+        self.classes = list(torch_classes or [])
+        self.allowed = torch_ops.aten_ops(self.classes)
+        self.forbidden = set(forbidden_ops) - torch_ops.functions(self.classes)
         self.device = device
         self.recorder = _Recorder(poison=True)
         self.aten = _AtenRecorder()
@@ -356,12 +390,20 @@ class Watch:
                 f"forward moved data out of torch ({', '.join(host)}): computing on the host with numpy or "
                 "Python is not the candidate's kernels doing the work"
             )
-        computed = sorted(self.aten.ops - ATEN_GLUE)
+        computed = sorted(self.aten.ops - ATEN_GLUE - self.allowed)
+        if computed and self.classes:
+            raise Violation(
+                f"forward computes with torch (ATen {', '.join(computed)}) beyond what it is labelled to "
+                f"keep in torch ({', '.join(self.classes)}): outside its Triton kernels it may only run "
+                "those ops, allocate, view and copy"
+            )
         if computed:
             raise Violation(
                 f"forward computes with torch (ATen {', '.join(computed)}): outside its Triton kernels a "
                 "candidate may only allocate, view and copy"
             )
+        if self.classes:
+            check_tables(self.classes)
         if _Launches.count == self.launches:
             raise Violation(
                 "forward launched no Triton kernel; the work must be done by the candidate's kernels"

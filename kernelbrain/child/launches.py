@@ -14,13 +14,15 @@ ctypes) may take any name, an allowed one included.
 from __future__ import annotations
 
 import re
+import secrets
 from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
-from kernelbrain.child.guard import Violation
+from kernelbrain.child.guard import Violation, dynamo_free
 
 _SYNC = torch.cuda.synchronize  # as it was before a candidate could replace it
 
@@ -155,6 +157,69 @@ def record_kernels(fn: Callable[[], Any]) -> list[str]:
     return [name for _, name in sorted(found, key=lambda x: x[0])]
 
 
+@dynamo_free
+class _Bracket(TorchDispatchMode):
+    """Each call of an allowed ATen op inside a profiler range of a secret name, so that the kernels it
+    launches (cuDNN's, cuBLAS's, the bias add of a convolution) are known for its own: a candidate cannot
+    name a range it does not know."""
+
+    def __init__(self, allowed_aten: frozenset[str], secret: str) -> None:
+        super().__init__()
+        self.allowed, self.secret = allowed_aten, secret
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        if func.overloadpacket.__name__ not in self.allowed:
+            return func(*args, **(kwargs or {}))
+        from torch.profiler import record_function
+
+        with record_function(self.secret):
+            return func(*args, **(kwargs or {}))
+
+
+def attribute(events: list[Any], secret: str) -> list[tuple[str, bool]]:
+    """The device's work records in start order, each with whether the host op that launched it (its
+    linked correlation) ran inside a range named `secret` on the same thread. A record whose launching op
+    is not found is outside."""
+    from torch.profiler import DeviceType
+
+    host = {}
+    ranges: dict[Any, list[tuple[int, int]]] = {}
+    for e in events:
+        if _field(e, "device_type") == DeviceType.CUDA:
+            continue
+        span = (_field(e, "start_ns", 0), _field(e, "end_ns", 0))
+        host[_field(e, "correlation_id", 0)] = (_field(e, "start_thread_id", 0), span)
+        if _field(e, "name") == secret:
+            ranges.setdefault(_field(e, "start_thread_id", 0), []).append(span)
+    found = []
+    for e in events:
+        if _field(e, "device_type") != DeviceType.CUDA:
+            continue
+        if _field(e, "activity_type") in _NOT_WORK or _field(e, "is_user_annotation", False):
+            continue
+        launched = host.get(_field(e, "linked_correlation_id", 0))
+        inside = launched is not None and any(
+            a <= launched[1][0] and launched[1][1] <= b for a, b in ranges.get(launched[0], [])
+        )
+        found.append((_field(e, "start_ns", 0), _field(e, "name"), inside))
+    return [(name, inside) for _, name, inside in sorted(found, key=lambda x: x[0])]
+
+
+def record_attributed(fn: Callable[[], Any], allowed_aten: frozenset[str]) -> list[tuple[str, bool]]:
+    """Run fn() once under the profiler (host and device) on CUDA, each allowed ATen op bracketed; each
+    kernel, memcpy and memset the device ran, and whether an allowed op launched it."""
+    from torch.profiler import ProfilerActivity, profile
+
+    secret = f"kb_allowed_{secrets.token_hex(16)}"
+    _SYNC()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        with _Bracket(allowed_aten, secret):
+            fn()
+        _SYNC()
+    results = getattr(prof.profiler, "kineto_results", None)
+    return attribute(results.events() if results is not None else prof.events(), secret)
+
+
 def allowed(name: str, allowed_triton: set[str]) -> bool:
     if name in allowed_triton and IDENTIFIER.fullmatch(name) and not LIBRARY_NAME.match(name):
         return True
@@ -184,11 +249,22 @@ def kind(name: str) -> str:
     return next((label for label, p in _KINDS if p.search(name)), "other")
 
 
-def check_launches(fn: Callable[[], Any], allowed_triton: set[str], require_own: bool = True) -> None:
+def check_launches(
+    fn: Callable[[], Any],
+    allowed_triton: set[str],
+    require_own: bool = True,
+    allowed_aten: frozenset[str] = frozenset(),
+) -> None:
     """Run fn() once under the profiler; Violation if it launched a kernel that is not the candidate's own
-    Triton kernel nor an allocation/copy kernel, or (require_own) none of its Triton kernels at all."""
-    names = record_kernels(fn)
-    bad = classify(names, allowed_triton)
+    Triton kernel nor an allocation/copy kernel, nor (a candidate labelled with classes of torch ops)
+    launched by one of `allowed_aten`'s ops; or (require_own) none of its Triton kernels at all."""
+    if allowed_aten:
+        records = record_attributed(fn, allowed_aten)
+        names = [n for n, _ in records]
+        bad = classify([n for n, inside in records if not inside], allowed_triton)
+    else:
+        names = record_kernels(fn)
+        bad = classify(names, allowed_triton)
     if bad:
         kinds = ", ".join(dict.fromkeys(kind(n) for n in bad))
         shown = ", ".join(short(n) for n in bad[:4]) + (f" and {len(bad) - 4} more" if len(bad) > 4 else "")
@@ -200,6 +276,7 @@ def check_launches(fn: Callable[[], Any], allowed_triton: set[str], require_own:
         raise Violation(
             f"forward launched kernels that are not its own Triton kernels ({kinds}): {shown}{renamed}; "
             "only its Triton kernels and allocation/copy kernels may run"
+            + (", and those of the torch ops it is labelled to keep" if allowed_aten else "")
         )
     if require_own and not any(n in allowed_triton for n in names):
         raise Violation(

@@ -27,6 +27,7 @@ from kernelbrain.child.loading import (
 )
 from kernelbrain.child.screen import CHANGED, screen
 from kernelbrain.child.steps import Steps
+from kernelbrain.core import torch_ops as classes
 from kernelbrain.core.problem import shape_label
 
 
@@ -194,7 +195,15 @@ def _check_kept(problem: Problem, shape: dict, ref: torch.nn.Module, inputs: Rot
         del got, expected
 
 
-def bench(problem_source: str, cand_source: str, device: str, which: str, repeats: int, warmup: int) -> dict:
+def bench(
+    problem_source: str,
+    cand_source: str,
+    device: str,
+    which: str,
+    repeats: int,
+    warmup: int,
+    torch_ops: list[str] | None = None,
+) -> dict:
     """Candidate and reference timed in this process, interleaved, on inputs whose contents change in
     place between samples; the outputs of some timed calls are checked against the reference's after."""
     problem = Problem(problem_source)
@@ -253,7 +262,8 @@ def bench(problem_source: str, cand_source: str, device: str, which: str, repeat
                 # one more call as timed, under the profiler: the kernels it ran, whoever launched them
                 inputs.load(repeats)
                 try:
-                    check_launches(call, triton_kernel_names(cand))
+                    allowed = classes.aten_ops(torch_ops or [])
+                    check_launches(call, triton_kernel_names(cand), allowed_aten=allowed)
                 except guard.Violation as v:
                     raise CandidateFault("policy", f"{label}, a timed call: {v}") from None
                 kept.append((repeats, inputs.current, inputs.last_mix(), keep(outputs(last[0]))))

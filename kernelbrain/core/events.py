@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from kernelbrain.core import torch_ops
 from kernelbrain.core.graph import Graph
 from kernelbrain.store import NewEvent, StoredEvent
 
@@ -74,10 +75,17 @@ class RunConfig(BaseModel):
     llm_max_tokens: int | None = None
     llm_timeout_s: float | None = None
     llm_concurrency: int | None = None
+    # the classes of torch ops (core/torch_ops.py) the user let candidates keep in PyTorch: () all Triton
+    allow_torch: tuple[str, ...] = ()
+
+    @field_validator("allow_torch")
+    @classmethod
+    def _known_classes(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        return torch_ops.parse(v)
 
     def generator_options(self) -> dict[str, Any]:
         if self.generator != "llm":
-            return {}
+            return {"allow_torch": self.allow_torch} if self.allow_torch else {}
         return {
             k.removeprefix("llm_"): v
             for k, v in self.model_dump().items()
@@ -161,6 +169,9 @@ class CandidateProposed(Event):
     diagnosis: list[str] = []  # profiler labels of the parent that motivated it
     prompt: str | None = None  # blob hash (llm generator)
     reply: str | None = None  # blob hash (llm generator)
+    # the classes of torch ops (core/torch_ops.py) it keeps in PyTorch, within the run's --allow-torch:
+    # the gate admits exactly their ATen ops besides its Triton kernels; empty: all Triton
+    torch_ops: list[str] = []
 
     @property
     def own_code(self) -> bool:

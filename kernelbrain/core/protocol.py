@@ -124,6 +124,7 @@ class GateRequest(CandidateRequest):
     reply: ClassVar[type[Message]] = GateReply
     op: Literal["gate"] = "gate"
     seeds: int
+    torch_ops: list[str] = []  # the classes of torch ops the candidate's label lets it run (core/torch_ops)
 
 
 class DrawsReply(Message):
@@ -173,6 +174,7 @@ class TrialRequest(Request):
     signature: Signature
     forbidden: list[list[str]]
     seeds: int
+    torch_ops: list[str] = []  # the classes of torch ops the candidate may run (core/torch_ops.py)
 
 
 class JudgeRequest(ProblemRequest):
@@ -221,6 +223,7 @@ class BenchRequest(CandidateRequest):
     which: Which
     repeats: int
     warmup: int
+    torch_ops: list[str] = []  # the classes of torch ops the candidate may run (core/torch_ops.py)
 
 
 class DuelRequest(ProblemRequest):

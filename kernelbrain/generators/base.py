@@ -30,6 +30,7 @@ class Proposal(BaseModel):
     prompt: str | None = None
     reply: str | None = None
     tokens: int = 0
+    torch_ops: list[str] = []  # the classes of torch ops it keeps in PyTorch (core/torch_ops.py)
 
 
 class Generator(abc.ABC):

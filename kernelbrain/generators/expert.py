@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from kernelbrain.core import torch_ops
 from kernelbrain.core.events import ProblemAnalysed
 from kernelbrain.generators.base import GenerationError, Generator, Proposal
-from kernelbrain.templates import FAMILIES
+from kernelbrain.templates import FAMILIES, partial
 from kernelbrain.templates.decompose import expand
 from kernelbrain.templates.family import Family, Refining
 
@@ -16,7 +17,14 @@ def _describe(ops: list[dict]) -> str:
 
 
 class ExpertGenerator(Generator):
+    """Candidates all in Triton from the first family that matches; and, where the user allowed classes
+    of torch ops (`allow_torch`, core/torch_ops.py), partial candidates that keep those ops in PyTorch
+    and compose the rest (templates/partial.py), labelled with the classes they keep."""
+
     name = "expert"
+
+    def __init__(self, allow_torch: tuple[str, ...] | list[str] = ()) -> None:
+        self.allow_torch = torch_ops.parse(allow_torch)
 
     def match_family(
         self, analysis: ProblemAnalysed, name: str | None = None, problem_source: str | None = None
@@ -64,10 +72,63 @@ class ExpertGenerator(Generator):
             diagnosis=diagnosis or [],
         )
 
+    def partial_spec(self, analysis: ProblemAnalysed, problem_source: str | None) -> dict:
+        """The partial candidate's spec: the graph cut at the allowed ops (GenerationError saying why not)."""
+        if not self.allow_torch:
+            raise GenerationError("no class of torch ops is allowed (--allow-torch)")
+        if analysis.graph is None:
+            raise GenerationError("no traced graph to cut at the allowed torch ops")
+        graph = expand(analysis.graph)
+        try:
+            spec = partial.compose(graph, self.allow_torch)
+        except partial.NotPartial as e:
+            raise GenerationError(
+                f"no partial kernel with torch for {', '.join(self.allow_torch)}: {e}"
+            ) from None
+        refined = partial.refine(spec, problem_source)
+        if refined is None:
+            raise GenerationError("a partial kernel needs Model's constructor, which a candidate cannot hold")
+        return refined
+
+    def _partial(
+        self, spec: dict, knobs: dict, analysis: ProblemAnalysed, hint: str, diagnosis: list[str]
+    ) -> Proposal:
+        return Proposal(
+            source=partial.render(spec, knobs, analysis.signature),
+            family=partial.FAMILY,
+            strategy=knobs["strategy"],
+            knobs=knobs,
+            hint=hint,
+            diagnosis=diagnosis,
+            torch_ops=spec["classes"],
+        )
+
     def first_round(self, analysis: ProblemAnalysed, *, problem_source: str | None = None) -> list[Proposal]:
-        family, spec = self.match_family(analysis, problem_source=problem_source)
+        """The matching family's round 0, all Triton; where torch ops are allowed, partial candidates first
+        (up to partial.ROUND0_MAX), then those. GenerationError only where neither can be had."""
+        out: list[Proposal] = []
+        why: list[str] = []
+        if self.allow_torch:
+            try:
+                spec = self.partial_spec(analysis, problem_source)
+            except GenerationError as e:
+                why.append(str(e))
+            else:
+                torch = ", ".join(spec["classes"])
+                out += [
+                    self._partial(
+                        spec, k, analysis, f"torch for {torch}, tail {k['tail']}: {k['strategy']}", []
+                    )
+                    for k in partial.round0(spec)
+                ]
+        try:
+            family, spec = self.match_family(analysis, problem_source=problem_source)
+        except GenerationError as e:
+            if not out:
+                raise GenerationError("; ".join([str(e), *why])) from None
+            return out
         checked = self.checked_specs(family, spec, analysis)
-        return [
+        return out + [
             self._proposal(family, spec, knobs, analysis, f"strategy axis {knobs['strategy']}")
             for knobs in family.ROUND0
             if all(family.feasible(s, knobs) for s in checked)
@@ -84,6 +145,13 @@ class ExpertGenerator(Generator):
         numbers: str | None = None,
         problem_source: str | None = None,
     ) -> list[Proposal]:
+        if family_name == partial.FAMILY:
+            spec = self.partial_spec(analysis, problem_source)
+            return [
+                self._partial(spec, knobs, analysis, f"{label} -> {move}: {why}", [label])
+                for label in labels
+                for knobs, move, why in partial.mutations(spec, parent_knobs, label)
+            ]
         family, spec = self.match_family(analysis, family_name, problem_source)
         checked = self.checked_specs(family, spec, analysis)
         out = []

@@ -171,6 +171,11 @@ class Role(abc.ABC):
     def candidate_source(self, state: RunState, cid: str) -> str:
         return self.store.get_blob(state.candidates[cid].proposal.source).decode()
 
+    @staticmethod
+    def torch_classes(state: RunState, cid: str) -> list[str]:
+        """The classes of torch ops a candidate's label lets it run, never beyond the run's --allow-torch."""
+        return [c for c in state.candidates[cid].proposal.torch_ops if c in state.config.allow_torch]
+
 
 class CandidateRole(Role):
     """A role that runs one sandbox request on one candidate and records its outcome or its fault."""

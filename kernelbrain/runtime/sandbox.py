@@ -332,6 +332,7 @@ class Sandbox:
                 signature=drawn.signature,
                 forbidden=drawn.forbidden,
                 seeds=request.seeds,
+                torch_ops=request.torch_ops,
             ),
             timeout_s=timeout_s,
             task=task,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from kernelbrain.core import torch_ops
 from kernelbrain.core.events import GatePassed
 from kernelbrain.core.state import Candidate, RunState
 from kernelbrain.runtime.runner import RunError
@@ -32,6 +33,7 @@ def audit(state: RunState, candidate: str | None = None) -> str:
         f"Run {state.run_id}: problem {state.started.problem_name} on {cfg.device}, generator "
         f"{cfg.generator}, seed {cfg.seed}, eta {cfg.eta}, {len(cfg.rungs)} rungs, "
         f"policy v{cfg.policy_version}"
+        + (f", torch allowed for {', '.join(cfg.allow_torch)} (--allow-torch)" if cfg.allow_torch else "")
     ]
     if state.finished:
         lines.append(f"Finished: {state.finished.reason}")
@@ -39,6 +41,7 @@ def audit(state: RunState, candidate: str | None = None) -> str:
             lines.append(f"Winner vs runner-up: {state.finished.note}")
     role = "Winner" if state.finished and state.finished.winner == cid else "Candidate"
     lines.append(f"{role}: {cid} ({c.proposal.family}/{c.proposal.strategy}: {knobs_text(c)})")
+    lines.append(f"Runs in torch: {_torch_note(c)}")
 
     lines.append("\nLineage (root first):")
     for depth, a in enumerate(_lineage(state, c)):
@@ -103,8 +106,17 @@ def audit(state: RunState, candidate: str | None = None) -> str:
     for o in sorted(
         others, key=lambda o: (-max(o.results, default=-1), -(o.top_result.score if o.top_result else 0))
     ):
-        lines.append(f"  {o.id} ({o.proposal.strategy}: {knobs_text(o)}): {_beaten_by(c, o)}")
+        labelled = f" [{torch_ops.label(o.proposal.torch_ops)}]" if o.proposal.torch_ops else ""
+        lines.append(f"  {o.id} ({o.proposal.strategy}: {knobs_text(o)}){labelled}: {_beaten_by(c, o)}")
     return "\n".join(lines)
+
+
+def _torch_note(c: Candidate) -> str:
+    """What of the problem's compute the candidate keeps in PyTorch: its label, which the gate enforced."""
+    if not c.proposal.torch_ops:
+        return "nothing: all its compute is its own Triton kernels"
+    ops = ", ".join(c.proposal.torch_ops)
+    return f"{ops} (a partial kernel: the gate admits only their ATen ops beside its Triton kernels)"
 
 
 def _beaten_by(c: Candidate, o: Candidate) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from kernelbrain.core import torch_ops
 from kernelbrain.core.events import Event, decode
 from kernelbrain.core.state import Candidate, RunState
 from kernelbrain.store import StoredEvent
@@ -31,7 +32,11 @@ def summary(e: Event) -> str:
     match e.TYPE:
         case "RunStarted":
             c = d.config
-            return f"run started: {d.problem_name} on {c.device}, generator {c.generator}, seed {c.seed}"
+            allowed = f", torch allowed for {', '.join(c.allow_torch)}" if c.allow_torch else ""
+            return (
+                f"run started: {d.problem_name} on {c.device}, generator {c.generator}, seed {c.seed}"
+                f"{allowed}"
+            )
         case "RunResumed":
             return f"run resumed (attempt {d.attempt})"
         case "ProblemAnalysed":
@@ -42,7 +47,8 @@ def summary(e: Event) -> str:
             return f"problem analysed: ops {ops}; families {', '.join(d.families) or 'none'}{timed}"
         case "CandidateProposed":
             knobs = ", ".join(f"{k}={v}" for k, v in d.knobs.items())
-            return f"proposed {d.candidate} ({d.family}: {knobs}) round {d.round}: {d.hint}"
+            labelled = f" [{torch_ops.label(d.torch_ops)}]" if d.torch_ops else ""
+            return f"proposed {d.candidate} ({d.family}: {knobs}){labelled} round {d.round}: {d.hint}"
         case "GenerationDone":
             note = f"; {d.note}" if d.note else ""
             return f"generation {d.task}: {len(d.proposed)} proposed, {d.duplicates} duplicates{note}"
@@ -125,6 +131,7 @@ def status_dict(state: RunState) -> dict:
         "problem": state.started.problem_name if state.started else None,
         "device": cfg.device,
         "generator": cfg.generator,
+        "allow_torch": list(cfg.allow_torch),
         "state": "finished" if state.finished else "running or interrupted",
         "finish_reason": state.finished.reason if state.finished else None,
         "winner": state.finished.winner if state.finished else None,

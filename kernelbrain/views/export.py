@@ -16,6 +16,7 @@ import re
 from pathlib import Path
 from typing import Literal
 
+from kernelbrain.core import torch_ops
 from kernelbrain.core.events import GatePassed
 from kernelbrain.core.problem import DEFAULT_TOLERANCE, REFERENCE_MULTIPLE
 from kernelbrain.core.state import Candidate, RunState
@@ -117,7 +118,19 @@ def _header(state: RunState, c: Candidate) -> str:
         f"# Exported by kernelbrain from run {state.run_id}, problem {state.started.problem_name}.\n"
         f"# Candidate {c.id} ({c.proposal.family}/{c.proposal.strategy}); best rung "
         f"{max(c.results) if c.results else '-'}: {numbers} [{top.timer if top else '-'}]\n"
+        + _partial(c)
         + _checked_at(state, c)
+    )
+
+
+def _partial(c: Candidate) -> str:
+    """The label of a candidate that keeps ops in PyTorch (`kb run --allow-torch`): not all Triton."""
+    if not c.proposal.torch_ops:
+        return ""
+    ops = ", ".join(c.proposal.torch_ops)
+    return (
+        f"# PARTIAL KERNEL: keeps {ops} in PyTorch (allowed by --allow-torch); the rest is its Triton\n"
+        f"# kernels. The gate admitted exactly those torch ops ({torch_ops.label(c.proposal.torch_ops)}).\n"
     )
 
 

@@ -39,6 +39,7 @@ class BenchmarkerRole(CandidateRole):
             which=rung.shapes,
             repeats=rung.repeats,
             warmup=rung.warmup,
+            torch_ops=self.torch_classes(state, task.candidate),
         )
 
     def execute(self, task: Task, state: RunState) -> list[NewEvent]:

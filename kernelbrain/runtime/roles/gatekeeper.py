@@ -28,6 +28,7 @@ class GatekeeperRole(CandidateRole):
             **self.problem(state),
             cand_source=self.candidate_source(state, task.candidate),
             seeds=state.config.gate_seeds,
+            torch_ops=self.torch_classes(state, task.candidate),
         )
 
     def timeout_s(self, state: RunState) -> float:
