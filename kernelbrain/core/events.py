@@ -75,8 +75,7 @@ class RunConfig(BaseModel):
     llm_max_tokens: int | None = None
     llm_timeout_s: float | None = None
     llm_concurrency: int | None = None
-    # the classes of torch ops (core/torch_ops.py) the user let candidates keep in PyTorch: () all Triton
-    allow_torch: tuple[str, ...] = ()
+    allow_torch: tuple[str, ...] = ()  # torch op classes candidates may keep (--allow-torch); () all Triton
 
     @field_validator("allow_torch")
     @classmethod
@@ -169,9 +168,8 @@ class CandidateProposed(Event):
     diagnosis: list[str] = []  # profiler labels of the parent that motivated it
     prompt: str | None = None  # blob hash (llm generator)
     reply: str | None = None  # blob hash (llm generator)
-    # the classes of torch ops (core/torch_ops.py) it keeps in PyTorch, within the run's --allow-torch:
-    # the gate admits exactly their ATen ops besides its Triton kernels; empty: all Triton
-    torch_ops: list[str] = []
+    # the gate admits exactly these classes' ATen ops (core/torch_ops.py) beside its Triton kernels
+    torch_ops: list[str] = []  # classes of torch ops it keeps in PyTorch, within --allow-torch; [] all Triton
 
     @property
     def own_code(self) -> bool:
