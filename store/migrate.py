@@ -14,11 +14,11 @@ from importlib.resources.abc import Traversable
 from pathlib import Path
 
 from kernelbrain.store.driver import sqlite3
-from kernelbrain.store.errors import StoreError
+from kernelbrain.store.errors import ForeignDatabase, SchemaTooNew, StoreError
 
 MIGRATIONS = "kernelbrain.store.migrations"  # the package the wheel installs migrations/ as
 _FILE = re.compile(r"^(\d{4})_([A-Za-z0-9_]+)\.sql$")
-_COLUMNS = ("version", "name", "applied_at")  # what makes a schema_migrations table ours
+COLUMNS = ("version", "name", "applied_at")  # what makes a schema_migrations table ours
 
 CREATE_TABLE = (
     "CREATE TABLE IF NOT EXISTS schema_migrations ("
@@ -38,9 +38,14 @@ class Migration:
     sql: str
 
 
-def discover(directory: str | Path | None = None) -> list[Migration]:
-    """Migrations shipped in the store's `migrations` package (or in `directory`), sorted by number."""
-    root: Traversable = resources.files(MIGRATIONS) if directory is None else Path(directory)
+def discover(directory: str | Path | None = None, *, dialect: str = "sqlite") -> list[Migration]:
+    """Migrations shipped in the store's `migrations` package (or in `directory`), sorted by number.
+
+    SQLite's sit in the package itself, PostgreSQL's in its `postgres` folder (dialect="postgres")."""
+    shipped = resources.files(MIGRATIONS)
+    if dialect != "sqlite":
+        shipped = shipped / dialect
+    root: Traversable = shipped if directory is None else Path(directory)
     if not root.is_dir():
         raise StoreError(f"no migrations directory {root}; pass an existing migrations_dir")
     found: dict[int, Migration] = {}
@@ -58,11 +63,47 @@ def discover(directory: str | Path | None = None) -> list[Migration]:
     return [found[v] for v in sorted(found)]
 
 
+def to_apply(
+    where: str,
+    kind: str,
+    migrations: list[Migration],
+    *,
+    has_objects: bool,
+    ours: bool | None,
+    done: dict[int, str],
+    readonly: bool,
+) -> list[Migration]:
+    """The migrations an opening store must apply, or the StoreError that refuses the database.
+
+    where: the store's printable location; kind: "SQLite" or "PostgreSQL"; has_objects: whether the
+    database holds any table; ours/done: is_ours() and applied() as read from it."""
+    if ours is False or (ours is None and has_objects):
+        raise ForeignDatabase(f"{where} is a {kind} database but not a kb database; pass another --db")
+    known = migrations[-1].version if migrations else 0
+    if done and max(done) > known:
+        raise SchemaTooNew(
+            f"{where} was written by a newer kb (schema {max(done)}, this kb knows {known});"
+            " upgrade kernelbrain to open it"
+        )
+    todo = [m for m in migrations if m.version not in done]
+    if readonly:
+        if not has_objects:
+            raise StoreError(f"{where} is an empty database: nothing has been recorded in it")
+        if todo:
+            names = ", ".join(m.name for m in todo)
+            raise StoreError(
+                f"{where} needs migrations {names} and is opened read-only;"
+                " open it once without read-only to upgrade it"
+            )
+        return []
+    return todo
+
+
 def is_ours(conn: sqlite3.Connection) -> bool | None:
     """None: no schema_migrations table; True/False: whether it has our columns (read-only)."""
     if conn.execute(HAS_TABLE).fetchone() is None:
         return None
-    return set(_COLUMNS) <= {row[0] for row in conn.execute(TABLE_INFO)}
+    return set(COLUMNS) <= {row[0] for row in conn.execute(TABLE_INFO)}
 
 
 def applied(conn: sqlite3.Connection) -> dict[int, str]:

@@ -7,14 +7,28 @@ import functools
 import hashlib
 import os
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Any, ParamSpec, TypeVar
+from typing import Any, TypeVar
 
 import orjson
 from kernelbrain.store import migrate
+from kernelbrain.store.base import (
+    COLUMNS,
+    INSERT_COLUMNS,
+    Store,
+    boundary,
+    count_sql,
+    event_from_row,
+    fold_rows,
+    fresh_indexes,
+    insert_rows,
+    read_sql,
+    stale_lease,
+    stored_from_insert,
+)
 from kernelbrain.store.driver import retry_busy, sqlite3
-from kernelbrain.store.errors import CorruptDatabase, ForeignDatabase, SchemaTooNew, StaleLease, StoreError
+from kernelbrain.store.errors import CorruptDatabase, StoreError
 from kernelbrain.store.projection import Projection
 from kernelbrain.store.records import Lease, NewEvent, StoredEvent
 
@@ -22,22 +36,15 @@ MEMORY = ":memory:"
 
 P = TypeVar("P", bound=Projection)
 T = TypeVar("T")
-A = ParamSpec("A")
-
-# Column order == StoredEvent field order, so a row maps onto the record positionally.
-_COLS = "seq, run_id, type, version, key, payload, actor, subject, stage, ts"
 
 _LIST_OBJECTS = "SELECT name FROM sqlite_master WHERE name NOT LIKE 'sqlite_%'"
-_INSERT = (
-    "INSERT INTO events (run_id, type, version, subject, stage, key, payload, actor, ts)"
-    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
-)
+_INSERT = f"INSERT INTO events ({INSERT_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
 _MAX_SEQ = "SELECT coalesce(max(seq), 0) FROM events"
 # AUTOINCREMENT's counter: the largest seq ever handed out (the next insert gets counter + 1).
 _SEQ_COUNTER = "SELECT coalesce((SELECT seq FROM sqlite_sequence WHERE name = 'events'), 0)"
 _MAX_SEQ_RUN = "SELECT coalesce(max(seq), 0) FROM events WHERE run_id = ?"
-_BY_KEY = f"SELECT {_COLS} FROM events WHERE key = ?"
-_BY_KEYS = f"SELECT {_COLS} FROM events WHERE key IN (SELECT value FROM json_each(?))"
+_BY_KEY = f"SELECT {COLUMNS} FROM events WHERE key = ?"
+_BY_KEYS = f"SELECT {COLUMNS} FROM events WHERE key IN (SELECT value FROM json_each(?))"
 _RUN_IDS = "SELECT run_id FROM events GROUP BY run_id ORDER BY min(seq)"
 _BLOB_EXISTS = "SELECT 1 FROM blobs WHERE hash = ?"
 _BLOB_PUT = "INSERT INTO blobs (hash, data, size) VALUES (?, ?, ?)"
@@ -55,41 +62,14 @@ _CURSOR_SET = (
 )
 
 
-def _read_sql(until: bool, run: bool, types: bool) -> str:
-    where = ["seq > ?"]
-    if until:
-        where.append("seq <= ?")
-    if run:
-        where.append("run_id = ?")
-    if types:  # one bound JSON array keeps the statement text (and its prepared plan) fixed
-        where.append("type IN (SELECT value FROM json_each(?))")
-    return f"SELECT {_COLS} FROM events WHERE {' AND '.join(where)} ORDER BY seq LIMIT ?"
-
-
-def _count_sql(run: bool, type_: bool) -> str:
-    where = [c for c, on in (("run_id = ?", run), ("type = ?", type_)) if on]
-    return "SELECT count(*) FROM events" + (f" WHERE {' AND '.join(where)}" if where else "")
-
-
-# Every variant is a fixed string, so sqlite3's statement cache prepares each one once.
-_READ = {(u, r, t): _read_sql(u, r, t) for u in (False, True) for r in (False, True) for t in (False, True)}
-_COUNT = {(r, t): _count_sql(r, t) for r in (False, True) for t in (False, True)}
-
-_loads = orjson.loads
-
-
-def _rows(events: Iterable[NewEvent], ts: float) -> list[tuple[Any, ...]]:
-    """Parameter rows for _INSERT; encoding here, before BEGIN, keeps bad payloads off the lock."""
-    dumps = orjson.dumps
-    return [
-        (e.run_id, e.type, e.version, e.subject, e.stage, e.key, dumps(e.payload), e.actor, ts)
-        for e in events
-    ]
-
-
-def _event(row: tuple[Any, ...]) -> StoredEvent:
-    seq, run_id, type_, version, key, payload, actor, subject, stage, ts = row
-    return StoredEvent(seq, run_id, type_, version, key, _loads(payload), actor, subject, stage, ts)
+_TYPES = "type IN (SELECT value FROM json_each(?))"
+_READ = {
+    (u, r, t): read_sql(u, r, t, mark="?", types_clause=_TYPES)
+    for u in (False, True)
+    for r in (False, True)
+    for t in (False, True)
+}
+_COUNT = {(r, t): count_sql(r, t, mark="?") for r in (False, True) for t in (False, True)}
 
 
 def _translate(e: sqlite3.Error, path: str, busy_timeout_s: float) -> StoreError:
@@ -117,21 +97,10 @@ def _translate(e: sqlite3.Error, path: str, busy_timeout_s: float) -> StoreError
     return StoreError(f"{path}: SQLite error ({text})")
 
 
-def _boundary(fn: Callable[A, T]) -> Callable[A, T]:
-    """No sqlite3 exception leaves a public method: it becomes a StoreError, chained with `from`."""
-
-    @functools.wraps(fn)
-    def wrapper(*args: A.args, **kwargs: A.kwargs) -> T:
-        try:
-            return fn(*args, **kwargs)
-        except sqlite3.Error as e:
-            store: EventStore = args[0]  # type: ignore[assignment]
-            raise _translate(e, store.path, store._busy_timeout_s) from e
-
-    return wrapper
+_boundary = boundary(sqlite3.Error)
 
 
-class EventStore:
+class EventStore(Store):
     """The generic event store: an append-only log of events in one SQLite file.
 
     Contract:
@@ -222,26 +191,16 @@ class EventStore:
                     c.execute("ROLLBACK")  # nothing was written; this just ends the read
         except sqlite3.Error as e:
             raise _translate(e, self._path, self._busy_timeout_s) from e
-        if ours is False or (ours is None and objects):
-            raise ForeignDatabase(
-                f"{self._path} is a SQLite database but not a kb database; pass another --db"
-            )
-        known = self._migrations[-1].version if self._migrations else 0
-        if done and max(done) > known:
-            raise SchemaTooNew(
-                f"{self._path} was written by a newer kb (schema {max(done)}, this kb knows {known});"
-                " upgrade kernelbrain to open it"
-            )
-        todo = [m for m in self._migrations if m.version not in done]
+        todo = migrate.to_apply(
+            self._path,
+            "SQLite",
+            self._migrations,
+            has_objects=bool(objects),
+            ours=ours,
+            done=done,
+            readonly=self._readonly,
+        )
         if self._readonly:
-            if not objects:
-                raise StoreError(f"{self._path} is an empty database: nothing has been recorded in it")
-            if todo:
-                names = ", ".join(m.name for m in todo)
-                raise StoreError(
-                    f"{self._path} needs migrations {names} and is opened read-only;"
-                    " open it once without read-only to upgrade it"
-                )
             return
         try:
             # journal_mode=WAL writes the file header, hence only after the checks above.
@@ -267,11 +226,9 @@ class EventStore:
     def close(self) -> None:
         self._conn.close()
 
-    def __enter__(self) -> EventStore:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def translate_error(self, e: BaseException) -> StoreError:
+        assert isinstance(e, sqlite3.Error)
+        return _translate(e, self._path, self._busy_timeout_s)
 
     @_boundary
     def schema_version(self) -> int:
@@ -319,41 +276,21 @@ class EventStore:
             found = c.execute(_BY_KEY, (events[0].key,)).fetchall()
         else:
             found = c.execute(_BY_KEYS, (orjson.dumps([e.key for e in events]).decode(),)).fetchall()
-        stored = {ev.key: ev for ev in map(_event, found)}
-        fresh = [i for i, e in enumerate(events) if e.key not in stored]
-        if len(fresh) == len(events) and len({e.key for e in events}) == len(events):
-            todo = rows  # common case: all new and distinct
-        else:
-            first: dict[str, int] = {}
-            for i in fresh:
-                first.setdefault(events[i].key, i)
-            fresh = list(first.values())
-            todo = [rows[i] for i in fresh]
-        if todo:
+        stored = {ev.key: ev for ev in map(event_from_row, found)}
+        fresh = fresh_indexes(events, stored)
+        if fresh:
             # We hold the write lock and nothing is refused, so AUTOINCREMENT hands out counter+1, +2, ..
             # in input order (its counter is >= every seq ever used; events are never deleted).
             before = c.execute(_SEQ_COUNTER).fetchone()[0]
-            c.executemany(_INSERT, todo)
+            c.executemany(_INSERT, rows if len(fresh) == len(rows) else [rows[i] for i in fresh])
             for seq, i in enumerate(fresh, start=before + 1):
-                e, r = events[i], rows[i]
-                stored[e.key] = StoredEvent(
-                    seq, e.run_id, e.type, e.version, e.key, _loads(r[6]), e.actor, e.subject, e.stage, r[8]
-                )
+                stored[events[i].key] = stored_from_insert(seq, events[i], rows[i])
         return [stored[e.key] for e in events]
 
     def _check_fence(self, fence: Lease) -> None:
-        row = self._conn.execute(_LEASE_GET, (fence.task,)).fetchone()
-        if row is not None and row[1] == fence.token and not row[3]:
-            return
-        if row is None:
-            why = "the task was never claimed"
-        elif row[3]:
-            why = "the task is already done"
-        else:
-            why = f"it was reclaimed by {row[0]} with token {row[1]}"
-        raise StaleLease(
-            f"lease on task {fence.task!r} with token {fence.token} is stale: {why}; drop this result"
-        )
+        stale = stale_lease(fence, self._conn.execute(_LEASE_GET, (fence.task,)).fetchone())
+        if stale is not None:
+            raise stale
 
     # -- events ----------------------------------------------------------------------------------
 
@@ -370,7 +307,7 @@ class EventStore:
             raise ValueError("complete=True needs the fence (lease) of the task it completes")
         if not events and fence is None and tracking is None:
             return []
-        rows = _rows(events, time.time())
+        rows = insert_rows(events, time.time())
 
         def body() -> list[StoredEvent]:
             if fence is not None:
@@ -383,9 +320,6 @@ class EventStore:
             return stored
 
         return self._write(body)
-
-    def append_one(self, event: NewEvent, **kw: Any) -> StoredEvent:
-        return self.append([event], **kw)[0]
 
     @_boundary
     def read(
@@ -407,28 +341,12 @@ class EventStore:
             params.append(orjson.dumps(wanted).decode())
         params.append(-1 if limit is None else limit)
         sql = _READ[until is not None, run_id is not None, types is not None]
-        return list(map(_event, self._conn.execute(sql, params)))
-
-    def iter_events(
-        self,
-        after: int = 0,
-        *,
-        run_id: str | None = None,
-        until: int | None = None,
-        batch: int = 10_000,
-    ) -> Iterator[StoredEvent]:
-        """Like read(), in batches, so a long log never sits in memory at once."""
-        while True:
-            chunk = self.read(after, run_id=run_id, until=until, limit=batch)
-            yield from chunk
-            if len(chunk) < batch:
-                return
-            after = chunk[-1].seq
+        return list(map(event_from_row, self._conn.execute(sql, params)))
 
     @_boundary
     def get_by_key(self, key: str) -> StoredEvent | None:
         row = self._conn.execute(_BY_KEY, (key,)).fetchone()
-        return None if row is None else _event(row)
+        return None if row is None else event_from_row(row)
 
     @_boundary
     def last_seq(self, run_id: str | None = None) -> int:
@@ -453,17 +371,10 @@ class EventStore:
         if run_id is not None:
             params.append(run_id)
         params.append(-1)
-        cursor = self._conn.execute(_READ[until is not None, run_id is not None, False], params)
-        apply = projection.apply
-        position = projection.position
-        try:
-            # One statement = one read snapshot; the loop body is the whole per-event cost.
-            for seq, run, type_, version, key, payload, actor, subject, stage, ts in cursor:
-                apply(StoredEvent(seq, run, type_, version, key, _loads(payload), actor, subject, stage, ts))
-                position = seq
-        finally:
-            projection.position = position  # what was applied stays applied, even if apply raised
-        return projection
+        # One statement = one read snapshot.
+        return fold_rows(
+            projection, self._conn.execute(_READ[until is not None, run_id is not None, False], params)
+        )
 
     # -- blobs -----------------------------------------------------------------------------------
 
@@ -528,7 +439,7 @@ class EventStore:
                 c.execute(_LEASE_TAKE, (owner, new.token, new.deadline, task))
             if on_claim is not None:
                 events = list(on_claim(new, previous))
-                self._insert(events, _rows(events, now))
+                self._insert(events, insert_rows(events, now))
             return new
 
         return self._write(body)

@@ -1,6 +1,7 @@
-"""Make the in-tree packages importable when the distribution is not pip-installed; one warm sandbox per
-module; a template test module's problem variants and their traces; and, under pytest-xdist, tests marked
-`exclusive` run with no other test beside them, and tests marked `long` are started first."""
+"""Make the in-tree packages importable when the distribution is not pip-installed; one PostgreSQL server
+per session and a fresh database per test that asks for one; one warm sandbox per module; a template test
+module's problem variants and their traces; and, under pytest-xdist, tests marked `exclusive` run with no
+other test beside them, and tests marked `long` are started first."""
 
 import fcntl
 import os
@@ -14,6 +15,25 @@ from kernelbrain.core.protocol import AnalyseRequest
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+
+
+@pytest.fixture(scope="session")
+def pg_server():
+    """One real PostgreSQL server for the whole session (per xdist worker), started on first use; a test
+    that needs it fails when it cannot start (tests/pg_server.py)."""
+    from tests.pg_server import PgServer
+
+    server = PgServer().start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def pg_url(pg_server) -> str:
+    """A fresh, empty database on the session's server: its postgresql:// URL (password included)."""
+    return pg_server.new_database()
 
 
 @pytest.fixture(scope="module")

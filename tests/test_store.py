@@ -1,4 +1,5 @@
-"""Contract suite for store.EventStore, run against a file database and ":memory:" where meaningful."""
+"""Contract suite for the event store, run against every adapter: a SQLite file, SQLite ":memory:" and a
+real PostgreSQL server (tests/pg_server.py); then each adapter's opening and migration rules."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import time
 from importlib import resources
 from pathlib import Path
 
+import psycopg
 import pytest
 from kernelbrain.store import (
     CorruptDatabase,
@@ -23,7 +25,10 @@ from kernelbrain.store import (
     StoreError,
     migrate,
 )
+from kernelbrain.store.base import Store
 from kernelbrain.store.driver import sqlite3
+from kernelbrain.store.location import mask, open_store
+from kernelbrain.store.postgres import PostgresStore
 
 MIGRATIONS = Path(str(resources.files("kernelbrain.store.migrations")))
 
@@ -32,10 +37,13 @@ def ev(key: str, run: str = "r1", type_: str = "T", **payload: object) -> NewEve
     return NewEvent(run_id=run, type=type_, version=1, key=key, payload=dict(payload), actor="w1")
 
 
-@pytest.fixture(params=["file", "memory"])
+@pytest.fixture(params=["file", "memory", "postgres"])
 def store(request: pytest.FixtureRequest, tmp_path: Path):
-    path = str(tmp_path / "kb.db") if request.param == "file" else ":memory:"
-    with EventStore(path) as s:
+    if request.param == "postgres":
+        path = request.getfixturevalue("pg_url")
+    else:
+        path = str(tmp_path / "kb.db") if request.param == "file" else ":memory:"
+    with open_store(path) as s:
         yield s
 
 
@@ -76,7 +84,7 @@ class Counter(Projection):
 # -- events --------------------------------------------------------------------------------------
 
 
-def test_append_and_read_in_order(store: EventStore) -> None:
+def test_append_and_read_in_order(store: Store) -> None:
     before = time.time()
     out = store.append([ev("a", n=1), ev("b", run="r2", n=2)])
     out.append(store.append_one(NewEvent("r1", "U", 3, "c", {"x": [1, 2]}, "w2", subject="cand", stage=2)))
@@ -89,12 +97,12 @@ def test_append_and_read_in_order(store: EventStore) -> None:
     assert store.run_ids() == ["r1", "r2"]
 
 
-def test_empty_store(store: EventStore) -> None:
+def test_empty_store(store: Store) -> None:
     assert store.read() == [] and store.last_seq() == 0 and store.count() == 0 and store.run_ids() == []
     assert store.append([]) == []
 
 
-def test_idempotent_append_returns_original(store: EventStore) -> None:
+def test_idempotent_append_returns_original(store: Store) -> None:
     first = store.append_one(ev("k", v="original"))
     again = store.append_one(ev("k", v="retry"))
     assert again == first and again.payload == {"v": "original"}
@@ -103,7 +111,7 @@ def test_idempotent_append_returns_original(store: EventStore) -> None:
     assert store.append_one(ev("k2")).seq == 2
 
 
-def test_duplicates_within_and_across_a_batch(store: EventStore) -> None:
+def test_duplicates_within_and_across_a_batch(store: Store) -> None:
     old = store.append_one(ev("old", v=0))
     out = store.append([ev("new", v=1), ev("old", v=9), ev("new", v=2), ev("newer", v=3)])
     assert out[1] == old
@@ -112,10 +120,10 @@ def test_duplicates_within_and_across_a_batch(store: EventStore) -> None:
     assert [e.key for e in store.read()] == ["old", "new", "newer"]
 
 
-def test_batch_append_is_atomic(store: EventStore) -> None:
+def test_batch_append_is_atomic(store: Store) -> None:
     store.append_one(ev("a"))
     bad = NewEvent("r1", "T", 1, "c", {}, None)  # type: ignore[arg-type]  # NOT NULL actor
-    with pytest.raises(StoreError, match="NOT NULL"):
+    with pytest.raises(StoreError, match=r"refused the write \(.*actor"):  # names the column at fault
         store.append([ev("b"), bad])
     with pytest.raises(TypeError):  # unserialisable payload: refused before the transaction
         store.append([ev("b"), ev("c", x=object())])
@@ -123,7 +131,7 @@ def test_batch_append_is_atomic(store: EventStore) -> None:
     assert store.append_one(ev("b")).seq == 2
 
 
-def test_read_filters(store: EventStore) -> None:
+def test_read_filters(store: Store) -> None:
     runs, types = ["r2", "r1"], ["B", "A", "A"]
     store.append([ev(f"e{i}", run=runs[i % 2], type_=types[i % 3], i=i) for i in range(1, 11)])
     assert [e.seq for e in store.read(after=7)] == [8, 9, 10]
@@ -145,7 +153,7 @@ def test_read_filters(store: EventStore) -> None:
 # -- blobs ---------------------------------------------------------------------------------------
 
 
-def test_blobs(store: EventStore) -> None:
+def test_blobs(store: Store) -> None:
     h = store.put_blob(b"\x00kernel\xff")
     assert h == hashlib.sha256(b"\x00kernel\xff").hexdigest()
     assert store.get_blob(h) == b"\x00kernel\xff"
@@ -159,7 +167,7 @@ def test_blobs(store: EventStore) -> None:
 # -- leases --------------------------------------------------------------------------------------
 
 
-def test_claim_renew_release_done(store: EventStore) -> None:
+def test_claim_renew_release_done(store: Store) -> None:
     a = store.claim("t", "A", 60)
     assert a is not None and (a.task, a.owner, a.token) == ("t", "A", 1)
     assert store.lease("t") == a and store.lease("other") is None
@@ -177,13 +185,13 @@ def test_claim_renew_release_done(store: EventStore) -> None:
     assert store.claim("t", "B", 60) is None and store.claim("t", "C", 60) is None
 
 
-def test_expired_lease_is_taken_over(store: EventStore) -> None:
+def test_expired_lease_is_taken_over(store: Store) -> None:
     a = store.claim("t", "A", -1)  # already expired
     b = store.claim("t", "B", 60)
     assert a is not None and b is not None and b.token == a.token + 1
 
 
-def test_fencing(store: EventStore) -> None:
+def test_fencing(store: Store) -> None:
     a = store.claim("t", "A", -1)
     b = store.claim("t", "B", 60)
     assert a is not None and b is not None
@@ -206,7 +214,7 @@ def test_fencing(store: EventStore) -> None:
         store.append([ev("y")], complete=True)
 
 
-def test_on_claim_events_are_atomic_with_the_claim(store: EventStore) -> None:
+def test_on_claim_events_are_atomic_with_the_claim(store: Store) -> None:
     calls: list[tuple[Lease, Lease | None]] = []
 
     def record(new: Lease, previous: Lease | None) -> list[NewEvent]:
@@ -239,7 +247,7 @@ def test_on_claim_events_are_atomic_with_the_claim(store: EventStore) -> None:
         store.get_blob(hashlib.sha256(b"rolled back too").hexdigest())
 
 
-def test_is_alive_lets_a_dead_owners_lease_go(store: EventStore) -> None:
+def test_is_alive_lets_a_dead_owners_lease_go(store: Store) -> None:
     a = store.claim("t", "A", 3600)
     assert store.claim("t", "B", 60, is_alive=lambda owner: True) is None
     b = store.claim("t", "B", 60, is_alive=lambda owner: owner != "A")
@@ -249,7 +257,7 @@ def test_is_alive_lets_a_dead_owners_lease_go(store: EventStore) -> None:
 # -- cursors and projections ---------------------------------------------------------------------
 
 
-def test_tracking_cursor(store: EventStore) -> None:
+def test_tracking_cursor(store: Store) -> None:
     assert store.load_cursor("gatekeeper") == 0
     store.append([ev("out1")], tracking=("gatekeeper", 7))
     assert store.load_cursor("gatekeeper") == 7
@@ -257,7 +265,7 @@ def test_tracking_cursor(store: EventStore) -> None:
     assert store.load_cursor("gatekeeper") == 9
 
 
-def test_fold_resumes_from_position(store: EventStore) -> None:
+def test_fold_resumes_from_position(store: Store) -> None:
     store.append([ev(f"e{i}", run="r1" if i % 2 else "r2") for i in range(1, 7)])
     p = store.fold(Counter())
     assert p.seen == [1, 2, 3, 4, 5, 6] and p.position == 6
@@ -268,7 +276,7 @@ def test_fold_resumes_from_position(store: EventStore) -> None:
     assert q.seen == [2, 4] and q.position == 4
 
 
-def test_fold_keeps_position_of_last_applied_event(store: EventStore) -> None:
+def test_fold_keeps_position_of_last_applied_event(store: Store) -> None:
     store.append([ev(f"e{i}") for i in range(5)])
 
     class Fails(Counter):
@@ -283,12 +291,21 @@ def test_fold_keeps_position_of_last_applied_event(store: EventStore) -> None:
     assert p.position == 2
 
 
-def test_closed_store_raises_store_error(tmp_path: Path) -> None:
-    s = EventStore(tmp_path / "kb.db")
+@pytest.mark.parametrize("kind", ["file", "postgres"])
+def test_closed_store_raises_store_error(request: pytest.FixtureRequest, tmp_path: Path, kind: str) -> None:
+    s = open_store(request.getfixturevalue("pg_url") if kind == "postgres" else tmp_path / "kb.db")
     s.close()
     with pytest.raises(StoreError, match="closed") as info:
         s.read()
-    assert isinstance(info.value.__cause__, sqlite3.Error)
+    assert isinstance(info.value.__cause__, psycopg.Error if kind == "postgres" else sqlite3.Error)
+
+
+def test_wait_for_events(store: Store) -> None:
+    store.append_one(ev("a"))
+    t0 = time.monotonic()
+    assert store.wait_for_events(0, 5.0) == 1  # already there: no wait
+    assert store.wait_for_events(1, 0.2) == 1  # nothing new: back after the timeout
+    assert 0.2 <= time.monotonic() - t0 < 2.0
 
 
 # -- opening and migrations (file only) ----------------------------------------------------------
@@ -453,3 +470,128 @@ def test_split_statements_keeps_trigger_bodies_whole() -> None:
     triggers = [s for s in statements if "CREATE TRIGGER" in s]
     assert len(triggers) == 6 and all(s.rstrip().endswith("END;") for s in triggers)
     assert migrate.split_statements("SELECT ';'; SELECT 2") == ["SELECT ';';", "SELECT 2"]
+
+
+# -- PostgreSQL: opening, migrations, secrets ----------------------------------------------------
+
+
+def pg_migrations_with(tmp_path: Path, **extra: str) -> Path:
+    d = tmp_path / "pg-migrations"
+    d.mkdir(exist_ok=True)
+    for f in (MIGRATIONS / "postgres").glob("*.sql"):
+        shutil.copy(f, d / f.name)
+    for stem, sql in extra.items():
+        (d / f"{stem}.sql").write_text(sql)
+    return d
+
+
+def pg_state(url: str) -> tuple[list[str], list[tuple]]:
+    """The database's tables and migration rows, read through a raw connection."""
+    with psycopg.connect(url) as conn:
+        tables = sorted(
+            r[0] for r in conn.execute("SELECT tablename FROM pg_tables WHERE schemaname = current_schema()")
+        )
+        rows = (
+            conn.execute("SELECT * FROM schema_migrations").fetchall()
+            if "schema_migrations" in tables
+            else []
+        )
+    return tables, rows
+
+
+@pytest.fixture
+def pg_db(pg_url: str) -> str:
+    with open_store(pg_url) as s:
+        s.append([ev("seed")])
+    return pg_url
+
+
+def test_pg_store_records_migrations_once(pg_db: str) -> None:
+    before = pg_state(pg_db)
+    assert before[0] == ["blobs", "cursors", "events", "leases", "schema_migrations"]
+    assert [(v, n) for v, n, _ in before[1]] == [(1, "0001_events")]
+    with open_store(pg_db) as s:
+        assert isinstance(s, PostgresStore) and s.schema_version() == 1 and s.pending_migrations() == []
+        assert s.server_version().startswith(("1", "2"))
+        assert s.read()[0].key == "seed"
+    assert pg_state(pg_db) == before  # a second open applies nothing
+
+
+def test_pg_new_and_failed_migrations(pg_db: str, tmp_path: Path) -> None:
+    broken = pg_migrations_with(
+        tmp_path, **{"0002_broken": "CREATE TABLE partial (x int);\nCREATE TABLE oops (;"}
+    )
+    with pytest.raises(StoreError, match="migration 0002_broken failed and was rolled back"):
+        PostgresStore(pg_db, migrations_dir=broken)
+    assert "partial" not in pg_state(pg_db)[0]
+    (broken / "0002_broken.sql").unlink()
+    d = pg_migrations_with(tmp_path, **{"0002_notes": "CREATE TABLE notes (x TEXT);\n-- trailing comment\n"})
+    with PostgresStore(pg_db, migrations_dir=d) as s:
+        assert s.schema_version() == 2 and s.pending_migrations() == []
+    before = pg_state(pg_db)
+    with pytest.raises(SchemaTooNew) as info:  # this kb knows only 0001
+        open_store(pg_db)
+    assert str(info.value) == (
+        f"{mask(pg_db)} was written by a newer kb (schema 2, this kb knows 1); upgrade kernelbrain to open it"
+    )
+    assert pg_state(pg_db) == before
+
+
+def test_pg_foreign_database_is_refused_untouched(pg_url: str) -> None:
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute("CREATE TABLE customers (id int PRIMARY KEY)")
+    with pytest.raises(ForeignDatabase, match="is a PostgreSQL database but not a kb database; pass another"):
+        open_store(pg_url)
+    assert pg_state(pg_url) == (["customers"], [])
+
+
+def test_pg_readonly_store_never_writes(pg_server, pg_db: str, tmp_path: Path) -> None:
+    before = pg_state(pg_db)
+    with open_store(pg_db, readonly=True) as s:
+        assert [e.key for e in s.read()] == ["seed"] and s.fold(Counter()).position == 1
+        for write in (lambda: s.append([ev("x")]), lambda: s.put_blob(b"x"), lambda: s.claim("t", "A", 60)):
+            with pytest.raises(StoreError, match="read-only"):
+                write()
+    assert pg_state(pg_db) == before
+    d = pg_migrations_with(tmp_path, **{"0002_notes": "CREATE TABLE notes (x TEXT);"})
+    with pytest.raises(StoreError, match="needs migrations 0002_notes"):
+        PostgresStore(pg_db, readonly=True, migrations_dir=d)
+    fresh = pg_server.new_database()
+    with pytest.raises(StoreError, match="is an empty database"):
+        open_store(fresh, readonly=True)
+    assert pg_state(pg_db) == before and pg_state(fresh) == ([], [])
+
+
+def test_url_password_is_masked() -> None:
+    url = "postgresql://kb:s3cr%40t@db.example:5432/kb?sslmode=require&password=other"
+    assert mask(url) == "postgresql://kb:***@db.example:5432/kb?sslmode=require&password=***"
+    assert mask("postgres://kb@h/db") == "postgres://kb@h/db" and mask("runs/kb.db") == "runs/kb.db"
+
+
+def test_pg_errors_never_show_the_password(pg_server, pg_url: str) -> None:
+    wrong = pg_url.replace(pg_server.password, "not-the-password-xyz")
+    with pytest.raises(StoreError, match="cannot reach the PostgreSQL server") as info:
+        open_store(wrong)
+    assert "not-the-password-xyz" not in str(info.value) and "kb:***@" in str(info.value)
+    missing = pg_server.url("no_such_db")
+    with pytest.raises(StoreError, match="no database at postgresql://kb:\\*\\*\\*@") as info:
+        open_store(missing)
+    assert pg_server.password not in str(info.value)
+    closed_port = pg_url.replace(f":{pg_server.port}/", ":1/")
+    with pytest.raises(StoreError, match="cannot reach") as info:
+        PostgresStore(closed_port, connect_timeout_s=2)
+    assert pg_server.password not in str(info.value)
+
+
+def test_pg_wait_for_events_is_woken_by_notify(pg_url: str) -> None:
+    import threading
+
+    with open_store(pg_url) as waiter, open_store(pg_url) as writer:
+        assert isinstance(waiter, PostgresStore) and waiter.LISTEN_RECHECK_S >= 1.0
+        timer = threading.Timer(0.3, lambda: writer.append_one(ev("late")))
+        t0 = time.monotonic()
+        timer.start()
+        assert waiter.wait_for_events(0, 10.0) == 1
+        elapsed = time.monotonic() - t0
+        timer.join()
+    assert 0.25 <= elapsed < 0.9  # woken by the NOTIFY, not by its once-a-second re-check

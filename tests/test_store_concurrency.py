@@ -1,8 +1,10 @@
-"""Real processes sharing one SQLite file: appends, claims, stale leases, readers beside writers."""
+"""Real processes sharing one store, a SQLite file or a database on a real PostgreSQL server: appends,
+claims, stale leases, readers beside writers, a first open raced by many; and each adapter's lock waits."""
 
 from __future__ import annotations
 
 import collections
+import contextlib
 import json
 import os
 import subprocess
@@ -11,9 +13,12 @@ import threading
 import time
 from pathlib import Path
 
+import psycopg
 import pytest
 from kernelbrain.store import EventStore, NewEvent, StoreError
 from kernelbrain.store.driver import sqlite3
+from kernelbrain.store.location import open_store
+from kernelbrain.store.postgres import APPEND_LOCK, PostgresStore
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -22,7 +27,8 @@ ROOT = Path(__file__).resolve().parents[1]
 WORKER = r"""
 import json, random, sys, time
 from pathlib import Path
-from kernelbrain.store import EventStore, NewEvent, StaleLease
+from kernelbrain.store import NewEvent, StaleLease
+from kernelbrain.store.location import open_store
 
 def barrier(d, name):
     Path(d, f"ready.{name}").touch()
@@ -33,7 +39,7 @@ def barrier(d, name):
         time.sleep(0.001)
 
 def appender(db, d, name, n):
-    with EventStore(db) as s:
+    with open_store(db) as s:
         barrier(d, name)
         t0 = time.perf_counter()
         for i in range(int(n)):
@@ -42,7 +48,7 @@ def appender(db, d, name, n):
 
 def opener(db, d, name):
     barrier(d, name)
-    with EventStore(db) as s:
+    with open_store(db) as s:
         s.append_one(NewEvent("run", "Opened", 1, f"open:{name}", {}, name))
     print("{}")
 
@@ -55,7 +61,7 @@ def claimer(db, d, name, ntasks):
         return [NewEvent("run", "TaskClaimed", 1, f"claim:{new.task}:{new.token}", payload, name)]
 
     won = []
-    with EventStore(db) as s:
+    with open_store(db) as s:
         barrier(d, name)
         for task in tasks:
             lease = s.claim(task, name, 60.0, on_claim=claimed)
@@ -67,7 +73,7 @@ def claimer(db, d, name, ntasks):
     print(json.dumps({"won": won}))
 
 def stale_owner(db, d, name):
-    with EventStore(db) as s:
+    with open_store(db) as s:
         lease = s.claim("job", name, 0.2)
         print(json.dumps({"token": lease.token, "deadline": lease.deadline}), flush=True)
         Path(d, "a-claimed").touch()
@@ -86,7 +92,7 @@ def stale_owner(db, d, name):
 
 def reader(db, d, name):
     last, loops = 0, 0
-    with EventStore(db) as s:
+    with open_store(db) as s:
         barrier(d, name)
         while True:
             stop = Path(d, "stop").exists()  # checked before reading, so the last read sees everything
@@ -107,7 +113,7 @@ globals()[sys.argv[1]](*sys.argv[2:])
 class Procs:
     """Children started behind a file barrier; their output is checked for errors on the way out."""
 
-    def __init__(self, db: Path, workdir: Path) -> None:
+    def __init__(self, db: Path | str, workdir: Path) -> None:
         self.db, self.dir = db, workdir
         self.procs: dict[str, subprocess.Popen[str]] = {}
         pythonpath = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
@@ -142,10 +148,10 @@ class Procs:
                 p.wait()
 
 
-@pytest.fixture
-def procs(tmp_path: Path):
-    db = tmp_path / "kb.db"
-    EventStore(db).close()  # like `kb run`: the database exists before its workers start
+@pytest.fixture(params=["sqlite", "postgres"])
+def procs(request: pytest.FixtureRequest, tmp_path: Path):
+    db = request.getfixturevalue("pg_url") if request.param == "postgres" else tmp_path / "kb.db"
+    open_store(db).close()  # like `kb run`: the database exists before its workers start
     barrier = tmp_path / "barrier"
     barrier.mkdir()
     p = Procs(db, barrier)
@@ -160,7 +166,7 @@ def test_parallel_single_appends(procs: Procs) -> None:
     procs.go(names)
     for name in names:
         procs.result(name, timeout=120)
-    with EventStore(procs.db) as s:
+    with open_store(procs.db) as s:
         events = s.read()
     assert len(events) == 8 * n
     assert [e.seq for e in events] == list(range(1, 8 * n + 1))  # strictly increasing, gap-free
@@ -170,10 +176,12 @@ def test_parallel_single_appends(procs: Procs) -> None:
         assert [e.payload["i"] for e in events if e.actor == name] == list(range(n))
 
 
-def test_parallel_first_open_migrates_once(tmp_path: Path) -> None:
+@pytest.mark.parametrize("kind", ["sqlite", "postgres"])
+def test_parallel_first_open_migrates_once(request: pytest.FixtureRequest, tmp_path: Path, kind: str) -> None:
     barrier = tmp_path / "barrier"
     barrier.mkdir()
-    procs = Procs(tmp_path / "fresh.db", barrier)  # no file yet: every child races to create it
+    # no file yet, or an empty database: every child races to create the schema
+    procs = Procs(request.getfixturevalue("pg_url") if kind == "postgres" else tmp_path / "fresh.db", barrier)
     names = [f"o{k}" for k in range(8)]
     try:
         for name in names:
@@ -183,9 +191,14 @@ def test_parallel_first_open_migrates_once(tmp_path: Path) -> None:
             procs.result(name, timeout=60)
     finally:
         procs.kill_all()
-    with EventStore(procs.db) as s:
+    with open_store(procs.db) as s:
         assert s.count(type="Opened") == 8
-        assert s._conn.execute("SELECT version FROM schema_migrations").fetchall() == [(1,)]
+    if kind == "postgres":
+        with psycopg.connect(str(procs.db)) as raw:
+            assert raw.execute("SELECT version FROM schema_migrations").fetchall() == [(1,)]
+    else:
+        with contextlib.closing(sqlite3.connect(procs.db)) as raw:
+            assert raw.execute("SELECT version FROM schema_migrations").fetchall() == [(1,)]
 
 
 def test_parallel_claims_complete_each_task_once(procs: Procs) -> None:
@@ -194,7 +207,7 @@ def test_parallel_claims_complete_each_task_once(procs: Procs) -> None:
         procs.spawn("claimer", name, ntasks)
     procs.go(names)
     won = {name: procs.result(name, timeout=120)["won"] for name in names}
-    with EventStore(procs.db) as s:
+    with open_store(procs.db) as s:
         done = s.read(types=["TaskDone"])
         claims = s.read(types=["TaskClaimed"])
         leases = {f"task{j}": s.lease(f"task{j}") for j in range(ntasks)}
@@ -215,7 +228,7 @@ def test_stale_lease_cannot_write(procs: Procs) -> None:
     while not (procs.dir / "a-claimed").exists():
         assert a.poll() is None and time.time() < give_up, "A never claimed"
         time.sleep(0.01)
-    with EventStore(procs.db) as s:
+    with open_store(procs.db) as s:
         b = s.claim("job", "B", 30.0)
         while b is None:  # A's lease is live for 0.2 s
             assert time.time() < give_up
@@ -268,7 +281,7 @@ class WriteLockHolder(threading.Thread):
 
 def test_writer_waits_for_a_held_lock(tmp_path: Path) -> None:
     db = tmp_path / "kb.db"
-    with EventStore(db) as s:
+    with open_store(db) as s:
         holder = WriteLockHolder(db, 0.3)
         t0 = time.perf_counter()
         s.append_one(NewEvent("run", "T", 1, "k", {}, "w"))
@@ -284,6 +297,48 @@ def test_lock_held_past_the_timeout_is_a_store_error(tmp_path: Path) -> None:
             with pytest.raises(StoreError, match="stayed locked by another writer") as info:
                 s.append_one(NewEvent("run", "T", 1, "k", {}, "w"))
             assert isinstance(info.value.__cause__, sqlite3.OperationalError)
+        finally:
+            holder.stop()
+        assert s.count() == 0
+
+
+class AppendLockHolder(threading.Thread):
+    """Another connection holding the PostgreSQL store's append lock until `seconds` pass or stop()."""
+
+    def __init__(self, url: str, seconds: float) -> None:
+        super().__init__()
+        self.url, self.seconds = url, seconds
+        self.locked, self.release = threading.Event(), threading.Event()
+        self.start()
+        assert self.locked.wait(10)
+
+    def run(self) -> None:
+        with psycopg.connect(self.url) as conn:  # a transaction until the block ends
+            conn.execute("SELECT pg_advisory_xact_lock(%s)", (APPEND_LOCK,))
+            self.locked.set()
+            self.release.wait(self.seconds)
+
+    def stop(self) -> None:
+        self.release.set()
+        self.join()
+
+
+def test_pg_writer_waits_for_a_held_lock(pg_url: str) -> None:
+    with open_store(pg_url) as s:
+        holder = AppendLockHolder(pg_url, 0.3)
+        t0 = time.perf_counter()
+        assert s.append_one(NewEvent("run", "T", 1, "k", {}, "w")).seq == 1
+        assert time.perf_counter() - t0 >= 0.2  # it waited instead of failing
+        holder.stop()
+
+
+def test_pg_lock_held_past_the_timeout_is_a_store_error(pg_url: str) -> None:
+    with PostgresStore(pg_url, lock_timeout_s=0.05) as s:
+        holder = AppendLockHolder(pg_url, 30.0)
+        try:
+            with pytest.raises(StoreError, match="stayed locked by another writer") as info:
+                s.append_one(NewEvent("run", "T", 1, "k", {}, "w"))
+            assert isinstance(info.value.__cause__, psycopg.errors.LockNotAvailable)
         finally:
             holder.stop()
         assert s.count() == 0
