@@ -13,6 +13,7 @@ The error paths, command by command, and where each is tested:
 | run | unknown generator; llm without a model; llm endpoint dead | test_bad_input; test_llm_run |
 | run | llm setting in the environment malformed (KB_LLM_TEMPERATURE=abc) | CASES |
 | run | bad --ladder | test_pipeline |
+| run | unknown class in --allow-torch | USAGE |
 | run | --device cuda without a GPU; --inprocess with --external-workers | USAGE |
 | run, resume | interrupted (exit 130, one line) | test_crash_loop |
 | check | missing problem or candidate file; --device cuda without a GPU | CASES, USAGE |
@@ -141,6 +142,11 @@ USAGE = [
     ("run-budget-wall-0", ["run", "{problem}", "--db", "{db}", "--budget-wall-s", "0"], ["--budget-wall-s"]),
     ("run-tokens-0", ["run", "{problem}", "--db", "{db}", "--budget-tokens", "0"], ["--budget-tokens"]),
     ("run-gpu-negative", ["run", "{problem}", "--db", "{db}", "--gpu", "-1"], ["--gpu"]),
+    (
+        "run-allow-torch-bogus",
+        ["run", "{problem}", "--db", "{db}", "--allow-torch", "conv,bogus"],
+        ["--allow-torch", "'bogus' is not a class of torch ops", "conv, matmul, norm"],
+    ),
     ("run-llm-timeout-0", ["run", "{problem}", "--db", "{db}", "--llm-timeout-s", "0"], ["--llm-timeout-s"]),
     (
         "run-inprocess-and-external",

@@ -3,6 +3,7 @@ PyTorch and torch.compile in one process on fresh inputs.
 
     python tools/kernelbench_sweep.py --kernelbench DIR [--levels 1,2] [--db DB] [--out DIR]
         [--budget-gpu-s 60] [--max-candidates 8] [--jobs 1] [--time-limit-s 0] [--only REGEX]
+        [--allow-torch conv,matmul]
 
 Its state is kb's own: every problem's run lives in one database (--db), and a problem's result JSON is
 written once its run has ended and its winner (if any) was timed. Started again, it skips what has a
@@ -15,6 +16,9 @@ Writes OUT/levelN/STEM.json per problem and OUT/README.md: per problem the famil
 gate said, the winner's speedup over eager and over torch.compile, or why there is none; per level
 fast_0 (a correct kernel) and fast_1 (correct and faster than eager, and than torch.compile). The
 `measure` subcommand is the timing of one winner, run by the sweep in its own process.
+
+--allow-torch passes through to `kb run`: candidates may keep those classes of torch ops (partial kernels).
+A row whose winner is one is marked `[torch: conv]` in the table, and counted apart per level.
 """
 
 from __future__ import annotations
@@ -96,6 +100,7 @@ def kb_command(path: Path, db: Path, args: argparse.Namespace, run_id: str | Non
         "--max-candidates",
         str(args.max_candidates),
         *(["--device", args.device] if args.device else []),
+        *(["--allow-torch", args.allow_torch] if args.allow_torch else []),
     ]
 
 
@@ -150,6 +155,7 @@ def outcome(db: Path, run_id: str) -> dict[str, Any]:
         "gate_failed": dict(failed),
         "winner": winner,
         "winner_family": state.candidates[winner].proposal.family if winner else None,
+        "winner_torch_ops": state.candidates[winner].proposal.torch_ops if winner else [],
         "gpu_s": state.gpu_s,
         "wall_s": state.wall_s,
     }
@@ -287,7 +293,8 @@ def table(args: argparse.Namespace) -> None:
         "# KernelBench sweep",
         "",
         f"Command: `{COMMAND.format(dir='KERNELBENCH', levels=','.join(map(str, args.levels)))} "
-        f"--budget-gpu-s {args.budget_gpu_s} --max-candidates {args.max_candidates} --jobs {args.jobs}`, "
+        f"--budget-gpu-s {args.budget_gpu_s} --max-candidates {args.max_candidates} --jobs {args.jobs}"
+        f"{f' --allow-torch {args.allow_torch}' if args.allow_torch else ''}`, "
         "over as many device calls as it took (each resumes the last). Speedups: the winner against eager "
         "PyTorch and torch.compile (default mode) in one process, same fresh inputs, the file's own shape, "
         f"timed interleaved, medians of {args.repeats} samples (IQR in the JSON).",
@@ -295,20 +302,29 @@ def table(args: argparse.Namespace) -> None:
         "| level | fast_0 (correct) | fast_1 vs eager | fast_1 vs compile | swept |",
         "| --- | --- | --- | --- | --- |",
     ]
+    partial_rows = [r for r in results if r.get("winner_torch_ops")]
     for lv in args.levels:
         rs = [r for r in results if r["level"] == lv]
         correct = [r for r in rs if r.get("winner") and "error" not in r.get("timing", {})]
         f1e = [r for r in correct if (r["speedup"]["vs_eager"] or 0) > 1]
         f1c = [r for r in correct if (r["speedup"]["vs_compile"] or 0) > 1]
         n = total[lv]
+        partial = sum(bool(r.get("winner_torch_ops")) for r in correct)
         lines.append(
-            f"| {lv} | {len(correct)}/{n} | {len(f1e)}/{n} | {len(f1c)}/{n} | {len(rs)} of {n} files |"
+            f"| {lv} | {len(correct)}/{n}{f' ({partial} partial)' if partial else ''} | {len(f1e)}/{n} | "
+            f"{len(f1c)}/{n} | {len(rs)} of {n} files |"
         )
     misses = collections.Counter(_reason_class(r["miss"]) for r in results if r.get("miss"))
     lines += [
         "",
         "Most common reasons for a miss: " + "; ".join(f"{k} ({n})" for k, n in misses.most_common()),
     ]
+    if partial_rows:
+        lines += [
+            "",
+            f"{len(partial_rows)} winners are partial kernels (`--allow-torch`), marked [torch: ...] below: "
+            "they keep those torch ops in PyTorch and fuse the rest in Triton.",
+        ]
     lines += [
         "",
         "| file | family | gate passed / failed | vs eager | vs compile | kb GPU s | miss |",
@@ -317,8 +333,11 @@ def table(args: argparse.Namespace) -> None:
     for r in results:
         s = r.get("speedup", {})
         failed = ", ".join(f"{k} {n}" for k, n in r["gate_failed"].items()) or "0"
+        family = r["winner_family"] or ", ".join(r["families"]) or "-"
+        if r.get("winner_torch_ops"):
+            family += f" [torch: {', '.join(r['winner_torch_ops'])}]"
         lines.append(
-            f"| {r['file']} | {r['winner_family'] or ', '.join(r['families']) or '-'} | "
+            f"| {r['file']} | {family} | "
             f"{r['gate_passed']} / {failed} | {_x(s.get('vs_eager'))} | {_x(s.get('vs_compile'))} | "
             f"{r['gpu_s']:.1f} | {(r.get('miss') or '').replace('|', '/')[:140]} |"
         )
@@ -365,6 +384,9 @@ def main() -> None:
     )
     ap.add_argument("--device", default=None, help="cuda or cpu (default: what this machine has)")
     ap.add_argument("--only", default=None, help="only files whose name matches this regex")
+    ap.add_argument(
+        "--allow-torch", default="", help="classes of torch ops candidates may keep (kb run --allow-torch)"
+    )
     ap.add_argument("--fresh", default=None, help="start new runs for files matching this regex")
     ap.add_argument("--table-only", action="store_true", help="rewrite README.md from the JSON files")
     args = ap.parse_args()

@@ -343,6 +343,13 @@ def left_behind() -> bool:
     return bool(_LEFTOVERS and _LEFTOVERS[0].found())
 
 
+def tables_changed() -> bool:
+    """Whether a kernel was registered for an op of any class since the child started."""
+    return (
+        bool(_PRISTINE_TABLES) and dispatch_tables(torch_ops.aten_ops(torch_ops.CLASSES)) != _PRISTINE_TABLES
+    )
+
+
 def check_tables(classes: list[str]) -> None:
     """Violation where a kernel of an op these classes admit was registered since the child started."""
     now = dispatch_tables(torch_ops.aten_ops(classes))

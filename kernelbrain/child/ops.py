@@ -84,4 +84,5 @@ def tainted() -> bool:
     request gets a fresh child."""
     timers = bool(guard.moved(_PRISTINE, guard.timer_identities()))
     threads = any(t.is_alive() and t not in _THREADS for t in threading.enumerate())
-    return timers or threads or guard.torch_tampered() or problems_tampered() or guard.left_behind()
+    tampered = guard.torch_tampered() or guard.tables_changed()
+    return timers or threads or tampered or problems_tampered() or guard.left_behind()
