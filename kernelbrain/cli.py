@@ -35,7 +35,8 @@ from kernelbrain.runtime.runner import (
     supervise,
 )
 from kernelbrain.runtime.worker import Worker
-from kernelbrain.store import EventStore, StoreError
+from kernelbrain.store import Store, StoreError, mask
+from kernelbrain.store import open_store as open_db
 from kernelbrain.views.ending import EXIT_PROBLEM
 
 DEFAULT_DB = "kernelbrain.db"
@@ -62,7 +63,7 @@ def db_option(f: Callable) -> Callable:
         envvar="KB_DB",
         default=DEFAULT_DB,
         show_default=True,
-        help="SQLite file holding the runs (env KB_DB).",
+        help="SQLite file, or postgresql://user@host:port/dbname URL, holding the runs (env KB_DB).",
     )(f)
 
 
@@ -86,13 +87,13 @@ def user_errors(f: Callable) -> Callable:
     return wrapper
 
 
-def open_store(db: str, *, create: bool = False) -> EventStore:
-    return EventStore(db, create=create)
+def open_store(db: str, *, create: bool = False) -> Store:
+    return open_db(db, create=create)
 
 
-def read_store(db: str) -> EventStore:
+def read_store(db: str) -> Store:
     """For commands that only read: recorded databases (benchmarks/results) keep their bytes."""
-    return EventStore(db, readonly=True)
+    return open_db(db, readonly=True)
 
 
 def _env_seconds(name: str, default: float) -> float:
@@ -183,7 +184,7 @@ def _drive(
             err=True,
         )
 
-    reader = EventStore(db, create=False)
+    reader = open_store(db)
     try:
         with progress.make_view(reader, run_id, after=after, as_json=as_json, quiet=quiet) as view:
             finished = supervise(db, run_id, gpu=gpu, inprocess=inprocess, external=external, progress=view)
@@ -369,14 +370,19 @@ def check(problem: str, candidate: str, device: str, bench: bool, as_json: bool)
     show_default=True,
     help="Per network probe.",
 )
+@click.option(
+    "--db", envvar="KB_DB", help="Also check this store: SQLite file or postgresql:// URL (env KB_DB)."
+)
 @json_option
-def doctor(llm_base_url: str | None, llm_model: str | None, timeout_s: float, as_json: bool) -> None:
-    """Check what this machine gives kb: GPU, torch, Triton, ncu, SQLite, the LLM endpoint.
+def doctor(
+    llm_base_url: str | None, llm_model: str | None, timeout_s: float, db: str | None, as_json: bool
+) -> None:
+    """Check what this machine gives kb: GPU, torch, Triton, ncu, SQLite, the LLM endpoint (and --db's store).
 
     Every check is shown; the exit status is 1 when any check fails (a warning does not)."""
     from kernelbrain.views import doctor as doc
 
-    report = doc.run(llm_base_url, llm_model, timeout_s)
+    report = doc.run(llm_base_url, llm_model, timeout_s, db=db)
     if as_json:
         _echo_json(report.model_dump())
     else:
@@ -448,7 +454,7 @@ def ls(db: str, as_json: bool) -> None:
         _echo_json(rows)
         return
     if not rows:
-        click.echo(f"no runs in {db}")
+        click.echo(f"no runs in {mask(db)}")
     for r in rows:
         best = f"{r['leader_score']:.4g}" if r["leader_score"] is not None else "-"
         click.echo(

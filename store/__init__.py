@@ -1,6 +1,11 @@
-"""Generic event store: append-only log, projections, leases with fencing, blobs. Knows no kernels."""
+"""Generic event store: append-only log, projections, leases with fencing, blobs. Knows no kernels.
 
+Two adapters behind one contract (base.Store): EventStore on a SQLite file, the default, and
+postgres.PostgresStore on a PostgreSQL server; open_store picks one from a --db path or URL."""
+
+from kernelbrain.store.base import Store
 from kernelbrain.store.errors import CorruptDatabase, ForeignDatabase, SchemaTooNew, StaleLease, StoreError
+from kernelbrain.store.location import mask, open_store
 from kernelbrain.store.projection import Projection
 from kernelbrain.store.records import Lease, NewEvent, StoredEvent
 from kernelbrain.store.sqlite import EventStore
@@ -14,6 +19,9 @@ __all__ = [
     "Projection",
     "SchemaTooNew",
     "StaleLease",
+    "Store",
     "StoreError",
     "StoredEvent",
+    "mask",
+    "open_store",
 ]

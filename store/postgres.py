@@ -140,6 +140,43 @@ _RECORD = "INSERT INTO schema_migrations (version, name, applied_at) VALUES (%s,
 _boundary = boundary(psycopg.Error)
 
 
+def _text(e: BaseException, url: str) -> str:
+    """The error's message on one line, with the URL's password masked wherever it appears."""
+    return scrub(" ".join(str(e).split()), url)
+
+
+def translate(e: BaseException, url: str, lock_timeout_s: float) -> StoreError:
+    """Map a psycopg error onto the store's exceptions, with a message that says what to do."""
+    where, text = mask(url), _text(e, url)
+    low = text.lower()
+    if isinstance(e, errors.LockNotAvailable):
+        return StoreError(
+            f"{where} stayed locked by another writer past the {lock_timeout_s:g} s lock timeout"
+            f" ({text}); stop the process holding it or raise the timeout"
+        )
+    if isinstance(e, errors.ReadOnlySqlTransaction | errors.InsufficientPrivilege):
+        return StoreError(f"{where} cannot be written ({text}); check the role's privileges")
+    if isinstance(e, psycopg.IntegrityError):
+        return StoreError(f"{where} refused the write ({text}); fix the record being written")
+    if isinstance(e, psycopg.OperationalError) and "does not exist" in low and "database" in low:
+        return StoreError(f"no database at {where} ({text}); create it (createdb) or fix the URL")
+    if isinstance(e, psycopg.OperationalError):
+        return StoreError(
+            f"cannot reach the PostgreSQL server at {where} ({text}); check that it runs and the URL,"
+            " user and password (or PGPASSWORD)"
+        )
+    return StoreError(f"{where}: PostgreSQL error ({text})")
+
+
+def server_version(url: str, connect_timeout_s: float = 10.0) -> str:
+    """The version of the server at url (SHOW server_version), or the StoreError saying why not."""
+    try:
+        with psycopg.connect(url, autocommit=True, connect_timeout=max(1, round(connect_timeout_s))) as conn:
+            return conn.execute("SHOW server_version").fetchone()[0]
+    except psycopg.Error as e:
+        raise translate(e, url, 0) from e
+
+
 class PostgresStore(Store):
     """The event store in a PostgreSQL database (its current schema; see the module docstring).
 
@@ -232,7 +269,7 @@ class PostgresStore(Store):
                     conn.execute(_RECORD, (m.version, m.name, time.time()))
             except psycopg.Error as e:
                 raise StoreError(
-                    f"{self._path}: migration {m.name} failed and was rolled back ({self._text(e)});"
+                    f"{self._path}: migration {m.name} failed and was rolled back ({_text(e, self._url)});"
                     " fix the migration or the database"
                 ) from e
 
@@ -250,31 +287,10 @@ class PostgresStore(Store):
                 self._listen = None
         self._pool.close()
 
-    def _text(self, e: BaseException) -> str:
-        return scrub(" ".join(str(e).split()), self._url)
-
     def translate_error(self, e: BaseException) -> StoreError:
-        where, text = self._path, self._text(e)
-        low = text.lower()
         if isinstance(e, PoolClosed) or self._closed:
-            return StoreError(f"{where} is closed; open a new store")
-        if isinstance(e, errors.LockNotAvailable):
-            return StoreError(
-                f"{where} stayed locked by another writer past the {self._lock_timeout_s:g} s lock timeout"
-                f" ({text}); stop the process holding it or raise the timeout"
-            )
-        if isinstance(e, errors.ReadOnlySqlTransaction | errors.InsufficientPrivilege):
-            return StoreError(f"{where} cannot be written ({text}); check the role's privileges")
-        if isinstance(e, psycopg.IntegrityError):
-            return StoreError(f"{where} refused the write ({text}); fix the record being written")
-        if isinstance(e, psycopg.OperationalError) and "does not exist" in low and "database" in low:
-            return StoreError(f"no database at {where} ({text}); create it (createdb) or fix the URL")
-        if isinstance(e, psycopg.OperationalError):
-            return StoreError(
-                f"cannot reach the PostgreSQL server at {where} ({text}); check that it runs and the URL,"
-                " user and password (or PGPASSWORD)"
-            )
-        return StoreError(f"{where}: PostgreSQL error ({text})")
+            return StoreError(f"{self._path} is closed; open a new store")
+        return translate(e, self._url, self._lock_timeout_s)
 
     @_boundary
     def schema_version(self) -> int:
@@ -292,6 +308,7 @@ class PostgresStore(Store):
                 return {}
             return dict(conn.execute(_APPLIED).fetchall())
 
+    @_boundary
     def server_version(self) -> str:
         """The server's version string (SHOW server_version)."""
         return self._scalar("SHOW server_version")

@@ -19,14 +19,14 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # for tools.*; appended, so an installed kb (tools/device_env.sh) comes first
     sys.path.append(str(ROOT))
 
-from kernelbrain.store import EventStore  # noqa: E402
+from kernelbrain.store import open_store  # noqa: E402
 
 from kernelbrain.core.events import GatePassed  # noqa: E402
 from kernelbrain.core.state import RunState  # noqa: E402
 
 
 def summarise(db: Path, run_id: str) -> dict:
-    with EventStore(db, readonly=True) as store:
+    with open_store(db, readonly=True) as store:
         state = store.fold(RunState(run_id), run_id=run_id)
     passed = [c for c in state.candidates.values() if isinstance(c.gate, GatePassed)]
     mutations = [

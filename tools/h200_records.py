@@ -29,11 +29,11 @@ def load(path: Path) -> Any:
 
 def run_of(db: Path):
     """The database's store, opened read-only, and its last run's state. Close the store after use."""
-    from kernelbrain.store import EventStore
+    from kernelbrain.store import open_store
 
     from kernelbrain.runtime.runner import load_state
 
-    store = EventStore(str(db), readonly=True)  # results are committed: reading must not touch them
+    store = open_store(str(db), readonly=True)  # results are committed: reading must not touch them
     run_ids = store.run_ids()
     if not run_ids:
         raise SystemExit(f"{db} holds no run")

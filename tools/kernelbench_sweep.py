@@ -73,13 +73,13 @@ def run_for(db: Path, path: Path) -> str | None:
     """The newest run in the database of this exact file (same name, same source), if any."""
     if not db.exists():
         return None
-    from kernelbrain.store import EventStore
+    from kernelbrain.store import open_store
 
     from kernelbrain.core.events import decode
     from kernelbrain.core.problem import source_hash
 
     want = source_hash(path.read_text())
-    with EventStore(str(db), create=False, readonly=True) as store:
+    with open_store(str(db), create=False, readonly=True) as store:
         runs = [raw.run_id for raw in store.read(types=["RunStarted"]) if decode(raw).problem_hash == want]
     return runs[-1] if runs else None
 
@@ -122,21 +122,21 @@ def drive(path: Path, db: Path, args: argparse.Namespace, deadline: float) -> tu
 
 
 def _finished(db: Path, run_id: str) -> bool:
-    from kernelbrain.store import EventStore
+    from kernelbrain.store import open_store
 
     from kernelbrain.runtime.runner import load_state
 
-    with EventStore(str(db), create=False, readonly=True) as store:
+    with open_store(str(db), create=False, readonly=True) as store:
         return load_state(store, run_id).finished is not None
 
 
 def outcome(db: Path, run_id: str) -> dict[str, Any]:
     """What the run recorded: its end, the families, the gate's verdicts, the winner, or why none."""
-    from kernelbrain.store import EventStore
+    from kernelbrain.store import open_store
 
     from kernelbrain.runtime.runner import load_state
 
-    with EventStore(str(db), create=False, readonly=True) as store:
+    with open_store(str(db), create=False, readonly=True) as store:
         state = load_state(store, run_id)
     gates = [c.gate for c in state.candidates.values() if c.gate is not None]
     failed = collections.Counter(g.category for g in gates if g.TYPE == "GateFailed")
@@ -180,13 +180,13 @@ def measure_winner(problem_file: Path, db: Path, run_id: str, out: Path, repeats
     """The winner, eager PyTorch and torch.compile (default mode) in this process, on the same fresh
     inputs at the file's own shape, timed interleaved (tools/h200_compare.side_by_side)."""
     import torch
-    from kernelbrain.store import EventStore
+    from kernelbrain.store import open_store
 
     from kernelbrain.child.loading import Problem, build, load_module
     from kernelbrain.runtime.runner import load_state
     from tools.h200_compare import side_by_side
 
-    with EventStore(str(db), create=False, readonly=True) as store:
+    with open_store(str(db), create=False, readonly=True) as store:
         state = load_state(store, run_id)
         assert state.finished is not None and state.finished.winner, f"{run_id} has no winner"
         source = store.get_blob(state.candidates[state.finished.winner].proposal.source).decode()

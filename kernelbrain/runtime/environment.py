@@ -23,6 +23,8 @@ ENV_ALLOWED = (
 # GPU toolchain settings travel whole (the H200 hosts require NCCL_NVLS_ENABLE=0 and friends to stay set)
 ENV_PREFIXES = ("CUDA_", "NVIDIA_", "NCCL_", "NVSHMEM_", "TORCH_SYMM_MEM", "TRITON_")
 ENV_SECRET_WORDS = ("KEY", "TOKEN", "SECRET", "PASSWORD", "CREDENTIAL")
+# secrets every worker needs to reach a PostgreSQL store (libpq reads it); never passed to a child
+STORE_SECRETS = ("PGPASSWORD",)
 
 
 def is_secret(name: str) -> bool:
@@ -34,6 +36,6 @@ def child_env_allowed(name: str) -> bool:
 
 
 def without_secrets(env: dict[str, str]) -> dict[str, str]:
-    """env less every key, token, secret, password or credential: what a worker that starts sandboxes
-    holds (only the generator, which talks to the LLM, keeps the key)."""
-    return {k: v for k, v in env.items() if not is_secret(k)}
+    """env less every key, token, secret, password or credential but the store's (STORE_SECRETS): what a
+    worker that starts sandboxes holds (only the generator, which talks to the LLM, keeps the key)."""
+    return {k: v for k, v in env.items() if not is_secret(k) or k in STORE_SECRETS}

@@ -14,7 +14,7 @@ from kernelbrain.core.events import BudgetCharged, Event, ProblemFailed
 from kernelbrain.core.protocol import Request
 from kernelbrain.core.state import RunState
 from kernelbrain.runtime.sandbox import ProblemFault, Sandbox, SandboxError, SandboxFault
-from kernelbrain.store import EventStore, NewEvent
+from kernelbrain.store import NewEvent, Store
 
 
 def _proc_start(pid: int) -> str | None:
@@ -74,7 +74,7 @@ class Role(abc.ABC):
     # and its lease, its owner dead, is taken over when the task is done again (a hung LLM request)
     abandons_on_stop = False
 
-    def __init__(self, store: EventStore, gpu: int | None = None) -> None:
+    def __init__(self, store: Store, gpu: int | None = None) -> None:
         self.store = store
         self.gpu = gpu
         self.sandboxes: dict[str, Sandbox] = {}

@@ -31,7 +31,8 @@ from kernelbrain.runtime import isolation
 from kernelbrain.runtime.environment import without_secrets
 from kernelbrain.runtime.roles import ROLES
 from kernelbrain.runtime.worker import Worker
-from kernelbrain.store import EventStore
+from kernelbrain.store import Store, open_store
+from kernelbrain.store.location import is_url
 
 MAX_RESTARTS = 5
 
@@ -118,7 +119,7 @@ def new_run_id() -> str:
     return time.strftime("r%Y%m%d-%H%M%S-") + secrets.token_hex(3)
 
 
-def start_run(store: EventStore, problem_path: str, config: RunConfig) -> str:
+def start_run(store: Store, problem_path: str, config: RunConfig) -> str:
     source = read_problem(problem_path)
     run_id = new_run_id()
     blob = store.put_blob(source)
@@ -135,17 +136,17 @@ def start_run(store: EventStore, problem_path: str, config: RunConfig) -> str:
     return run_id
 
 
-def require_run(store: EventStore, run_id: str) -> None:
+def require_run(store: Store, run_id: str) -> None:
     if store.count(run_id=run_id) == 0:
         raise RunError(f"no run {run_id!r} in {store.path}; `kb ls` lists the runs there")
 
 
-def load_state(store: EventStore, run_id: str) -> RunState:
+def load_state(store: Store, run_id: str) -> RunState:
     require_run(store, run_id)
     return store.fold(RunState(run_id), run_id=run_id)
 
 
-def prepare_resume(store: EventStore, run_id: str) -> RunState:
+def prepare_resume(store: Store, run_id: str) -> RunState:
     state = load_state(store, run_id)
     if state.finished is not None:
         raise RunError(
@@ -164,12 +165,18 @@ def prepare_resume(store: EventStore, run_id: str) -> RunState:
 
 
 def _spawn(db: str, role: str, run_id: str, gpu: int | None) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "kernelbrain", "worker", role, "--db", db, "--run", run_id]
+    # a database URL may carry a password: it travels in the environment (KB_DB, readable by this user
+    # only), never on the command line (/proc/PID/cmdline, readable by every user)
+    url = is_url(db)
+    where = [] if url else ["--db", db]
+    cmd = [sys.executable, "-m", "kernelbrain", "worker", role, *where, "--run", run_id]
     if gpu is not None:
         cmd += ["--gpu", str(gpu)]
     # a process's first environment stays readable in /proc/PID/environ: the roles that start
     # candidates' children are started without the keys the generator needs
     env = dict(os.environ) if role == "generator" else without_secrets(dict(os.environ))
+    if url:
+        env["KB_DB"] = db
     return subprocess.Popen(cmd, stdin=subprocess.DEVNULL, env=env)
 
 
@@ -214,7 +221,7 @@ def _supervise_processes(
     progress: Callable[[RunState, int], None] | None,
     stop: list[int],
 ) -> RunFinished | None:
-    store = EventStore(db, create=False)
+    store = open_store(db, create=False)
     state = RunState(run_id)
     # external: `kb worker` processes started elsewhere (other GPUs, other shells) drive the run
     procs = {} if external else {role: _spawn(db, role, run_id, gpu) for role in ROLES}

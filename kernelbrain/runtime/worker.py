@@ -21,7 +21,7 @@ from kernelbrain.core.events import LeaseExpired, TaskClaimed, TaskFaulted, Task
 from kernelbrain.core.state import RunState, lease_lost
 from kernelbrain.runtime.role import Task, owner_alive
 from kernelbrain.runtime.roles import ROLE_CLASSES, SchedulerRole
-from kernelbrain.store import EventStore, Lease, NewEvent, StaleLease
+from kernelbrain.store import Lease, NewEvent, StaleLease, open_store
 
 log = logging.getLogger("kernelbrain.worker")
 
@@ -41,7 +41,7 @@ class Heartbeat(threading.Thread):
         self.done = threading.Event()
 
     def run(self) -> None:
-        store = EventStore(self.db, create=False)
+        store = open_store(self.db, create=False)
         try:
             while not self.done.wait(self.ttl_s / 3):
                 try:
@@ -65,7 +65,7 @@ class Worker:
         ttl_s: float = LEASE_TTL_S,
     ) -> None:
         self.db = db
-        self.store = EventStore(db, create=False)
+        self.store = open_store(db, create=False)
         self.role = ROLE_CLASSES[role](self.store, gpu)
         self.run_id = run_id
         self.ttl_s = ttl_s

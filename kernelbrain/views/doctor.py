@@ -242,6 +242,39 @@ def check_sqlite() -> Check:
     )
 
 
+def check_store(db: str, timeout_s: float = 5.0) -> Check:
+    """The store at --db: a PostgreSQL server answers (its version), and the schema is current. Read-only:
+    a database that is missing, empty or behind is reported (kb run creates or migrates it), not changed."""
+    from kernelbrain.store import StoreError, mask, open_store
+    from kernelbrain.store.location import is_url
+
+    facts: dict[str, Any] = {"db": mask(db)}
+    if is_url(db):
+        from kernelbrain.store.postgres import server_version
+
+        try:
+            facts["server_version"] = server_version(db, timeout_s)
+        except StoreError as e:
+            return Check(name="store", status="fail", detail=str(e), facts=facts)
+        kind = f"PostgreSQL {facts['server_version']} at {facts['db']}"
+    elif not os.path.exists(db):
+        return Check(
+            name="store", status="ok", detail=f"no database at {db} yet; kb run creates it", facts=facts
+        )
+    else:
+        kind = f"SQLite file {db}"
+    try:
+        with open_store(db, readonly=True) as store:
+            facts["schema"] = store.schema_version()
+    except StoreError as e:
+        # a subclass (corrupt, foreign, newer than this kb) is a fault; an empty or older one, news
+        status: Status = "warn" if type(e) is StoreError else "fail"
+        return Check(name="store", status=status, detail=f"{kind} answers; {e}", facts=facts)
+    return Check(
+        name="store", status="ok", detail=f"{kind}: kb schema {facts['schema']}, current", facts=facts
+    )
+
+
 def check_llm(base_url: str | None, model: str | None, timeout_s: float = 5.0) -> Check:
     """Does the configured OpenAI-compatible endpoint answer GET {base}/models?"""
     from kernelbrain.generators import GenerationError
@@ -307,6 +340,7 @@ def run(
     llm_model: str | None = None,
     timeout_s: float = 5.0,
     ncu_timeout_s: float = 60.0,
+    db: str | None = None,
 ) -> Report:
     checks = [_guarded("kb", check_kb), _guarded("torch", check_torch)]
     gpu = _guarded("gpu", check_gpu)
@@ -319,6 +353,8 @@ def run(
         _guarded("sandbox", check_sandbox),
         _guarded("llm", lambda: check_llm(llm_base_url, llm_model, timeout_s)),
     ]
+    if db is not None:  # only where asked (--db or KB_DB): a machine need not have a store to be fit
+        checks.append(_guarded("store", lambda: check_store(db, timeout_s)))
     return Report(checks=checks)
 
 

@@ -21,7 +21,7 @@ from kernelbrain.core.events import GatePassed
 from kernelbrain.core.problem import DEFAULT_TOLERANCE, REFERENCE_MULTIPLE
 from kernelbrain.core.state import Candidate, RunState
 from kernelbrain.runtime.runner import RunError
-from kernelbrain.store import EventStore
+from kernelbrain.store import Store
 
 Format = Literal["standalone", "kernelbench"]
 FORMATS: tuple[Format, ...] = ("standalone", "kernelbench")
@@ -176,7 +176,7 @@ def _fitted_shape(label: str) -> dict[str, int] | None:
 
 
 def export_source(
-    store: EventStore, state: RunState, candidate: str | None = None, fmt: Format = "standalone"
+    store: Store, state: RunState, candidate: str | None = None, fmt: Format = "standalone"
 ) -> str:
     c = pick(state, candidate)
     source = store.get_blob(c.proposal.source).decode()
@@ -223,7 +223,7 @@ def kernelbench_flags(source: str) -> list[str]:
 
 
 def export(
-    store: EventStore,
+    store: Store,
     state: RunState,
     out: str | Path,
     candidate: str | None = None,

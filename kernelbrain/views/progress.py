@@ -28,7 +28,7 @@ from rich.text import Text
 
 from kernelbrain.core.events import GatePassed, RunFinished, decode
 from kernelbrain.core.state import RunState
-from kernelbrain.store import EventStore, StoredEvent
+from kernelbrain.store import Store, StoredEvent
 from kernelbrain.views.describe import QUIET_TYPES, summary
 
 PLAIN_SUMMARY_EVERY_S = 30.0  # a CI log of a long GPU run still says where it stands
@@ -263,7 +263,7 @@ class View:
     cursor (`after`), so a view started on a resume shows only what this session adds.
     """
 
-    def __init__(self, reader: EventStore, run_id: str, after: int = 0) -> None:
+    def __init__(self, reader: Store, run_id: str, after: int = 0) -> None:
         self.reader = reader
         self.run_id = run_id
         self.after = after
@@ -296,7 +296,7 @@ class View:
 class PlainView(View):
     def __init__(
         self,
-        reader: EventStore,
+        reader: Store,
         run_id: str,
         after: int = 0,
         write: Callable[[str], None] = click.echo,
@@ -323,7 +323,7 @@ class PlainView(View):
 
 class JsonView(View):
     def __init__(
-        self, reader: EventStore, run_id: str, after: int = 0, write: Callable[[str], None] = click.echo
+        self, reader: Store, run_id: str, after: int = 0, write: Callable[[str], None] = click.echo
     ) -> None:
         super().__init__(reader, run_id, after)
         self.write = write
@@ -335,9 +335,7 @@ class JsonView(View):
 class LiveView(View):
     """Event lines print above a panel that rich redraws in place (4 times a second, ticking wall)."""
 
-    def __init__(
-        self, reader: EventStore, run_id: str, after: int = 0, console: Console | None = None
-    ) -> None:
+    def __init__(self, reader: Store, run_id: str, after: int = 0, console: Console | None = None) -> None:
         super().__init__(reader, run_id, after)
         self.console = console or Console()
         self._snap: Snapshot | None = None
@@ -392,7 +390,7 @@ def is_terminal() -> bool:
 
 
 def make_view(
-    reader: EventStore, run_id: str, *, after: int = 0, as_json: bool = False, quiet: bool = False
+    reader: Store, run_id: str, *, after: int = 0, as_json: bool = False, quiet: bool = False
 ) -> View:
     """The view for the CLI's flags: --quiet shows nothing live, --json machine lines, else text."""
     if quiet:

@@ -16,7 +16,7 @@ from pydantic import BaseModel
 from kernelbrain.core.events import DECISION_TYPES, Event, EventError, decode
 from kernelbrain.core.policy import decision_key, policy_for
 from kernelbrain.core.state import RunState
-from kernelbrain.store import EventStore
+from kernelbrain.store import Store
 
 
 class ReplayReport(BaseModel):
@@ -32,7 +32,7 @@ class ReplayReport(BaseModel):
         return not self.divergences
 
 
-def replay(store: EventStore, run_id: str) -> ReplayReport:
+def replay(store: Store, run_id: str) -> ReplayReport:
     events = store.read(run_id=run_id)
     by_basis: dict[int, list[tuple[int, Event]]] = defaultdict(list)
     for raw in events:

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 from kernelbrain.core.events import GateFailed, GatePassed
 from kernelbrain.core.state import Candidate, RunState
 from kernelbrain.runtime.runner import RunError
-from kernelbrain.store import EventStore
+from kernelbrain.store import Store
 from kernelbrain.views.audit import audit
 from kernelbrain.views.describe import fmt_s, knobs_text, status_dict
 from kernelbrain.views.report_data import (
@@ -309,7 +309,7 @@ def _diff_html(old: str, new: str, old_name: str, new_name: str) -> tuple[str, i
     return "".join(out), added, removed  # each line is a block: no newlines between them
 
 
-def _source_section(store: EventStore, state: RunState, winner: Candidate | None) -> str:
+def _source_section(store: Store, state: RunState, winner: Candidate | None) -> str:
     if winner is None:
         return "<p>No winner yet.</p>"
     source = store.get_blob(winner.proposal.source).decode()
@@ -384,7 +384,7 @@ SECTIONS = (
 )
 
 
-def render(store: EventStore, state: ReportState) -> str:
+def render(store: Store, state: ReportState) -> str:
     winner, role = subject(state)
     assert state.started is not None
     audit_text = audit(state, winner.id) if winner else "no measured candidate to audit"
@@ -412,7 +412,7 @@ def render(store: EventStore, state: ReportState) -> str:
     )
 
 
-def write_report(store: EventStore, run_id: str, out: str | Path) -> Path:
+def write_report(store: Store, run_id: str, out: str | Path) -> Path:
     state = load_report_state(store, run_id)
     path = Path(out)
     try:

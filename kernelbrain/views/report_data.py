@@ -10,7 +10,7 @@ from collections import Counter
 from kernelbrain.core.events import BudgetCharged, ProfileCaptured, RungBenchmarked
 from kernelbrain.core.state import Candidate, RunState
 from kernelbrain.runtime.runner import RunError, require_run
-from kernelbrain.store import EventStore, StoredEvent
+from kernelbrain.store import Store, StoredEvent
 from kernelbrain.views.describe import status_dict
 
 ROOFLINE_KEYS = ("time_s", "bytes", "flops", "bandwidth_Bps", "matmul_flops")
@@ -41,7 +41,7 @@ class ReportState(RunState):
         return self.measured + [(self.gpu_s, r) for r in self._unpaid]
 
 
-def load_report_state(store: EventStore, run_id: str) -> ReportState:
+def load_report_state(store: Store, run_id: str) -> ReportState:
     require_run(store, run_id)
     state = store.fold(ReportState(run_id), run_id=run_id)
     if state.started is None:
