@@ -39,7 +39,7 @@ from kernelbrain.child import loading, timing  # noqa: E402
 from kernelbrain.core.problem import shape_label  # noqa: E402
 from kernelbrain.templates import conv_transpose as ct  # noqa: E402
 from kernelbrain.templates import knobs_with  # noqa: E402
-from tools.gpu_setup import Log, compare, device_name, device_ok, sync, trace  # noqa: E402
+from tools.gpu_setup import Log, compare, device_name, device_ok, match_family, sync, trace  # noqa: E402
 
 DEFAULT_PROBLEM = ROOT / "benchmarks" / "problems" / "group_conv.py"
 # a tiny shape for a CPU run through the interpreter (slow: one program per output row and block)
@@ -227,9 +227,9 @@ def main(argv: list[str] | None = None) -> int:
     import triton
 
     log = Log()
-    _, problem, analysis = trace(args.problem, args.device)
-    spec = ct.matches(analysis["ops"])
-    if spec is None:
+    source, problem, analysis = trace(args.problem, args.device)
+    family, spec = match_family(source, analysis)
+    if family is not ct or not ct.plain_2d(spec):
         print(f"gpu_conv_probe: {args.problem} does not trace to a lone conv_transpose2d", file=sys.stderr)
         return 2
     keep = set(filter(None, args.only.split(",")))

@@ -15,7 +15,8 @@ reduction mode.
 torch.matmul, F.linear and einsum decompose into) and the pointwise chain after it, fused on the fp32
 accumulator tile; it comes after gemm_epilogue and gemv, so they keep the cases they were measured on.
 `conv` composes forward convolutions (1-D to 3-D; strided, zero-padded, dilated, grouped and depthwise,
-with or without bias) with the elementwise chain after them into one implicit-GEMM kernel.
+with or without bias) with the elementwise chain after them into one implicit-GEMM kernel;
+`conv_transpose` the transposed ones (1-D to 3-D, output padding too) the same way, by stride phases.
 
 Shared, not families: `row_norm` (the strategies and knobs layernorm and l2norm share), `model_source`
 (what a template reads from the problem's source), `render` (the one renderer) and `decompose` (ATen

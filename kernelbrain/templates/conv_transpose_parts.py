@@ -1,14 +1,20 @@
 """The conv_transpose family's Triton parts (copied into a candidate by `templates.render`, never
 imported by the generator).
 
-`_convt_kernel` serves `direct`, `phase` and `phase_dot` (the constexprs PHASE and DOT), with `_taps`
-summing one tap's input channels as outer products or as a tl.dot; `_convt_rows_kernel` serves `rows`;
-`_convt_dense_kernel` serves `rows_dense`, its weight tiles built by `_dense_w` or, with `prepack`,
-packed once a call by `_pack_dense_w`. `_launch` picks the kernel and its grid from the knob constants
-the candidate's module defines (PHASE, DOT, ROWS, DENSE, BLOCK_*, NUM_WARPS, FP32_DOT, PREPACK:
-`conv_transpose.render` writes them) and reads the convolution's stride, padding, dilation, output
-padding and groups from the module. Every candidate copies every function here, and its id is its
-source's hash: any edit to them, comments included, makes new candidates.
+The 2-D strategies: `_convt_kernel` serves `direct`, `phase` and `phase_dot` (the constexprs PHASE and
+DOT), with `_taps` summing one tap's input channels as outer products or as a tl.dot;
+`_convt_rows_kernel` serves `rows`; `_convt_dense_kernel` serves `rows_dense`, its weight tiles built
+by `_dense_w` or, with `prepack`, packed once a call by `_pack_dense_w`. `_launch` picks the kernel and
+its grid from the knob constants the candidate's module defines (PHASE, DOT, ROWS, DENSE, BLOCK_*,
+NUM_WARPS, FP32_DOT, PREPACK: `conv_transpose.render` writes them), the convolution's stride, padding,
+dilation, output padding and groups given as the traced ones.
+
+The 1-3-D strategies (`nd_dot`, `nd_fma`): `_convt_nd_kernel`, one tap a `_convt_nd_tap`, launched by
+`_convt_nd_launch` with its knobs as arguments; the pointwise chain after the convolution fused as
+conv's is (the candidate's `_epilogue`, conv_parts' `_mma` and `_extra` rendered beside them).
+
+Every candidate copies the functions of its strategies here, and its id is its source's hash: any edit
+to them, comments included, makes new candidates.
 """
 
 from __future__ import annotations
@@ -325,22 +331,15 @@ def _convt_dense_kernel(
     )
 
 
-def _pair(v):
-    return (int(v[0]), int(v[1])) if isinstance(v, (tuple, list)) else (int(v), int(v))
-
-
-def _launch(x, conv):
-    if conv.padding_mode != "zeros":
-        raise ValueError("ConvTranspose2d supports only zero padding")
+def _launch(x, weight, bias, stride, padding, dilation, output_padding, groups):
+    # a 2-D transposed convolution by the 2-D strategies, its parameters the traced ones
     n, c_in, h, w = x.shape
-    weight = conv.weight.contiguous()
-    bias = conv.bias
-    groups = int(conv.groups)
-    kh, kw = _pair(conv.kernel_size)
-    sh, sw = _pair(conv.stride)
-    ph, pw = _pair(conv.padding)
-    dh, dw = _pair(conv.dilation)
-    oph, opw = _pair(conv.output_padding)
+    weight = weight.contiguous()
+    kh, kw = int(weight.shape[2]), int(weight.shape[3])
+    sh, sw = stride
+    ph, pw = padding
+    dh, dw = dilation
+    oph, opw = output_padding
     c_out_g = weight.shape[1]
     c_out = c_out_g * groups
     oh = (h - 1) * sh - 2 * ph + dh * (kh - 1) + oph + 1
@@ -403,5 +402,186 @@ def _launch(x, conv):
         x, weight, bias if bias is not None else weight, y, c_in, h, w, c_out, oh, ow, c_in // groups,
         c_out_g, n_cb, sh, sw, ph, pw, dh, dw, KH=kh, KW=kw, HAS_BIAS=bias is not None, PHASE=PHASE, DOT=DOT,
         PREC=prec, BLOCK_P=BLOCK_P, BLOCK_C=block_c, BLOCK_K=block_k, num_warps=NUM_WARPS,
+    )  # fmt: skip
+    return y
+
+
+# The 1-3-D strategies (`nd_dot`, `nd_fma`): every convolution read as 3-D (a 1-D or 2-D one has
+# D = H = 1, a kernel of 1 and stride 1 there), its pointwise chain fused. `_mma`, `_extra` (conv_parts'
+# own) and `_epilogue` (the traced chain) are rendered beside these by conv_transpose.render.
+
+
+@triton.jit
+def _convt_nd_tap(
+    acc, x_tap, inside, w_tap, n_mask, C_IN_G, DHW, W_CS, DOT: tl.constexpr, PREC: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    # one tap: acc[rows, channels] += x[rows, group's input channels] @ w[group's input channels, channels]
+    if DOT:
+        rk = tl.arange(0, BLOCK_K)
+        for c0 in range(0, C_IN_G, BLOCK_K):
+            c = c0 + rk
+            c_ok = c < C_IN_G
+            a = tl.load(x_tap[:, None] + c[None, :] * DHW, mask=inside[:, None] & c_ok[None, :], other=0.0)
+            b = tl.load(w_tap[None, :] + c[:, None] * W_CS, mask=c_ok[:, None] & n_mask[None, :], other=0.0)
+            acc = _mma(a, b, acc, PREC)  # noqa: F821 - conv_parts' own, rendered beside this
+    else:
+        for c in range(C_IN_G):
+            a = tl.load(x_tap + c * DHW, mask=inside, other=0.0).to(tl.float32)
+            b = tl.load(w_tap + c * W_CS, mask=n_mask, other=0.0).to(tl.float32)
+            acc += a[:, None] * b[None, :]
+    return acc
+
+
+@triton.jit
+def _convt_nd_kernel(
+    x_ptr, w_ptr, b_ptr, y_ptr, e1_ptr, e2_ptr, e3_ptr,
+    s1n, s1c, s1d, s1h, s1w, s2n, s2c, s2d, s2h, s2w, s3n, s3c, s3d, s3h, s3w,
+    NB, C_IN, D, H, W, C_OUT, OD, OH, OW, M_MAX, C_IN_G, C_OUT_G, SD, SH, SW, PD, PH, PW, DD, DH, DW,
+    KD: tl.constexpr, KH: tl.constexpr, KW: tl.constexpr, HAS_BIAS: tl.constexpr, EXTRAS: tl.constexpr,
+    PHASE_W: tl.constexpr, DOT: tl.constexpr, PREC: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    # axis 1: the stride phase (rd, rh[, rw]): the outputs od = rd + qd*SD, oh = rh + qh*SH (ow = rw +
+    # qw*SW with PHASE_W, else every ow) take exactly the taps kd with (rd + PD - kd*DD) % SD == 0 (one
+    # scalar test per phase and tap), reading input row (rd + PD - kd*DD) / SD + qd; without PHASE_W the
+    # last dim's taps are masked per output column and its stores are contiguous.
+    # axis 0: (group, row block, column block), columns fastest: the programs that gather the same rows
+    # run together. Rows: (n, qd, qh, qw) of the phase; columns: the group's output channels.
+    pid = tl.program_id(0)
+    phase = tl.program_id(1)
+    n_blocks = tl.cdiv(C_OUT_G, BLOCK_N)
+    m_blocks = tl.cdiv(M_MAX, BLOCK_M)
+    pid_n = pid % n_blocks
+    pid_m = (pid // n_blocks) % m_blocks
+    g = pid // (n_blocks * m_blocks)
+    if PHASE_W:
+        rw = phase % SW
+        t = phase // SW
+        QW = (OW - rw + SW - 1) // SW
+    else:
+        rw = 0
+        t = phase
+        QW = OW
+    rh = t % SH
+    rd = t // SH
+    QH = (OH - rh + SH - 1) // SH
+    QD = (OD - rd + SD - 1) // SD
+    QS = QD * QH * QW
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    m_mask = rm < NB * QS
+    QS1 = tl.maximum(QS, 1)  # a phase no output falls in (an output dim shorter than its stride)
+    nb = rm // QS1
+    s = rm % QS1
+    qw = s % QW
+    qh = (s // QW) % QH
+    qd = s // (QW * QH)
+    od = rd + qd * SD
+    oh = rh + qh * SH
+    ow = rw + qw * SW if PHASE_W else qw
+    ocl = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = ocl < C_OUT_G
+    oc = g * C_OUT_G + ocl
+    TAPS: tl.constexpr = KD * KH * KW
+    W_CS = C_OUT_G * TAPS  # the weight's input-channel stride: w is (C_IN, C_OUT_G, KD, KH, KW)
+    DHW = D * H * W
+    x_m = x_ptr + (nb.to(tl.int64) * C_IN + g * C_IN_G) * DHW  # each row's sample, the group's channel 0
+    w_n = w_ptr + (g * C_IN_G).to(tl.int64) * W_CS + ocl * TAPS  # each column's filter, input channel 0
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for kd in range(KD):
+        td = rd + PD - kd * DD
+        if td % SD == 0:  # exact or never, for the whole phase
+            di = td // SD + qd
+            d_ok = m_mask & (di >= 0) & (di < D)
+            for kh in range(KH):
+                th = rh + PH - kh * DH
+                if th % SH == 0:
+                    hi = th // SH + qh
+                    row_ok = d_ok & (hi >= 0) & (hi < H)
+                    x_row = x_m + (di * H + hi) * W
+                    for kw in range(KW):
+                        w_tap = w_n + (kd * KH + kh) * KW + kw
+                        if PHASE_W:
+                            tw = rw + PW - kw * DW
+                            if tw % SW == 0:
+                                wi = tw // SW + qw
+                                inside = row_ok & (wi >= 0) & (wi < W)
+                                acc = _convt_nd_tap(
+                                    acc, x_row + wi, inside, w_tap, n_mask, C_IN_G, DHW, W_CS, DOT, PREC,
+                                    BLOCK_K,
+                                )  # fmt: skip
+                        else:
+                            tw = ow + PW - kw * DW
+                            twp = tl.where(tw >= 0, tw, 0)
+                            wi = twp // SW
+                            inside = row_ok & (tw >= 0) & (twp % SW == 0) & (wi < W)
+                            acc = _convt_nd_tap(
+                                acc, x_row + wi, inside, w_tap, n_mask, C_IN_G, DHW, W_CS, DOT, PREC, BLOCK_K
+                            )  # fmt: skip
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + oc, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+    mask = m_mask[:, None] & n_mask[None, :]
+    v1 = 0.0
+    v2 = 0.0
+    v3 = 0.0
+    if EXTRAS >= 1:
+        v1 = _extra(e1_ptr, s1n, s1c, s1d, s1h, s1w, nb, od, oh, ow, oc, mask)  # noqa: F821 - conv_parts'
+    if EXTRAS >= 2:
+        v2 = _extra(e2_ptr, s2n, s2c, s2d, s2h, s2w, nb, od, oh, ow, oc, mask)  # noqa: F821
+    if EXTRAS >= 3:
+        v3 = _extra(e3_ptr, s3n, s3c, s3d, s3h, s3w, nb, od, oh, ow, oc, mask)  # noqa: F821
+    out = _epilogue(acc, v1, v2, v3)  # noqa: F821 - the candidate's traced chain, rendered beside this
+    OS = OD * OH * OW
+    rows = nb.to(tl.int64) * C_OUT * OS + (od * OH + oh) * OW + ow
+    y = y_ptr + rows[:, None] + (oc.to(tl.int64) * OS)[None, :]
+    tl.store(y, out.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+def _convt_nd_launch(
+    x, w, b, extras, stride, padding, dilation, output_padding, groups, out_dtype, dot, phase_w, fp32_dot,
+    block_m, block_n, block_k, num_warps, num_stages,
+):  # fmt: skip
+    """epilogue(conv_transpose(x, w) + b, *extras) over x's last w.dim() - 2 axes; stride, padding,
+    dilation, output padding and groups are the traced ones."""
+    spatial = w.dim() - 2
+    pad = 3 - spatial
+    x = x.contiguous()
+    w = w.contiguous()
+    n_, c_in = x.shape[0], x.shape[1]
+    c_out_g = w.shape[1]
+    c_out = c_out_g * groups
+    c_in_g = c_in // groups
+    dims = [1] * pad + list(x.shape[2:])
+    ks = [1] * pad + list(w.shape[2:])
+    st = [1] * pad + list(stride)
+    pd = [0] * pad + list(padding)
+    dl = [1] * pad + list(dilation)
+    op = [0] * pad + list(output_padding)
+    outs = [(dims[i] - 1) * st[i] - 2 * pd[i] + dl[i] * (ks[i] - 1) + op[i] + 1 for i in range(3)]
+    y = torch.empty([n_, c_out, *outs[pad:]], dtype=out_dtype or x.dtype, device=x.device)
+    if y.numel() == 0:
+        return y
+    sw = st[2] if phase_w else 1
+    # the largest phase's rows (phase 0's): the grid's row blocks; smaller phases mask the rest
+    m_max = n_ * triton.cdiv(outs[0], st[0]) * triton.cdiv(outs[1], st[1]) * triton.cdiv(outs[2], sw)
+    floor = 16 if dot else 1  # a tl.dot's tiles are at least 16 a side
+    bm = min(block_m, max(16, triton.next_power_of_2(m_max)))
+    bn = min(block_n, max(floor, triton.next_power_of_2(c_out_g)))
+    bk = min(block_k, max(floor, triton.next_power_of_2(c_in_g)))
+    prec = fp32_dot if x.dtype == torch.float32 else "native"
+    ptrs, strides = [], []
+    for e in extras:
+        e = e.expand(y.shape)
+        ptrs.append(e)
+        es = list(e.stride())
+        strides += es[:2] + [0] * pad + es[2:]
+    ptrs += [y] * (3 - len(extras))
+    strides += [0] * (15 - len(strides))
+    grid = (triton.cdiv(c_out_g, bn) * triton.cdiv(m_max, bm) * groups, st[0] * st[1] * sw)
+    _convt_nd_kernel[grid](
+        x, w, b if b is not None else w, y, *ptrs, *strides, n_, c_in, *dims, c_out, *outs, m_max, c_in_g,
+        c_out_g, *st, *pd, *dl, KD=ks[0], KH=ks[1], KW=ks[2], HAS_BIAS=b is not None, EXTRAS=len(extras),
+        PHASE_W=phase_w, DOT=dot, PREC=prec, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, num_warps=num_warps,
+        num_stages=num_stages,
     )  # fmt: skip
     return y
