@@ -1,19 +1,35 @@
 """templates/tail: where a compute-bound op's pointwise chain ends, the tail graph after it (its INPUT 0
 the chain's value, its further inputs forward's tensors and parameters), the family that composes it
-and the renamed parts that let it sit beside the head's in one module."""
+and the renamed parts that let it sit beside the head's in one module; softmax and log-softmax over any
+dim (a logsumexp and its map), a batch norm in training mode (its running statistics and batch count
+updated as torch updates them), and a later launch reading the head's value again, against PyTorch
+through the interpreter at odd sizes; dropout in training mode refused by name; a candidate through the
+real gate; a whole `kb run`."""
 
 from __future__ import annotations
 
 import ast
+import copy
+from functools import partial
+from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
+from torch import nn
 
-from kernelbrain.core.graph import INPUT
-from kernelbrain.templates import contraction, tail
+from kernelbrain.child.analysis import analyse
+from kernelbrain.core.events import GatePassed
+from kernelbrain.core.graph import INPUT, Graph
+from kernelbrain.core.protocol import GateRequest
+from kernelbrain.templates import contraction, conv, tail
 from kernelbrain.templates.render import renamed
-from tests.composed import graph_of
+from tests.composed import graph_of, load
+from tests.runs import QUICK_RUNGS, run_checks, run_inprocess
+
+ROOT = Path(__file__).resolve().parents[1]
+RESIDUAL_SOFTMAX = ROOT / "tests" / "problems" / "conv_groupnorm_residual_softmax.py"
+BATCHNORM_SOFTMAX = ROOT / "tests" / "problems" / "contraction_batchnorm_softmax.py"
 
 
 def _split(fn, *shapes):
@@ -60,10 +76,50 @@ def test_a_tail_no_family_takes_whole_is_composed_in_segments():
 
 
 def test_an_op_no_family_takes_is_named():
-    cut = _split(lambda a, b: torch.softmax(a @ b, 1), (5, 4), (4, 6))
+    cut = _split(lambda a, b: torch.cumsum(a @ b, 1), (5, 4), (4, 6))
     assert cut is not None
-    with pytest.raises(tail.NotTail, match=r"aten\._softmax\.default after the contraction"):
+    with pytest.raises(tail.NotTail, match=r"aten\.cumsum\.default after the contraction"):
         tail.compose(cut[2], "contraction", contraction.VIEWS)
+
+
+def test_dropout_in_training_mode_is_refused_as_random_and_identity_dropout_composes():
+    fn = lambda x, w: torch.softmax(F.dropout(F.linear(x, w), 0.25, training=True), 1)  # noqa: E731
+    with pytest.raises(contraction.NotContraction, match=r"bernoulli.*dropout in training mode"):
+        contraction.compose(graph_of(fn, (5, 4), (6, 4)))
+    for p, training in ((0.0, True), (0.25, False)):
+        fn = lambda x, w, p=p, t=training: torch.softmax(F.dropout(F.linear(x, w), p, training=t), 1)  # noqa: E731
+        assert contraction.compose(graph_of(fn, (5, 4), (6, 4)))["tail"]["family"] == "normalize"
+
+
+def test_a_softmax_is_a_logsumexp_and_its_map_over_any_dim():
+    for op, dim in ((torch.softmax, 1), (torch.log_softmax, 0), (torch.softmax, -1)):
+        cut = _split(lambda a, b: op(a @ b, dim), (5, 4), (4, 6))  # noqa: B023
+        assert cut is not None
+        composed = tail.compose(cut[2], "contraction", contraction.VIEWS)
+        assert composed["family"] == "normalize" and composed["then"] is None
+        assert composed["spec"]["stat"]["dims"] == [dim % 2] and composed["spec"]["stat"]["op"] == 6
+
+
+def test_a_later_launch_reads_the_head_value_again():
+    with torch.device("meta"):
+        traced = Residual()
+    rest = conv.compose(graph_of(traced, (2, 3, 7, 6)))["tail"]
+    assert rest["family"] == "moments" and rest["then"]["family"] == "normalize"
+    assert [tail.VALUE, 0] in rest["then"]["sources"]
+    lines = tail.call(rest, ["kb_h", *("x" for _ in rest["sources"])], "kb_h").splitlines()
+    # the norm sets a name of its own; the softmax reads it and kb_h, and sets kb_h last
+    assert lines[0].startswith("        kb_v1_tail = _moments_launch_tail(kb_h,")
+    assert [i for i, line in enumerate(lines) if line.lstrip().startswith("kb_h =")] == [len(lines) - 1]
+    assert any("kb_v1_tail" in line and "kb_h" in line for line in lines[1:])
+
+
+def test_a_batch_norm_in_training_mode_counts_its_batch_in_its_modules_counter():
+    with torch.device("meta"):
+        model = nn.Sequential(nn.Linear(4, 6), nn.BatchNorm1d(6)).train()
+    rest = contraction.compose(graph_of(model, (5, 4)))["tail"]
+    assert rest["family"] == "moments" and rest["spec"]["mode"] == "batch"
+    assert rest["spec"]["running"] == ["1.running_mean", "1.running_var"]
+    assert rest["spec"]["count"] == "1.num_batches_tracked"
 
 
 def test_a_norm_is_a_moments_stage_reading_its_weights_by_name():
@@ -88,3 +144,189 @@ def test_a_pooling_is_cut_after_its_squeezes_and_the_chain_goes_to_the_next_stag
     composed = tail.compose(cut[2], "contraction", contraction.VIEWS)
     assert composed["family"] == "pool" and composed["spec"]["post"] == [["squeeze", -2], ["squeeze", 1]]
     assert composed["then"]["family"] == "reduce"
+
+
+class Residual(nn.Module):
+    """Level 2's 92 with a softmax: conv, group norm, tanh, hardswish, the conv's value added back,
+    softmax over the channels."""
+
+    INIT = "super().__init__()\nself.conv = nn.Conv2d(3, 10, 3)\nself.gn = nn.GroupNorm(5, 10)"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 10, 3)
+        self.gn = nn.GroupNorm(5, 10)
+        with torch.no_grad():  # not the identity torch initialises them to
+            self.gn.weight.uniform_(0.5, 1.5)
+            self.gn.bias.uniform_(-0.5, 0.5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.conv(x)
+        return torch.softmax(y + F.hardswish(torch.tanh(self.gn(y))), dim=1)
+
+
+class ResidualLogsumexp(Residual):
+    """Level 2's 92 itself: the residual sum's logsumexp over the channels."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.conv(x)
+        return torch.logsumexp(y + F.hardswish(torch.tanh(self.gn(y))), dim=1, keepdim=True)
+
+
+class SoftmaxPools(nn.Module):
+    """Level 2's 6 in 2-D: conv, softmax over the channels, two max pools."""
+
+    INIT = "super().__init__()\nself.conv = nn.Conv2d(3, 5, 3)"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 5, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.max_pool2d(F.max_pool2d(torch.softmax(self.conv(x), dim=1), 2), 2)
+
+
+class ConvBatchNorm(nn.Module):
+    """A conv, a batch norm in training mode (running statistics, its batch counted), hardtanh."""
+
+    INIT = "super().__init__()\nself.conv = nn.Conv2d(3, 6, 3)\nself.bn = nn.BatchNorm2d(6, momentum=0.3)"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 6, 3)
+        self.bn = nn.BatchNorm2d(6, momentum=0.3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.hardtanh(self.bn(self.conv(x)), -1.0, 1.0)
+
+
+class LinearBatchNormSoftmax(nn.Module):
+    """Level 2's 84 in training mode: linear, batch norm by the batch's statistics, scale, softmax."""
+
+    INIT = (
+        "super().__init__()\nself.gemm = nn.Linear(11, 23)\nself.bn = nn.BatchNorm1d(23, momentum=0.3)\n"
+        "self.scale = nn.Parameter(torch.ones(1))"
+    )
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gemm = nn.Linear(11, 23)
+        self.bn = nn.BatchNorm1d(23, momentum=0.3)
+        self.scale = nn.Parameter(torch.full((1,), 1.5))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.softmax(self.scale * self.bn(self.gemm(x)), dim=1)
+
+
+# name -> (the model, the family of its head, its input's shapes: traced, then one more)
+MODELS: dict[str, tuple[type[nn.Module], object, list[tuple[int, ...]]]] = {
+    "conv, group norm, tanh, hardswish, the conv added back, softmax over channels": (
+        Residual,
+        conv,
+        [(2, 3, 7, 6), (1, 3, 5, 9)],
+    ),
+    "conv, group norm, tanh, hardswish, the conv added back, logsumexp (level 2's 92)": (
+        ResidualLogsumexp,
+        conv,
+        [(2, 3, 7, 6)],
+    ),
+    "conv, softmax over channels, two max pools": (SoftmaxPools, conv, [(2, 3, 11, 10)]),
+    "conv, batch norm in training mode, hardtanh": (ConvBatchNorm, conv, [(3, 3, 7, 6), (2, 3, 5, 9)]),
+    "linear, batch norm in training mode, scale, softmax": (LinearBatchNormSoftmax, contraction, [(7, 11)]),
+}
+# name -> (a function of forward's tensors, their shapes)
+FUNCTIONS = {
+    "linear, softmax over the rows": (
+        lambda x, w, b: torch.softmax(F.linear(x, w, b), 1),
+        [(7, 9), (13, 9), (13,)],
+    ),
+    "matmul, minus its row sums broadcast (reduce, then a map reading h again)": (
+        lambda a, b: (lambda y: y - y.sum(1))(a @ b),
+        [(7, 5), (5, 7)],
+    ),
+    "matmul, log-softmax over dim 0, row max": (
+        lambda a, b: torch.log_softmax(a @ b, 0).amax(1),
+        [(9, 5), (5, 14)],
+    ),
+}
+
+
+def _model_case(name: str, folder: Path) -> None:
+    """The model's candidate at one knob set of its head, in the model's mode (a training-mode one's
+    running statistics and batch count checked too, after two calls), against float64 eager."""
+    cls, family, shapes = MODELS[name]
+    training = cls in (ConvBatchNorm, LinearBatchNormSoftmax)
+    with torch.device("meta"):
+        traced = cls().train(training)
+    spec = family.compose(graph_of(traced, shapes[0]))
+    assert spec["tail"] is not None
+    spec = {**spec, "init_params": "", "init_body": cls.INIT}
+    torch.manual_seed(0)
+    ref = cls().train(training)
+    with torch.no_grad():  # running statistics away from their defaults
+        for b in ref.buffers():
+            if b.is_floating_point():
+                b.copy_(torch.rand_like(b) + 0.5)
+    ref64 = copy.deepcopy(ref).double()
+    knobs = family.ROUND0[1]
+    source = family.render(spec, knobs, {"init": [], "forward": ["x"], "params": []})
+    new = load(source, folder, f"t_{abs(hash(name))}").ModelNew().train(training)
+    new.load_state_dict(ref.state_dict())
+    for shape in shapes:
+        x = torch.randn(shape) * 2 + 1
+        with torch.no_grad():
+            want, got = ref64(x.double()), new(x)
+        torch.testing.assert_close(got.double(), want, rtol=1e-4, atol=1e-4, msg=f"{name} {shape}")
+    for (key, want), got in zip(ref64.state_dict().items(), new.state_dict().values(), strict=True):
+        torch.testing.assert_close(got.double(), want.double(), rtol=1e-4, atol=1e-5, msg=f"{name} {key}")
+
+
+def _fn_case(name: str, folder: Path) -> None:
+    fn, shapes = FUNCTIONS[name]
+    spec = contraction.compose(graph_of(fn, *shapes))
+    assert spec["tail"] is not None
+    signature = {"init": [], "forward": ["a", "b", "c"][: len(shapes)], "params": []}
+    torch.manual_seed(0)
+    xs = [torch.randn(s) * 2 for s in shapes]
+    new = load(contraction.render(spec, contraction.ROUND0[1], signature), folder, f"f_{abs(hash(name))}")
+    torch.testing.assert_close(
+        new.ModelNew()(*xs).double(), fn(*(x.double() for x in xs)), rtol=1e-4, atol=1e-4, msg=name
+    )
+
+
+def checks() -> dict:
+    """What runs in one interpreter process (tests.runs.run_checks), by the name its test asks for."""
+    return {name: partial(_model_case, name) for name in MODELS} | {
+        name: partial(_fn_case, name) for name in FUNCTIONS
+    }
+
+
+@pytest.fixture(scope="module")
+def interpreted() -> dict[str, str | None]:
+    return run_checks("tests.test_tail")
+
+
+@pytest.mark.parametrize("name", list(checks()))
+def test_every_tail_against_eager(interpreted, name):
+    assert interpreted[name] is None, interpreted[name]
+
+
+def test_kb_run_on_a_softmax_of_a_residual_after_a_norm(tmp_path):
+    state = run_inprocess(RESIDUAL_SOFTMAX, tmp_path / "kb.db", max_candidates=1, rungs=QUICK_RUNGS)
+    assert {c.proposal.family for c in state.candidates.values()} == {"conv"}
+    assert state.finished is not None and state.finished.winner
+    assert all(isinstance(c.gate, GatePassed) for c in state.candidates.values())
+
+
+def test_a_batch_norm_and_softmax_tail_passes_the_gate(box):
+    source = BATCHNORM_SOFTMAX.read_text()
+    analysis = analyse(source, "cpu")
+    spec = contraction.matches(analysis["ops"], Graph.model_validate(analysis["graph"]))
+    assert spec is not None and tail.describe(spec["tail"]).startswith("moments")
+    assert spec["tail"]["then"]["family"] == "normalize" and spec["tail"]["spec"]["mode"] == "batch"
+    spec = contraction.refine(spec, source)
+    assert spec is not None
+    new_source = contraction.render(spec, contraction.ROUND0[1], analysis["signature"])
+    request = GateRequest(problem_source=source, cand_source=new_source, device="cpu", seeds=3)
+    reply = box.call(request, timeout_s=120)[0]
+    assert reply.passed, reply

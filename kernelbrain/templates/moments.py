@@ -133,16 +133,7 @@ def compose(graph: Graph) -> dict:
             raise NotMoments("a batch norm in eval mode without running statistics")
     if running is not None and a.get("momentum") is None:
         raise NotMoments("a batch norm with a cumulative average (momentum None)")
-    counters = [
-        i
-        for i, n in enumerate(graph.nodes)
-        if n.op == PARAM and n.args["name"].endswith("num_batches_tracked")
-    ]
-    counted = [
-        graph.nodes[i].args["name"]
-        for i in counters
-        if any(m.op == "aten.add_.Tensor" and graph.ref(m.args.get("self")) == (i, 0) for m in graph.nodes)
-    ]
+    counted = counters(graph)
     return {
         **spec,
         "mode": mode,
@@ -154,6 +145,21 @@ def compose(graph: Graph) -> dict:
         "running": running,
         "count": counted[0] if len(counted) == 1 and running and mode == "batch" else None,
     }
+
+
+def counters(graph: Graph) -> list[str]:
+    """The state-dict names of the batch counters (`num_batches_tracked`) the graph increments in place:
+    a batch norm module in training mode counts its batch before it normalises."""
+    found = [
+        i
+        for i, n in enumerate(graph.nodes)
+        if n.op == PARAM and n.args["name"].endswith("num_batches_tracked")
+    ]
+    return [
+        graph.nodes[i].args["name"]
+        for i in found
+        if any(m.op == "aten.add_.Tensor" and graph.ref(m.args.get("self")) == (i, 0) for m in graph.nodes)
+    ]
 
 
 def matches(ops: list[dict], graph: Graph | None = None) -> dict | None:

@@ -1,20 +1,25 @@
 """The tail of a compute-bound op: what follows a contraction's (or a convolution's) fused pointwise
-chain when that is not pointwise too (a row sum, a logsumexp, x - max(x), several reductions in
-sequence), composed by the memory-bound families that already exist and run as a second launch in the
-same candidate:
+chain when that is not pointwise too (a row sum, a logsumexp, a softmax, x - max(x), a norm, a pooling,
+several of them in sequence), composed by the memory-bound families that already exist and run as
+further launches in the same candidate:
 
     h = chain(contraction(...))           the first kernel, h written once in its traced dtype
-    y = tail(h, t1, t2, ...)              reduce, normalize or staged over h and forward's tensors
+    y = tail(h, t1, t2, ...)              reduce, normalize, staged, moments, pool or pointwise launches
 
 `split` cuts the traced graph where the chain ends: the head (the graph with h as its output) and the
-tail (a graph whose INPUT 0 is h, its further inputs the forward inputs and parameters it reads).
-`compose` gives the tail to the first family of FAMILIES that takes it, with that family's first
-feasible round-0 knob set; else to one of STAGES (moments: a batch, group or instance norm, its
-parameters read by name from the one ModelNew; pool; pointwise: the chain after a norm, which moments
-keeps no epilogue for); else it cuts the tail after its first stage (a reduction with the chain after
-it, a norm, a pooling) and composes each side the same way. `render_parts` renders its kernels and
-chains with every top-level name suffixed (templates/render.renamed), so that they sit beside the
-head's in one module; `call` writes the lines of forward that launch it.
+tail (a graph whose INPUT 0 is h, its further inputs the forward inputs and parameters it reads, and the
+batch counters the whole graph increments). `compose` gives the tail to the first family of FAMILIES
+that takes it, with that family's first feasible round-0 knob set; else to one of STAGES (moments: a
+batch, group or instance norm, its parameters read by name from the one ModelNew, in training mode its
+running statistics and batch count updated; pool; pointwise); else it makes a chain of launches: a
+first segment (the graph up to the latest value one family takes whole, the rest reading only that
+value of it) and the rest composed the same way. A later launch may read h again (a residual add of the
+head's value after a norm), or any earlier launch's value, by a source ["value", k]. A softmax or
+log-softmax over any dim is a logsumexp kept over that dim and its map (`expanded`): the normalize
+family's. `render_parts` renders its kernels and chains with every top-level name suffixed
+(templates/render.renamed), so that they sit beside the head's in one module; `call` writes the lines of
+forward that launch it. An op that draws random numbers (dropout in training mode) is refused by name:
+no kernel matches it exactly.
 """
 
 from __future__ import annotations
@@ -86,7 +91,8 @@ def split(graph: Graph, at: int, views: Collection[str]) -> tuple[tuple[int, int
         break
     if cut is None or tuple(graph.outputs[0]) in reached:
         return None
-    return _cut(graph, reached, graph.nodes[at].op)
+    h, head, rest = _cut(graph, reached, graph.nodes[at].op)
+    return h, head, {**rest, "counted": moments.counters(graph)}
 
 
 def _cut(graph: Graph, reached: set[tuple[int, int]], after: str) -> tuple[tuple[int, int], Graph, dict]:
@@ -158,11 +164,80 @@ def _tail_graph(graph: Graph, h: tuple[int, int], keep: list[int]) -> dict:
 
 
 _STAGE_OPS = reduce.REDUCTIONS | moments.NORMS | pool.POOLS.keys()
+# softmax and log-softmax: a logsumexp kept per row, then the map x - lse (exp of it for softmax)
+SOFTMAX = {
+    "aten._softmax.default": True,
+    "aten.softmax.int": True,
+    "aten._log_softmax.default": False,
+    "aten.log_softmax.int": False,
+}
+# ops that draw random numbers (dropout in training mode): no kernel can match them exactly
+RANDOM = {
+    "aten.bernoulli_.float",
+    "aten.bernoulli.default",
+    "aten.bernoulli.p",
+    "aten.native_dropout.default",
+    "aten.rand_like.default",
+    "aten.randn_like.default",
+    "aten.uniform_.default",
+    "aten.normal_.default",
+}
+VALUE = "value"  # a source ["value", k]: the k-th value of the tail's chain of launches (0: h)
+
+
+def expanded(graph: Graph) -> Graph:
+    """The graph with each softmax (log-softmax) over a dim as a logsumexp over that dim, kept, and the
+    map exp(x - lse) (x - lse): a statistic and a map, which the normalize family composes. Unchanged
+    where it holds none."""
+    if not any(n.op in SOFTMAX for n in graph.nodes):
+        return graph
+    nodes: list[Node] = []
+    where: dict[tuple[int, int], list[int]] = {}
+
+    def moved(value: Any) -> Any:
+        if isinstance(value, list):
+            return [moved(v) for v in value]
+        ref = graph.ref(value)
+        return {"ref": where[ref]} if ref is not None else value
+
+    for i, node in enumerate(graph.nodes):
+        args = {k: moved(v) for k, v in node.args.items()}
+        if node.op not in SOFTMAX:
+            nodes.append(Node(op=node.op, args=args, outs=node.outs))
+            where |= {(i, k): [len(nodes) - 1, k] for k in range(len(node.outs))}
+            continue
+        if args.get("half_to_float") or args.get("dtype") not in (None, node.outs[0].dtype):
+            raise NotTail(f"{node.op} to another dtype")
+        x = graph.meta(graph.ref(node.args["self"]))
+        dim = int(args["dim"]) % max(len(x.shape), 1)
+        kept = [1 if d == dim else s for d, s in enumerate(x.shape)]
+        made = Meta(shape=kept, strides=[0] * len(kept), dtype=x.dtype)  # the kernel's own layout
+        nodes.append(
+            Node(
+                op="aten.logsumexp.default",
+                args={"self": args["self"], "dim": [dim], "keepdim": True},
+                outs=[made],
+            )
+        )
+        shifted = {"self": args["self"], "other": {"ref": [len(nodes) - 1, 0]}, "alpha": 1}
+        nodes.append(Node(op="aten.sub.Tensor", args=shifted, outs=node.outs))
+        if SOFTMAX[node.op]:
+            nodes.append(
+                Node(op="aten.exp.default", args={"self": {"ref": [len(nodes) - 1, 0]}}, outs=node.outs)
+            )
+        where[(i, 0)] = [len(nodes) - 1, 0]
+    outputs = [where[(int(o[0]), int(o[1]))] for o in graph.outputs]
+    sized = [s.model_copy(update={"node": where[(s.node, 0)][0]}) for s in graph.sized]
+    return Graph(nodes=nodes, outputs=outputs, constants=graph.constants, sized=sized)
 
 
 def _first_foreign(graph: Graph, views: Collection[str]) -> str | None:
-    """The first op of the tail that is neither elementwise, a view, a reduction, a norm nor a pooling."""
+    """The first op of the tail that is neither elementwise, a view, a reduction, a norm nor a pooling
+    (one that draws random numbers first: dropout in training mode)."""
     wanted = {n for n, _ in graph.needed()}
+    random = next((n.op for i, n in enumerate(graph.nodes) if i in wanted and n.op in RANDOM), None)
+    if random is not None:
+        return f"{random} (random numbers: dropout in training mode)"
     for i, n in enumerate(graph.nodes):
         known = _elementwise(n.op) or n.op in views or n.op in _STAGE_OPS or n.op == INPUT
         if i in wanted and not known:
@@ -183,9 +258,12 @@ def with_params(graph: Graph, sources: list[list[Any]]) -> Graph:
     return graph.model_copy(update={"nodes": nodes})
 
 
-def _whole(graph: Graph, sources: list[list[Any]], families: tuple, why: list[str]) -> dict | None:
+def _whole(
+    graph: Graph, sources: list[list[Any]], families: tuple, why: list[str], counted: Collection[str] = ()
+) -> dict | None:
     """The tail as the first of `families` composes it at its first feasible round-0 knob set (what
-    each refused, appended to `why`)."""
+    each refused, appended to `why`). A batch norm in training mode counts its batch in the counter of
+    its module among `counted` (the whole graph's: the tail holds no add_ that nothing reads)."""
     for family in families:
         try:
             spec = family.compose(with_params(graph, sources) if family is moments else graph)
@@ -193,37 +271,15 @@ def _whole(graph: Graph, sources: list[list[Any]], families: tuple, why: list[st
             why.append(f"{family.FAMILY}: {e}")
             continue
         if family is moments and spec["mode"] == "batch" and spec["running"]:
-            # its batch count (an add_ nothing after it reads) is not in the tail's graph
-            why.append("moments: a batch norm in training mode, its running statistics updated")
-            continue
+            module = spec["running"][0].rpartition(".")[0]
+            counter = f"{module}.num_batches_tracked" if module else "num_batches_tracked"
+            spec = {**spec, "count": counter if counter in counted else None}
         knobs = next((k for k in family.ROUND0 if family.feasible(spec, k)), None)
         if knobs is None:
             why.append(f"{family.FAMILY}: no feasible round-0 knob set")
             continue
         return {"family": family.FAMILY, "spec": spec, "knobs": knobs, "sources": sources, "then": None}
     return None
-
-
-def _segment(graph: Graph, views: Collection[str]) -> tuple[tuple[int, int], Graph, dict] | None:
-    """The tail cut after its first stage: a reduction with the views and elementwise chain after it,
-    a norm (moments keeps no epilogue), or a pooling with its squeezes (the chain after a 1-D pooling
-    goes to the next stage: pool.compose takes it only at the pooling's own shape); None where nothing
-    follows that stage."""
-    wanted = {n for n, _ in graph.needed()}
-    first = next((i for i, n in enumerate(graph.nodes) if n.op in _STAGE_OPS and i in wanted), None)
-    if first is None:
-        return None
-    op = graph.nodes[first].op
-    if op in reduce.REDUCTIONS:
-        return split(graph, first, views)
-    reached = {(first, k) for k in range(len(graph.nodes[first].outs))}
-    for j in range(first + 1, len(graph.nodes)):  # a pooling's squeeze back to 1-D: the pool's own
-        n = graph.nodes[j]
-        if op in pool.POOLS and n.op in pool.VIEWS and graph.ref(n.args["self"]) in reached:
-            reached.add((j, 0))
-    if tuple(graph.outputs[0]) in reached:
-        return None
-    return _cut(graph, reached, op)
 
 
 def _stages(graph: Graph) -> tuple:
@@ -239,40 +295,69 @@ def _stages(graph: Graph) -> tuple:
 
 def compose(tail: dict, after: str, views: Collection[str] = ()) -> dict:
     """The tail ({"graph", "sources"} from `split`) as the first family of FAMILIES composes it, with
-    the knobs it runs at; else as the first of STAGES does; else its first stage's segment (a reduction
-    and the chain after it, a norm, a pooling) composed so, and the rest composed the same way over
-    that value ("then"). Raises NotTail naming the op no family takes (`after`: what precedes it)."""
-    graph = tail["graph"]
+    the knobs it runs at; else as the first of STAGES does; else as a chain of launches ("then"): a
+    first segment (the graph up to one value, as large as one family takes whole) and the rest over that
+    value composed the same way. A later launch may read h again, or any value before it, besides
+    forward's tensors: its sources name them ["value", k] (0: h, k: what launch k-1 made). A softmax is
+    a logsumexp and a map (`expanded`). Raises NotTail naming the op no family takes (`after`: what
+    precedes it)."""
+    graph = expanded(tail["graph"])
     foreign = _first_foreign(graph, views)
     if foreign is not None:
         raise NotTail(f"{foreign} after the {after}")
     why: list[str] = []
-    whole = _whole(graph, tail["sources"], FAMILIES, why)
-    if whole is None:
-        whole = _whole(graph, tail["sources"], _stages(graph), why)
+    found = _compose(graph, tail["sources"], 0, tail.get("counted", ()), why)
+    if found is None:
+        raise NotTail(f"a tail after the {after} no memory-bound family takes ({'; '.join(why)})")
+    return found
+
+
+def _compose(
+    graph: Graph, sources: list[list[Any]], depth: int, counted: Collection[str], why: list[str]
+) -> dict | None:
+    """`compose` over a graph whose INPUT 0 is the chain's value `depth`, its sources absolute (forward
+    inputs, parameters, earlier values of the chain); None where nothing takes it (why appended)."""
+    whole = _whole(graph, sources, FAMILIES + _stages(graph), why, counted)
     if whole is not None:
         return whole
-    cut = _segment(graph, views)
-    if cut is not None:
-        _, head, rest = cut
+    refused: list[str] = []
+    for value in _cuts(graph):
         try:
-            segment = compose({"graph": pruned(head), "sources": tail["sources"]}, after, views)
-            then = compose(rest, after, views)
-        except NotTail as e:
-            why.append(f"in segments: {e}")
-        else:
-            if segment["then"] is None and ["input", 0] not in rest["sources"]:
-                return {**segment, "then": _resourced(then, tail["sources"])}
-            why.append("in segments: a segment reading the tail's input again")
-    raise NotTail(f"a tail after the {after} no memory-bound family takes ({'; '.join(why)})")
+            read, _, rest = _cut(graph, _made(graph, value), "")
+        except NotTail:
+            continue  # the rest reads more than one value of what the head makes
+        if read != value:
+            continue
+        head = pruned(
+            Graph(nodes=graph.nodes, outputs=[list(value)], constants=graph.constants, sized=graph.sized)
+        )
+        segment = _whole(head, sources, FAMILIES + _stages(head), [], counted)
+        if segment is None:
+            continue
+        # the rest's inputs: the segment's value (INPUT 0), this graph's INPUT 0 (the chain's value
+        # `depth`) and this graph's sources
+        rest_sources = [
+            [VALUE, depth] if s == ["input", 0] else sources[int(s[1]) - 1] for s in rest["sources"]
+        ]
+        then = _compose(rest["graph"], rest_sources, depth + 1, counted, refused)
+        if then is not None:
+            return {**segment, "then": then}
+    if refused:
+        why.append(f"in segments: {refused[0]}")
+    return None
 
 
-def _resourced(tail: dict, outer: list[list[Any]]) -> dict:
-    """A tail composed over another tail's graph, its sources (that graph's INPUT indices) as the
-    outer tail's sources."""
-    sources = [outer[int(i) - 1] for _, i in tail["sources"]]
-    then = tail["then"] and _resourced(tail["then"], outer)
-    return {**tail, "sources": sources, "then": then}
+def _cuts(graph: Graph) -> list[tuple[int, int]]:
+    """The values a first segment may end at, the latest first: each value the output needs that an op
+    of the graph makes, the output itself left out."""
+    needed = graph.needed() - {tuple(graph.outputs[0])}
+    return sorted((r for r in needed if graph.nodes[r[0]].op not in (INPUT, PARAM)), reverse=True)
+
+
+def _made(graph: Graph, value: tuple[int, int]) -> set[tuple[int, int]]:
+    """The values an op of the graph makes that `value` needs (it included)."""
+    head = Graph(nodes=graph.nodes, outputs=[list(value)])
+    return {r for r in head.needed() if graph.nodes[r[0]].op not in (INPUT, PARAM)}
 
 
 def pruned(graph: Graph) -> Graph:
@@ -381,14 +466,18 @@ def _reduce_call(spec: dict, args: list[str], out: str, suffix: str, knobs: dict
 def call(tail: dict, args: list[str], out: str, suffix: str = SUFFIX) -> str:
     """Lines of forward (indented for a method) setting `out` to the tail of `args`: args[0] the head's
     value, args[i] the expression of the tail's input i (its sources, in order; `tensor` names each
-    source as forward reads it)."""
-    lines = _call(tail, args, out, suffix)
-    then = tail["then"]
-    if then is None:
-        return lines
-    by_source = {repr(s): a for s, a in zip(tail["sources"], args[1:], strict=True)}
-    then_args = [out, *(by_source[repr(s)] for s in then["sources"])]
-    return lines + call(then, then_args, out, suffix + "2")
+    source as forward reads it). Each launch of the chain but the last sets its own name, so that a
+    later one may read it again."""
+    names = {repr(s): a for s, a in zip(tail["sources"], args[1:], strict=True)}
+    names[repr([VALUE, 0])] = args[0]
+    lines, k, at = "", 0, tail
+    while at is not None:
+        target = out if at["then"] is None else f"kb_v{k + 1}{suffix}"
+        here = [names[repr([VALUE, k])], *(names[repr(s)] for s in at["sources"])]
+        lines += _call(at, here, target, suffix + "2" * k)
+        names[repr([VALUE, k + 1])] = target
+        at, k = at["then"], k + 1
+    return lines
 
 
 def _call(tail: dict, args: list[str], out: str, suffix: str) -> str:
