@@ -373,11 +373,6 @@ class Two(nn.Module):
         ),
         ("nn.Conv2d(4, 4, 3)", "self.conv(torch.relu(x))", "relu.default, not of a forward input"),
         ("nn.Conv2d(4, 4, 3)", "self.conv(x).cumsum(1)", "aten.cumsum.default after the convolution"),
-        (
-            "nn.Conv2d(4, 4, 3)",
-            "(lambda y: torch.relu(y) * y.sum(1, keepdim=True))(self.conv(x))",
-            "a tail reading 2 values of the chain after aten.convolution.default",
-        ),
         ("nn.Conv2d(4, 4, 3)", "self.conv(x) * x[:, :, :6, :6]", "after the convolution: aten.slice"),
         ("nn.Linear(8, 8)", "self.conv(x)", "0 convolutions"),
     ],

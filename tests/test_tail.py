@@ -122,6 +122,18 @@ def test_a_batch_norm_in_training_mode_counts_its_batch_in_its_modules_counter()
     assert rest["spec"]["count"] == "1.num_batches_tracked"
 
 
+def test_a_tail_reading_two_values_of_the_chain_cuts_it_where_both_derive_from():
+    cut = _split(lambda a, b: (lambda y: torch.relu(y) * y.sum(1, keepdim=True))(a @ b * 2), (5, 4), (4, 6))
+    assert cut is not None
+    h, head, rest = cut
+    assert head.nodes[h[0]].op == "aten.mul.Tensor"  # the scale stays in the head, relu goes to the tail
+    assert [n.op for n in rest["graph"].nodes[1:]] == [
+        "aten.relu.default",
+        "aten.sum.dim_IntList",
+        "aten.mul.Tensor",
+    ]
+
+
 def test_a_norm_is_a_moments_stage_reading_its_weights_by_name():
     with torch.device("meta"):
         model = torch.nn.Sequential(torch.nn.Linear(4, 6), torch.nn.GroupNorm(2, 6), torch.nn.Hardtanh())
@@ -243,6 +255,10 @@ FUNCTIONS = {
     "matmul, minus its row sums broadcast (reduce, then a map reading h again)": (
         lambda a, b: (lambda y: y - y.sum(1))(a @ b),
         [(7, 5), (5, 7)],
+    ),
+    "matmul, scale, relu times the row sums (a tail reading two values of the chain)": (
+        lambda a, b: (lambda y: torch.relu(y) * y.sum(1, keepdim=True))(a @ b * 2),
+        [(7, 5), (5, 9)],
     ),
     "matmul, log-softmax over dim 0, row max": (
         lambda a, b: torch.log_softmax(a @ b, 0).amax(1),

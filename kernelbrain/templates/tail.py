@@ -91,8 +91,25 @@ def split(graph: Graph, at: int, views: Collection[str]) -> tuple[tuple[int, int
         break
     if cut is None or tuple(graph.outputs[0]) in reached:
         return None
-    h, head, rest = _cut(graph, reached, graph.nodes[at].op)
+    try:
+        h, head, rest = _cut(graph, reached, graph.nodes[at].op)
+    except NotTail:  # the tail reads several values of the chain: cut it at one they all derive from
+        h, head, rest = _earlier(graph, reached, graph.nodes[at].op)
     return h, head, {**rest, "counted": moments.counters(graph)}
+
+
+def _earlier(graph: Graph, reached: set[tuple[int, int]], after: str) -> tuple[tuple[int, int], Graph, dict]:
+    """The chain cut at its latest value h that every value the tail reads derives from (the tail
+    computing the rest of the chain again from h), as `_cut` gives it."""
+    for value in sorted(reached, reverse=True):
+        before = Graph(nodes=graph.nodes, outputs=[list(value)]).needed() & reached
+        try:
+            h, head, rest = _cut(graph, before, after)
+        except NotTail:
+            continue
+        if h == value:
+            return h, head, rest
+    return _cut(graph, reached, after)  # raises NotTail naming how many values the tail reads
 
 
 def _cut(graph: Graph, reached: set[tuple[int, int]], after: str) -> tuple[tuple[int, int], Graph, dict]:
