@@ -276,11 +276,16 @@ def with_params(graph: Graph, sources: list[list[Any]]) -> Graph:
 
 
 def _whole(
-    graph: Graph, sources: list[list[Any]], families: tuple, why: list[str], counted: Collection[str] = ()
+    graph: Graph,
+    sources: list[list[Any]],
+    families: tuple,
+    why: list[str],
+    counted: Collection[str] | None = None,
 ) -> dict | None:
     """The tail as the first of `families` composes it at its first feasible round-0 knob set (what
     each refused, appended to `why`). A batch norm in training mode counts its batch in the counter of
-    its module among `counted` (the whole graph's: the tail holds no add_ that nothing reads)."""
+    its module among `counted` (the whole graph's: the tail holds no add_ that nothing reads); None:
+    not known, and such a norm is refused."""
     for family in families:
         try:
             spec = family.compose(with_params(graph, sources) if family is moments else graph)
@@ -288,6 +293,9 @@ def _whole(
             why.append(f"{family.FAMILY}: {e}")
             continue
         if family is moments and spec["mode"] == "batch" and spec["running"]:
+            if counted is None:
+                why.append("moments: a batch norm in training mode, its batch counter not known")
+                continue
             module = spec["running"][0].rpartition(".")[0]
             counter = f"{module}.num_batches_tracked" if module else "num_batches_tracked"
             spec = {**spec, "count": counter if counter in counted else None}
@@ -311,7 +319,8 @@ def _stages(graph: Graph) -> tuple:
 
 
 def compose(tail: dict, after: str, views: Collection[str] = ()) -> dict:
-    """The tail ({"graph", "sources"} from `split`) as the first family of FAMILIES composes it, with
+    """The tail ({"graph", "sources", "counted"} from `split`; without "counted" a batch norm in
+    training mode with running statistics is refused) as the first family of FAMILIES composes it, with
     the knobs it runs at; else as the first of STAGES does; else as a chain of launches ("then"): a
     first segment (the graph up to one value, as large as one family takes whole) and the rest over that
     value composed the same way. A later launch may read h again, or any value before it, besides
@@ -323,14 +332,14 @@ def compose(tail: dict, after: str, views: Collection[str] = ()) -> dict:
     if foreign is not None:
         raise NotTail(f"{foreign} after the {after}")
     why: list[str] = []
-    found = _compose(graph, tail["sources"], 0, tail.get("counted", ()), why)
+    found = _compose(graph, tail["sources"], 0, tail.get("counted"), why)
     if found is None:
         raise NotTail(f"a tail after the {after} no memory-bound family takes ({'; '.join(why)})")
     return found
 
 
 def _compose(
-    graph: Graph, sources: list[list[Any]], depth: int, counted: Collection[str], why: list[str]
+    graph: Graph, sources: list[list[Any]], depth: int, counted: Collection[str] | None, why: list[str]
 ) -> dict | None:
     """`compose` over a graph whose INPUT 0 is the chain's value `depth`, its sources absolute (forward
     inputs, parameters, earlier values of the chain); None where nothing takes it (why appended)."""
