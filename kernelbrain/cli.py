@@ -332,15 +332,24 @@ def run(
 @click.argument("candidate", type=click.Path(dir_okay=False))
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True)
 @click.option("--bench", is_flag=True, help="Also time it against the reference on every rung of the ladder.")
+@click.option(
+    "--allow-torch",
+    default="",
+    callback=_allow_torch,
+    metavar="CLASSES",
+    help="Let it keep these classes of torch ops (comma list; as kb run's). Default: none, all Triton.",
+)
 @json_option
 @user_errors
-def check(problem: str, candidate: str, device: str, bench: bool, as_json: bool) -> None:
+def check(
+    problem: str, candidate: str, device: str, bench: bool, allow_torch: tuple[str, ...], as_json: bool
+) -> None:
     """Gate one candidate file (ModelNew) against PROBLEM, outside any run; exit 1 when it fails."""
     from kernelbrain.runtime.check import check as do_check
     from kernelbrain.views.describe import fmt_s
 
     dev = _device(device)
-    result = do_check(problem, candidate, dev, DEFAULT_RUNGS[dev] if bench else None)
+    result = do_check(problem, candidate, dev, DEFAULT_RUNGS[dev] if bench else None, torch_ops=allow_torch)
     if as_json:
         _echo_json(result.model_dump())
     elif result.passed:

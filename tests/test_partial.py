@@ -356,7 +356,7 @@ def test_the_sweep_passes_allow_torch_and_marks_partial_winners(tmp_path: Path) 
 def test_kb_run_allow_torch_reaches_a_labelled_gate_passing_candidate(tmp_path: Path) -> None:
     db = str(tmp_path / "kb.db")
     env = kb_env(TRITON_INTERPRET="1")
-    args = ["--db", db, "--device", "cpu", "--allow-torch", "conv", "--max-candidates", "1"]
+    args = ["--db", db, "--device", "cpu", "--allow-torch", "conv", "--max-candidates", "1", "--inprocess"]
     r = kb("run", str(PROBLEM), *args, "--ladder", "smallest:1:0", env=env, timeout=600)
     assert r.returncode == 0, (r.stdout, r.stderr)
     run_id = r.stdout.split()[1]

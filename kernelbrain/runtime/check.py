@@ -50,14 +50,18 @@ def check(
     device: str,
     rungs: tuple[RungSpec, ...] | None = None,
     seeds: int = 3,
+    torch_ops: tuple[str, ...] = (),
 ) -> CheckResult:
+    """The gate, then each rung while it passes; `torch_ops`: the classes of torch ops the candidate may
+    keep in PyTorch (core/torch_ops.py), none by default."""
     problem_source, cand_source = read_problem(problem), read_candidate(candidate)
     sandbox = Sandbox(device)
     args = {"problem_source": problem_source, "cand_source": cand_source, "device": device}
     try:
         args["fits"] = _fits(sandbox, problem_source, device)
         try:
-            r, _ = sandbox.call(GateRequest(**args, seeds=seeds), timeout_s=GATE_TIMEOUT_S, task="check/gate")
+            gate = GateRequest(**args, seeds=seeds, torch_ops=list(torch_ops))
+            r, _ = sandbox.call(gate, timeout_s=GATE_TIMEOUT_S, task="check/gate")
         except SandboxFault as f:
             return CheckResult(passed=False, category=f.category, detail=f.detail)
         except ProblemFault as e:  # the problem, not the candidate, failed
@@ -68,7 +72,13 @@ def check(
         for i, rung in enumerate(rungs if result.passed and rungs else ()):
             try:
                 b, _ = sandbox.call(
-                    BenchRequest(**args, which=rung.shapes, repeats=rung.repeats, warmup=rung.warmup),
+                    BenchRequest(
+                        **args,
+                        which=rung.shapes,
+                        repeats=rung.repeats,
+                        warmup=rung.warmup,
+                        torch_ops=list(torch_ops),
+                    ),
                     timeout_s=BENCH_TIMEOUT_S,
                     task=f"check/{i}",
                 )
