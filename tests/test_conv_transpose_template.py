@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from kernelbrain.child.analysis import analyse
+from kernelbrain.child.graph import capture
 from kernelbrain.core.diagnosis import LABELS
 from kernelbrain.core.events import GatePassed
 from kernelbrain.core.graph import Graph
@@ -243,6 +244,27 @@ DENSE_KNOBS = [
 ]
 
 
+def check_half(tmp_path: Path) -> None:
+    """Both nd forms on fp16: the operands' rounding bounds the error, fp32 accumulation, one rounding."""
+    make = "nn.ConvTranspose3d(4, 16, 3, stride=2, padding=1, output_padding=1)"
+    with torch.device("meta"):
+        traced = Net(make, "torch.relu(y)").half()
+    spec = ct.compose(capture(traced, [torch.empty((2, 4, 2, 3, 3), device="meta", dtype=torch.float16)]))
+    assert spec["dtype"] == "float16"
+    spec = {**spec, "init_params": "", "init_body": f"super().__init__()\nself.conv = {make}"}
+    torch.manual_seed(0)
+    ref = Net(make, "torch.relu(y)")
+    x = torch.randn(2, 4, 2, 3, 3)
+    truth = copy.deepcopy(ref).double()(x.double())
+    for i, knobs in enumerate((ct.ROUND0_ND[3][0], ct.ROUND0_ND[3][3])):
+        new = load(ct.render(spec, knobs, SIGNATURE), tmp_path, f"h{i}").ModelNew()
+        new.load_state_dict(ref.state_dict())
+        with torch.no_grad():
+            got = new.half()(x.half())
+        assert got.dtype == torch.float16, knobs
+        assert ((got.double() - truth).abs() <= truth.abs() * 2**-8 + 2e-2).all(), knobs
+
+
 def check_edge(args: dict, more: dict, x: tuple, tmp_path: Path) -> None:
     make = f"nn.ConvTranspose2d(**{ {**args, **more}!r})"
     n, h, w = x
@@ -257,7 +279,7 @@ def checks() -> dict:
     }
     for i, (args, more, x) in enumerate(EDGE_CASES):
         found[f"rows_dense edge {i}"] = partial(check_edge, args, more, x)
-    return found
+    return {**found, "fp16": check_half}
 
 
 @pytest.fixture(scope="module")
@@ -268,6 +290,10 @@ def interpreted() -> dict[str, str | None]:
 @pytest.mark.parametrize("name", [c[0] for c in ND_CASES])
 def test_every_dimensionality_with_its_chain_matches_torch(interpreted, name):
     assert interpreted[name] is None, interpreted[name]
+
+
+def test_fp16_operands(interpreted):
+    assert interpreted["fp16"] is None, interpreted["fp16"]
 
 
 @pytest.mark.parametrize("case", range(len(EDGE_CASES)))
