@@ -1,7 +1,10 @@
 """Event-store throughput: single and batched appends (synchronous=FULL), fold speed, claim cycles.
 
 Usage: python benchmarks/store_bench.py [--out benchmarks/results/store_bench.json]
-Writes the JSON and a Markdown table beside it (same stem, .md).
+       python benchmarks/store_bench.py --db postgresql://user@host/db [--out ...store_bench_postgres.json]
+Writes the JSON and a Markdown table beside it (same stem, .md). With --db URL it compares that
+PostgreSQL store with a SQLite file, side by side: appends/s from 1 and 16 writer processes, claim
+latency with 16 claiming processes (and that no task was claimed twice), and a 100,000-event fold.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # runnable from a checkout without installing
     sys.path.insert(0, str(ROOT))
 
-from kernelbrain.store import EventStore, NewEvent, Projection, StoredEvent  # noqa: E402
+from kernelbrain.store import EventStore, NewEvent, Projection, Store, StoredEvent, mask, open_store  # noqa: E402
 from kernelbrain.store.driver import sqlite3  # noqa: E402
 
 SINGLE_N = 3_000
@@ -257,10 +260,171 @@ def markdown(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+# -- PostgreSQL beside SQLite: many processes at once ------------------------------------------------
+
+WRITERS = (1, 16)
+APPENDS_PER_WRITER = {1: 3_000, 16: 500}
+CLAIMERS, CLAIM_TASKS = 16, 1_600
+
+
+def _writer(db: str, name: str, n: int, tag: str, barrier: Any, out: Any) -> None:
+    with open_store(db) as s:
+        barrier.wait()
+        t0 = time.perf_counter()
+        for i in range(n):
+            s.append_one(event(f"{tag}-{name}", i))  # keys unique to this round and process
+        out.put(time.perf_counter() - t0)
+
+
+def _claimer(db: str, name: str, run: str, barrier: Any, out: Any) -> None:
+    """Claims every task it can (in its own random order), completing each; its claim latencies."""
+    import random
+
+    tasks = [f"{run}/task{j}" for j in range(CLAIM_TASKS)]
+    random.Random(name).shuffle(tasks)
+    won, won_s, all_s = [], [], []
+    with open_store(db) as s:
+
+        def claimed(new: Any, previous: Any) -> list[NewEvent]:
+            payload = {"task": new.task, "owner": new.owner, "token": new.token}
+            return [NewEvent(run, "TaskClaimed", 1, f"claim:{new.task}:{new.token}", payload, name)]
+
+        barrier.wait()
+        for task in tasks:
+            t0 = time.perf_counter()
+            lease = s.claim(task, name, 60.0, on_claim=claimed)
+            dt = time.perf_counter() - t0
+            all_s.append(dt)
+            if lease is not None:
+                won_s.append(dt)
+                won.append(task)
+                s.append([event(f"{run}-done", len(won) + 10**6 * int(name[1:]))], fence=lease, complete=True)
+    out.put({"won": won, "won_s": won_s, "all_s": all_s})
+
+
+def _processes(target: Any, db: str, n: int, *args: Any) -> tuple[list[Any], float]:
+    """n processes running target(db, name, *args, barrier, queue) at once; their results, wall seconds."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    barrier, out = ctx.Barrier(n + 1), ctx.Queue()
+    procs = [ctx.Process(target=target, args=(db, f"p{k}", *args, barrier, out)) for k in range(n)]
+    for p in procs:
+        p.start()
+    barrier.wait()
+    t0 = time.perf_counter()
+    results = [out.get(timeout=600) for _ in procs]
+    wall = time.perf_counter() - t0
+    for p in procs:
+        p.join()
+        assert p.exitcode == 0, p.exitcode
+    return results, wall
+
+
+def compare_one(db: str) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for n in WRITERS:
+        each = APPENDS_PER_WRITER[n]
+        _, wall = _processes(_writer, db, n, each, f"w{n}-{time.time_ns()}")
+        out[f"appends_{n}"] = {
+            "writers": n,
+            "events": n * each,
+            "seconds": wall,
+            "appends_per_s": n * each / wall,
+        }
+    run = f"claims-{time.time_ns()}"  # a store used before holds done tasks of earlier runs
+    results, wall = _processes(_claimer, db, CLAIMERS, run)
+    won = [t for r in results for t in r["won"]]
+    with open_store(db) as s:
+        claims = s.read(types=["TaskClaimed"], run_id=run)
+        given = len(claims)
+        twice = given - len({e.payload["task"] for e in claims})
+        out["fold"] = bench_fold_of(s)
+    out["claims"] = {
+        "claimers": CLAIMERS,
+        "tasks": CLAIM_TASKS,
+        "won": len(won),
+        "claimed_twice": twice + len(won) - len(set(won)),
+        "claim_events": given,
+        "won_median_ms": statistics.median(x for r in results for x in r["won_s"]) * 1e3,
+        "attempt_median_ms": statistics.median(x for r in results for x in r["all_s"]) * 1e3,
+        "seconds": wall,
+    }
+    assert out["claims"]["claimed_twice"] == 0 and len(set(won)) == CLAIM_TASKS, out["claims"]
+    return out
+
+
+def bench_fold_of(store: Store) -> dict[str, Any]:
+    bench_batched(store)  # type: ignore[arg-type]
+    return bench_fold(store)  # type: ignore[arg-type]
+
+
+def compare(url: str) -> dict[str, Any]:
+    load_before = os.getloadavg()[0]
+    with tempfile.TemporaryDirectory(prefix="kb-store-bench-") as tmp:
+        sqlite = compare_one(str(Path(tmp) / "b.db"))
+    with open_store(url) as s:
+        version = s.server_version()  # type: ignore[attr-defined]
+    pg = compare_one(url)
+    load = [load_before, os.getloadavg()[0]]
+    return {"postgres": pg, "sqlite": sqlite, "server_version": version, "db": mask(url), "load_avg_1m": load}
+
+
+def compare_markdown(result: dict[str, Any]) -> str:
+    m, r = result["machine"], result["results"]
+    pg, sq = r["postgres"], r["sqlite"]
+    rows = [
+        *(
+            (f"appends/s, {n} writer process{'es' if n > 1 else ''} (1 event/transaction)", f"appends_{n}",
+             "appends_per_s", "{:,.0f}")
+            for n in WRITERS
+        ),
+        (f"claim latency, {CLAIMERS} claiming processes: median of won claims", "claims", "won_median_ms",
+         "{:.2f} ms"),
+        ("... median of every attempt (won or refused)", "claims", "attempt_median_ms", "{:.2f} ms"),
+        (f"tasks claimed twice (of {CLAIM_TASKS:,})", "claims", "claimed_twice", "{}"),
+        (f"fold {FOLD_N:,} events (median of 3)", "fold", "seconds_median", "{:.3f} s"),
+    ]  # fmt: skip
+    lines = [
+        "# Event store: PostgreSQL beside SQLite",
+        "",
+        f"Command: `{result['command']}`",
+        "",
+        f"Machine: this {m['cpu_count']}-CPU machine (shared), {m['platform']}, Python {m['python']}. "
+        f"PostgreSQL {r['server_version']} on the same machine over TCP (127.0.0.1), default durability "
+        f"(fsync, synchronous_commit on); SQLite {m['sqlite_version']}, WAL, synchronous=FULL, a temp file. "
+        "Writers and claimers are separate processes started together behind a barrier. The machine's "
+        f"1-minute load average was {r['load_avg_1m'][0]:.1f} before and {r['load_avg_1m'][1]:.1f} after "
+        "(other work shared its 2 CPUs): the numbers are this machine's, not a server's.",
+        "",
+        "| measure | PostgreSQL | SQLite |",
+        "| --- | --- | --- |",
+        *(f"| {label} | {fmt.format(pg[k][f])} | {fmt.format(sq[k][f])} |" for label, k, f, fmt in rows),
+        "",
+    ]
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "store_bench.json")
+    ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--db", default=None, help="a postgresql:// URL: compare that store with SQLite")
     args = ap.parse_args(argv)
+    argv_shown = [mask(a) for a in (sys.argv[1:] if argv is None else argv)]
+    if args.db is not None:
+        result = {
+            "command": shlex.join(["python", "benchmarks/store_bench.py", *argv_shown]),
+            "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "machine": machine(),
+            "results": compare(args.db),
+        }
+        out = args.out or ROOT / "benchmarks" / "results" / "store_bench_postgres.json"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(result, indent=2) + "\n")
+        out.with_suffix(".md").write_text(compare_markdown(result))
+        print(compare_markdown(result))
+        return result
+    args.out = args.out or ROOT / "benchmarks" / "results" / "store_bench.json"
     with tempfile.TemporaryDirectory(prefix="kb-store-bench-") as tmp, EventStore(Path(tmp) / "b.db") as s:
         results = {
             "single": bench_single(s),
@@ -269,7 +433,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "claims": bench_claims(s),
             "scheduler": bench_scheduler(s),
         }
-    argv_shown = sys.argv[1:] if argv is None else argv
     result = {
         "command": shlex.join(["python", "benchmarks/store_bench.py", *argv_shown]),
         "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"),

@@ -7,6 +7,12 @@ The contract is EventStore's (kernelbrain.store.sqlite); what differs is how the
   in seq order, and a reader at cursor N can never miss an event that commits later with a smaller
   seq: the log is gap-free and every snapshot holds a prefix of it. (A sequence would hand out
   numbers out of commit order and leave gaps on rollback.) Reads take no lock.
+- durability. A write transaction commits with synchronous_commit off, so the lock is not held
+  through the disk flush; the store then commits a one-xid transaction synchronously, whose flush
+  covers the write (the WAL is one sequence), before it returns. So a write is durable when its call
+  returns, and concurrent writers' flushes share one fsync. A reader may see an event a few
+  milliseconds before it is on disk; anything that reader records is flushed after it, so a crash
+  loses at most a suffix of the log, which the workers redo (their keys are idempotent).
 - claims. One statement locks the task's lease row with FOR UPDATE SKIP LOCKED and, in the same
   statement, takes it (token + 1) when it is free, expired or the claimer's own, or inserts it
   (token 1) when the task was never claimed. A row another transaction holds is skipped: that claim
@@ -70,6 +76,9 @@ FOLD_BATCH = 20_000  # rows per fold query (keyset pages: seq > last applied)
 RETRIES = 3  # a transaction the server aborted as a deadlock or a serialization failure runs again
 
 _SELECT_LOCK = "SELECT pg_advisory_xact_lock(%s)"
+_ASYNC_COMMIT = "SET LOCAL synchronous_commit = off"
+# a transaction with an xid, committed synchronously: its WAL flush covers every commit before it
+_FLUSH_BARRIER = "SELECT pg_current_xact_id()"
 _INSERT = f"INSERT INTO events (seq, {INSERT_COLUMNS}) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
 _MAX_SEQ = "SELECT coalesce(max(seq), 0) FROM events"
 _MAX_SEQ_RUN = "SELECT coalesce(max(seq), 0) FROM events WHERE run_id = %s"
@@ -341,12 +350,18 @@ class PostgresStore(Store):
             return body(outer)
         for attempt in range(RETRIES):
             try:
-                with self._pool.connection() as conn, conn.transaction():
-                    self._local.conn = conn
-                    try:
-                        return body(conn)
-                    finally:
-                        self._local.conn = None
+                with self._pool.connection() as conn:
+                    with conn.transaction():
+                        self._local.conn = conn
+                        try:
+                            # COMMIT releases the append lock without waiting for the disk ...
+                            conn.execute(_ASYNC_COMMIT)
+                            result = body(conn)
+                        finally:
+                            self._local.conn = None
+                    # ... and this waits for it, beside every other writer's wait (group commit)
+                    conn.execute(_FLUSH_BARRIER)
+                    return result
             except (errors.DeadlockDetected, errors.SerializationFailure):
                 if attempt == RETRIES - 1:
                     raise
