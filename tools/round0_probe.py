@@ -74,7 +74,7 @@ def probe(
     problem = Problem(source)
     shape = problem.ladder_shapes("cuda", "primary")[0]
     inputs = problem.inputs(shape, 0, "cuda")
-    ref = problem.module.Model(*problem.module.get_init_inputs()).cuda()
+    ref = problem.module.Model(*problem.module.get_init_inputs()).cuda().eval()  # as kb's judge builds it
     with torch.no_grad():
         expected = ref(*inputs)
         rows = []
@@ -83,6 +83,10 @@ def probe(
             try:  # a probe reports a candidate that does not compile or run, and goes on
                 cand = _load(p.source, folder, f"{path.stem}_{i}")
                 new = cand.ModelNew(*problem.module.get_init_inputs()).cuda()
+                # the reference's parameters and buffers, where the names agree: errors then mean something
+                mine = new.state_dict()
+                same = {k: v for k, v in ref.state_dict().items() if k in mine and mine[k].shape == v.shape}
+                new.load_state_dict(same, strict=False)
                 got = new(*inputs)
                 err = (got.float() - expected.float()).abs().max().item()
             except Exception as exc:

@@ -27,7 +27,7 @@ PARTS = "kernelbrain.templates.reduce_parts"
 # kept positions (fewer when inner is narrower) x the rest of the tile's elements along R
 ROUND0: list[dict[str, Any]] = [
     {"strategy": "loop", "block_k": 1, "block_r": 1024, "split": 1, "num_warps": 4},
-    {"strategy": "loop", "block_k": 8, "block_r": 256, "split": 1, "num_warps": 8},
+    {"strategy": "loop", "block_k": 32, "block_r": 256, "split": 1, "num_warps": 8},
     {"strategy": "split", "block_k": 1, "block_r": 2048, "split": 64, "num_warps": 8},
     {"strategy": "loop", "block_k": 4, "block_r": 512, "split": 1, "num_warps": 4},
     {"strategy": "loop", "block_k": 1, "block_r": 4096, "split": 1, "num_warps": 8},
