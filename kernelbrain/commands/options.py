@@ -1,0 +1,114 @@
+"""What every `kb` command shares: the --db and --json options, user errors as one line, the store
+opened from --db, and the option parsers more than one command uses."""
+
+from __future__ import annotations
+
+import functools
+import os
+from collections.abc import Callable
+from typing import Any
+
+import click
+import orjson
+
+from kernelbrain.core import torch_ops
+from kernelbrain.core.events import EventError
+from kernelbrain.core.problem import ProblemError
+from kernelbrain.generators import GenerationError
+from kernelbrain.runtime.check import CandidateFileError
+from kernelbrain.runtime.isolation import IsolationError
+from kernelbrain.runtime.runner import RunError, detect_device
+from kernelbrain.store import Store, StoreError
+from kernelbrain.store import open_store as open_db
+from kernelbrain.views.ending import EXIT_PROBLEM
+
+DEFAULT_DB = "kernelbrain.db"
+USER_ERRORS = (
+    StoreError,
+    RunError,
+    EventError,
+    GenerationError,
+    LookupError,
+    IsolationError,
+    CandidateFileError,
+)
+
+
+class ProblemUnusable(click.ClickException):
+    """The problem file is at fault (unreadable, not Python, not KernelBench's format): its own exit code."""
+
+    exit_code = EXIT_PROBLEM
+
+
+def db_option(f: Callable) -> Callable:
+    return click.option(
+        "--db",
+        envvar="KB_DB",
+        default=DEFAULT_DB,
+        show_default=True,
+        help="SQLite file, or postgresql://user@host:port/dbname URL, holding the runs (env KB_DB).",
+    )(f)
+
+
+def json_option(f: Callable) -> Callable:
+    return click.option("--json", "as_json", is_flag=True, help="Machine-readable JSON output.")(f)
+
+
+def user_errors(f: Callable) -> Callable:
+    """Known failures become one clear line (click prints 'Error: ...') and exit 1, or EXIT_PROBLEM where
+    the problem file is at fault."""
+
+    @functools.wraps(f)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return f(*args, **kwargs)
+        except ProblemError as e:
+            raise ProblemUnusable(str(e).splitlines()[0]) from e
+        except USER_ERRORS as e:
+            raise click.ClickException(str(e).splitlines()[0]) from e
+
+    return wrapper
+
+
+def open_store(db: str, *, create: bool = False) -> Store:
+    return open_db(db, create=create)
+
+
+def read_store(db: str) -> Store:
+    """For commands that only read: recorded databases (benchmarks/results) keep their bytes."""
+    return open_db(db, readonly=True)
+
+
+def env_seconds(name: str, default: float) -> float:
+    text = os.environ.get(name, "").strip()
+    try:
+        value = float(text) if text else default
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise click.UsageError(f"{name}={text!r} is not a number of seconds above 0; set it so or unset it")
+    return value
+
+
+def allow_torch(ctx: click.Context, param: click.Parameter, value: str) -> tuple[str, ...]:
+    """--allow-torch's callback: the comma list as torch_ops classes, an unknown one refused."""
+    try:
+        return torch_ops.parse(value)
+    except torch_ops.UnknownClass as e:
+        raise click.BadParameter(str(e)) from None
+
+
+def echo_json(obj: Any) -> None:
+    click.echo(orjson.dumps(obj, option=orjson.OPT_INDENT_2).decode())
+
+
+def resolve_device(device: str) -> str:
+    """--device as the workers will use it; cuda on a machine without an NVIDIA GPU is refused here."""
+    if device == "auto":
+        return detect_device()
+    if device == "cuda" and detect_device() != "cuda":
+        raise click.BadParameter(
+            "cuda, but this machine has no NVIDIA GPU (no /dev/nvidia*); use --device cpu or auto",
+            param_hint="'--device'",
+        )
+    return device

@@ -1,0 +1,289 @@
+"""`kb run`, `kb resume`, `kb worker` and `kb check`: the commands that start or serve a run's work."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import click
+
+from kernelbrain.commands.options import (
+    allow_torch,
+    db_option,
+    echo_json,
+    env_seconds,
+    json_option,
+    open_store,
+    resolve_device,
+    user_errors,
+)
+from kernelbrain.core import torch_ops
+from kernelbrain.core.events import RunConfig
+from kernelbrain.runtime import isolation
+from kernelbrain.runtime.environment import without_secrets
+from kernelbrain.runtime.roles import ROLES
+from kernelbrain.runtime.runner import (
+    DEFAULT_RUNGS,
+    load_state,
+    parse_ladder,
+    prepare_resume,
+    require_run,
+    start_run,
+    supervise,
+)
+from kernelbrain.runtime.worker import Worker
+
+
+def drive(
+    db: str,
+    run_id: str,
+    gpu: int | None,
+    inprocess: bool,
+    quiet: bool,
+    as_json: bool,
+    external: bool = False,
+    after: int = 0,
+) -> None:
+    """Supervise the run, showing it live (kernelbrain.views.progress), then say how it ended."""
+    from kernelbrain.views import ending, progress
+
+    level = isolation.chosen()
+    if level != "bwrap":  # one line: candidates are untrusted code, and this is how far they are held
+        click.echo(
+            f"kb: warning: candidates run with sandbox isolation {isolation.describe(level)}; "
+            "install bubblewrap (bwrap) for full isolation",
+            err=True,
+        )
+
+    reader = open_store(db)
+    try:
+        with progress.make_view(reader, run_id, after=after, as_json=as_json, quiet=quiet) as view:
+            finished = supervise(db, run_id, gpu=gpu, inprocess=inprocess, external=external, progress=view)
+        state = load_state(reader, run_id)
+    finally:
+        reader.close()
+    code = ending.report(run_id, state, finished, as_json)
+    if code:
+        sys.exit(code)
+
+
+@click.command()
+@click.argument("problem", type=click.Path(dir_okay=False))
+@db_option
+@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True)
+@click.option("--generator", default="expert", show_default=True)
+@click.option("--max-candidates", type=click.IntRange(min=1), default=8, show_default=True)
+@click.option(
+    "--budget-gpu-s",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    help="Stop after this many device seconds.",
+)
+@click.option(
+    "--budget-wall-s",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    help="Stop after this much wall time.",
+)
+@click.option(
+    "--budget-tokens", type=click.IntRange(min=1), default=None, help="Stop after this many LLM tokens."
+)
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option(
+    "--eta",
+    type=click.IntRange(min=2),
+    default=3,
+    show_default=True,
+    help="Successive halving keeps the top 1/eta of each rung.",
+)
+@click.option("--llm-base-url", default=None, help="OpenAI-compatible endpoint (env KB_LLM_BASE_URL).")
+@click.option(
+    "--llm-model", default=None, help="Model name (env KB_LLM_MODEL); the key comes from KB_LLM_API_KEY."
+)
+@click.option(
+    "--llm-temperature",
+    type=click.FloatRange(min=0),
+    default=None,
+    help="env KB_LLM_TEMPERATURE, default 0.8",
+)
+@click.option("--llm-max-tokens", type=click.IntRange(min=1), default=None, help="env KB_LLM_MAX_TOKENS")
+@click.option(
+    "--llm-timeout-s",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    help="per request (env KB_LLM_TIMEOUT_S)",
+)
+@click.option("--llm-concurrency", type=click.IntRange(min=1), default=None, help="env KB_LLM_CONCURRENCY")
+@click.option(
+    "--ladder",
+    default=None,
+    help="Rungs as SHAPES:REPEATS[:WARMUP],... (default on GPU: smallest:10:3,primary:30:5,all:100:10).",
+)
+@click.option(
+    "--allow-torch",
+    default="",
+    callback=allow_torch,
+    metavar="CLASSES",
+    help="Let candidates keep these torch ops (comma list) and fuse the rest, labelled so: "
+    f"{torch_ops.help_text()}. Default: none, all Triton.",
+)
+@click.option("--gpu", type=click.IntRange(min=0), default=None, help="GPU index for the workers.")
+@click.option("--inprocess", is_flag=True, help="Step the workers in this process (tests, debugging).")
+@click.option(
+    "--external-workers",
+    is_flag=True,
+    help="Start no workers: `kb worker ROLE --db FILE` processes (one benchmarker per GPU) drive the run.",
+)
+@click.option("--quiet", is_flag=True, help="Print only the run id and the result.")
+@json_option
+@user_errors
+def run(
+    problem: str,
+    db: str,
+    device: str,
+    generator: str,
+    max_candidates: int,
+    budget_gpu_s: float | None,
+    budget_wall_s: float | None,
+    budget_tokens: int | None,
+    seed: int,
+    eta: int,
+    llm_base_url: str | None,
+    llm_model: str | None,
+    llm_temperature: float | None,
+    llm_max_tokens: int | None,
+    llm_timeout_s: float | None,
+    llm_concurrency: int | None,
+    ladder: str | None,
+    allow_torch: tuple[str, ...],
+    gpu: int | None,
+    inprocess: bool,
+    external_workers: bool,
+    quiet: bool,
+    as_json: bool,
+) -> None:
+    """Search for a faster kernel for PROBLEM (a KernelBench .py file)."""
+    from kernelbrain import generators
+    from kernelbrain.core.problem import read_problem
+
+    if inprocess and external_workers:
+        raise click.UsageError("--inprocess and --external-workers exclude each other; pass one")
+    read_problem(problem)  # a bad problem file is reported before the database is opened
+    dev = resolve_device(device)
+    config = RunConfig(
+        generator=generator,
+        device=dev,
+        seed=seed,
+        max_candidates=max_candidates,
+        budget_gpu_s=budget_gpu_s,
+        budget_wall_s=budget_wall_s,
+        budget_tokens=budget_tokens,
+        eta=eta,
+        rungs=parse_ladder(ladder) if ladder else DEFAULT_RUNGS[dev],
+        llm_base_url=llm_base_url,
+        llm_model=llm_model,
+        llm_temperature=llm_temperature,
+        llm_max_tokens=llm_max_tokens,
+        llm_timeout_s=llm_timeout_s,
+        llm_concurrency=llm_concurrency,
+        analysis_timeout_s=env_seconds("KB_ANALYSIS_TIMEOUT_S", 60.0),
+        allow_torch=allow_torch,
+    )
+    generators.get(generator, **config.generator_options())  # a misconfigured generator fails here
+    with open_store(db, create=True) as store:
+        run_id = start_run(store, problem, config)
+    if not as_json:  # JSON readers find the id on every line, RunStarted first
+        click.echo(f"run {run_id}")
+    sys.stdout.flush()
+    drive(db, run_id, gpu, inprocess, quiet, as_json, external_workers)
+
+
+@click.command()
+@click.argument("problem", type=click.Path(dir_okay=False))
+@click.argument("candidate", type=click.Path(dir_okay=False))
+@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True)
+@click.option("--bench", is_flag=True, help="Also time it against the reference on every rung of the ladder.")
+@click.option(
+    "--allow-torch",
+    default="",
+    callback=allow_torch,
+    metavar="CLASSES",
+    help="Let it keep these classes of torch ops (comma list; as kb run's). Default: none, all Triton.",
+)
+@json_option
+@user_errors
+def check(
+    problem: str, candidate: str, device: str, bench: bool, allow_torch: tuple[str, ...], as_json: bool
+) -> None:
+    """Gate one candidate file (ModelNew) against PROBLEM, outside any run; exit 1 when it fails."""
+    from kernelbrain.runtime.check import check as do_check
+    from kernelbrain.views.describe import fmt_s
+
+    dev = resolve_device(device)
+    result = do_check(problem, candidate, dev, DEFAULT_RUNGS[dev] if bench else None, torch_ops=allow_torch)
+    if as_json:
+        echo_json(result.model_dump())
+    elif result.passed:
+        click.echo(
+            f"PASSED on {result.seeds} seeds: max abs err {result.max_abs_err:.3g}, max rel err "
+            f"{result.max_rel_err:.3g} (tolerance {result.tolerance:g})"
+        )
+        for r in result.rungs:
+            for s in r.shapes:
+                click.echo(
+                    f"  rung {r.rung} {s.shape}: {fmt_s(s.cand_median_s)} (IQR {fmt_s(s.cand_iqr_s)}) vs "
+                    f"reference {fmt_s(s.ref_median_s)}: {s.speedup:.3g}x [{r.timer}]"
+                )
+    else:
+        click.echo(f"FAILED [{result.category}]: {result.detail}")
+    if not result.passed:
+        sys.exit(1)
+
+
+@click.command()
+@click.argument("run_id")
+@db_option
+@click.option("--gpu", type=click.IntRange(min=0), default=None, help="GPU index for the workers.")
+@click.option("--inprocess", is_flag=True, help="Step the workers in this process (tests, debugging).")
+@click.option("--quiet", is_flag=True, help="Print only the resume line and the result.")
+@json_option
+@user_errors
+def resume(run_id: str, db: str, gpu: int | None, inprocess: bool, quiet: bool, as_json: bool) -> None:
+    """Continue an interrupted run from its log."""
+    with open_store(db) as store:
+        before = store.last_seq(run_id) or 0  # this session shows what it adds, from RunResumed on
+        state = prepare_resume(store, run_id)
+    if not as_json:
+        click.echo(
+            f"run {run_id} resumed at event #{state.position}: {len(state.candidates)} candidates, "
+            f"{len(state.live())} unfinished"
+        )
+    sys.stdout.flush()
+    drive(db, run_id, gpu, inprocess, quiet, as_json, after=before)
+
+
+@click.command()
+@click.argument("role", type=click.Choice(ROLES))
+@db_option
+@click.option("--run", "run_id", default=None, help="Serve only this run (default: every unfinished run).")
+@click.option("--gpu", type=click.IntRange(min=0), default=None, help="GPU index for this worker.")
+@click.option(
+    "--idle-exit-s",
+    type=click.FloatRange(min=0),
+    default=None,
+    help="Exit after this long with nothing to do.",
+)
+@user_errors
+def worker(role: str, db: str, run_id: str | None, gpu: int | None, idle_exit_s: float | None) -> None:
+    """Run one worker process (kb run starts all five for you)."""
+    if role != "generator" and without_secrets(dict(os.environ)) != dict(os.environ):
+        # started by hand with the keys in its environment, which its children could read in /proc:
+        # start again without them (only the generator talks to the LLM)
+        argv = [sys.executable, "-m", "kernelbrain", *sys.argv[1:]]
+        os.execve(sys.executable, argv, without_secrets(dict(os.environ)))
+    if run_id is not None:
+        with open_store(db) as store:
+            require_run(store, run_id)  # a worker for a run that is not there would idle forever
+    w = Worker(db, role, run_id, gpu=gpu)
+    w.install_signal_handlers()
+    w.run(idle_exit_s=idle_exit_s)
