@@ -16,10 +16,25 @@ written once in its traced dtype and the reduce, normalize or staged family comp
 forward's tensors as a second launch in the same candidate, its knobs that family's first feasible
 round-0 set.
 
-Strategy axes (conv_parts' docstring has the detail): "taps" (a tl.dot per tap and channel step),
-"gemm" (K = channels x taps flattened: few channels a group), "direct" (outer products on FMA units:
-depthwise and narrow groups); tiles BLOCK_M x BLOCK_N x BLOCK_K, warps, pipeline stages, and the fp32
-dot's precision (`fp32_dot`: "tf32x3" or "ieee"; plain TF32 cannot meet fp32's 1e-4).
+Strategy axes (conv_parts' docstring has the detail): "taps" (a tl.dot per tap and channel step, in
+one pipelined loop), "gemm" (K = taps x channels flattened: few channels a group), "direct" (outer
+products on FMA units: depthwise and narrow groups); tiles BLOCK_M x BLOCK_N x BLOCK_K, warps, pipeline
+stages; `channels_last` (the dot forms: x copied channels-last once a call, where it is not already, so
+each gather is contiguous along the channels: a read and a write of x, worth it where the output
+channels are many and x is not huge); and the fp32 dot's precision, `fp32_dot`:
+
+- "tf32": one TF32 tensor-core pass. PyTorch runs an fp32 convolution on CUDA through cuDNN with TF32
+  allowed by default (torch.backends.cudnn.allow_tf32, unlike matmul's), so the user's own eager
+  convolution errs by TF32's rounding; the gate (child/tolerance.py) admits an element within
+  REFERENCE_MULTIPLE times the reference's own error against float64 truth, so a TF32 candidate passes
+  there on its merits, or fails where it errs past that. Contraction keeps "tf32x3": eager matmul is
+  full fp32. On a CPU the reference is exact fp32 and Triton's interpreter ignores input_precision
+  (an fp32 numpy product), so a "tf32" candidate there computes, and is judged, as "ieee": the CPU tests
+  check its indexing, the GPU gate its precision.
+- "tf32x3": three TF32 passes of the hi/lo split operands, ~fp32's accuracy: where cuDNN's fp32 conv is
+  not TF32 (allow_tf32 off, or a shape cuDNN runs in full fp32) the "tf32" sets fail the gate and these
+  remain; round 0 holds both, as the device is not known to `feasible`.
+- "ieee": FMA units, exact (a mutation for register spills).
 """
 
 from __future__ import annotations
@@ -34,24 +49,30 @@ FAMILY = "conv"
 PARTS = "kernelbrain.templates.conv_parts"
 STRATEGIES = ("taps", "gemm", "direct")
 DOT_STRATEGIES = ("taps", "gemm")
-FP32_DOTS = ("tf32x3", "ieee")
+FP32_DOTS = ("tf32x3", "ieee", "tf32")  # the first: a knob set's without one
 
 ROUND0: list[dict[str, Any]] = [
-    {"strategy": "taps", "block_m": 128, "block_n": 64, "block_k": 32, "num_warps": 4, "num_stages": 3,
-     "fp32_dot": "tf32x3"},
-    {"strategy": "taps", "block_m": 64, "block_n": 64, "block_k": 32, "num_warps": 4, "num_stages": 3,
-     "fp32_dot": "tf32x3"},
-    {"strategy": "gemm", "block_m": 128, "block_n": 64, "block_k": 32, "num_warps": 4, "num_stages": 3,
-     "fp32_dot": "tf32x3"},
+    # one TF32 pass (the reference's own precision on a GPU: see above), wide tiles: NCDHW as given, then
+    # channels-last, then K flattened for few channels a group
     {"strategy": "taps", "block_m": 128, "block_n": 128, "block_k": 32, "num_warps": 8, "num_stages": 3,
-     "fp32_dot": "tf32x3"},
-    {"strategy": "taps", "block_m": 64, "block_n": 64, "block_k": 16, "num_warps": 4, "num_stages": 2,
-     "fp32_dot": "ieee"},
+     "fp32_dot": "tf32", "channels_last": False},
+    {"strategy": "taps", "block_m": 128, "block_n": 128, "block_k": 32, "num_warps": 8, "num_stages": 3,
+     "fp32_dot": "tf32", "channels_last": True},
+    {"strategy": "gemm", "block_m": 128, "block_n": 128, "block_k": 32, "num_warps": 8, "num_stages": 3,
+     "fp32_dot": "tf32", "channels_last": True},
+    {"strategy": "gemm", "block_m": 128, "block_n": 64, "block_k": 32, "num_warps": 4, "num_stages": 3,
+     "fp32_dot": "tf32", "channels_last": False},
+    # ~fp32's accuracy, where the reference is not TF32
+    {"strategy": "taps", "block_m": 128, "block_n": 64, "block_k": 32, "num_warps": 4, "num_stages": 3,
+     "fp32_dot": "tf32x3", "channels_last": False},
+    {"strategy": "gemm", "block_m": 128, "block_n": 64, "block_k": 32, "num_warps": 4, "num_stages": 3,
+     "fp32_dot": "tf32x3", "channels_last": True},
     {"strategy": "direct", "block_m": 128, "block_n": 16, "block_k": 1, "num_warps": 4, "num_stages": 1},
     {"strategy": "direct", "block_m": 256, "block_n": 4, "block_k": 1, "num_warps": 4, "num_stages": 1},
 ]  # fmt: skip
 MUTATIONS: dict[str, list[tuple[str, str]]] = {
     "compute-bound": [
+        ("tf32_dot", "fp32 dots as one TF32 pass, the precision of the reference's own cuDNN conv"),
         ("tf32x3_dot", "fp32 dots as three TF32 tensor-core dots instead of FMAs"),
         ("wider_channels", "more output channels a program: each gathered input tile feeds more columns"),
         ("longer_k", "a longer K step: fewer loop trips, larger dots"),
@@ -63,6 +84,7 @@ MUTATIONS: dict[str, list[tuple[str, str]]] = {
     "memory-bound with poor coalescing": [
         ("larger_tiles", "longer runs of neighbouring output positions: longer contiguous gathers"),
         ("taps", "one tap's row offsets a step: each gather a strided run of one input row"),
+        ("channels_last", "x copied channels-last once a call: each gather contiguous along the channels"),
     ],
     "latency or occupancy-limited": [
         ("more_stages", "a deeper pipeline keeps more tile loads in flight"),
@@ -99,17 +121,23 @@ def fp32_dot(knobs: dict[str, Any]) -> str:
     return str(knobs.get("fp32_dot", FP32_DOTS[0]))
 
 
+def channels_last(knobs: dict[str, Any]) -> bool:
+    return knobs.get("channels_last", False) is True
+
+
 def mutate(knobs: dict[str, Any], move: str) -> dict[str, Any] | None:
     k = dict(knobs)
     dot = k["strategy"] in DOT_STRATEGIES
-    if move in {"tf32x3_dot", "ieee_dot"}:
+    if move in {"tf32_dot", "tf32x3_dot", "ieee_dot"}:
         v = move.removesuffix("_dot")
         return {**k, "fp32_dot": v} if dot and fp32_dot(k) != v else None
     if move in {"taps", "gemm"}:
         if k["strategy"] == move:
             return None
         return {**k, "strategy": move, "block_n": max(16, k["block_n"]), "block_k": max(16, k["block_k"]),
-                "fp32_dot": fp32_dot(k)}  # fmt: skip
+                "fp32_dot": fp32_dot(k), "channels_last": channels_last(k)}  # fmt: skip
+    if move == "channels_last":
+        return {**k, "channels_last": True} if dot and not channels_last(k) else None
     if move == "wider_channels":
         return {**k, "block_n": k["block_n"] * 2} if k["block_n"] < 256 else None
     if move == "longer_k":
@@ -124,9 +152,13 @@ def mutate(knobs: dict[str, Any], move: str) -> dict[str, Any] | None:
 def feasible(spec: dict, knobs: dict[str, Any]) -> bool:
     """Known knobs, power-of-two tiles (a tl.dot's at least 16 a side), the accumulator within registers
     and the dot forms' pipelined tiles within shared memory; the dot forms only for groups of at least 8
-    output channels (narrower ones waste most of a dot's columns: the direct form serves them)."""
+    output channels (narrower ones waste most of a dot's columns: the direct form serves them);
+    channels-last only for the dot forms (the direct form reads one channel at a time: it buys nothing)."""
     strategy = knobs.get("strategy")
     if strategy not in STRATEGIES or fp32_dot(knobs) not in FP32_DOTS:
+        return False
+    layout = knobs.get("channels_last", False)
+    if layout not in (False, True) or (strategy == "direct" and layout):
         return False
     bm, bn, bk, warps = knobs["block_m"], knobs["block_n"], knobs["block_k"], knobs["num_warps"]
     if any(b < 1 or b & (b - 1) for b in (bm, bn, bk)) or warps not in (1, 2, 4, 8, 16):
@@ -354,8 +386,8 @@ def render(spec: dict, knobs: dict[str, Any], signature: dict[str, list[str]]) -
     def forward(self, {", ".join(forward)}):
         kb_h = _conv_launch(
             {forward[spec["input"]]}, {read(spec["weight"], forward)}, {read(spec["bias"], forward)},
-            [{extras}], STRIDE, PADDING, DILATION, {dtype}, STRATEGY, FP32_DOT, BLOCK_M, BLOCK_N,
-            BLOCK_K, NUM_WARPS, NUM_STAGES,
+            [{extras}], STRIDE, PADDING, DILATION, {dtype}, STRATEGY, FP32_DOT, CHANNELS_LAST, BLOCK_M,
+            BLOCK_N, BLOCK_K, NUM_WARPS, NUM_STAGES,
         )
 {tail_call}        return kb_h
 """
@@ -363,7 +395,7 @@ def render(spec: dict, knobs: dict[str, Any], signature: dict[str, list[str]]) -
         doc,
         constants(STRATEGY=knobs["strategy"], FP32_DOT=fp32_dot(knobs), BLOCK_M=knobs["block_m"]),
         constants(BLOCK_N=knobs["block_n"], BLOCK_K=knobs["block_k"], NUM_WARPS=knobs["num_warps"]),
-        constants(NUM_STAGES=knobs["num_stages"]),
+        constants(NUM_STAGES=knobs["num_stages"], CHANNELS_LAST=channels_last(knobs)),
         constants(STRIDE=spec["stride"], PADDING=spec["padding"], DILATION=spec["dilation"]),
         parts(pointwise.PARTS, *spec["helpers"], "_model_tensor"),
         chain("_epilogue", spec["epilogue"], spec["epilogue_result"]),
