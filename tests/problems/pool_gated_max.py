@@ -5,7 +5,7 @@ covers."""
 import torch
 import torch.nn as nn
 
-KB_SMOKE_SHAPE = {"batch_size": 2, "channels": 3, "depth": 7, "height": 9, "width": 10}
+KB_SMOKE_SHAPE = {"batch_size": 1, "channels": 2, "depth": 7, "height": 9, "width": 10}
 batch_size = 2
 channels = 3
 depth = 7
