@@ -5,7 +5,7 @@ covers."""
 import torch
 import torch.nn as nn
 
-KB_SMOKE_SHAPE = {"batch_size": 3, "steps": 45, "channels": 5}
+KB_SMOKE_SHAPE = {"batch_size": 2, "steps": 19, "channels": 5}
 batch_size = 3
 steps = 45
 channels = 5
