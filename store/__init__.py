@@ -4,7 +4,14 @@ Two adapters behind one contract (base.Store): EventStore on a SQLite file, the 
 postgres.PostgresStore on a PostgreSQL server; open_store picks one from a --db path or URL."""
 
 from kernelbrain.store.base import Store
-from kernelbrain.store.errors import CorruptDatabase, ForeignDatabase, SchemaTooNew, StaleLease, StoreError
+from kernelbrain.store.errors import (
+    CorruptDatabase,
+    ForeignDatabase,
+    SchemaTooNew,
+    StaleLease,
+    StoreError,
+    StoreUnavailable,
+)
 from kernelbrain.store.location import mask, open_store
 from kernelbrain.store.projection import Projection
 from kernelbrain.store.records import Lease, NewEvent, StoredEvent
@@ -21,6 +28,7 @@ __all__ = [
     "StaleLease",
     "Store",
     "StoreError",
+    "StoreUnavailable",
     "StoredEvent",
     "mask",
     "open_store",

@@ -136,6 +136,9 @@ class Store(abc.ABC):
 
     #: the seconds wait_for_events sleeps between polls where the database cannot wake it
     POLL_S = 0.05
+    #: whether the database itself wakes wait_for_events when an event is appended (so a waiter can
+    #: wait longer between looks at what no event announces)
+    WAKES_WAITERS = False
 
     @property
     @abc.abstractmethod

@@ -21,3 +21,8 @@ class ForeignDatabase(StoreError):
 
 class StaleLease(StoreError):
     """A result or renewal under a lease whose token is no longer current, or for a done task."""
+
+
+class StoreUnavailable(StoreError):
+    """The database could not be reached (its server down or restarting, the network cut, no connection
+    free in time): nothing is wrong with the request, and it is worth trying again later."""

@@ -58,7 +58,7 @@ from kernelbrain.store.base import (
     stale_lease,
     stored_from_insert,
 )
-from kernelbrain.store.errors import StoreError
+from kernelbrain.store.errors import StoreError, StoreUnavailable
 from kernelbrain.store.location import mask, scrub
 from kernelbrain.store.projection import Projection
 from kernelbrain.store.records import Lease, NewEvent, StoredEvent
@@ -170,7 +170,13 @@ def translate(e: BaseException, url: str, lock_timeout_s: float) -> StoreError:
     if isinstance(e, psycopg.OperationalError) and "does not exist" in low and "database" in low:
         return StoreError(f"no database at {where} ({text}); create it (createdb) or fix the URL")
     if isinstance(e, psycopg.OperationalError):
-        return StoreError(
+        # a refused login is no passing fault: it is not tried again (StoreUnavailable is)
+        kind = (
+            StoreError
+            if "authentication failed" in low or "no password supplied" in low
+            else StoreUnavailable
+        )
+        return kind(
             f"cannot reach the PostgreSQL server at {where} ({text}); check that it runs and the URL,"
             " user and password (or PGPASSWORD)"
         )
@@ -194,6 +200,7 @@ class PostgresStore(Store):
     lock_timeout_s bounds a wait for another writer's lock (then StoreError, as SQLite's busy timeout).
     """
 
+    WAKES_WAITERS = True  # LISTEN kb_events (or, where LISTEN is not to be had, a poll)
     LISTEN_RECHECK_S = 1.0  # even with LISTEN, last_seq is read again this often
     POLL_FALLBACK_S = 0.25  # the poll interval where LISTEN is not to be had
 

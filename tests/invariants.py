@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import Counter
 from pathlib import Path
 
-from kernelbrain.store import EventStore
+from kernelbrain.store import open_store
 
 from kernelbrain.core.events import decode
 from kernelbrain.core.state import RunState
@@ -49,7 +49,7 @@ def read_exec_log(path: Path) -> list[tuple[float, str, str]]:
 
 
 def check_run(db: Path, run_id: str, exec_log: Path | None = None) -> RunState:
-    with EventStore(db, create=False) as store:
+    with open_store(str(db), create=False) as store:
         state = store.fold(RunState(run_id), run_id=run_id)
         assert state.finished is not None, f"run {run_id} did not finish"
         unfinished = [c.id for c in state.candidates.values() if c.terminal is None]

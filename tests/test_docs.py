@@ -22,6 +22,11 @@ CONFIGURATION = ROOT / "docs" / "configuration.md"
 # flags the docs name that belong to other programs, and the file that must define each
 FOREIGN = {
     "--index-url": None,  # pip's
+    "--job-name": None,  # Slurm's sbatch (docs/multi-host.md)
+    "--array": None,
+    "--gres": None,
+    "--time": None,
+    "--export": None,
     "--all-shapes": "kernelbrain/views/export_harness.py",  # the exported kernel.py's harness
     "--seeds": "kernelbrain/views/export_harness.py",
     "--repeats": "kernelbrain/views/export_harness.py",

@@ -9,6 +9,7 @@ resumable.
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib.metadata
 import os
 import platform
@@ -29,6 +30,7 @@ from kernelbrain.core.problem import read_problem, source_hash
 from kernelbrain.core.state import RunState
 from kernelbrain.runtime import isolation
 from kernelbrain.runtime.environment import without_secrets
+from kernelbrain.runtime.reconnect import retrying
 from kernelbrain.runtime.roles import ROLES
 from kernelbrain.runtime.worker import Worker
 from kernelbrain.store import Store, open_store
@@ -229,12 +231,17 @@ def _supervise_processes(
     # by the worker after MAX_TASK_FAULTS, which is work: the role goes on with the rest)
     restarts = dict.fromkeys(ROLES, 0)
     progress_at_death = dict.fromkeys(ROLES, -1)
+
+    def watch(seen: int) -> None:
+        store.fold(state, run_id=run_id)
+        if progress and state.position != seen:
+            progress(state, seen)
+
     try:
         while not stop:
             seen = state.position
-            store.fold(state, run_id=run_id)
-            if progress and state.position != seen:
-                progress(state, seen)
+            # a lost database is waited out (the workers wait it out too): fold and show again
+            retrying(functools.partial(watch, seen), "kb run")
             if state.finished is not None:
                 return state.finished
             if stalled(state):  # only parked tasks are left: `kb resume` retries them

@@ -1,6 +1,11 @@
-"""The worker loop. Each worker polls the log, folds it into RunState, claims its role's task, does it,
-and appends its result fenced by the claim, so a worker killed at any moment loses at most its task in
-flight.
+"""The worker loop. Each worker folds the log into RunState, claims its role's task, does it, and appends
+its result fenced by the claim, so a worker killed at any moment loses at most its task in flight. With
+nothing to do it waits for the next event (woken by the store: NOTIFY on PostgreSQL), looking again
+after KB_POLL seconds at most (a lease may expire with no event).
+
+A worker that loses its database (StoreUnavailable) retries with backoff (runtime/reconnect.py): its
+loop, its lease's heartbeat, and the fenced append of a finished task's result, which the fence refuses
+if the lease expired meanwhile and another worker took the task.
 
 Idempotency keys are derived from a result's inputs (run, candidate, rung, role): a task executed twice
 (a lease that expired under a slow worker) has one effect. The scheduler claims nothing: its decisions
@@ -10,6 +15,7 @@ are a pure function of the log and their keys make concurrent schedulers harmles
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import signal
@@ -19,21 +25,27 @@ from typing import Any
 
 from kernelbrain.core.events import LeaseExpired, TaskClaimed, TaskFaulted, TaskParked
 from kernelbrain.core.state import RunState, lease_lost
+from kernelbrain.runtime.reconnect import retrying
 from kernelbrain.runtime.role import Task, owner_alive
 from kernelbrain.runtime.roles import ROLE_CLASSES, SchedulerRole
-from kernelbrain.store import Lease, NewEvent, StaleLease, open_store
+from kernelbrain.store import Lease, NewEvent, StaleLease, Store, StoreUnavailable, open_store
 
 log = logging.getLogger("kernelbrain.worker")
 
 LEASE_TTL_S = float(os.environ.get("KB_LEASE_TTL", "30"))
 POLL_S = float(os.environ.get("KB_POLL", "0.1"))
+# where the store wakes a waiting worker on every append (PostgreSQL's NOTIFY), it looks again this often
+# at the least, for what no event announces (an expired lease, the wall-clock budget)
+WOKEN_RECHECK_S = 1.0
 # a task its workers died or raised on this many times in a session is parked, so the rest of the run
 # goes on (and a role's restarts are not spent on one task); `kb resume` tries it again
 MAX_TASK_FAULTS = 3
 
 
 class Heartbeat(threading.Thread):
-    """Renews a lease from its own connection while the task runs, so a slow task keeps its claim."""
+    """Renews a lease from its own connection while the task runs, so a slow task keeps its claim; while
+    the database is unreachable it keeps trying (the lease may run out meanwhile: the fence then refuses
+    the task's result)."""
 
     def __init__(self, db: str, lease: Lease, ttl_s: float) -> None:
         super().__init__(daemon=True)
@@ -41,15 +53,19 @@ class Heartbeat(threading.Thread):
         self.done = threading.Event()
 
     def run(self) -> None:
-        store = open_store(self.db, create=False)
+        store: Store | None = None  # opened at the first renewal: a short task needs no connection
         try:
             while not self.done.wait(self.ttl_s / 3):
                 try:
+                    store = store or open_store(self.db, create=False)
                     self.lease = store.renew(self.lease, self.ttl_s)
                 except StaleLease:
                     return
+                except StoreUnavailable as e:
+                    log.warning("lease %s not renewed, the database is unavailable: %s", self.lease.task, e)
         finally:
-            store.close()
+            if store is not None:
+                store.close()
 
 
 class Worker:
@@ -112,8 +128,13 @@ class Worker:
             events = []
             took_over.clear()
             # a lease its holder released (deadline 0: it raised and said so, or parked the task) did not
-            # expire under it
-            if previous is not None and previous.token != new.token and previous.deadline > 0:
+            # expire under it; nor did one this worker takes again (its task was cut off by a lost database)
+            if (
+                previous is not None
+                and previous.token != new.token
+                and previous.deadline > 0
+                and previous.owner != new.owner
+            ):
                 took_over.append(previous.owner)
                 events.append(
                     self.role.new(
@@ -156,7 +177,9 @@ class Worker:
         except BaseException as e:
             self.in_task = False
             beat.done.set()
-            if isinstance(e, Exception):  # kb's own fault: said in the log before the worker dies
+            # kb's own fault: said in the log before the worker dies (a lost database is no fault of the
+            # task's: the loop takes it again once the database is back)
+            if isinstance(e, Exception) and not isinstance(e, StoreUnavailable):
                 line = (f"{type(e).__name__}: {e}".splitlines() or [type(e).__name__])[0]
                 fault = TaskFaulted(task=task.key, worker=self.role.actor, error=line)
                 with contextlib.suppress(Exception):
@@ -169,8 +192,10 @@ class Worker:
         self.in_task = False
         beat.done.set()
         beat.join()
-        try:
-            self.store.append(events, fence=lease, complete=True)
+        try:  # the result waits out a lost database; the fence refuses it if the lease ran out meanwhile
+            retrying(
+                lambda: self.store.append(events, fence=lease, complete=True), f"{self.role.actor} result"
+            )
         except StaleLease:
             log.warning("%s: lease on %s was taken over; result dropped", self.role.actor, task.key)
         return True
@@ -203,20 +228,29 @@ class Worker:
         signal.signal(signal.SIGINT, stop)
 
     def run(self, idle_exit_s: float | None = None) -> None:
-        """Poll until stopped, or (with a run id) until that run has finished."""
+        """Work until stopped, or (with a run id) until that run has finished; through a lost database
+        (retried with backoff for KB_DB_RETRY_S, then StoreUnavailable is raised)."""
         idle_since = time.monotonic()
+        recheck_s = max(POLL_S, WOKEN_RECHECK_S) if self.store.WAKES_WAITERS else POLL_S
         try:
             while not self.stopping:
-                if self.step():
+                seen, did = retrying(self._look, self.role.actor)
+                if did:
                     idle_since = time.monotonic()
                     continue
                 if self.run_id and self.states.get(self.run_id) and self.states[self.run_id].finished:
                     return
                 if idle_exit_s is not None and time.monotonic() - idle_since > idle_exit_s:
                     return
-                time.sleep(POLL_S)
+                if not self.stopping:  # an event appended since `seen` (even during the step) wakes it
+                    retrying(functools.partial(self.store.wait_for_events, seen, recheck_s), self.role.actor)
         finally:
             self.close()
+
+    def _look(self) -> tuple[int, bool]:
+        """The log's end before this step, and whether the step did anything."""
+        seen = self.store.last_seq()
+        return seen, self.step()
 
     def close(self) -> None:
         self.role.close()
