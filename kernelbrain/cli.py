@@ -11,6 +11,7 @@ from typing import Any
 import click
 
 from kernelbrain import __version__
+from kernelbrain.commands import db as db_commands
 from kernelbrain.commands import run as run_commands
 from kernelbrain.commands import views
 
@@ -61,5 +62,6 @@ for _command in (
     views.audit,
     views.export,
     views.report,
+    db_commands.db,
 ):
     main.add_command(_command)

@@ -63,13 +63,17 @@ def boundary(
     return decorate
 
 
-def insert_rows(events: Iterable[NewEvent], ts: float) -> list[tuple[Any, ...]]:
-    """Parameter rows in INSERT_COLUMNS order; encoding here, before any transaction, keeps a bad payload
-    (TypeError) off the write lock."""
+def insert_rows(events: Sequence[NewEvent], ts: float | Sequence[float]) -> list[tuple[Any, ...]]:
+    """Parameter rows in INSERT_COLUMNS order, at time ts (one for all, or one per event: a copied log
+    keeps its own); encoding here, before any transaction, keeps a bad payload (TypeError) off the write
+    lock."""
     dumps = orjson.dumps
+    times = [ts] * len(events) if isinstance(ts, int | float) else list(ts)
+    if len(times) != len(events):
+        raise ValueError(f"{len(times)} times for {len(events)} events")
     return [
-        (e.run_id, e.type, e.version, e.subject, e.stage, e.key, dumps(e.payload), e.actor, ts)
-        for e in events
+        (e.run_id, e.type, e.version, e.subject, e.stage, e.key, dumps(e.payload), e.actor, at)
+        for e, at in zip(events, times, strict=True)
     ]
 
 
@@ -172,7 +176,10 @@ class Store(abc.ABC):
         fence: Lease | None = None,
         complete: bool = False,
         tracking: tuple[str, int] | None = None,
-    ) -> list[StoredEvent]: ...
+        ts: Sequence[float] | None = None,
+    ) -> list[StoredEvent]:
+        """Append events atomically (a key already stored is a no-op); fenced by a lease, completing its
+        task, moving a cursor. ts: each event's recorded time (a copied log keeps its own), else now."""
 
     def append_one(self, event: NewEvent, **kw: Any) -> StoredEvent:
         return self.append([event], **kw)[0]

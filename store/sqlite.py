@@ -302,12 +302,13 @@ class EventStore(Store):
         fence: Lease | None = None,
         complete: bool = False,
         tracking: tuple[str, int] | None = None,
+        ts: Sequence[float] | None = None,
     ) -> list[StoredEvent]:
         if complete and fence is None:
             raise ValueError("complete=True needs the fence (lease) of the task it completes")
         if not events and fence is None and tracking is None:
             return []
-        rows = insert_rows(events, time.time())
+        rows = insert_rows(events, time.time() if ts is None else ts)
 
         def body() -> list[StoredEvent]:
             if fence is not None:
