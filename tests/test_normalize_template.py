@@ -41,7 +41,7 @@ CASES = [
 # program knob sets take one path.
 EVERY_KNOB_SET = ("L1 rows", "over everything")
 ONE_ROW = [k for k in normalize.ROUND0 if k["block_k"] == 1]
-ROWS = [k for k in normalize.ROUND0 if k["block_k"] > 1]
+MANY_ROWS = [k for k in normalize.ROUND0 if k["block_k"] > 1]
 
 
 def check_case(fn, knob_sets: list[dict], tmp_path: Path) -> None:
@@ -64,7 +64,7 @@ def checks() -> dict:
             fn,
             normalize.ROUND0
             if name in EVERY_KNOB_SET
-            else [ONE_ROW[rest.index(name) % len(ONE_ROW)], ROWS[rest.index(name) % len(ROWS)]],
+            else [ONE_ROW[rest.index(name) % len(ONE_ROW)], MANY_ROWS[rest.index(name) % len(MANY_ROWS)]],
         )
         for name, fn in CASES
     }
