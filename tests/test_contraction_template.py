@@ -241,8 +241,9 @@ MODELS: dict[str, tuple[type[nn.Module], list[tuple[int, ...]]]] = {
 
 
 # Every round-0 knob set on these cases; one on each of the others, the knob sets taken in turn. At these
-# sizes the knob sets differ in the dot's precision and its K step (the tiles clip to one), which no
-# epilogue, extra tensor or tail reads: each knob set still meets several of them.
+# sizes the knob sets differ in the dot's precision, the operands' layout and the K step (the tiles clip to
+# one), which no epilogue, extra tensor or tail reads: each knob set still meets several of them. Round 0's
+# split-K sets are not feasible at these shapes (SPLIT_K below runs split-K at a K it cuts unevenly).
 EVERY_KNOB_SET = (
     "mm",
     "transposed both",
@@ -250,16 +251,61 @@ EVERY_KNOB_SET = (
     "mm, fp16",
     "linear, group norm, hardtanh (moments, then pointwise)",
 )
+UNSPLIT = [k for k in contraction.ROUND0 if k["split_k"] == 1]
 
 
 def knob_sets(names: list[str]) -> dict[str, list[dict]]:
     """The round-0 knob sets each named case runs on (EVERY_KNOB_SET: all; the rest one each, in turn)."""
-    n = len(contraction.ROUND0)
+    n = len(UNSPLIT)
     rest = [name for name in names if name not in EVERY_KNOB_SET]
-    return {
-        name: contraction.ROUND0 if name in EVERY_KNOB_SET else [contraction.ROUND0[rest.index(name) % n]]
-        for name in names
-    }
+    return {name: UNSPLIT if name in EVERY_KNOB_SET else [UNSPLIT[rest.index(name) % n]] for name in names}
+
+
+_SMALL = {"block_m": 16, "block_n": 16, "block_k": 16, "group_m": 8, "num_warps": 4, "num_stages": 2}
+# K = 203 in three or four slices of whole 16-steps (80, 80, 43; 64, 64, 64, 11): the last one ragged;
+# each case with an epilogue tensor or a tail, which must see the slices' sum, not each slice
+SPLIT_K: dict[str, tuple[Callable, list[tuple[int, ...]], list[dict]]] = {
+    "split-K: linear with bias, scale, leaky relu, residual, clamp": (
+        FUNCTIONS["linear with bias, scale, leaky relu, residual, clamp"][0],
+        [(37, 203), (45, 203), (45,), (37, 45)],
+        [
+            {"strategy": "tf32x3", **_SMALL, "layout": "strided", "split_k": 3},
+            {"strategy": "presplit", **_SMALL, "layout": "mn", "split_k": 4},
+        ],
+    ),
+    "split-K: 3-D matmul, sigmoid, sum (reduce tail)": (
+        FUNCTIONS["3-D matmul, sigmoid, sum (reduce tail)"][0],
+        [(2, 5, 203), (203, 6)],
+        [{"strategy": "ieee", **_SMALL, "layout": "k", "split_k": 3}],
+    ),
+}
+
+
+class _Launches:
+    """A kernel stand-in that counts its launches and runs the kernel."""
+
+    def __init__(self, kernel) -> None:
+        self.kernel, self.grids = kernel, []
+
+    def __getitem__(self, grid):
+        self.grids.append(grid)
+        return self.kernel[grid]
+
+
+def _split_k_case(name: str, folder: Path) -> None:
+    fn, shapes, knob_list = SPLIT_K[name]
+    spec = contraction.compose(graph_of(fn, *shapes))
+    signature = {"init": [], "forward": NAMES[: len(shapes)], "params": []}
+    torch.manual_seed(0)
+    xs = [torch.randn(s) for s in shapes]
+    want = fn(*(x.double() for x in xs))
+    for i, knobs in enumerate(knob_list):
+        new = load(contraction.render(spec, knobs, signature), folder, f"s{i}_{abs(hash(name))}")
+        new._contraction_kernel = gemm = _Launches(new._contraction_kernel)
+        new._split_k_sum = summed = _Launches(new._split_k_sum)
+        got = new.ModelNew()(*xs)
+        assert [g[2] for g in gemm.grids] == [knobs["split_k"]] and len(summed.grids) == 1, (gemm.grids,)
+        torch.testing.assert_close(got.double(), want, rtol=1e-4, atol=1e-4, msg=f"{name} {knobs}")
 
 
 def _fn_case(name: str, dtype: torch.dtype, knob_sets: list[dict], folder: Path) -> None:
@@ -300,6 +346,7 @@ def checks() -> dict:
     knobs = knob_sets([*FUNCTIONS, *(f"{name}, fp16" for name in half), *MODELS])
     out = {name: partial(_fn_case, name, torch.float32, knobs[name]) for name in FUNCTIONS}
     out |= {f"{name}, fp16": partial(_fn_case, name, torch.float16, knobs[f"{name}, fp16"]) for name in half}
+    out |= {name: partial(_split_k_case, name) for name in SPLIT_K}
     return out | {name: partial(_model_case, name, knobs[name]) for name in MODELS}
 
 
@@ -368,9 +415,18 @@ def test_every_reachable_knob_set_renders_from_its_parts():
 
 def test_round0_is_feasible_at_the_traced_shapes_and_large_tiles_are_not():
     spec = {"m": 4096, "n": 4096, "k": 4096, "batch": 1, "extras": [[], [], []]}
-    assert all(contraction.feasible(spec, k) for k in contraction.ROUND0)
-    huge = {**contraction.ROUND0[0], "block_m": 256, "block_n": 256, "num_warps": 4}
+    assert len(contraction.ROUND0) <= 6
+    assert [k for k in contraction.ROUND0 if contraction.feasible(spec, k)] == UNSPLIT
+    huge = {**UNSPLIT[0], "block_m": 256, "block_n": 256, "num_warps": 4}
     assert not contraction.feasible(spec, huge)
+
+
+def test_split_k_only_where_few_output_tiles_meet_a_long_k():
+    long_k = {"m": 256, "n": 256, "k": 524288, "batch": 1, "extras": []}  # level 1's 6
+    split = [k for k in contraction.ROUND0 if k["split_k"] > 1]
+    assert split and all(contraction.feasible(long_k, k) for k in split)
+    for shape in ({"k": 4096}, {"m": 4096, "n": 4096}, {"batch": 128}):  # short K; many tiles
+        assert not any(contraction.feasible({**long_k, **shape}, k) for k in split), shape
 
 
 def test_gemm_epilogue_keeps_the_linear_relu_divide_it_was_measured_on():
@@ -387,7 +443,7 @@ def test_every_round0_candidate_of_a_linear_chain_passes_the_gate(box):
     assert spec is not None and len(spec["extras"]) == 3  # the bias, the scale, the residual
     spec = contraction.refine(spec, source)
     assert spec is not None
-    for knobs in contraction.ROUND0:
+    for knobs in UNSPLIT:
         new_source = contraction.render(spec, knobs, analysis["signature"])
         request = GateRequest(problem_source=source, cand_source=new_source, device="cpu", seeds=3)
         reply = box.call(request, timeout_s=120)[0]
@@ -408,7 +464,7 @@ def test_every_round0_candidate_of_a_divide_sum_tail_passes_the_gate(box):
     assert spec is not None and spec["tail"]["family"] == "reduce"
     spec = contraction.refine(spec, source)
     assert spec is not None
-    for knobs in contraction.ROUND0:
+    for knobs in UNSPLIT:
         new_source = contraction.render(spec, knobs, analysis["signature"])
         request = GateRequest(problem_source=source, cand_source=new_source, device="cpu", seeds=3)
         reply = box.call(request, timeout_s=120)[0]
@@ -430,7 +486,7 @@ def test_every_round0_candidate_of_a_group_norm_tail_passes_the_gate(box):
     assert spec["tail"]["then"]["family"] == "pointwise"
     spec = contraction.refine(spec, source)
     assert spec is not None and "init_body" in spec
-    for knobs in contraction.ROUND0:
+    for knobs in UNSPLIT:
         new_source = contraction.render(spec, knobs, analysis["signature"])
         assert "self.get_parameter('group_norm.weight')" in new_source
         request = GateRequest(problem_source=source, cand_source=new_source, device="cpu", seeds=3)

@@ -22,9 +22,16 @@ sequence) is the tail (templates/tail.py): the chain's value h is written once i
 the reduce, normalize or staged family composes the rest over h and forward's tensors as a second launch
 in the same candidate, its knobs that family's first feasible round-0 set.
 
-Precision: fp32 operands take an exact "ieee" dot or "tf32x3" (three TF32 dots of hi/lo splits, see
-templates/gemm_epilogue); fp16/bf16 ones a plain dot accumulating in fp32. The kernel and its launcher
-are in templates/contraction_parts.py.
+Precision: fp32 operands take an exact "ieee" dot, "tf32x3" (three TF32 dots of hi/lo splits made in
+registers, see templates/gemm_epilogue) or "presplit" (the same three dots of hi/lo planes the launcher
+writes once); fp16/bf16 ones a plain dot accumulating in fp32.
+
+Layout ("layout" knob): "strided" reads each operand by its strides; "k" copies an operand that is not
+K-contiguous (the TF32 tensor-core dot reads both operands K-major); "mn" copies A M-contiguous and B
+N-contiguous (the FMA dot's outer products). Split-K ("split_k" knob, round 0 only where few output tiles
+meet a long K): K in slices on the grid's third axis, each slice's fp32 partial tile to a workspace, and a
+second small launch sums the slices in order (deterministic) and applies the epilogue once to the sum;
+the tail, if any, follows as before. The kernels and their launcher are in templates/contraction_parts.py.
 """
 
 from __future__ import annotations
@@ -46,17 +53,29 @@ MAX_EXTRAS = 3
 MAX_PIECES = 3  # batch dims the kernel indexes (the grid's second axis)
 MAX_BATCH = 65535  # a CUDA grid's second axis
 
+SMS = 132  # H100/H200 SXM: streaming multiprocessors
+SPLIT_K_MIN_SLICE = 1024  # K a split-K slice keeps at least (its partial tile's store is then cheap)
+SPLIT_K_MAX_WORKSPACE = 256 << 20  # bytes of fp32 partial tiles
+LAYOUTS = ("strided", "k", "mn")
+
+# Measured on an H200 (issue 17's round-0 probe, fp32 1e-4): on x @ W^T (level 2's Linear: both operands
+# K-contiguous) tf32x3 at 128 x 128, 8 warps ran 1.4-1.6x eager, ieee 0.28x; on a row-major B
+# (N-contiguous: level 1's A @ B) tf32x3 ran 0.65x, ieee 0.79x. Hopper's TF32 tensor-core dot reads both
+# operands K-major, the FMA dot's outer products want A M- and B N-contiguous: "layout" copies an
+# operand into the layout its dot wants (a read and a write of it, small beside an O(MNK) GEMM).
+# presplit writes the hi/lo planes once instead of splitting each tile in registers on every reuse.
+# Split-K sets first: feasible only where the M x N tiles leave most SMs idle and K is long.
+_BIG = {"block_m": 128, "block_n": 128, "block_k": 32, "group_m": 8, "num_warps": 8, "num_stages": 3}
 ROUND0: list[dict[str, Any]] = [
-    {"strategy": "tf32x3", "block_m": 128, "block_n": 128, "block_k": 32, "group_m": 8, "num_warps": 8,
-     "num_stages": 3},
+    {"strategy": "tf32x3", **_BIG, "layout": "strided", "split_k": 32},
     {"strategy": "ieee", "block_m": 64, "block_n": 64, "block_k": 32, "group_m": 8, "num_warps": 4,
-     "num_stages": 3},
-    {"strategy": "tf32x3", "block_m": 64, "block_n": 64, "block_k": 32, "group_m": 8, "num_warps": 4,
-     "num_stages": 4},
+     "num_stages": 3, "layout": "strided", "split_k": 16},
+    {"strategy": "tf32x3", **_BIG, "layout": "k", "split_k": 1},
+    {"strategy": "presplit", **_BIG, "layout": "k", "split_k": 1},
     {"strategy": "tf32x3", "block_m": 128, "block_n": 64, "block_k": 32, "group_m": 8, "num_warps": 4,
-     "num_stages": 4},
-    {"strategy": "ieee", "block_m": 128, "block_n": 128, "block_k": 16, "group_m": 8, "num_warps": 8,
-     "num_stages": 3},
+     "num_stages": 4, "layout": "k", "split_k": 1},
+    {"strategy": "ieee", "block_m": 64, "block_n": 64, "block_k": 32, "group_m": 8, "num_warps": 4,
+     "num_stages": 3, "layout": "mn", "split_k": 1},
 ]  # fmt: skip
 
 MUTATIONS: dict[str, list[tuple[str, str]]] = {
@@ -66,6 +85,7 @@ MUTATIONS: dict[str, list[tuple[str, str]]] = {
             "at the FMA roof: three TF32 tensor-core dots keep fp32 accuracy at several times the rate",
         ),
         ("larger_tiles", "bigger output tiles do more dot work per loaded element"),
+        ("presplit", "split the fp32 operands into TF32 hi/lo planes once, not in registers per tile"),
     ],
     "memory-bound near peak": [
         ("larger_tiles", "bigger output tiles re-read A and B fewer times"),
@@ -75,6 +95,7 @@ MUTATIONS: dict[str, list[tuple[str, str]]] = {
     "latency or occupancy-limited": [
         ("more_stages", "a deeper software pipeline keeps more tile loads in flight"),
         ("smaller_tiles", "smaller output tiles make more programs to fill the SMs"),
+        ("more_splits", "more split-K slices make more programs over a long K"),
     ],
     "launch-bound": [("larger_tiles", "fewer, fatter programs")],
     "register spills": [
@@ -84,8 +105,15 @@ MUTATIONS: dict[str, list[tuple[str, str]]] = {
 }
 
 
-# the same knobs and moves as gemm_epilogue's tiles: one rule for both
-mutate = gemm_epilogue.mutate
+def mutate(knobs: dict[str, Any], move: str) -> dict[str, Any] | None:
+    """gemm_epilogue's moves on the tiles (one rule for both), and this family's own: presplit (with
+    K-major planes) and more split-K slices (feasible() keeps them to the shapes that want them)."""
+    k = {"layout": "strided", "split_k": 1, **knobs}
+    if move == "presplit":
+        return {**k, "strategy": "presplit", "layout": "k"} if k["strategy"] != "presplit" else None
+    if move == "more_splits":
+        return {**k, "split_k": k["split_k"] * 2} if k["split_k"] < 128 else None
+    return gemm_epilogue.mutate(k, move)
 
 
 def _next_pow2(n: int) -> int:
@@ -107,25 +135,43 @@ def tile(spec: dict, knobs: dict[str, Any]) -> tuple[int, int, int]:
 
 
 def smem_bytes(spec: dict, knobs: dict[str, Any]) -> int:
-    """The software pipeline's A and B tiles a stage (fp32: the widest), plus a tf32x3 dot's hi/lo."""
+    """The software pipeline's A and B tiles a stage (fp32: the widest; presplit: hi and lo planes of
+    both), plus a tf32x3 dot's hi/lo split in registers staged for the dot."""
     bm, bn, bk = tile(spec, knobs)
     per_stage = (bm * bk + bk * bn) * 4
+    if knobs["strategy"] == "presplit":
+        return knobs["num_stages"] * 2 * per_stage
     return knobs["num_stages"] * per_stage + (2 * per_stage if knobs["strategy"] == "tf32x3" else 0)
+
+
+def wants_split_k(spec: dict, knobs: dict[str, Any]) -> bool:
+    """Split-K pays where the output's tiles (times the batch) leave most of the SMs idle (fewer than two
+    waves) and K is long enough for every slice to keep SPLIT_K_MIN_SLICE of it, with the partial tiles'
+    workspace within SPLIT_K_MAX_WORKSPACE."""
+    bm, bn, _ = tile(spec, knobs)
+    split = knobs.get("split_k", 1)
+    tiles = math.ceil(spec["m"] / bm) * math.ceil(spec["n"] / bn) * spec["batch"]
+    workspace = split * spec["batch"] * spec["m"] * spec["n"] * 4
+    return tiles < 2 * SMS and spec["k"] >= split * SPLIT_K_MIN_SLICE and workspace <= SPLIT_K_MAX_WORKSPACE
 
 
 def feasible(spec: dict, knobs: dict[str, Any]) -> bool:
     """Tiles of powers of two >= 16, the pipeline within shared memory, the accumulator (and the tile of
-    each epilogue tensor) within registers, the batch within the grid's second axis."""
+    each epilogue tensor) within registers, the batch within the grid's second axis; split-K only where
+    the shape wants it (wants_split_k)."""
     blocks = (knobs["block_m"], knobs["block_n"], knobs["block_k"])
     if any(b < 16 or b & (b - 1) for b in blocks) or knobs["num_stages"] < 1:
         return False
-    if spec["batch"] > MAX_BATCH:
+    if spec["batch"] > MAX_BATCH or knobs.get("layout", "strided") not in LAYOUTS:
+        return False
+    split = knobs.get("split_k", 1)
+    if split < 1 or (split > 1 and not wants_split_k(spec, knobs)):
         return False
     bm, bn, _ = tile(spec, knobs)
     threads = 32 * knobs["num_warps"]
     # in the K loop the accumulator (and a tf32x3 split's operands); in the epilogue the accumulator and
     # each extra tile, once, where a thread may hold up to 255 registers
-    in_loop = bm * bn * (1 + (knobs["strategy"] == "tf32x3"))
+    in_loop = bm * bn * (1 + (knobs["strategy"] in ("tf32x3", "presplit")))
     in_epilogue = bm * bn * (1 + len(spec["extras"]))
     fits = in_loop <= MAX_ACC_PER_THREAD * threads and in_epilogue <= 2 * MAX_ACC_PER_THREAD * threads
     rest = spec.get("tail")
@@ -525,22 +571,23 @@ def render(spec: dict, knobs: dict[str, Any], signature: dict[str, list[str]]) -
     def forward(self, {", ".join(forward)}):
         srcs = [{srcs}]
         extras = [{extras}]
-        kb_h = _contraction_launch(srcs, A_PLAN, B_PLAN, OUT_AXES, extras, {dtype}, PRECISION, BLOCK_M,
-                                   BLOCK_N, BLOCK_K, GROUP_M, NUM_WARPS, NUM_STAGES)
+        kb_h = _contraction_launch(srcs, A_PLAN, B_PLAN, OUT_AXES, extras, {dtype}, PRECISION, LAYOUT,
+                                   SPLIT_K, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, NUM_WARPS, NUM_STAGES)
 {tail_call}        return kb_h
 """
-    launcher = ("_operand", "_size", "_padded", "_contraction_launch")
+    launcher = ("_split_planes", "_operand", "_size", "_padded", "_laid_out", "_contraction_launch")
     return module(
         doc,
         constants(PRECISION=knobs["strategy"], BLOCK_M=knobs["block_m"], BLOCK_N=knobs["block_n"]),
         constants(BLOCK_K=knobs["block_k"], GROUP_M=knobs["group_m"], NUM_WARPS=knobs["num_warps"]),
-        constants(NUM_STAGES=knobs["num_stages"]),
+        constants(NUM_STAGES=knobs["num_stages"], LAYOUT=knobs.get("layout", "strided")),
+        constants(SPLIT_K=knobs.get("split_k", 1)),
         constants(A_PLAN=spec["a"], B_PLAN=spec["b"], OUT_AXES=spec["out_axes"]),
         constants(EXTRA_AXES=[e[1] for e in spec["extras"]]),
         "import math\n",
         parts(pointwise.PARTS, *spec["helpers"], "_model_tensor"),
         chain("_epilogue", spec["epilogue"], spec["epilogue_result"]),
-        parts(PARTS, "_dot_tile", "_extra", "_contraction_kernel"),
+        parts(PARTS, "_dot_tile", "_extra", "_finish", "_contraction_kernel", "_split_k_sum"),
         parts(PARTS, *launcher),
         tail_parts,
         model,
