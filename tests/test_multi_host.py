@@ -61,6 +61,17 @@ def stop_all(workers: list[subprocess.Popen]) -> list[int]:
     return [w.wait(timeout=120) for w in workers]
 
 
+def exit_codes(workers: list[subprocess.Popen], timeout: float = 120) -> list[int | None]:
+    """The workers' own exit codes (None: still running after `timeout` s). A worker serving one run exits
+    by itself once the run has finished; a SIGTERM sent while it is already exiting could land after
+    Python has put the default handlers back, and say nothing about the worker."""
+    deadline = time.monotonic() + timeout
+    for w in workers:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            w.wait(timeout=max(0.0, deadline - time.monotonic()))
+    return [w.poll() for w in workers]
+
+
 def test_workers_ride_out_a_server_restart(pg_server, pg_url: str, tmp_path) -> None:
     """`pg_ctl restart` in the middle of a run: every worker and the watcher lose their connections,
     retry with backoff, reconnect, and the run finishes as if nothing happened."""
@@ -76,8 +87,9 @@ def test_workers_ride_out_a_server_restart(pg_server, pg_url: str, tmp_path) -> 
             assert not store.count(run_id=run_id, type="RunFinished"), "the run finished before the restart"
         proc.wait(timeout=600)
         assert proc.returncode == 0, proc.stderr.read() if proc.stderr else ""
+        codes = exit_codes(workers)
     finally:
-        codes = stop_all(workers)
+        stop_all(workers)
         if proc.poll() is None:
             proc.kill()
     assert codes == [0] * len(roles), [w.stderr.read()[-2000:] for w in workers if w.stderr]

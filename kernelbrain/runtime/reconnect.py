@@ -44,7 +44,7 @@ def retrying(fn: Callable[[], T], what: str, *, give_up_s: float | None = None) 
     """fn(), made again while it raises StoreUnavailable, for up to give_up_s (KB_DB_RETRY_S) seconds."""
     for attempt in Retrying(
         retry=retry_if_exception_type(StoreUnavailable),
-        wait=wait_exponential_jitter(initial=FIRST_WAIT_S, max=LONGEST_WAIT_S),
+        wait=wait_exponential_jitter(multiplier=FIRST_WAIT_S, max=LONGEST_WAIT_S),
         stop=stop_after_delay(RETRY_S if give_up_s is None else give_up_s),
         before_sleep=_said(what),
         reraise=True,
