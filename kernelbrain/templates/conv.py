@@ -52,8 +52,12 @@ DOT_STRATEGIES = ("taps", "gemm")
 FP32_DOTS = ("tf32x3", "ieee", "tf32")  # the first: a knob set's without one
 
 ROUND0: list[dict[str, Any]] = [
-    # one TF32 pass (the reference's own precision on a GPU: see above), in the order the H200 ranked them
-    # (benchmarks/results/probes/2026-12-04/round0-conv-mm): the channels-last implicit GEMM, then taps
+    # fp32's accuracy first: at the gate's shapes cuDNN ran the reference in full fp32 on both problems
+    # the H200 gated (benchmarks/results/probes/2026-12-04/round0-conv-mm), failing every "tf32" set
+    {"strategy": "gemm", "block_m": 128, "block_n": 64, "block_k": 32, "num_warps": 4, "num_stages": 3,
+     "fp32_dot": "tf32x3", "channels_last": True},
+    # one TF32 pass, where the reference is TF32 too (see above), in the order the H200 ranked them: the
+    # channels-last implicit GEMM, then taps
     {"strategy": "gemm", "block_m": 128, "block_n": 128, "block_k": 32, "num_warps": 8, "num_stages": 3,
      "fp32_dot": "tf32", "channels_last": True},
     {"strategy": "taps", "block_m": 128, "block_n": 128, "block_k": 32, "num_warps": 8, "num_stages": 3,
@@ -62,9 +66,6 @@ ROUND0: list[dict[str, Any]] = [
      "fp32_dot": "tf32", "channels_last": False},
     {"strategy": "taps", "block_m": 128, "block_n": 128, "block_k": 32, "num_warps": 8, "num_stages": 3,
      "fp32_dot": "tf32", "channels_last": False},
-    # ~fp32's accuracy, where the reference is not TF32
-    {"strategy": "gemm", "block_m": 128, "block_n": 64, "block_k": 32, "num_warps": 4, "num_stages": 3,
-     "fp32_dot": "tf32x3", "channels_last": True},
     {"strategy": "taps", "block_m": 128, "block_n": 64, "block_k": 32, "num_warps": 4, "num_stages": 3,
      "fp32_dot": "tf32x3", "channels_last": False},
     {"strategy": "direct", "block_m": 256, "block_n": 4, "block_k": 1, "num_warps": 4, "num_stages": 1},
