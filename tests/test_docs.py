@@ -41,6 +41,9 @@ FOREIGN = {
     "--kernelbench": "tools/kernelbench_sweep.py",  # the KernelBench sweep
     "--levels": "tools/kernelbench_sweep.py",
     "--time-limit-s": "tools/kernelbench_sweep.py",
+    "--gpus": "tools/scaling_bench.py",  # the scaling measurement (docs/multi-gpu.md)
+    "--timing-noise": "tools/scaling_bench.py",
+    "--out": "tools/scaling_bench.py",
 }
 LONG = re.compile(r"(?<![\w-])--[a-z][a-z0-9-]*")
 SHORT = re.compile(r"(?<![\w-])-[a-zA-Z](?![\w-])")
