@@ -785,6 +785,7 @@ def main(argv: list[str] | None = None) -> int:
             f"N={n}: run {run_id} exit {code}: {r.gated} gated, {r.rungs} rungs in {r.wall_s:.1f} s",
             flush=True,
         )
+    shutil.rmtree(logs)  # the workers' logs matter only when a run fails (their tails are printed then)
     runs = with_efficiency(runs)
     noise = None
     if args.timing_noise:
