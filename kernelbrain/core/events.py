@@ -110,7 +110,7 @@ class RunResumed(Event):
 
 class RunFinished(Event):
     TYPE = "RunFinished"
-    basis: int  # seq of the last event the scheduler had seen: replay recomputes from that prefix
+    basis: int  # seq of the last event the scheduler had seen, where it decided: replay redecides there
     reason: str
     winner: str | None
     winner_rung: int | None
@@ -306,6 +306,20 @@ class BudgetCharged(Event):
     wall_s: float = 0.0
 
 
+# --- the log itself ------------------------------------------------------------------------------
+
+
+class RunCopied(Event):
+    """The run's earlier events were copied here from another store, in their order; the decisions among
+    them record their `basis` as a seq of that store, which `seqs` maps. No work of the run: not counted
+    among its events, no time in its wall clock (its `ts` is that of the last event it follows)."""
+
+    TYPE = "RunCopied"
+    source: str  # where they came from: a SQLite file's path, or a URL with its password masked
+    events: int  # how many of the run's events precede this one (all of them copied)
+    seqs: str  # blob hash: a JSON list of those events' seqs at the source, in order
+
+
 # --- scheduler decisions -------------------------------------------------------------------------
 
 
@@ -392,6 +406,7 @@ EVENT_TYPES: dict[str, type[Event]] = {
         Pruned,
         AdjudicationRequested,
         Adjudicated,
+        RunCopied,
     )
 }
 

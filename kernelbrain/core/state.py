@@ -123,6 +123,9 @@ class RunState(Projection):
 
     def apply(self, event: StoredEvent) -> None:
         typed = decode(event)
+        if event.type == "RunCopied":  # where the log came from (replay reads it): no work, no time
+            self.position = event.seq
+            return
         self.event_count += 1
         if event.type not in ("TaskClaimed", "LeaseExpired", "TaskFaulted"):
             self.progress += 1

@@ -3,19 +3,31 @@ blobs they name, and its tasks' leases (their fencing tokens, and whether each t
 copy can be resumed or served by workers at the destination. Verified there: the copy's folded state is
 the source's, and `kb replay` agrees with its log.
 
+The copied events get the destination's seqs, in the same order; a RunCopied event after them lists
+their seqs at the source (in a blob), through which replay reads the basis of each decision among them
+(kernelbrain/views/replay.py). Events are never rewritten, so a copy of a copy, or a run that goes on at
+the destination and is copied back, replays all the same.
+
 A destination that already holds some of the run's events must hold the same ones, in the same order
-(an earlier copy that stopped part way): the rest is copied after them. Any other difference is refused
-before anything is written."""
+(an earlier copy that stopped part way): the rest is copied after them, and the RunCopied once (its key
+names the copy). Any other difference is refused before anything is written, as is a source that does
+not replay. A copy that fails its verification stays written (a log is append-only); the message says
+so."""
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+import orjson
+
+from kernelbrain.core.events import RunCopied
 from kernelbrain.runtime.role import owner_id
 from kernelbrain.runtime.runner import RunError, load_state, require_run
 from kernelbrain.store import NewEvent, Store, StoredEvent
+from kernelbrain.store.location import is_url
 from kernelbrain.views.describe import status_dict
 from kernelbrain.views.replay import ReplayReport, replay
 
@@ -87,19 +99,59 @@ def _copy_lease(src: Store, dst: Store, task: str, owner: str) -> bool:
     return True
 
 
-def copy_run(src: Store, dst: Store, run_id: str) -> CopyReport:
-    """Copy run_id from src to dst and verify it there; CopyRefused when dst's differs or it fails."""
-    require_run(src, run_id)
-    events = list(src.iter_events(run_id=run_id))
-    there = dst.read(run_id=run_id)
+def copy_key(run_id: str, events: int) -> str:
+    """The key of the RunCopied that closes a copy of the run's first `events` events: one per copy, so
+    copying the same log again appends it once."""
+    return f"{run_id}/copied/{events}"
+
+
+def _where(store: Store) -> str:
+    """The store's location as a RunCopied records it: a file's absolute path, a URL masked."""
+    return store.path if is_url(store.path) else os.path.abspath(store.path)
+
+
+def _held(src: Store, dst: Store, run_id: str, events: list[StoredEvent], there: list[StoredEvent]) -> None:
+    """Refuse, before anything is written, a dst whose events of the run are not the source's first
+    ones, followed at most by the RunCopied of this very copy."""
     differ = next((i for i, (a, b) in enumerate(zip(events, there, strict=False)) if not _same(a, b)), None)
-    if differ is not None or len(there) > len(events):
-        first = there[differ if differ is not None else len(events)]
+    if differ is not None:
+        first = there[differ]
         raise CopyRefused(
             f"{dst.path} already holds {len(there)} events of run {run_id} that differ from those at "
             f"{src.path} (from its event #{first.seq}, {first.type} {first.key}); nothing copied. Copy "
             "into another database, or compare them with `kb events`"
         )
+    mark = copy_key(run_id, len(events)) if events[-1].type != "RunCopied" else None
+    ahead = [e for e in there[len(events) :] if e.key != mark]
+    if ahead:
+        raise CopyRefused(
+            f"{dst.path} already holds {len(ahead)} more events of run {run_id} than {src.path} (from its "
+            f"event #{ahead[0].seq}, {ahead[0].type} {ahead[0].key}): the run went on there; nothing copied. "
+            "Copy it the other way, or into another database"
+        )
+
+
+def _mark(src: Store, dst: Store, run_id: str, events: list[StoredEvent]) -> None:
+    """Append the RunCopied after the copied events: their seqs at src, which the bases of the decisions
+    among them are written in. It takes the last event's time, so every copy of one log is the same log;
+    its key is the copy's, so it is appended once."""
+    seqs = dst.put_blob(orjson.dumps([e.seq for e in events]))
+    mark = RunCopied(source=_where(src), events=len(events), seqs=seqs)
+    dst.append([mark.to_new(run_id, copy_key(run_id, len(events)), "cli")], ts=[events[-1].ts])
+
+
+def copy_run(src: Store, dst: Store, run_id: str) -> CopyReport:
+    """Copy run_id from src to dst and verify it there; CopyRefused when dst's differs or it fails."""
+    require_run(src, run_id)
+    events = list(src.iter_events(run_id=run_id))
+    source = replay(src, run_id)
+    if not source.agrees:
+        raise CopyRefused(
+            f"run {run_id} at {src.path} does not replay ({source.divergences[0]}), so no copy of it could "
+            f"be verified; nothing copied. `kb replay {run_id}` there lists every divergence"
+        )
+    there = dst.read(run_id=run_id)
+    _held(src, dst, run_id, events, there)
     rest = events[len(there) :]
     blobs = 0
     for h in blob_names(rest):  # blobs first: an event never names a blob the destination lacks
@@ -117,14 +169,27 @@ def copy_run(src: Store, dst: Store, run_id: str) -> CopyReport:
             for e in chunk
         ]
         dst.append(new, ts=[e.ts for e in chunk])
+    # not where a RunCopied of the log itself maps every basis in it, nor where dst held them all already
+    same_seqs = [e.seq for e in there[: len(events)]] == [e.seq for e in events]
+    if events[-1].type != "RunCopied" and not same_seqs:
+        _mark(src, dst, run_id, events)
     owner = owner_id("copy")
     tasks = dict.fromkeys(e.payload["task"] for e in events if e.type == "TaskClaimed")
     leases = sum(_copy_lease(src, dst, task, owner) for task in tasks)
-    return CopyReport(run_id, len(rest), len(there), blobs, leases, verify(src, dst, run_id))
+    try:
+        report = verify(src, dst, run_id, source)
+    except CopyRefused as e:
+        raise CopyRefused(
+            f"{e}. {dst.path} keeps the copy as written (the run's {len(events)} events, their blobs and "
+            "leases), unverified, since a log is never rewritten; `kb db copy` again adds nothing and "
+            "verifies it anew"
+        ) from e
+    return CopyReport(run_id, len(rest), min(len(there), len(events)), blobs, leases, report)
 
 
-def verify(src: Store, dst: Store, run_id: str) -> ReplayReport:
-    """The run at dst folds to the state it has at src, and replays without divergence."""
+def verify(src: Store, dst: Store, run_id: str, source: ReplayReport) -> ReplayReport:
+    """The run at dst folds to the state it has at src, and replays without divergence to as many events
+    and decisions as `source`, src's replay."""
     want, got = status_dict(load_state(src, run_id)), status_dict(load_state(dst, run_id))
     if want != got:
         diff = sorted(k for k in want if want[k] != got.get(k))
@@ -133,8 +198,10 @@ def verify(src: Store, dst: Store, run_id: str) -> ReplayReport:
         )
     report = replay(dst, run_id)
     if not report.agrees:
+        raise CopyRefused(f"the copy of run {run_id} at {dst.path} does not replay: {report.divergences[0]}")
+    if (report.events, report.decisions) != (source.events, source.decisions):
         raise CopyRefused(
-            f"the copy of run {run_id} at {dst.path} does not replay: {report.divergences[0]}; "
-            "`kb replay` at the source says whether it is the source's log"
+            f"the copy of run {run_id} at {dst.path} replays {report.events} events and {report.decisions} "
+            f"decisions, not the source's {source.events} and {source.decisions}"
         )
     return report

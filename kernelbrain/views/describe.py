@@ -98,6 +98,8 @@ def summary(e: Event) -> str:
             return f"generation {d.task} failed (resumable): {d.error}"
         case "ProblemFailed":
             return f"the problem's own code failed at the {d.stage}: {d.error}"
+        case "RunCopied":
+            return f"copied from {d.source}: the {d.events} events before this one, in their order"
         case "BudgetCharged":
             return f"charged {d.action}: {d.gpu_s:.3g} device s, {d.tokens} tokens, {d.wall_s:.3g} wall s"
     return e.TYPE
