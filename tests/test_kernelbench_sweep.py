@@ -88,3 +88,15 @@ def test_the_sweep_resumes_times_winners_and_names_every_miss(tmp_path):
     assert "3 done earlier, 0 to go" in again.stdout, again.stdout
     with EventStore(str(tmp_path / "sweep.db"), create=False, readonly=True) as store:
         assert len(store.run_ids()) == 2  # softmax and sort; kb refused the third before any run
+
+    # --redo-unmatched: the files whose result found no family run again (a new run, not the old one
+    # resumed), their old results kept until replaced; the matched softmax is left alone
+    before = unmatched["run_id"]
+    redo = _sweep(kernelbench, tmp_path, "--redo-unmatched")
+    assert redo.returncode == 0, redo.stderr
+    assert "1 done earlier, 2 to go" in redo.stdout, redo.stdout
+    with EventStore(str(tmp_path / "sweep.db"), create=False, readonly=True) as store:
+        assert len(store.run_ids()) == 3
+    again_sort = json.loads((out / "level1" / "2_Sort.json").read_text())
+    assert again_sort["run_id"] != before and again_sort["miss"] == "no offline template"
+    assert json.loads((out / "level1" / "1_Softmax.json").read_text())["run_id"] == first

@@ -17,7 +17,9 @@ gate said, the winner's speedup over eager and over torch.compile, or why there 
 fast_0 (a correct kernel) and fast_1 (correct and faster than eager, and than torch.compile). The
 `measure` subcommand is the timing of one winner, run by the sweep in its own process.
 
---allow-torch passes through to `kb run`: candidates may keep those classes of torch ops (partial kernels).
+--redo-unmatched runs again the files whose result found no template family (made before the family
+existed): their old results stay until the new ones replace them. --allow-torch passes through to
+`kb run`: candidates may keep those classes of torch ops (partial kernels).
 A row whose winner is one is marked `[torch: conv]` in the table, and counted apart per level.
 """
 
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import json
 import os
 import re
 import signal
@@ -108,6 +111,8 @@ def drive(path: Path, db: Path, args: argparse.Namespace, deadline: float) -> tu
     """`kb run` (or `kb resume`) on one file until it ends or the deadline: its exit code and last line."""
     fresh = args.fresh is not None and re.search(args.fresh, path.name)
     run_id = None if fresh else run_for(db, path)
+    if run_id is not None and args.redo_unmatched and not _matched(db, run_id):
+        run_id = None  # the newest run found no family: kb of today starts a new one
     if run_id is not None and _finished(db, run_id):
         return 0, "finished earlier"
     cmd = kb_command(path, db, args, run_id)
@@ -128,6 +133,22 @@ def _finished(db: Path, run_id: str) -> bool:
 
     with open_store(str(db), create=False, readonly=True) as store:
         return load_state(store, run_id).finished is not None
+
+
+def _matched(db: Path, run_id: str) -> bool:
+    """Whether the run's analysis found a template family (a run before its family existed did not)."""
+    from kernelbrain.store import open_store
+
+    from kernelbrain.runtime.runner import load_state
+
+    with open_store(str(db), create=False, readonly=True) as store:
+        analysis = load_state(store, run_id).analysis
+    return bool(analysis and analysis.families)
+
+
+def _unmatched(path: Path) -> bool:
+    """A result file recording no template family: made before the file's family existed, or a miss."""
+    return path.exists() and not json.loads(path.read_text()).get("families")
 
 
 def outcome(db: Path, run_id: str) -> dict[str, Any]:
@@ -244,7 +265,12 @@ def sweep(args: argparse.Namespace) -> None:
         for lv, p in files:
             if re.search(args.fresh, p.name):
                 result_path(args.out, lv, p).unlink(missing_ok=True)
-    todo = [(lv, p) for lv, p in files if not result_path(args.out, lv, p).exists()]
+    todo = [
+        (lv, p)
+        for lv, p in files
+        if not result_path(args.out, lv, p).exists()
+        or (args.redo_unmatched and _unmatched(result_path(args.out, lv, p)))
+    ]
     print(f"{len(files)} problem files, {len(files) - len(todo)} done earlier, {len(todo)} to go", flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
 
@@ -388,6 +414,11 @@ def main() -> None:
         "--allow-torch", default="", help="classes of torch ops candidates may keep (kb run --allow-torch)"
     )
     ap.add_argument("--fresh", default=None, help="start new runs for files matching this regex")
+    ap.add_argument(
+        "--redo-unmatched",
+        action="store_true",
+        help="run again the files whose result found no template family (kept until replaced)",
+    )
     ap.add_argument("--table-only", action="store_true", help="rewrite README.md from the JSON files")
     args = ap.parse_args()
     if args.cmd == "measure":
