@@ -5,7 +5,7 @@
 # before the next call. The KernelBench files are carried (KB_DIR, a copy of ../shared/kernelbench that
 # git ignores).
 #   OUT=... [KB_DIR=.kernelbench] [LEVELS=1,2] [JOBS=4] [LIMIT=450] [RESERVE=150] [FRESH=REGEX] [MAXC=8]
-#   [STATE=DIR] bash tools/kernelbench_sweep.sh
+#   [ONLY=REGEX] [REDO=1 (--redo-unmatched)] [STATE=DIR] bash tools/kernelbench_sweep.sh
 set -uo pipefail
 : "${OUT:?set OUT to the folder the results go to}"
 rm -rf /tmp/bw && mkdir -p /tmp/bw && dpkg -x .whl/bubblewrap.deb /tmp/bw || exit 1
@@ -15,5 +15,6 @@ state=${STATE:-benchmarks/results/kernelbench}
 mkdir -p "$state"
 python3 tools/kernelbench_sweep.py --kernelbench "${KB_DIR:-.kernelbench}" --levels "${LEVELS:-1,2}" \
   --db "$state/sweep.db" --out "$state" --jobs "${JOBS:-4}" --time-limit-s "${LIMIT:-450}" \
-  --timing-reserve-s "${RESERVE:-150}" ${FRESH:+--fresh "$FRESH"} ${MAXC:+--max-candidates "$MAXC"} 2>&1 | tail -150
+  --timing-reserve-s "${RESERVE:-150}" ${FRESH:+--fresh "$FRESH"} ${MAXC:+--max-candidates "$MAXC"} \
+  ${ONLY:+--only "$ONLY"} ${REDO:+--redo-unmatched} 2>&1 | tail -150
 tar -czf "$OUT/sweep.tgz" -C "$state" .
