@@ -22,7 +22,6 @@ from kernelbrain.core.events import GatePassed
 from kernelbrain.core.graph import Graph
 from kernelbrain.core.protocol import GateRequest
 from kernelbrain.templates import FAMILIES, contraction, gemm_epilogue, pointwise
-from kernelbrain.templates.render import chain
 from tests.composed import graph_of, load
 from tests.parts_check import assert_composed_of_parts, reachable_knobs
 from tests.runs import QUICK_RUNGS, run_checks, run_inprocess
@@ -281,6 +280,77 @@ SPLIT_K: dict[str, tuple[Callable, list[tuple[int, ...]], list[dict]]] = {
 }
 
 
+# triu/tril in the epilogue on 16 x 16 tiles, so that some tiles lie wholly on the side a triangle zeroes:
+# irregular sizes, diagonals -1, 0, 2, 5 and a band, batched (a bmm; a 3-D matmul folded into one mm, its
+# rows repeating per batch), a pointwise op before the mask and ops after it that map 0 elsewhere, split-K;
+# the precision and layout knobs in turn
+TRIANGLES: dict[str, tuple[Callable, list[tuple[int, ...]], dict]] = {
+    "triu": (
+        lambda a, b: torch.triu(a @ b),
+        [(45, 19), (19, 45)],
+        {"strategy": "ieee", **_SMALL, "layout": "strided", "split_k": 1},
+    ),
+    "bmm, + 1, tril_(-1), sigmoid": (
+        lambda a, b: torch.sigmoid(torch.bmm(a, b).add(1).tril_(-1)),
+        [(2, 37, 19), (2, 19, 45)],
+        {"strategy": "tf32x3", **_SMALL, "layout": "k", "split_k": 1},
+    ),
+    "3-D matmul folded into one mm, triu(2), times 2, plus a forward input": (
+        lambda a, b, r: torch.triu(torch.matmul(a, b), 2) * 2 + r,
+        [(3, 37, 19), (19, 45), (37, 45)],
+        {"strategy": "presplit", **_SMALL, "layout": "mn", "split_k": 1},
+    ),
+    "triu(-2) of tril(3): a band, minus 1": (
+        lambda a, b: torch.triu(torch.tril(a @ b, 3), -2) - 1,
+        [(45, 19), (19, 45)],
+        {"strategy": "ieee", **_SMALL, "layout": "mn", "split_k": 1},
+    ),
+    "split-K: tril(5), times 3": (
+        lambda a, b: torch.tril(a @ b, 5) * 3,
+        [(45, 203), (203, 37)],
+        {"strategy": "tf32x3", **_SMALL, "layout": "strided", "split_k": 3},
+    ),
+}
+
+
+class _Calls:
+    """A jitted helper's stand-in that counts its calls (the interpreter runs a kernel as Python)."""
+
+    def __init__(self, fn) -> None:
+        self.fn, self.calls = fn, 0
+
+    def __call__(self, *args):
+        self.calls += 1
+        return self.fn(*args)
+
+
+def _tiles(mask: torch.Tensor, size: int) -> int:
+    """How many size x size tiles of a [batch, M, N] mask hold a True."""
+    b, m, n = mask.shape
+    padded = F.pad(mask.int(), (0, -n % size, 0, -m % size))
+    return int(padded.reshape(b, -(-m // size), size, -(-n // size), size).amax((2, 4)).sum())
+
+
+def _triangle_case(name: str, folder: Path) -> None:
+    """Against eager, and the K steps the GEMM ran (`_dot_tile`'s calls): those of the tiles where the
+    output moves with the product, fewer than all (these cases' bands are exact: no tile runs in vain)."""
+    fn, shapes, knobs = TRIANGLES[name]
+    spec = contraction.compose(graph_of(fn, *shapes))
+    signature = {"init": [], "forward": NAMES[: len(shapes)], "params": []}
+    torch.manual_seed(0)
+    xs = [torch.randn(s) for s in shapes]
+    want = fn(*(x.double() for x in xs))
+    new = load(contraction.render(spec, knobs, signature), folder, f"t_{abs(hash(name))}")
+    new._dot_tile = steps = _Calls(new._dot_tile)
+    got = new.ModelNew()(*xs)
+    torch.testing.assert_close(got.double(), want, rtol=1e-4, atol=1e-4, msg=f"{name} {knobs}")
+    moved = fn(xs[0].double() + 1, *(x.double() for x in xs[1:])) != want
+    needed = _tiles(moved.reshape(-1, spec["m"], spec["n"]), 16)
+    every = _tiles(torch.ones(moved.numel() // (spec["m"] * spec["n"]), spec["m"], spec["n"]), 16)
+    k_steps = -(-spec["k"] // 16)
+    assert steps.calls == needed * k_steps < every * k_steps, (steps.calls, needed, every, k_steps)
+
+
 class _Launches:
     """A kernel stand-in that counts its launches and runs the kernel."""
 
@@ -347,6 +417,7 @@ def checks() -> dict:
     out = {name: partial(_fn_case, name, torch.float32, knobs[name]) for name in FUNCTIONS}
     out |= {f"{name}, fp16": partial(_fn_case, name, torch.float16, knobs[f"{name}, fp16"]) for name in half}
     out |= {name: partial(_split_k_case, name) for name in SPLIT_K}
+    out |= {name: partial(_triangle_case, name) for name in TRIANGLES}
     return out | {name: partial(_model_case, name, knobs[name]) for name in MODELS}
 
 
@@ -380,6 +451,11 @@ def test_every_case_on_its_round0_knob_sets(interpreted, name):
             "pool: a window of 600 taps",
         ),
         (
+            lambda a, b: torch.triu(torch.bmm(a, b).reshape(10, 6)),
+            [(2, 5, 4), (2, 4, 6)],
+            "aten.triu.default on axes other than the contraction's rows and columns",
+        ),
+        (
             lambda a, b: torch.softmax(F.dropout(a @ b, 0.5, training=True), 1),
             [(5, 4), (4, 6)],
             r"aten.bernoulli_.float \(random numbers: dropout in training mode\) after the contraction",
@@ -389,6 +465,21 @@ def test_every_case_on_its_round0_knob_sets(interpreted, name):
 def test_what_it_refuses_is_named(fn, shapes, why):
     with pytest.raises(contraction.NotContraction, match=why):
         contraction.compose(graph_of(fn, *shapes))
+
+
+@pytest.mark.parametrize(
+    ("fn", "diagonals"),
+    [
+        (lambda h: torch.triu(h + 1, 2) - 1, [2, None]),
+        (lambda h: torch.tril(torch.triu(h, -2), 3), [-2, 3]),
+        (lambda h: torch.triu(h) + h, [None, None]),  # read below the diagonal too: every tile runs
+        (lambda h: torch.triu(h, 1) + torch.tril(h, -4), [None, None]),  # the band's hull
+        (lambda h: torch.triu(torch.tril(h, -3), -1), [1, 0]),  # read nowhere: no tile runs
+    ],
+)
+def test_a_triangle_bands_the_diagonals_whose_tiles_run_the_k_loop(fn, diagonals):
+    spec = contraction.compose(graph_of(lambda a, b: fn(a @ b), (5, 4), (4, 6)))
+    assert spec["triangle"] == {"rows": [[0, 0]], "diagonals": diagonals}
 
 
 def test_a_batch_norm_in_training_mode_after_it_is_a_moments_tail_counting_its_batch():
@@ -405,7 +496,7 @@ def test_every_reachable_knob_set_renders_from_its_parts():
     for knobs in reachable_knobs(contraction):
         source = contraction.render(spec, knobs, signature)
         # the one generated function, the traced chain, apart; all else is the parts module's
-        traced = chain("_epilogue", spec["epilogue"], spec["epilogue_result"])
+        traced = contraction.epilogue(spec)
         assert not spec["helpers"] and traced in source
         made = assert_composed_of_parts(
             source.replace(traced, ""), contraction.PARTS, knobs, (pointwise.PARTS,)

@@ -17,6 +17,10 @@ tensors (a bias, a residual forward input, a parameter), each broadcast to the s
 at and read per tile by its strides. ModelNew runs Model's constructor (its parameters are Model's own)
 and reads them by their state-dict names.
 
+A triu/tril in the chain (on the contraction's rows and columns) is a mask on each element's diagonal
+(its column less its row); the tiles where the output does not read the product (the chain's band of
+diagonals) skip the K loop and run the chain on zeros.
+
 What follows the chain when it is not pointwise (a row sum, a logsumexp, x - max(x), reductions in
 sequence) is the tail (templates/tail.py): the chain's value h is written once in its traced dtype and
 the reduce, normalize or staged family composes the rest over h and forward's tensors as a second launch
@@ -36,6 +40,7 @@ the tail, if any, follows as before. The kernels and their launcher are in templ
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
 
@@ -187,6 +192,9 @@ _SAME = {"aten.clone.default", "aten.contiguous.default", "aten.alias.default", 
 _PERMUTES = {"aten.t.default", "aten.transpose.int", "aten.permute.default"}
 _SQUEEZES = {"aten.squeeze.dim", "aten.squeeze.dims", "aten.squeeze.default", "aten.unsqueeze.default"}
 VIEWS = _REGROUPS | _SAME | _PERMUTES | _SQUEEZES | {"aten.expand.default"}
+# triu/tril (and their in-place forms) on the last two axes -> whether they keep the upper triangle
+TRIANGLES = {"aten.triu.default": True, "aten.triu_.default": True, "aten.tril.default": False,
+             "aten.tril_.default": False}  # fmt: skip
 
 Atom = tuple[int, int]  # (source node, dim); (-1, size): a broadcast
 Axes = list[tuple[Atom, ...]]  # each axis: the atoms it merges, in row-major order (none: size 1)
@@ -345,7 +353,7 @@ def compose(graph: Graph) -> dict:
     rest = None
     ops = graph.ops()
     try:
-        cut = tail.split(graph, at, VIEWS)
+        cut = tail.split(graph, at, VIEWS | set(TRIANGLES))  # a triangle belongs to the chain
         if cut is not None:
             _, graph, after = cut
             rest = tail.compose(after, "contraction", VIEWS)
@@ -391,6 +399,7 @@ def compose(graph: Graph) -> dict:
         "n": sizes.axis(b[-1]),
         "k": sizes.axis(a[-1]),
         "batch": math.prod(sizes.axis(p[0] if p[0][0][0] >= 0 else p[1]) for p in pieces),
+        "triangle": epi["triangle"],
         "tail": rest,
         "ops": ops,
     }
@@ -405,13 +414,59 @@ def _source(node: Node) -> list[Any]:
     return ["input", int(node.args["index"])] if node.op == INPUT else ["param", str(node.args["name"])]
 
 
+Band = tuple[int | None, int | None] | None  # the diagonals lo..hi (None: unbounded); None: no diagonal
+
+
+def _hull(x: Band, y: Band) -> Band:
+    """The least band holding both."""
+    if x is None or y is None:
+        return y if x is None else x
+    lo = None if x[0] is None or y[0] is None else min(x[0], y[0])
+    hi = None if x[1] is None or y[1] is None else max(x[1], y[1])
+    return lo, hi
+
+
+def _meet(x: Band, lo: int | None, hi: int | None) -> Band:
+    """The diagonals of x from lo to hi (None: unbounded)."""
+    if x is None:
+        return None
+    lo = x[0] if lo is None else lo if x[0] is None else max(x[0], lo)
+    hi = x[1] if hi is None else hi if x[1] is None else min(x[1], hi)
+    return None if lo is not None and hi is not None and lo > hi else (lo, hi)
+
+
+def _triangle_rows(sizes: _Atoms, axes: Axes, result: Axes, op: str) -> list[Atom]:
+    """The row atoms of a triu/tril's second-last axis: a trailing run of the contraction's rows (a
+    batch matmul folded into one mm repeats its rows per batch element: the triangle's row is the row
+    modulo their size); its last axis must be the contraction's columns."""
+
+    def real(axis: tuple[Atom, ...]) -> list[Atom]:
+        return [x for x in axis if sizes.size(x) != 1]
+
+    whole = real(result[-2])
+    if len(axes) >= 2 and real(axes[-1]) == real(result[-1]):
+        mine = real(axes[-2])
+        if len(mine) <= len(whole) and mine == whole[len(whole) - len(mine) :]:
+            return mine
+    raise NotContraction(f"{op} on axes other than the contraction's rows and columns")
+
+
 def _epilogue(
     graph: Graph, sizes: _Atoms, at: int, result: Axes, flat: list[Atom], sources: dict[int, int]
 ) -> dict:
     """The chain after the contraction as templates/pointwise composes it (the contraction's value v0,
-    the tensors it meets v1..v3), the output's axes, and each extra tensor with the axes it meets at."""
+    the tensors it meets v1..v3), the output's axes, each extra tensor with the axes it meets at, and
+    the triangle its triu/tril ops make (None: none).
+
+    A triu/tril is `where(kb_d >= k, x, 0)` (`<=` for tril), kb_d the tile's diagonal: its column
+    less its row within the rows the op reads. Each value's band is the diagonals where it depends on
+    the contraction's value (a triangle narrows it, any other op joins its operands'): the output's is
+    where tiles must run the K loop; elsewhere the chain runs on a zero accumulator, which every path
+    to the output masks."""
     node = graph.nodes[at]
     axes_of: dict[tuple[int, int], Axes] = {(at, 0): result}
+    band: dict[tuple[int, int], Band] = {(at, 0): (None, None)}
+    rows: list[Atom] | None = None  # the row atoms of the triangles' row axis
     moved: dict[tuple[int, int], list[int]] = {(at, 0): [0, 0]}
     out_shape = graph.meta(tuple(graph.outputs[0])).shape
     nodes: list[Node] = [
@@ -472,7 +527,28 @@ def _epilogue(
             axes = _view(sizes, n, axes_of[first])
             if [x for ax in axes for x in ax if sizes.size(x) != 1] != flat:
                 raise NotContraction(f"{n.op} reordering the contraction's result")
-            axes_of[(j, 0)], moved[(j, 0)] = axes, moved[first]
+            axes_of[(j, 0)], moved[(j, 0)], band[(j, 0)] = axes, moved[first], band[first]
+            continue
+        if n.op in TRIANGLES:
+            k = n.args.get("diagonal", 0)
+            if not isinstance(k, int) or isinstance(k, bool):
+                raise NotContraction(f"{n.op} with a diagonal of {k!r}")
+            mine_rows = _triangle_rows(sizes, axes_of[first], result, n.op)
+            if rows is not None and mine_rows != rows:
+                raise NotContraction(f"{n.op} over other rows than an earlier triangle's")
+            rows = mine_rows
+            upper = TRIANGLES[n.op]
+            # the condition is Triton text over the chain's kb_d argument (pointwise copies a literal)
+            args = {"condition": f"(kb_d {'>=' if upper else '<='} {k})", "self": {"ref": moved[first]}}
+            nodes.append(
+                Node(
+                    op="aten.where.self",
+                    args={**args, "other": 0.0},
+                    outs=[o.model_copy(update={"shape": out_shape}) for o in n.outs],
+                )
+            )
+            band[(j, 0)] = _meet(band[first], k, None) if upper else _meet(band[first], None, k)
+            axes_of[(j, 0)], moved[(j, 0)] = axes_of[first], [len(nodes) - 1, 0]
             continue
         elementwise = n.op in pointwise.EXPRESSIONS or n.op.replace("_.", ".", 1) in pointwise.EXPRESSIONS
         if not elementwise or n.outs[0].shape != graph.meta(first).shape:
@@ -492,11 +568,23 @@ def _epilogue(
             Node(op=n.op, args=args, outs=[o.model_copy(update={"shape": out_shape}) for o in n.outs])
         )
         axes_of[(j, 0)], moved[(j, 0)] = axes_of[first], [len(nodes) - 1, 0]
+        band[(j, 0)] = functools.reduce(_hull, (band[r] for r in mine))
     out = tuple(graph.outputs[0])
     if out not in moved:
         raise NotContraction("an output the contraction does not reach")
     if moved[out] == [0, 0]:
-        return {"out": axes_of[out], "extras": [], "body": [], "result": "v0", "helpers": []}
+        return {
+            "out": axes_of[out],
+            "extras": [],
+            "body": [],
+            "result": "v0",
+            "helpers": [],
+            "triangle": None,
+        }
+    triangle = None
+    if rows is not None:  # no band: the output reads the contraction nowhere, and no tile needs it
+        kept = band[out] or (1, 0)
+        triangle = {"rows": [list(sources_of(x, sources)) for x in rows], "diagonals": list(kept)}
     chained = Graph(nodes=nodes, outputs=[moved[out]])
     spec = pointwise.compose(chained)
     if spec["inputs"][0] != 0:
@@ -508,6 +596,7 @@ def _epilogue(
         "body": spec["body"],
         "result": spec["result"],
         "helpers": spec["helpers"],
+        "triangle": triangle,
     }
 
 
@@ -537,6 +626,12 @@ def refine(spec: dict, problem_source: str | None) -> dict | None:
 def _tensor(source: list[Any], forward: list[str]) -> str:
     kind, what = source
     return forward[what] if kind == "input" else f"_model_tensor(self, {what!r})"
+
+
+def epilogue(spec: dict) -> str:
+    """The candidate's one generated function: the traced chain, of the accumulator v0, the extra
+    tensors v1..v3 and each element's diagonal kb_d (which a triu/tril reads)."""
+    return chain("_epilogue", spec["epilogue"], spec["epilogue_result"], "v0, v1, v2, v3, kb_d")
 
 
 def render(spec: dict, knobs: dict[str, Any], signature: dict[str, list[str]]) -> str:
@@ -571,8 +666,9 @@ def render(spec: dict, knobs: dict[str, Any], signature: dict[str, list[str]]) -
     def forward(self, {", ".join(forward)}):
         srcs = [{srcs}]
         extras = [{extras}]
-        kb_h = _contraction_launch(srcs, A_PLAN, B_PLAN, OUT_AXES, extras, {dtype}, PRECISION, LAYOUT,
-                                   SPLIT_K, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, NUM_WARPS, NUM_STAGES)
+        kb_h = _contraction_launch(srcs, A_PLAN, B_PLAN, OUT_AXES, extras, TRIANGLE, {dtype}, PRECISION,
+                                   LAYOUT, SPLIT_K, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, NUM_WARPS,
+                                   NUM_STAGES)
 {tail_call}        return kb_h
 """
     launcher = ("_split_planes", "_operand", "_size", "_padded", "_laid_out", "_contraction_launch")
@@ -583,11 +679,11 @@ def render(spec: dict, knobs: dict[str, Any], signature: dict[str, list[str]]) -
         constants(NUM_STAGES=knobs["num_stages"], LAYOUT=knobs.get("layout", "strided")),
         constants(SPLIT_K=knobs.get("split_k", 1)),
         constants(A_PLAN=spec["a"], B_PLAN=spec["b"], OUT_AXES=spec["out_axes"]),
-        constants(EXTRA_AXES=[e[1] for e in spec["extras"]]),
+        constants(EXTRA_AXES=[e[1] for e in spec["extras"]], TRIANGLE=spec.get("triangle")),
         "import math\n",
         parts(pointwise.PARTS, *spec["helpers"], "_model_tensor"),
-        chain("_epilogue", spec["epilogue"], spec["epilogue_result"]),
-        parts(PARTS, "_dot_tile", "_extra", "_finish", "_contraction_kernel", "_split_k_sum"),
+        epilogue(spec),
+        parts(PARTS, "_dot_tile", "_extra", "_finish", "_meets_band", "_contraction_kernel", "_split_k_sum"),
         parts(PARTS, *launcher),
         tail_parts,
         model,

@@ -8,8 +8,10 @@ the grid's second axis, split-K slices on its third. PRECISION ("ieee", "tf32x3"
 the fp32 dot (SPLIT: fp32 operands); fp16/bf16 operands take a plain dot accumulating in fp32. The
 candidate's `_epilogue` (the traced chain, emitted by `render.chain`) runs in `_finish` on the fp32 tile
 of the whole K sum with the extra tensors loaded by their strides: in the GEMM itself, or with split-K
-in `_split_k_sum`, which adds the slices' partial tiles in order first. `_contraction_launch` lays the
-operands out from their sources (plans the family computed from the trace)."""
+in `_split_k_sum`, which adds the slices' partial tiles in order first. A tile whose diagonals miss the
+band where the output reads the product (a triu/tril masks the rest: `_meets_band`) skips the K loop.
+`_contraction_launch` lays the operands out from their sources (plans the family computed from the
+trace)."""
 
 from __future__ import annotations
 
@@ -54,11 +56,12 @@ def _extra(ptr, b0, b1, b2, rm, rn, s_b0, s_b1, s_b2, s_m, s_n, mask):
 
 
 @triton.jit
-def _finish(acc, y_ptr, e1_ptr, e2_ptr, e3_ptr, b0, b1, b2, rm, rn, M, N,
+def _finish(acc, y_ptr, e1_ptr, e2_ptr, e3_ptr, b0, b1, b2, rm, rn, M, N, ROWS,
             sy_b0, sy_b1, sy_b2, sy_m, sy_n, s1_b0, s1_b1, s1_b2, s1_m, s1_n,
             s2_b0, s2_b1, s2_b2, s2_m, s2_n, s3_b0, s3_b1, s3_b2, s3_m, s3_n,
             EXTRAS: tl.constexpr):  # fmt: skip
-    """The epilogue on the fp32 tile of the whole sum (its extra tensors read by their strides), stored."""
+    """The epilogue on the fp32 tile of the whole sum (its extra tensors read by their strides), stored.
+    The chain's kb_d: each element's diagonal, its column less its row within ROWS (a triu/tril's)."""
     mask = (rm[:, None] < M) & (rn[None, :] < N)
     v1 = acc
     v2 = acc
@@ -69,24 +72,49 @@ def _finish(acc, y_ptr, e1_ptr, e2_ptr, e3_ptr, b0, b1, b2, rm, rn, M, N,
         v2 = _extra(e2_ptr, b0, b1, b2, rm, rn, s2_b0, s2_b1, s2_b2, s2_m, s2_n, mask)
     if EXTRAS >= 3:
         v3 = _extra(e3_ptr, b0, b1, b2, rm, rn, s3_b0, s3_b1, s3_b2, s3_m, s3_n, mask)
-    out = _epilogue(acc, v1, v2, v3)  # noqa: F821 - the candidate's traced chain, rendered beside this
+    kb_d = rn[None, :] - (rm % ROWS)[:, None]
+    out = _epilogue(acc, v1, v2, v3, kb_d)  # noqa: F821 - the candidate's traced chain, rendered beside this
     y = y_ptr + b0 * sy_b0 + b1 * sy_b1 + b2 * sy_b2
     y += rm.to(tl.int64)[:, None] * sy_m + rn.to(tl.int64)[None, :] * sy_n
     tl.store(y, out.to(y_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
-def _contraction_kernel(a_ptr, b_ptr, y_ptr, e1_ptr, e2_ptr, e3_ptr, M, N, K, B1, B2, K_PER, A_LO, B_LO,
+def _meets_band(pid_m, pid_n, M, N, ROWS, DIAG_LO: tl.constexpr, DIAG_HI: tl.constexpr,
+                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):  # fmt: skip
+    """Whether the tile holds an element whose diagonal (column less row within ROWS) lies in
+    DIAG_LO..DIAG_HI (None: unbounded): from its rows' and columns' ranges, all of ROWS where its rows
+    wrap past a multiple of ROWS."""
+    m0 = pid_m * BLOCK_M
+    m1 = tl.minimum(m0 + BLOCK_M, M) - 1
+    wraps = m0 // ROWS != m1 // ROWS
+    r0 = tl.where(wraps, 0, m0 % ROWS)
+    r1 = tl.where(wraps, ROWS - 1, m1 % ROWS)
+    n0 = pid_n * BLOCK_N
+    lo = n0 - r1
+    hi = tl.minimum(n0 + BLOCK_N, N) - 1 - r0
+    if DIAG_LO is not None:
+        lo = tl.maximum(lo, DIAG_LO)
+    if DIAG_HI is not None:
+        hi = tl.minimum(hi, DIAG_HI)
+    return lo <= hi
+
+
+@triton.jit
+def _contraction_kernel(a_ptr, b_ptr, y_ptr, e1_ptr, e2_ptr, e3_ptr, M, N, K, B1, B2, K_PER, A_LO, B_LO, ROWS,
                         sa_b0, sa_b1, sa_b2, sa_m, sa_k, sb_b0, sb_b1, sb_b2, sb_k, sb_n,
                         sy_split, sy_b0, sy_b1, sy_b2, sy_m, sy_n,
                         s1_b0, s1_b1, s1_b2, s1_m, s1_n, s2_b0, s2_b1, s2_b2, s2_m, s2_n,
                         s3_b0, s3_b1, s3_b2, s3_m, s3_n,
                         EXTRAS: tl.constexpr, SPLIT: tl.constexpr, PRECISION: tl.constexpr,
                         PARTIAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                        BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):  # fmt: skip
+                        BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, SKIP: tl.constexpr,
+                        DIAG_LO: tl.constexpr, DIAG_HI: tl.constexpr):  # fmt: skip
     """One output tile over K[split * K_PER, +K_PER) (the grid's third axis: split-K). PARTIAL: the fp32
     sum stored to the split's plane of the workspace y_ptr (the epilogue waits for `_split_k_sum`);
-    otherwise the epilogue applied and y stored. A_LO, B_LO: presplit's offsets from hi to lo planes."""
+    otherwise the epilogue applied and y stored. A_LO, B_LO: presplit's offsets from hi to lo planes.
+    SKIP: a tile with no diagonal in DIAG_LO..DIAG_HI (the output reads the sum nowhere in it, a
+    triu/tril masks it) runs no K step: its epilogue runs on zeros, its partial tile is not stored."""
     # GROUP_M row blocks walk the column blocks together: the B tiles they share stay in L2
     pid = tl.program_id(0)
     batch = tl.program_id(1).to(tl.int64)
@@ -112,8 +140,13 @@ def _contraction_kernel(a_ptr, b_ptr, y_ptr, e1_ptr, e2_ptr, e3_ptr, M, N, K, B1
     b_tile += (k_start + rk).to(tl.int64)[:, None] * sb_k + rn.to(tl.int64)[None, :] * sb_n
     m_mask = rm[:, None] < M
     n_mask = rn[None, :] < N
+    k_stop = k_end
+    if SKIP:
+        k_stop = tl.where(
+            _meets_band(pid_m, pid_n, M, N, ROWS, DIAG_LO, DIAG_HI, BLOCK_M, BLOCK_N), k_end, k_start
+        )
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    for k0 in range(k_start, k_end, BLOCK_K):
+    for k0 in range(k_start, k_stop, BLOCK_K):
         k_left = k_end - k0
         a_mask = m_mask & (rk[None, :] < k_left)
         b_mask = (rk[:, None] < k_left) & n_mask
@@ -130,21 +163,26 @@ def _contraction_kernel(a_ptr, b_ptr, y_ptr, e1_ptr, e2_ptr, e3_ptr, M, N, K, B1
     if PARTIAL:
         part = y_ptr + split.to(tl.int64) * sy_split + b0 * sy_b0 + b1 * sy_b1 + b2 * sy_b2
         part += rm.to(tl.int64)[:, None] * sy_m + rn.to(tl.int64)[None, :] * sy_n
-        tl.store(part, acc, mask=m_mask & n_mask)
+        m_stored = M
+        if SKIP:  # a skipped tile stores no row
+            m_stored = tl.where(k_stop > k_start, M, 0)
+        tl.store(part, acc, mask=(rm[:, None] < m_stored) & n_mask)
     else:
-        _finish(acc, y_ptr, e1_ptr, e2_ptr, e3_ptr, b0, b1, b2, rm, rn, M, N,
+        _finish(acc, y_ptr, e1_ptr, e2_ptr, e3_ptr, b0, b1, b2, rm, rn, M, N, ROWS,
                 sy_b0, sy_b1, sy_b2, sy_m, sy_n, s1_b0, s1_b1, s1_b2, s1_m, s1_n,
                 s2_b0, s2_b1, s2_b2, s2_m, s2_n, s3_b0, s3_b1, s3_b2, s3_m, s3_n, EXTRAS)  # fmt: skip
 
 
 @triton.jit
-def _split_k_sum(w_ptr, y_ptr, e1_ptr, e2_ptr, e3_ptr, M, N, B1, B2, SPLITS,
+def _split_k_sum(w_ptr, y_ptr, e1_ptr, e2_ptr, e3_ptr, M, N, B1, B2, SPLITS, ROWS,
                  sw_split, sw_b0, sw_b1, sw_b2, sw_m, sw_n, sy_b0, sy_b1, sy_b2, sy_m, sy_n,
                  s1_b0, s1_b1, s1_b2, s1_m, s1_n, s2_b0, s2_b1, s2_b2, s2_m, s2_n,
                  s3_b0, s3_b1, s3_b2, s3_m, s3_n,
-                 EXTRAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):  # fmt: skip
+                 EXTRAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                 SKIP: tl.constexpr, DIAG_LO: tl.constexpr, DIAG_HI: tl.constexpr):  # fmt: skip
     """Split-K's second launch: the splits' fp32 partial tiles summed in split order (deterministic),
-    then the epilogue once on the sum, and y stored."""
+    then the epilogue once on the sum, and y stored. SKIP: only the elements with a diagonal in
+    DIAG_LO..DIAG_HI are read (the GEMM stored no tile without one), the rest sum to zero."""
     pid = tl.program_id(0)
     batch = tl.program_id(1).to(tl.int64)
     b2 = batch % B2
@@ -156,10 +194,17 @@ def _split_k_sum(w_ptr, y_ptr, e1_ptr, e2_ptr, e3_ptr, M, N, B1, B2, SPLITS,
     mask = (rm[:, None] < M) & (rn[None, :] < N)
     w = w_ptr + b0 * sw_b0 + b1 * sw_b1 + b2 * sw_b2
     w += rm.to(tl.int64)[:, None] * sw_m + rn.to(tl.int64)[None, :] * sw_n
+    read = mask
+    if SKIP:
+        diagonal = rn[None, :] - (rm % ROWS)[:, None]
+        if DIAG_LO is not None:
+            read = read & (diagonal >= DIAG_LO)
+        if DIAG_HI is not None:
+            read = read & (diagonal <= DIAG_HI)
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for s in range(SPLITS):
-        acc += tl.load(w + s * sw_split, mask=mask, other=0.0)
-    _finish(acc, y_ptr, e1_ptr, e2_ptr, e3_ptr, b0, b1, b2, rm, rn, M, N,
+        acc += tl.load(w + s * sw_split, mask=read, other=0.0)
+    _finish(acc, y_ptr, e1_ptr, e2_ptr, e3_ptr, b0, b1, b2, rm, rn, M, N, ROWS,
             sy_b0, sy_b1, sy_b2, sy_m, sy_n, s1_b0, s1_b1, s1_b2, s1_m, s1_n,
             s2_b0, s2_b1, s2_b2, s2_m, s2_n, s3_b0, s3_b1, s3_b2, s3_m, s3_n, EXTRAS)  # fmt: skip
 
@@ -214,10 +259,12 @@ def _laid_out(t, last, planes):
     return out[0], out.stride(0)
 
 
-def _contraction_launch(srcs, a_plan, b_plan, out_axes, extras, dtype, precision, layout, split_k, block_m,
-                        block_n, block_k, group_m, num_warps, num_stages):  # fmt: skip
+def _contraction_launch(srcs, a_plan, b_plan, out_axes, extras, triangle, dtype, precision, layout, split_k,
+                        block_m, block_n, block_k, group_m, num_warps, num_stages):  # fmt: skip
     """y = epilogue(A @ B, extras...) from the sources: plans as `_operand` reads them, `out_axes` the
-    output's axes as (source, dim) atoms, `extras` (tensor, axes of the shape it meets the chain at).
+    output's axes as (source, dim) atoms, `extras` (tensor, axes of the shape it meets the chain at),
+    `triangle` the epilogue's triu/tril (None: none): the atoms of the rows it reads and the band of
+    diagonals where the output reads the sum (None: unbounded), tiles outside it skipping the K loop.
     layout: "strided" reads the operands by their strides; "k" copies each one that is not K-contiguous
     (tensor cores' TF32 dots read both K-major), "mn" copies A M-contiguous and B N-contiguous (the
     FMA dot's outer products); presplit writes hi/lo planes ("strided": as "k"). split_k > 1: K in that
@@ -257,6 +304,10 @@ def _contraction_launch(srcs, a_plan, b_plan, out_axes, extras, dtype, precision
     while len(tensors) < 3:
         tensors.append(y_l)
         strides += [0] * 5
+    rows, band = M, [None, None]
+    if triangle is not None:
+        rows, band = _size(srcs, triangle["rows"]), triangle["diagonals"]
+    skip = {"SKIP": band != [None, None], "DIAG_LO": band[0], "DIAG_HI": band[1]}
     bm = min(block_m, max(16, triton.next_power_of_2(M)))
     bn = min(block_n, max(16, triton.next_power_of_2(N)))
     bk = min(block_k, max(16, triton.next_power_of_2(K)))
@@ -267,14 +318,14 @@ def _contraction_launch(srcs, a_plan, b_plan, out_axes, extras, dtype, precision
     grid = (triton.cdiv(M, bm) * triton.cdiv(N, bn), full[0] * full[1] * full[2], splits)
     out = y_l if splits == 1 else torch.empty([splits, *logical], dtype=torch.float32, device=a.device)
     out_strides = [out.stride(0) if splits > 1 else 0, *_padded(out.stride()[-2 - pieces :], pieces)]
-    _contraction_kernel[grid](a, b, out, *tensors, M, N, K, full[1], full[2], k_per, a_lo, b_lo,
+    _contraction_kernel[grid](a, b, out, *tensors, M, N, K, full[1], full[2], k_per, a_lo, b_lo, rows,
                               *_padded(a_strides, pieces), *_padded(b_strides, pieces), *out_strides,
                               *strides, EXTRAS=len(extras), SPLIT=split, PRECISION=precision,
                               PARTIAL=splits > 1, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=group_m,
-                              num_warps=num_warps, num_stages=num_stages)  # fmt: skip
+                              **skip, num_warps=num_warps, num_stages=num_stages)  # fmt: skip
     if splits > 1:  # 16 x 32 tiles: a short, memory-bound pass over the partial sums
         grid = (triton.cdiv(M, 16) * triton.cdiv(N, 32), grid[1])
-        _split_k_sum[grid](out, y_l, *tensors, M, N, full[1], full[2], splits, *out_strides,
+        _split_k_sum[grid](out, y_l, *tensors, M, N, full[1], full[2], splits, rows, *out_strides,
                            *_padded(y_l.stride(), pieces), *strides, EXTRAS=len(extras), BLOCK_M=16,
-                           BLOCK_N=32, num_warps=4)  # fmt: skip
+                           BLOCK_N=32, **skip, num_warps=4)  # fmt: skip
     return y
