@@ -20,11 +20,13 @@ from kernelbrain.core.graph import Graph
 from kernelbrain.core.protocol import GateRequest
 from kernelbrain.templates import pointwise, reduce
 from kernelbrain.templates.decompose import expand
+from kernelbrain.templates.reduce_plan import MAX_SERIAL, plan_reduction
 from tests.composed import graph_of, load
 from tests.runs import QUICK_RUNGS, run_checks, run_inprocess
 
 ROOT = Path(__file__).resolve().parents[1]
 LOSS = ROOT / "tests" / "problems" / "reduce_loss.py"
+HINGE = ROOT / "tests" / "problems" / "reduce_hinge.py"
 SIGNATURE = {"init": [], "forward": ["x0", "x1"], "params": []}
 
 
@@ -130,6 +132,28 @@ def check_long_middle_axis(tmp_path: Path) -> None:
                 torch.testing.assert_close(got, fn(x, x), rtol=1e-4, atol=1e-4, msg=str(knobs))
 
 
+# a split of R that also has a high axis: 16 chunks shared by the high positions, two-step chunks
+SPLIT_SMALL = {"strategy": "split", "block_k": 1, "block_r": 128, "split": 16, "num_warps": 4}
+
+
+def check_broadcast_inputs_read_in_place(tmp_path: Path) -> None:
+    """Reduced axes no one stride walks (a broadcast among them, axes apart) with a trailing run of at
+    least LONG_RUN: no input is copied, each high position takes a partial (R also split, in column
+    tiles; and in rows of one), and the result is torch's."""
+    torch.manual_seed(3)
+    cases = [  # fn, x's and y's shapes, knobs
+        (lambda x, y: torch.sum(x * y, dim=(0, 1)), (3, 1100, 5), (1100, 5), SPLIT_SMALL),
+        (lambda x, y: (x - y).abs().amax(dim=(0, 2)), (3, 5, 1100), (5, 1), reduce.ROUND0[0]),
+    ]
+    for fn, sx, sy, knobs in cases:
+        spec = reduce.compose(expand(graph_of(fn, sx, sy)))
+        plan = reduce.plan(spec, knobs)
+        assert plan is not None and plan["copy"] == [False, False] and plan["H"] == 3, plan
+        x, y = torch.randn(sx), torch.randn(sy)
+        got = candidate(spec, knobs, tmp_path).ModelNew()(x, y)
+        torch.testing.assert_close(got, fn(x, y), rtol=1e-4, atol=1e-4, msg=str(knobs))
+
+
 def checks() -> dict:
     """What runs in one interpreter process (tests.runs.run_checks), by the name its test asks for."""
     knobs = knob_sets([name for name, _ in CASES])
@@ -140,6 +164,7 @@ def checks() -> dict:
         "logsumexp infinities": check_logsumexp_of_infinities,
         "layouts": check_non_contiguous_size_one_and_half_inputs,
         "batchmean": check_a_division_by_a_size_follows_the_shape,
+        "in place": check_broadcast_inputs_read_in_place,
     }
 
 
@@ -159,6 +184,10 @@ def test_logsumexp_of_infinities_as_torch(interpreted):
 
 def test_a_long_middle_axis_in_column_tiles(interpreted):
     assert interpreted["long middle"] is None, interpreted["long middle"]
+
+
+def test_broadcast_inputs_read_in_place(interpreted):
+    assert interpreted["in place"] is None, interpreted["in place"]
 
 
 def test_non_contiguous_size_one_and_half_inputs(interpreted):
@@ -205,6 +234,80 @@ def test_every_round0_candidate_of_a_loss_passes_the_gate(box):
         request = GateRequest(problem_source=source, cand_source=candidate, device="cpu", seeds=3)
         reply = box.call(request, timeout_s=120)[0]
         assert reply.passed, (knobs, reply)
+
+
+def test_a_full_reduction_with_broadcast_targets_split_passes_the_gate(box):
+    """KernelBench's hinge loss at the smoke shape: the targets read in place, a partial a row, R also
+    split (SPLIT_SMALL) or not (the sweep's split 64), both through the real gate."""
+    source = HINGE.read_text()
+    analysis = analyse(source, "cpu")
+    spec = reduce.matches(analysis["ops"], Graph.model_validate(analysis["graph"]))
+    assert spec is not None and spec["shapes"] == [[6, 1500], [1500]] and spec["dims"] is None
+    for knobs, parts in ((SPLIT_SMALL, 18), (reduce.ROUND0[2], 6)):
+        plan = reduce.plan(spec, knobs)
+        assert plan is not None and plan["copy"] == [False, False] and plan["parts"] == parts, plan
+        candidate = reduce.render(spec, knobs, analysis["signature"])
+        request = GateRequest(problem_source=source, cand_source=candidate, device="cpu", seeds=3)
+        reply = box.call(request, timeout_s=120)[0]
+        assert reply.passed, (knobs, reply)
+
+
+N = 32768  # KernelBench's level-1 losses reduce (32768, 32768) fp32 tensors: 2^30 elements
+
+
+def _mse(x, y):
+    return torch.mean((x - y) ** 2)
+
+
+def test_a_long_serial_sum_is_infeasible_at_a_large_shape():
+    """Traced on meta at 2^30 elements to one value: a knob set whose lanes would add more than
+    MAX_SERIAL terms one after another in fp32 is refused (on the H200 lanes of 2^20 erred 3e-3, past
+    the gate's 1e-4), and the launcher would split such a loop itself; the split the H200 passed (64 x
+    2048: 2^13 terms a lane, then 64 partials) stays feasible; round 0 and more_split still offer sets,
+    one of them ~1024 programs (132 SMs x a few)."""
+    spec = reduce.compose(expand(graph_of(_mse, (N, N), (N, N))))
+    loops = [k for k in reduce.ROUND0 if k["split"] == 1]
+    assert loops and not any(reduce.feasible(spec, k) for k in loops)
+    assert all(reduce.plan(spec, k)["raised"] for k in loops)
+    passed = reduce.ROUND0[2]
+    assert passed["split"] == 64 and passed["block_r"] == 2048 and reduce.feasible(spec, passed)
+    assert reduce.plan(spec, passed)["serial"] == 2**13 + 1
+    offered = [reduce.plan(spec, k) for k in reduce.ROUND0 if reduce.feasible(spec, k)]
+    assert all(p["serial"] <= MAX_SERIAL and not p["raised"] for p in offered)
+    assert max(p["blocks"] * p["parts"] for p in offered) >= 1024
+    child = reduce.mutate(passed, "more_split")
+    assert child is not None and child["split"] > 64 and reduce.feasible(spec, child)
+    # int32 offsets still reach 2^30 elements; past 2^31 they are int64
+    assert not reduce.plan(spec, passed)["wide"]
+    assert plan_reduction([2**16, 2**16], [0, 1], [[2**16, 1]], 1, 2048, 1024, 0)["wide"]
+
+
+def test_a_middle_axis_counts_the_rows_its_column_tiles_take():
+    """Along a middle axis the launcher tiles 8 inner positions x 128 rows of R out of a 1 x 1024 knob
+    set: 2^23 rows are 2^16 serial terms a lane there (refused: the launcher would split R itself), 2^13
+    along the last axis (feasible)."""
+    fn = lambda x, y: x.sum(dim=1)  # noqa: E731
+    loop = reduce.ROUND0[0]
+    assert loop["block_k"] * loop["block_r"] == 1024 and loop["split"] == 1
+    middle = reduce.compose(graph_of(fn, (2, 2**23, 8), (1,)))
+    plan = reduce.plan(middle, loop)
+    assert (
+        (plan["block_k"], plan["block_r"]) == (8, 128)
+        and plan["raised"]
+        and not reduce.feasible(middle, loop)
+    )
+    last = reduce.compose(graph_of(lambda x, y: x.sum(dim=2), (2, 8, 2**23), (1,)))
+    assert reduce.plan(last, loop)["serial"] == 2**13 and reduce.feasible(last, loop)
+
+
+def test_a_broadcast_input_is_read_in_place_at_the_full_size():
+    """KernelBench's hinge loss at its own shape (meta): every round-0 set reads the targets in place
+    (no 4.3 GB expanded copy), a partial for each of the 32768 rows, every set feasible."""
+    spec = reduce.compose(expand(graph_of(lambda x, y: torch.clamp(1 - x * y, min=0).mean(), (N, N), (N,))))
+    for knobs in reduce.ROUND0:
+        plan = reduce.plan(spec, knobs)
+        assert plan["copy"] == [False, False] and (plan["H"], plan["R"], plan["parts"]) == (N, N, N), knobs
+        assert reduce.feasible(spec, knobs) and plan["strides"][1] == [0, 0, 1, 0]
 
 
 def test_kb_run_on_a_loss_no_hand_written_family_covers(tmp_path):

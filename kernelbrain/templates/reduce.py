@@ -4,10 +4,14 @@ reduced value) fused in, composed from the traced graph.
 
     y = epilogue(reduce_R(prologue(x0, ..., x3)))   in fp32, stored once in the output's dtype
 
-The input is read as an [outer, R, inner] view (reduced axes apart are moved last, with one copy): each
-program takes BLOCK_K kept positions and loops over R in BLOCK_R steps, tiling R where it is contiguous
-(rows, inner = 1) and the kept positions where they are (inner > 1). A short K with a long R (a loss,
-a full reduction) splits R over SPLIT programs and combines their fp32 partials in a second launch.
+Each input is read in place through its strides as an [outer, high, R, inner] view (templates/
+reduce_plan.py: a broadcast input at stride 0, never expanded in memory; an input no such view reads is
+copied once). Each program takes BLOCK_K kept positions and loops over R in BLOCK_R steps, tiling R where
+it is contiguous (rows, inner = 1) and the kept positions where they are (inner > 1). A short K with a
+long R (a loss, a full reduction) splits R over SPLIT programs, and a `high` axis (reduced axes that no
+one stride walks: a full reduction with a broadcast input) gives each of its positions a program; their
+fp32 partials are combined by a second launch. A knob set whose lanes would add more than
+reduce_plan.MAX_SERIAL terms serially at the traced shape is infeasible (fp32 accuracy).
 The chains are templates/pointwise's; the kernels are in templates/reduce_parts.py.
 """
 
@@ -17,10 +21,31 @@ from typing import Any
 
 from kernelbrain.core.graph import INPUT, Graph, Node
 from kernelbrain.templates import model_source, pointwise
+from kernelbrain.templates.reduce_plan import MAX_SERIAL, plan_reduction
 from kernelbrain.templates.render import chain, constants, module, parts
 
 FAMILY = "reduce"
 PARTS = "kernelbrain.templates.reduce_parts"
+PLAN = "kernelbrain.templates.reduce_plan"  # the launcher's plan, plain Python
+
+
+def shared_parts() -> str:
+    """What a candidate module holds once beside any number of `_reduce_kernel`/`_reduce_launch` copies
+    (a family may copy those per stage, under suffixes): the launcher's plan and the kernel's helpers."""
+    plan_parts = (
+        "MAX_SERIAL",
+        "LONG_RUN",
+        "SECOND_TILE",
+        "MIN_CHUNK",
+        "_cdiv",
+        "_pow2",
+        "_size",
+        "_cuts",
+        "_last",
+    )
+    kernel_parts = ("_identity", "_times", "_infinite", "_finish", "_prod")
+    return parts(PLAN, *plan_parts, "plan_reduction") + "\n" + parts(PARTS, *kernel_parts)
+
 
 # block_k x block_r: kept positions x reduced elements a step, for a reduction along the last axis;
 # along a middle axis (neighbouring kept positions neighbours in memory) the launcher tiles block_r
@@ -32,8 +57,12 @@ ROUND0: list[dict[str, Any]] = [
     {"strategy": "loop", "block_k": 4, "block_r": 512, "split": 1, "num_warps": 4},
     {"strategy": "loop", "block_k": 1, "block_r": 4096, "split": 1, "num_warps": 8},
     {"strategy": "split", "block_k": 1, "block_r": 1024, "split": 16, "num_warps": 4},
+    # a full reduction of a large tensor (a loss): ~1024 programs fill an H200's 132 SMs, each lane's
+    # serial terms stay far inside MAX_SERIAL
+    {"strategy": "split", "block_k": 1, "block_r": 2048, "split": 1024, "num_warps": 8},
 ]
 BLOCKS = (128, 256, 512, 1024, 2048, 4096, 8192)
+MAX_SPLIT = 4096  # more_split's last parent: up to 16384 chunks of R
 
 MUTATIONS: dict[str, list[tuple[str, str]]] = {
     "memory-bound near peak": [("larger_tiles", "more bytes in flight a program")],
@@ -50,17 +79,53 @@ MUTATIONS: dict[str, list[tuple[str, str]]] = {
 
 def mutate(knobs: dict[str, Any], move: str) -> dict[str, Any] | None:
     k = dict(knobs)
-    if move == "more_split" and k["split"] < 256:
+    if move == "more_split" and k["split"] < MAX_SPLIT:
         return {**k, "strategy": "split", "split": max(16, k["split"] * 4)}
     return pointwise.step(k, move, "block_r", BLOCKS)
 
 
 def feasible(spec: dict, knobs: dict[str, Any]) -> bool:
     """Accumulators for BLOCK_K x BLOCK_R elements fit a program's registers; an argmax or a logsumexp
-    (two values a lane) never splits."""
+    (two values a lane) never splits; at the traced shape (`plan`), a sum's, a product's or a
+    logsumexp's lanes add at most MAX_SERIAL terms serially over both launches, with the split the knobs
+    give (not one the launcher had to raise)."""
     if spec["op"] >= 4 and knobs["split"] > 1:
         return False
-    return 32 * knobs["num_warps"] <= knobs["block_k"] * knobs["block_r"] <= 8192
+    if not 32 * knobs["num_warps"] <= knobs["block_k"] * knobs["block_r"] <= 8192:
+        return False
+    found = plan(spec, knobs)
+    rounds = spec["op"] in (0, 3, 6)
+    return found is None or not rounds or (not found["raised"] and found["serial"] <= MAX_SERIAL)
+
+
+def plan(spec: dict, knobs: dict[str, Any]) -> dict | None:
+    """reduce_plan.plan_reduction at the traced shape (the inputs' shapes and strides from the graph's
+    metas), as the candidate's launcher plans at a call of that shape; None for a spec without them."""
+    shapes, strides = spec.get("shapes"), spec.get("strides")
+    if shapes is None or strides is None:
+        return None
+    shape = _broadcast(shapes)
+    nd = len(shape)
+    dims = sorted({d % max(nd, 1) for d in spec["dims"]}) if spec["dims"] else list(range(nd))
+    expanded = [_expanded(shape, s, st) for s, st in zip(shapes, strides, strict=True)]
+    return plan_reduction(
+        shape, dims, expanded, knobs["block_k"], knobs["block_r"], knobs["split"], spec["op"]
+    )
+
+
+def _expanded(shape: list[int], own: list[int], strides: list[int]) -> list[int]:
+    """An input's strides over the broadcast `shape`, as torch's expand gives them: 0 along an axis it
+    broadcasts (one it lacks, or a 1 where the shape is longer)."""
+    lead = len(shape) - len(own)
+    return [0] * lead + [
+        0 if n == 1 and m != 1 else t for t, n, m in zip(strides, own, shape[lead:], strict=True)
+    ]
+
+
+def _broadcast(shapes: list[list[int]]) -> list[int]:
+    nd = max(len(s) for s in shapes)
+    padded = [[1] * (nd - len(s)) + list(s) for s in shapes]
+    return [max(sizes) if min(sizes) != 0 else 0 for sizes in zip(*padded, strict=True)]
 
 
 # ATen reduction -> (OP, PRE, POST) of reduce_parts, by which of its results is used
@@ -168,6 +233,9 @@ def compose(graph: Graph) -> dict:
     if divide and (op, post) != (0, 0):
         raise NotReduction(f"a division by a size after {red.op}")
     helpers = before["helpers"] + (after["helpers"] if after else [])
+    metas = {int(n.args["index"]): n.outs[0] for n in graph.nodes if n.op == INPUT}
+    traced = [metas[i] for i in before["inputs"] if i in metas]
+    known = len(traced) == len(before["inputs"])
     out_dtype = graph.meta(out_ref).dtype
     dtypes = {graph.nodes[i].outs[0].dtype for i, n in enumerate(graph.nodes) if n.op == INPUT}
     follows = len(dtypes) == 1 and out_dtype in dtypes
@@ -183,6 +251,9 @@ def compose(graph: Graph) -> dict:
         "post": post,
         "divide_by": divide[1] if divide else None,
         "dims": dims_of(red),
+        # the inputs' traced shapes and strides: where feasible plans the launch (reduce_plan)
+        "shapes": [m.shape for m in traced] if known else None,
+        "strides": [m.strides for m in traced] if known else None,
         "keepdim": bool(red.args.get("keepdim", False)),
         "dtype": None if follows else out_dtype,
         "ops": graph.ops(),
@@ -248,8 +319,7 @@ def render(spec: dict, knobs: dict[str, Any], signature: dict[str, list[str]]) -
         parts(pointwise.PARTS, *spec["helpers"]) if spec["helpers"] else "",
         chain("_prologue", spec["prologue"], spec["prologue_result"]),
         chain("_epilogue", spec["epilogue"], spec["epilogue_result"]),
-        parts(
-            PARTS, "_identity", "_times", "_infinite", "_finish", "_reduce_kernel", "_prod", "_reduce_launch"
-        ),
+        shared_parts(),
+        parts(PARTS, "_reduce_kernel", "_reduce_launch"),
         model,
     )

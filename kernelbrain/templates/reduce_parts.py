@@ -16,6 +16,8 @@ import torch
 import triton
 import triton.language as tl
 
+from kernelbrain.templates.reduce_plan import plan_reduction  # a candidate holds its copy (reduce.PLAN)
+
 
 @triton.jit
 def _prologue(v0, v1, v2, v3):  # replaced by the candidate's own
@@ -77,45 +79,67 @@ def _infinite(x):
 
 @triton.jit
 def _reduce_kernel(
-    out_ptr, x0, x1, x2, x3, K, R, inner, chunk, n_total,
+    out_ptr, x0, x1, x2, x3,
+    s0o, s0h, s0r, s0i, s1o, s1h, s1r, s1i, s2o, s2h, s2r, s2i, s3o, s3h, s3r, s3i,
+    K, R, inner, blocks, chunks, chunk, n_total,
     N_IN: tl.constexpr, OP: tl.constexpr, PRE: tl.constexpr, POST: tl.constexpr, PROLOGUE: tl.constexpr,
-    FINAL: tl.constexpr, COLS: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr,
+    FINAL: tl.constexpr, COLS: tl.constexpr, WIDE: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_R: tl.constexpr,
 ):  # fmt: skip
-    """Programs (k block, chunk of R). FINAL: the chunk is all of R, and the program writes the result
-    (post, epilogue, the output's dtype); else it writes its chunk's fp32 partial at [split, k].
-    PROLOGUE: the loaded values go through it (not a split's partials, combined by a second launch).
-    COLS: a k block is BLOCK_K neighbouring inner positions of one outer index, so the compiler sees
-    each row of the tile contiguous (coalesced, vector loads where inner allows) and no lane divides."""
-    split = tl.program_id(1)
+    """Programs (k block, high index, chunk of R), the k block fastest, over the [outer, high, R, inner]
+    view (reduce_plan), each input through its own strides (sNo, sNh, sNr, sNi). FINAL: the program's
+    chunk is all of R and there is no high axis: it writes the result (post, epilogue, the output's
+    dtype); else its fp32 partial at [high * chunks + chunk, k]. PROLOGUE: the loaded values go through
+    it (not a split's partials, combined by a second launch). COLS: a k block is BLOCK_K neighbouring
+    inner positions of one outer index, so the compiler sees each row of the tile contiguous (coalesced,
+    vector loads where inner allows) and no lane divides. WIDE: offsets in int64 (some exceed int32)."""
+    pid = tl.program_id(0)
+    kb = pid % blocks
+    part = pid // blocks
+    if WIDE:
+        kb = kb.to(tl.int64)
+        part = part.to(tl.int64)
+    h = part // chunks
     if COLS:
-        blocks = tl.cdiv(inner, BLOCK_K)
-        outer = (tl.program_id(0) // blocks).to(tl.int64)
-        i = (tl.program_id(0) % blocks) * BLOCK_K + tl.arange(0, BLOCK_K)
+        per = tl.cdiv(inner, BLOCK_K)
+        o = kb // per
+        i = (kb % per) * BLOCK_K + tl.arange(0, BLOCK_K)
         kmask = i < inner
-        base = outer * R * inner + i
-        k = outer * inner + i
+        k = o * inner + i
     else:
-        k = tl.program_id(0).to(tl.int64) * BLOCK_K + tl.arange(0, BLOCK_K)
-        kmask = k < K
-        base = (k // inner) * R * inner + (k % inner)
+        o = kb * BLOCK_K + tl.arange(0, BLOCK_K)
+        i = 0
+        kmask = o < K
+        k = o
+    # each input's offset of each row of the tile (inline: the interpreter pays for every jit call)
+    b0 = o * s0o + h * s0h + i * s0i
+    if N_IN > 1:
+        b1 = o * s1o + h * s1h + i * s1i
+    if N_IN > 2:
+        b2 = o * s2o + h * s2h + i * s2i
+    if N_IN > 3:
+        b3 = o * s3o + h * s3h + i * s3i
     acc = tl.full([BLOCK_K, BLOCK_R], _identity(OP), tl.float32)
     idx = tl.zeros([BLOCK_K, BLOCK_R], tl.int32)
     tot = tl.zeros([BLOCK_K, BLOCK_R], tl.float32)
-    start = split * chunk
-    for r0 in range(start, tl.minimum(start + chunk, R), BLOCK_R):
+    start = (part % chunks) * chunk
+    end = tl.minimum(start + chunk, R)
+    for r0 in range(start, end, BLOCK_R):
         r = r0 + tl.arange(0, BLOCK_R)
-        mask = kmask[:, None] & (r < tl.minimum(start + chunk, R))[None, :]
-        offs = base[:, None] + r[None, :].to(tl.int64) * inner
-        v0 = tl.load(x0 + offs, mask=mask, other=0.0).to(tl.float32)
+        mask = kmask[:, None] & (r < end)[None, :]
+        rw = r
+        if WIDE:
+            rw = r.to(tl.int64)
+        v0 = tl.load(x0 + (b0[:, None] + (rw * s0r)[None, :]), mask=mask, other=0.0).to(tl.float32)
         v1 = v0
         v2 = v0
         v3 = v0
         if N_IN > 1:
-            v1 = tl.load(x1 + offs, mask=mask, other=0.0).to(tl.float32)
+            v1 = tl.load(x1 + (b1[:, None] + (rw * s1r)[None, :]), mask=mask, other=0.0).to(tl.float32)
         if N_IN > 2:
-            v2 = tl.load(x2 + offs, mask=mask, other=0.0).to(tl.float32)
+            v2 = tl.load(x2 + (b2[:, None] + (rw * s2r)[None, :]), mask=mask, other=0.0).to(tl.float32)
         if N_IN > 3:
-            v3 = tl.load(x3 + offs, mask=mask, other=0.0).to(tl.float32)
+            v3 = tl.load(x3 + (b3[:, None] + (rw * s3r)[None, :]), mask=mask, other=0.0).to(tl.float32)
         v = v0
         if PROLOGUE:
             v = _prologue(v0, v1, v2, v3)
@@ -146,7 +170,7 @@ def _reduce_kernel(
         out = _epilogue(out, out, out, out)
         tl.store(out_ptr + k, out.to(out_ptr.dtype.element_ty), mask=kmask)
     else:
-        tl.store(out_ptr + split * K + k, _finish(acc, idx, tot, n_total, OP, 0), mask=kmask)
+        tl.store(out_ptr + part * K + k, _finish(acc, idx, tot, n_total, OP, 0), mask=kmask)
 
 
 def _prod(sizes):
@@ -160,7 +184,8 @@ def _reduce_launch(
     xs, dims, keepdim, out_dtype, op, pre, post, block_k, block_r, split, num_warps, divisor=0
 ):  # fmt: skip
     """The reduction of xs's prologue over `dims` (None or empty: all), shaped as torch shapes it; a sum
-    divided by `divisor` where one is given (a size the reference divided by)."""
+    divided by `divisor` where one is given (a size the reference divided by). The layout, the split and
+    the tiles are plan_reduction's (templates/reduce_plan.py, copied beside this)."""
     x = xs[0]
     shape = list(torch.broadcast_shapes(*(t.shape for t in xs)))
     nd = len(shape)
@@ -168,44 +193,34 @@ def _reduce_launch(
     kept = [d for d in range(nd) if d not in dims]
     out_shape = [1 if d in dims else s for d, s in enumerate(shape)] if keepdim else [shape[d] for d in kept]
     y = torch.empty(out_shape, dtype=out_dtype, device=x.device)
-    n = _prod(shape[d] for d in dims)
-    total, post = (divisor, 1) if divisor else (n, post)
     if y.numel() == 0:
         return y
-    if not dims or dims == list(range(dims[0], dims[-1] + 1)):
-        xs = [t.expand(shape).contiguous() for t in xs]
-        inner = _prod(shape[dims[-1] + 1 :]) if dims else 1
-    else:  # reduced dims apart: moved last
-        xs = [t.expand(shape).permute(kept + dims).contiguous() for t in xs]
-        inner = 1
-    k_all = y.numel()
-    cols = inner > 1
-    if cols:  # neighbouring kept positions are neighbours in memory: tile them, R across the tile's rows
-        tile = block_k * block_r
-        block_k = min(block_r, triton.next_power_of_2(inner))
-        block_r = max(1, tile // block_k)
-    block_r = min(block_r, triton.next_power_of_2(max(n, 1)))
+    views = [t.expand(shape) for t in xs]  # a broadcast axis at stride 0, nothing copied
+    plan = plan_reduction(shape, dims, [list(v.stride()) for v in views], block_k, block_r, split, op)
+    views = [
+        v.permute(plan["order"]).contiguous() if c else v for v, c in zip(views, plan["copy"], strict=True)
+    ]
     n_in = len(xs)
-    pad = xs + [xs[0]] * (4 - n_in)
-    common = {"N_IN": n_in, "OP": op, "PRE": pre, "BLOCK_K": block_k, "BLOCK_R": block_r}
-    common["num_warps"] = num_warps
-    programs = k_all // inner * triton.cdiv(inner, block_k) if cols else triton.cdiv(k_all, block_k)
-    if op >= 4 or split <= 1 or n < 2 * block_r * split:  # one launch, each program all of R
-        grid = (programs, 1)
-        args = (y, *pad, k_all, n, inner, n, total)
-        _reduce_kernel[grid](*args, POST=post, PROLOGUE=True, FINAL=True, COLS=cols, **common)
+    pad = views + [views[0]] * (4 - n_in)
+    strides = [s for four in plan["strides"] + [plan["strides"][0]] * (4 - n_in) for s in four]
+    k_all, parts = plan["K"], plan["parts"]
+    total, post = (divisor, 1) if divisor else (plan["n"], post)
+    common = {"N_IN": n_in, "OP": op, "PRE": pre, "COLS": plan["cols"], "WIDE": plan["wide"]}
+    common.update(BLOCK_K=plan["block_k"], BLOCK_R=plan["block_r"], num_warps=num_warps)
+    shape_args = (k_all, plan["R"], plan["inner"], plan["blocks"], plan["chunks"], plan["chunk"], total)
+    grid = (plan["blocks"] * parts,)
+    if parts == 1:  # one launch, each program all of R
+        _reduce_kernel[grid](y, *pad, *strides, *shape_args, POST=post, PROLOGUE=True, FINAL=True, **common)
         return y
-    chunk = triton.cdiv(triton.cdiv(n, split), block_r) * block_r
-    split = triton.cdiv(n, chunk)
-    part = torch.empty((split, k_all), dtype=torch.float32, device=x.device)
-    grid = (programs, split)
-    args = (part, *pad, k_all, n, inner, chunk, n)
-    _reduce_kernel[grid](*args, POST=0, PROLOGUE=True, FINAL=False, COLS=cols, **common)
-    # the partials combined by the same kernel, read in place as columns of [split, K] (a norm's or a
+    part = torch.empty((parts, k_all), dtype=torch.float32, device=x.device)
+    _reduce_kernel[grid](part, *pad, *strides, *shape_args, POST=0, PROLOGUE=True, FINAL=False, **common)
+    # the partials combined by the same kernel, read in place as columns of [parts, K] (a norm's or a
     # mean's parts summed): no transposing copy
-    rows = min(16, triton.next_power_of_2(split))
-    second = {"N_IN": 1, "OP": op, "PRE": 0, "BLOCK_K": 128, "BLOCK_R": rows}
-    grid = (triton.cdiv(k_all, 128), 1)
-    args = (y, part, part, part, part, k_all, split, k_all, split, total)
-    _reduce_kernel[grid](*args, POST=post, PROLOGUE=False, FINAL=True, COLS=True, num_warps=4, **second)
+    block_k2, block_r2 = plan["block_k2"], plan["block_r2"]
+    blocks = triton.cdiv(k_all, block_k2)
+    second = {"N_IN": 1, "OP": op, "PRE": 0, "BLOCK_K": block_k2, "BLOCK_R": block_r2, "WIDE": plan["wide"]}
+    args = (y, part, part, part, part, *((0, 0, k_all, 1) * 4), k_all, parts, k_all, blocks, 1, parts, total)
+    _reduce_kernel[(blocks,)](
+        *args, POST=post, PROLOGUE=False, FINAL=True, COLS=k_all > 1, num_warps=4, **second
+    )
     return y

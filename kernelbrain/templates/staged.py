@@ -121,7 +121,7 @@ def render(spec: dict, knobs: dict[str, Any], signature: dict[str, list[str]]) -
         constants(BLOCK_K=knobs["block_k"], BLOCK_R=knobs["block_r"], SPLIT=knobs["split"]),
         constants(NUM_WARPS=knobs["num_warps"]),
         parts(pointwise.PARTS, *helpers) if helpers else "",
-        parts(reduce.PARTS, "_identity", "_times", "_infinite", "_finish", "_prod"),
+        reduce.shared_parts(),
         *sections,
         model,
     )

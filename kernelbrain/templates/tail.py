@@ -37,7 +37,6 @@ FAMILIES = (reduce, normalize, staged)
 # families a tail (or a segment of it) may be when none of FAMILIES takes it whole, in the order tried
 STAGES = (moments, pool, pointwise)
 SUFFIX = "_tail"
-_REDUCE_COMMON = ("_identity", "_times", "_infinite", "_finish", "_prod")
 _POINTWISE_LAUNCH = (
     "_load",
     "_flat_tile",
@@ -438,15 +437,17 @@ def render_parts(tail: dict, suffix: str = SUFFIX) -> str:
     family, spec = tail["family"], tail["spec"]
     sections: list[str] = []
     if family == "reduce":
-        sections = [_helpers(spec), _chains(spec), parts(reduce.PARTS, *_REDUCE_COMMON)]
+        sections = [_helpers(spec), _chains(spec), reduce.shared_parts()]
         sections.append(parts(reduce.PARTS, "_reduce_kernel", "_reduce_launch"))
     elif family == "normalize":
         stat, mapped = spec["stat"], spec["map"]
         sections = [_helpers(stat, mapped), _chains(stat), chain("_body", mapped["body"], mapped["result"])]
-        sections.append(parts(reduce.PARTS, *_REDUCE_COMMON, "_reduce_kernel", "_reduce_launch"))
+        sections.append(
+            reduce.shared_parts() + "\n\n" + parts(reduce.PARTS, "_reduce_kernel", "_reduce_launch")
+        )
         sections.append(parts(pointwise.PARTS, *_POINTWISE_LAUNCH))
     elif family == "staged":
-        sections = [_helpers(*spec["stages"]), parts(reduce.PARTS, *_REDUCE_COMMON)]
+        sections = [_helpers(*spec["stages"]), reduce.shared_parts()]
         for k, stage in enumerate(spec["stages"]):
             text = _chains(stage) + "\n\n" + parts(reduce.PARTS, "_reduce_kernel", "_reduce_launch")
             names = ("_prologue", "_epilogue", "_reduce_kernel", "_reduce_launch")
