@@ -22,7 +22,7 @@ from kernelbrain.child.analysis import analyse
 from kernelbrain.core.events import GatePassed
 from kernelbrain.core.graph import INPUT, Graph
 from kernelbrain.core.protocol import GateRequest
-from kernelbrain.templates import contraction, conv, tail
+from kernelbrain.templates import contraction, conv, conv_transpose, tail
 from kernelbrain.templates.render import renamed
 from tests.composed import graph_of, load
 from tests.runs import QUICK_RUNGS, run_checks, run_inprocess
@@ -30,6 +30,10 @@ from tests.runs import QUICK_RUNGS, run_checks, run_inprocess
 ROOT = Path(__file__).resolve().parents[1]
 RESIDUAL_SOFTMAX = ROOT / "tests" / "problems" / "conv_groupnorm_residual_softmax.py"
 BATCHNORM_SOFTMAX = ROOT / "tests" / "problems" / "contraction_batchnorm_softmax.py"
+# problem -> (the family of its head, its tail's families in launch order), each gated at round 0
+GATED = {
+    "conv_transpose_layernorm_gelu.py": (conv_transpose, ["layernorm", "pointwise"]),
+}
 
 
 def _split(fn, *shapes):
@@ -230,6 +234,26 @@ class LinearBatchNormSoftmax(nn.Module):
         return torch.softmax(self.scale * self.bn(self.gemm(x)), dim=1)
 
 
+class ConvTransposeLayerNorm(nn.Module):
+    """Level 2's 34: a 3-D transposed convolution, a layer norm over the last dim, GELU, a scale."""
+
+    INIT = (
+        "super().__init__()\nself.ct = nn.ConvTranspose3d(3, 4, 3, stride=2, padding=1)\n"
+        "self.ln = nn.LayerNorm(5)"
+    )
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ct = nn.ConvTranspose3d(3, 4, 3, stride=2, padding=1)
+        self.ln = nn.LayerNorm(5)
+        with torch.no_grad():  # not the identity torch initialises them to
+            self.ln.weight.uniform_(0.5, 1.5)
+            self.ln.bias.uniform_(-0.5, 0.5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.gelu(self.ln(self.ct(x))) * 1.5
+
+
 # name -> (the model, the family of its head, its input's shapes: traced, then one more)
 MODELS: dict[str, tuple[type[nn.Module], object, list[tuple[int, ...]]]] = {
     "conv, group norm, tanh, hardswish, the conv added back, softmax over channels": (
@@ -245,6 +269,11 @@ MODELS: dict[str, tuple[type[nn.Module], object, list[tuple[int, ...]]]] = {
     "conv, softmax over channels, two max pools": (SoftmaxPools, conv, [(2, 3, 11, 10)]),
     "conv, batch norm in training mode, hardtanh": (ConvBatchNorm, conv, [(3, 3, 7, 6), (2, 3, 5, 9)]),
     "linear, batch norm in training mode, scale, softmax": (LinearBatchNormSoftmax, contraction, [(7, 11)]),
+    "3-D transposed conv, layer norm over the last dim, gelu, scale (level 2's 34)": (
+        ConvTransposeLayerNorm,
+        conv_transpose,
+        [(2, 3, 3, 2, 3), (1, 3, 2, 3, 3)],
+    ),
 }
 # name -> (a function of forward's tensors, their shapes)
 FUNCTIONS = {
@@ -284,7 +313,7 @@ def _model_case(name: str, folder: Path) -> None:
             if b.is_floating_point():
                 b.copy_(torch.rand_like(b) + 0.5)
     ref64 = copy.deepcopy(ref).double()
-    knobs = family.ROUND0[1]
+    knobs = next(k for k in family.ROUND0[1:] if family.feasible(spec, k))
     source = family.render(spec, knobs, {"init": [], "forward": ["x"], "params": []})
     new = load(source, folder, f"t_{abs(hash(name))}").ModelNew().train(training)
     new.load_state_dict(ref.state_dict())
@@ -343,6 +372,26 @@ def test_a_batch_norm_and_softmax_tail_passes_the_gate(box):
     spec = contraction.refine(spec, source)
     assert spec is not None
     new_source = contraction.render(spec, contraction.ROUND0[1], analysis["signature"])
+    request = GateRequest(problem_source=source, cand_source=new_source, device="cpu", seeds=3)
+    reply = box.call(request, timeout_s=120)[0]
+    assert reply.passed, reply
+
+
+@pytest.mark.parametrize("name", list(GATED))
+def test_the_round0_candidate_passes_the_gate(box, name):
+    source = (ROOT / "tests" / "problems" / name).read_text()
+    family, launches = GATED[name]
+    analysis = analyse(source, "cpu")
+    spec = family.matches(analysis["ops"], Graph.model_validate(analysis["graph"]))
+    assert spec is not None
+    at, found = spec["tail"], []
+    while at is not None:
+        found, at = [*found, at["family"]], at["then"]
+    assert found == launches
+    spec = family.refine(spec, source)
+    assert spec is not None
+    knobs = next(k for k in family.ROUND0 if family.feasible(spec, k))
+    new_source = family.render(spec, knobs, analysis["signature"])
     request = GateRequest(problem_source=source, cand_source=new_source, device="cpu", seeds=3)
     reply = box.call(request, timeout_s=120)[0]
     assert reply.passed, reply

@@ -12,6 +12,10 @@ ModelNew copies Model's constructor (same parameters under the same names: the g
 copy makes them identical), and its forward passes the same normalized_shape, weight, bias and eps
 expressions Model's forward does (for `self.<ln>(x)`: that module's own attributes), evaluated at
 run time. A constructor or forward it cannot reproduce is no match.
+
+After a compute-bound op the layer norm is a stage of its tail (templates/tail.py), composed from the
+ATen graph instead (`compose`): there `aten.native_layer_norm` records normalized_shape, eps and which
+tensors are the weight and bias, inputs of the tail's graph like the value it normalises.
 """
 
 from __future__ import annotations
@@ -20,8 +24,9 @@ import ast
 import math
 from typing import Any
 
-from kernelbrain.core.graph import Graph
+from kernelbrain.core.graph import INPUT, Graph
 from kernelbrain.templates import model_source as ms
+from kernelbrain.templates import pointwise
 from kernelbrain.templates.render import module
 from kernelbrain.templates.row_norm import (
     FLOAT_DTYPES,
@@ -35,7 +40,20 @@ from kernelbrain.templates.row_norm import (
 )
 
 FAMILY = "layernorm"
-__all__ = ["FAMILY", "MUTATIONS", "ROUND0", "feasible", "matches", "mutate", "refine", "render"]
+__all__ = [
+    "FAMILY",
+    "MUTATIONS",
+    "NORM",
+    "ROUND0",
+    "NotLayerNorm",
+    "compose",
+    "feasible",
+    "matches",
+    "mutate",
+    "refine",
+    "render",
+]
+NORM = "aten.native_layer_norm.default"
 
 _SQUARES = {"pow", "mul"}
 _IGNORED = {"contiguous"}
@@ -100,6 +118,62 @@ def matches(ops: list[dict], graph: Graph | None = None) -> dict | None:
         "norm_dims": k,
         "n_cols": math.prod(shape[-k:]),
         "has_eps": has_eps,
+    }
+
+
+class NotLayerNorm(ValueError):
+    """What the graph holds that `compose` cannot take (named in the refusal)."""
+
+
+def compose(graph: Graph) -> dict:
+    """The spec of a graph that is one layer norm of an input over its trailing dims, its weight and bias
+    inputs too (or none): {"input", "weight", "bias" (input indices or None), "norm_dims", "n_cols",
+    "eps", "dtype"}. The normalised dims are read from the input's shape at each call (the last
+    norm_dims), so no size is a constant. Raises NotLayerNorm naming what is not."""
+    if len(graph.outputs) != 1:
+        raise NotLayerNorm(f"{len(graph.outputs)} outputs")
+    found = [i for i, n in enumerate(graph.nodes) if n.op == NORM]
+    if len(found) != 1:
+        raise NotLayerNorm(f"{len(found)} layer norms")
+    at = found[0]
+    if tuple(graph.outputs[0]) != (at, 0):
+        raise NotLayerNorm("ops after the norm" if graph.outputs[0][0] != at else "the norm's statistics")
+    try:  # normalized_shape may be x.shape[-k:]: the call reads it from the input's shape
+        graph.unsized({(at, "normalized_shape")})
+    except ValueError as e:
+        raise NotLayerNorm(str(e)) from None
+    a = graph.nodes[at].args
+
+    def index(key: str) -> int | None:
+        ref = graph.ref(a.get(key))
+        while ref is not None and graph.nodes[ref[0]].op in pointwise.PASS_THROUGH:
+            ref = graph.ref(graph.nodes[ref[0]].args["self"])
+        if ref is None:
+            if a.get(key) is not None:
+                raise NotLayerNorm(f"a layer norm's {key} that is not a tensor")
+            return None
+        if graph.nodes[ref[0]].op != INPUT:
+            raise NotLayerNorm(f"a layer norm's {key} made by {graph.nodes[ref[0]].op}")
+        return int(graph.nodes[ref[0]].args["index"])
+
+    x, weight, bias = index("input"), index("weight"), index("bias")
+    if x is None:
+        raise NotLayerNorm("a layer norm of no tensor")
+    x_meta = graph.meta(graph.ref(a["input"]))
+    dims = [int(d) for d in a["normalized_shape"]]
+    if not dims or x_meta.shape[len(x_meta.shape) - len(dims) :] != dims:
+        raise NotLayerNorm(f"a layer norm over {dims} of a tensor of shape {x_meta.shape}")
+    if x_meta.dtype not in FLOAT_DTYPES:
+        raise NotLayerNorm(f"a layer norm of {x_meta.dtype}")
+    return {
+        "input": x,
+        "weight": weight,
+        "bias": bias,
+        "norm_dims": len(dims),
+        "n_cols": math.prod(dims),
+        "eps": float(a["eps"]),
+        "dtype": x_meta.dtype,
+        "ops": graph.ops(),
     }
 
 

@@ -4,14 +4,15 @@ several of them in sequence), composed by the memory-bound families that already
 further launches in the same candidate:
 
     h = chain(contraction(...))           the first kernel, h written once in its traced dtype
-    y = tail(h, t1, t2, ...)              reduce, normalize, staged, moments, pool or pointwise launches
+    y = tail(h, t1, t2, ...)              reduce, normalize, staged, moments, layernorm, pool or pointwise
 
 `split` cuts the traced graph where the chain ends: the head (the graph with h as its output) and the
 tail (a graph whose INPUT 0 is h, its further inputs the forward inputs and parameters it reads, and the
 batch counters the whole graph increments). `compose` gives the tail to the first family of FAMILIES
 that takes it, with that family's first feasible round-0 knob set; else to one of STAGES (moments: a
 batch, group or instance norm, its parameters read by name from the one ModelNew, in training mode its
-running statistics and batch count updated; pool; pointwise); else it makes a chain of launches: a
+running statistics and batch count updated; layernorm: a layer norm over the trailing dims, row_norm's
+kernels; pool; pointwise); else it makes a chain of launches: a
 first segment (the graph up to the latest value one family takes whole, the rest reading only that
 value of it) and the rest composed the same way. A later launch may read h again (a residual add of the
 head's value after a norm), or any earlier launch's value, by a source ["value", k]. A softmax or
@@ -29,13 +30,13 @@ from collections.abc import Collection
 from typing import Any
 
 from kernelbrain.core.graph import INPUT, PARAM, Graph, Meta, Node
-from kernelbrain.templates import moments, normalize, pointwise, pool, reduce, staged
+from kernelbrain.templates import layernorm, moments, normalize, pointwise, pool, reduce, row_norm, staged
 from kernelbrain.templates.render import chain, parts, renamed
 
 # the memory-bound families a tail may be, in the order they are tried
 FAMILIES = (reduce, normalize, staged)
 # families a tail (or a segment of it) may be when none of FAMILIES takes it whole, in the order tried
-STAGES = (moments, pool, pointwise)
+STAGES = (moments, layernorm, pool, pointwise)
 SUFFIX = "_tail"
 _POINTWISE_LAUNCH = (
     "_load",
@@ -55,6 +56,7 @@ _REFUSALS = (
     pointwise.NotPointwise,
     moments.NotMoments,
     pool.NotPool,
+    layernorm.NotLayerNorm,
 )
 _MOMENTS_PARTS = ("_moments_kernel", "_moments_finish", "_moments_map", "_moments_launch")
 _POOL_PARTS = ("_pool_kernel", "_out_size", "_pool_launch")
@@ -179,7 +181,7 @@ def _tail_graph(graph: Graph, h: tuple[int, int], keep: list[int]) -> dict:
     return {"graph": tail, "sources": sources}
 
 
-_STAGE_OPS = reduce.REDUCTIONS | moments.NORMS | pool.POOLS.keys()
+_STAGE_OPS = reduce.REDUCTIONS | moments.NORMS | {layernorm.NORM} | pool.POOLS.keys()
 # softmax and log-softmax: a logsumexp kept per row, then the map x - lse (exp of it for softmax)
 SOFTMAX = {
     "aten._softmax.default": True,
@@ -312,6 +314,8 @@ def _stages(graph: Graph) -> tuple:
     ops = {n.op for n in graph.nodes}
     if ops & moments.NORMS:
         return (moments,)
+    if layernorm.NORM in ops:
+        return (layernorm,)
     if ops & pool.POOLS.keys():
         return (pool,)
     return () if ops & _STAGE_OPS else (pointwise,)
@@ -454,6 +458,8 @@ def render_parts(tail: dict, suffix: str = SUFFIX) -> str:
             sections.append(renamed(text, f"_{k}", names))
     elif family == "moments":
         sections = [parts(moments.PARTS, *_MOMENTS_PARTS)]
+    elif family == "layernorm":
+        sections = [row_norm.kernels(tail["knobs"], "_layer_norm")]
     elif family == "pool":
         sections = [
             _helpers(spec),
@@ -525,6 +531,8 @@ def _call(tail: dict, args: list[str], out: str, suffix: str) -> str:
         return _moments_call(spec, args, out, suffix, knobs)
     if family == "pool":
         return _pool_call(spec, args, out, suffix, knobs)
+    if family == "layernorm":
+        return _layernorm_call(spec, args, out, suffix, knobs)
     if family == "pointwise":
         return _pointwise_call(spec, args, out, suffix, knobs)
     stat, mapped = spec["stat"], spec["map"]
@@ -561,6 +569,15 @@ def _moments_call(spec: dict, args: list[str], out: str, suffix: str, knobs: dic
     how = [repr(spec["mode"]), str(spec["group"]), *tensors, repr(spec["eps"]), repr(spec["momentum"])]
     how += [str(knobs[k]) for k in ("block", "split", "num_warps")]
     return f"        {out} = _moments_launch{suffix}({args[spec['input']]}, {', '.join(how)})\n"
+
+
+def _layernorm_call(spec: dict, args: list[str], out: str, suffix: str, knobs: dict) -> str:
+    x, k = args[spec["input"]], spec["norm_dims"]
+    weight, bias = (args[spec[key]] if spec[key] is not None else "None" for key in ("weight", "bias"))
+    launch = f"{row_norm.launcher(knobs)}{suffix}"
+    constants = ", ".join(f"{name}{suffix}" for name in row_norm.knob_args(knobs).split(", "))
+    how = f"{weight}, {bias}, {spec['eps']!r}, {launch}, ({constants},)"
+    return f"        {out} = _layer_norm{suffix}({x}, {x}.shape[{x}.dim() - {k} :], {how})\n"
 
 
 def _pool_call(spec: dict, args: list[str], out: str, suffix: str, knobs: dict) -> str:
