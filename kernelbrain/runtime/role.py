@@ -73,11 +73,18 @@ class Role(abc.ABC):
     # on SIGTERM a task in flight is dropped at once rather than finished: nothing of it is recorded yet,
     # and its lease, its owner dead, is taken over when the task is done again (a hung LLM request)
     abandons_on_stop = False
+    # it runs candidates' code in its child (the generator runs only the problem's, for the analysis)
+    runs_candidates = True
 
-    def __init__(self, store: Store, gpu: int | None = None) -> None:
+    def __init__(
+        self, store: Store, gpu: int | None = None, children: dict[str, Sandbox] | None = None
+    ) -> None:
+        """`children`: sandboxes shared with the other roles stepped in this process (`kb run --inprocess`),
+        one per device, owned by whoever passed them; else this role starts and closes its own."""
         self.store = store
         self.gpu = gpu
-        self.sandboxes: dict[str, Sandbox] = {}
+        self.shared = children is not None
+        self.sandboxes: dict[str, Sandbox] = children if children is not None else {}
         self.actor = owner_id(self.name)
 
     def wants_warm(self, state: RunState) -> bool:
@@ -85,23 +92,35 @@ class Role(abc.ABC):
         return self.uses_sandbox
 
     def sandbox(self, device: str) -> Sandbox:
+        """This role's child on `device`. Shared between roles, one child runs the candidates of all of
+        them and its judge the requests of a role that runs none (a child no candidate code ran in)."""
         if device not in self.sandboxes:
-            self.sandboxes[device] = Sandbox(device, gpu=self.gpu, warm_cuda=self.warms_cuda)
-        return self.sandboxes[device]
+            warm_cuda = self.warms_cuda or self.shared  # a shared child serves roles that need CUDA
+            self.sandboxes[device] = Sandbox(device, gpu=self.gpu, warm_cuda=warm_cuda)
+        box = self.sandboxes[device]
+        if self.shared and not self.runs_candidates:
+            box.start_judge()
+            assert box.judge is not None
+            return box.judge
+        return box
 
     # its first task needs the judge's child at once (the gate): started with its own, ahead of it
     warms_judge = False
 
     def warm(self, device: str) -> None:
         """Start this role's child (and the judge's, first: the child sees its draws) ahead of its first
-        task."""
-        if self.warms_judge:
-            self.sandbox(device).start_judge()
-        self.sandbox(device).start()
+        task. Shared children start together, at the first role's warm-up: the analysis that follows
+        holds up the other roles' turns."""
+        self.sandbox(device)
+        box = self.sandboxes[device]  # shared: the pair, not the judge the generator is handed
+        if self.warms_judge or self.shared:
+            box.start_judge()
+        box.start()
 
     def close(self) -> None:
-        for sb in self.sandboxes.values():
-            sb.close()
+        if not self.shared:  # shared children are closed by their owner
+            for sb in self.sandboxes.values():
+                sb.close()
 
     @abc.abstractmethod
     def tasks(self, state: RunState) -> list[Task]: ...

@@ -32,6 +32,7 @@ from kernelbrain.runtime import isolation
 from kernelbrain.runtime.environment import without_secrets
 from kernelbrain.runtime.reconnect import retrying
 from kernelbrain.runtime.roles import ROLES
+from kernelbrain.runtime.sandbox import Sandbox
 from kernelbrain.runtime.worker import Worker
 from kernelbrain.store import Store, open_store
 from kernelbrain.store.location import is_url
@@ -287,7 +288,10 @@ def _stop_workers(procs: dict[str, subprocess.Popen], grace_s: float = 60.0) -> 
 def _supervise_inprocess(
     db: str, run_id: str, gpu: int | None, progress: Callable[[RunState, int], None] | None
 ) -> RunFinished | None:
-    workers = [Worker(db, role, run_id, gpu=gpu) for role in ROLES]
+    # the roles take turns in this process: one child runs every role's candidates and one judge serves
+    # them all (the analysis included), rather than a pair a role (a torch import each)
+    children: dict[str, Sandbox] = {}
+    workers = [Worker(db, role, run_id, gpu=gpu, children=children) for role in ROLES]
     try:
         with _stop_signals() as stop:
             while not stop:
@@ -309,3 +313,5 @@ def _supervise_inprocess(
     finally:
         for w in workers:
             w.close()
+        for box in children.values():
+            box.close()

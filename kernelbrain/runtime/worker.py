@@ -28,6 +28,7 @@ from kernelbrain.core.state import RunState, lease_lost
 from kernelbrain.runtime.reconnect import retrying
 from kernelbrain.runtime.role import Task, owner_alive
 from kernelbrain.runtime.roles import ROLE_CLASSES, SchedulerRole
+from kernelbrain.runtime.sandbox import Sandbox
 from kernelbrain.store import Lease, NewEvent, StaleLease, Store, StoreUnavailable, open_store
 
 log = logging.getLogger("kernelbrain.worker")
@@ -79,10 +80,12 @@ class Worker:
         *,
         gpu: int | None = None,
         ttl_s: float = LEASE_TTL_S,
+        children: dict[str, Sandbox] | None = None,
     ) -> None:
+        """`children`: sandboxes shared with the other workers of this process (role.py)."""
         self.db = db
         self.store = open_store(db, create=False)
-        self.role = ROLE_CLASSES[role](self.store, gpu)
+        self.role = ROLE_CLASSES[role](self.store, gpu, children)
         self.run_id = run_id
         self.ttl_s = ttl_s
         self.states: dict[str, RunState] = {}

@@ -21,6 +21,7 @@ class GeneratorRole(Role):
     uses_sandbox = True
     warms_cuda = False  # the analysis traces on the meta device, and it is the first task of a run
     abandons_on_stop = True  # an LLM request may hang for minutes: Ctrl-C must not wait for it
+    runs_candidates = False  # its child traces the problem's reference only
 
     def tasks(self, state: RunState) -> list[Task]:
         # a task parked by a GenerationFailed (its lease completed) is a new task in a later session
