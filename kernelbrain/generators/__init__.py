@@ -3,13 +3,15 @@
 from typing import Any
 
 from kernelbrain.generators.base import GenerationError, Generator, Proposal, Unavailable
-from kernelbrain.generators.expert import ExpertGenerator
 
 GENERATORS = ("expert", "llm")
 
 
 def get(name: str, **options: Any) -> Generator:
     if name == "expert":
+        # imports every template family: only in the processes that generate (not every `kb` command)
+        from kernelbrain.generators.expert import ExpertGenerator
+
         return ExpertGenerator(**options)
     if name == "llm":
         from kernelbrain.generators.llm import LLMGenerator  # imports httpx: only in the runs that use it

@@ -13,7 +13,6 @@ from kernelbrain.generators.prompt import describe_numbers
 from kernelbrain.runtime.role import Role, Task
 from kernelbrain.runtime.sandbox import SandboxFault
 from kernelbrain.store import NewEvent
-from kernelbrain.templates import FAMILIES
 
 
 class GeneratorRole(Role):
@@ -49,6 +48,8 @@ class GeneratorRole(Role):
         else:
             analysis = ProblemAnalysed(**asked.reply.model_dump(), families=[])
             busy = 0.0 if analysis.traced_on == "meta" else asked.busy_s  # shapes only: no GPU used
+        from kernelbrain.templates import FAMILIES  # every family's module: in the generator alone
+
         # the template families that match, for the record
         families = [f.FAMILY for f in FAMILIES if f.matches(analysis.ops, analysis.graph) is not None]
         return analysis.model_copy(update={"families": families}), busy
