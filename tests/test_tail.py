@@ -33,6 +33,7 @@ BATCHNORM_SOFTMAX = ROOT / "tests" / "problems" / "contraction_batchnorm_softmax
 # problem -> (the family of its head, its tail's families in launch order), each gated at round 0
 GATED = {
     "conv_transpose_layernorm_gelu.py": (conv_transpose, ["layernorm", "pointwise"]),
+    "contraction_instancenorm_residual.py": (contraction, ["moments", "pointwise"]),
 }
 
 
@@ -151,6 +152,21 @@ def test_a_norm_is_a_moments_stage_reading_its_weights_by_name():
     assert "_launch_tail2(" in lines
     names = [n.name for n in ast.parse(tail.render_parts(composed)).body if isinstance(n, ast.FunctionDef)]
     assert len(names) == len(set(names)) and all(n.endswith(("_tail", "_tail2")) for n in names)
+
+
+def test_views_that_end_the_chain_go_to_the_tail_where_it_cannot_start_viewed():
+    fn = lambda x, w, y: (_instance_norm_of_rows(F.linear(x, w)) + y) * y  # noqa: E731
+    graph = graph_of(fn, (5, 4), (6, 4), (5, 6))
+    at = next(i for i, n in enumerate(graph.nodes) if n.op in contraction.CONTRACTIONS)
+    viewed = tail.split(graph, at, contraction.VIEWS)
+    assert viewed is not None and graph.nodes[viewed[0][0]].op == "aten.view.default"
+    with pytest.raises(tail.NotTail):  # h viewed [1, 5, 1, 6]: nothing takes the view back
+        tail.compose(viewed[2], "contraction", contraction.VIEWS)
+    head, composed = tail.head_and_tail(graph, at, contraction.VIEWS, "contraction")
+    assert head.meta(tuple(head.outputs[0])).shape == [5, 6]
+    assert composed is not None and composed["family"] == "moments"
+    assert composed["spec"]["mode"] == "instance" and composed["then"]["family"] == "pointwise"
+    assert (composed["spec"]["pre"], composed["spec"]["post"]) == (".unsqueeze(1)" * 2, ".squeeze(1)" * 2)
 
 
 def test_a_pooling_is_cut_after_its_squeezes_and_the_chain_goes_to_the_next_stage():
@@ -275,6 +291,13 @@ MODELS: dict[str, tuple[type[nn.Module], object, list[tuple[int, ...]]]] = {
         [(2, 3, 3, 2, 3), (1, 3, 2, 3, 3)],
     ),
 }
+
+
+def _instance_norm_of_rows(x: torch.Tensor) -> torch.Tensor:
+    """Level 2's 28: InstanceNorm2d of [batch, 1, 1, features], squeezed back."""
+    return F.instance_norm(x.unsqueeze(1).unsqueeze(1)).squeeze(1).squeeze(1)
+
+
 # name -> (a function of forward's tensors, their shapes)
 FUNCTIONS = {
     "linear, softmax over the rows": (
@@ -288,6 +311,10 @@ FUNCTIONS = {
     "matmul, scale, relu times the row sums (a tail reading two values of the chain)": (
         lambda a, b: (lambda y: torch.relu(y) * y.sum(1, keepdim=True))(a @ b * 2),
         [(7, 5), (5, 9)],
+    ),
+    "linear, instance norm of its rows unsqueezed to 4-D, residual add, multiply (level 2's 28)": (
+        lambda x, w, b, y: (_instance_norm_of_rows(F.linear(x, w, b)) + y) * y,
+        [(5, 9), (13, 9), (13,), (5, 13)],
     ),
     "matmul, log-softmax over dim 0, row max": (
         lambda a, b: torch.log_softmax(a @ b, 0).amax(1),
@@ -330,7 +357,7 @@ def _fn_case(name: str, folder: Path) -> None:
     fn, shapes = FUNCTIONS[name]
     spec = contraction.compose(graph_of(fn, *shapes))
     assert spec["tail"] is not None
-    signature = {"init": [], "forward": ["a", "b", "c"][: len(shapes)], "params": []}
+    signature = {"init": [], "forward": ["a", "b", "c", "d"][: len(shapes)], "params": []}
     torch.manual_seed(0)
     xs = [torch.randn(s) * 2 for s in shapes]
     new = load(contraction.render(spec, contraction.ROUND0[1], signature), folder, f"f_{abs(hash(name))}")

@@ -350,13 +350,9 @@ def compose(graph: Graph) -> dict:
         raise NotContraction(f"{len(found)} contractions")
     at = found[0]
     node = graph.nodes[at]
-    rest = None
     ops = graph.ops()
-    try:
-        cut = tail.split(graph, at, VIEWS | set(TRIANGLES))  # a triangle belongs to the chain
-        if cut is not None:
-            _, graph, after = cut
-            rest = tail.compose(after, "contraction", VIEWS)
+    try:  # what is not elementwise after the chain: the tail, further launches over the chain's value
+        graph, rest = tail.head_and_tail(graph, at, VIEWS | set(TRIANGLES), "contraction")
     except tail.NotTail as e:
         raise NotContraction(str(e)) from None
     view_sizes = {(i, "size") for i, n in enumerate(graph.nodes) if n.op in VIEWS}

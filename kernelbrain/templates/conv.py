@@ -260,12 +260,9 @@ def compose(graph: Graph) -> dict:
     node = graph.nodes[at]
     if node.op not in CONVS:
         raise NotConv(node.op)
-    rest, ops = None, graph.ops()
-    try:  # what is not elementwise after the chain: the tail, a second launch over the chain's value
-        cut = tail.split(graph, at, VIEWS)
-        if cut is not None:
-            _, graph, after = cut
-            rest = tail.compose(after, "convolution", VIEWS)
+    ops = graph.ops()
+    try:  # what is not elementwise after the chain: the tail, further launches over the chain's value
+        graph, rest = tail.head_and_tail(graph, at, VIEWS, "convolution")
     except tail.NotTail as e:
         raise NotConv(str(e)) from None
     try:  # the groups are read from the shapes at each call (a depthwise conv's follow its channels)

@@ -376,12 +376,9 @@ def compose(graph: Graph) -> dict:
     a = node.args
     if node.op not in CONVS or ("convolution" in node.op and not a.get("transposed")):
         raise NotConvTranspose(f"{node.op}, not a transposed convolution")
-    rest, ops = None, graph.ops()
-    try:  # what is not elementwise after the chain: the tail, a second launch over the chain's value
-        cut = tail.split(graph, at, VIEWS)
-        if cut is not None:
-            _, graph, after = cut
-            rest = tail.compose(after, "transposed convolution", VIEWS)
+    ops = graph.ops()
+    try:  # what is not elementwise after the chain: the tail, further launches over the chain's value
+        graph, rest = tail.head_and_tail(graph, at, VIEWS, "transposed convolution")
     except tail.NotTail as e:
         raise NotConvTranspose(str(e)) from None
     try:  # groups, stride, ... are kept as constants: none may have been computed from a size

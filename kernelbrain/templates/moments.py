@@ -7,7 +7,9 @@ weight and bias:
     y = (x - mean) / sqrt(var + eps) * weight + bias   the statistics in fp32, one pass to make them
 
 ModelNew runs the problem's own constructor, so its parameters and buffers are Model's under the same
-names (the gate loads Model's into it), and reads them by those names. The kernels are in
+names (the gate loads Model's into it), and reads them by those names. Dim-only views of the input before
+the norm and of its value after it (InstanceNorm2d of rows unsqueezed to [N, 1, 1, D], squeezed back) are
+the candidate's forward's own views, applied around the launch. The kernels are in
 templates/moments_parts.py.
 """
 
@@ -90,20 +92,20 @@ def compose(graph: Graph) -> dict:
     a = node.args
     src = graph.ref(a["input"])
     viewed = src is not None and graph.nodes[src[0]].op in _VIEWS
-    start = graph.ref(graph.nodes[src[0]].args["self"]) if viewed else src
+    fed = graph.ref(graph.nodes[src[0]].args["self"]) if viewed else src  # what the kernel normalises
+    start, pre = _before(graph, fed)
     if start is None or graph.nodes[start[0]].op != INPUT:
         raise NotMoments("a norm of what is not a forward input")
-    x_meta = graph.meta(start)
+    x_meta = graph.meta(fed)
     if len(x_meta.shape) < 2 or x_meta.dtype not in pointwise.FLOATS:
         raise NotMoments(f"a norm of a {x_meta.dtype} tensor of shape {x_meta.shape}")
-    out = tuple(graph.outputs[0])
-    if out != (at, 0) and not (
-        graph.nodes[out[0]].op in _VIEWS and graph.ref(graph.nodes[out[0]].args["self"]) == (at, 0)
-    ):
-        raise NotMoments("ops after the norm")
-    if graph.meta(out).shape != x_meta.shape:
-        raise NotMoments("a norm whose output is not its input's shape")
-    spec: dict[str, Any] = {"input": int(graph.nodes[start[0]].args["index"]), "ops": graph.ops()}
+    post = _after(graph, (at, 0), x_meta.shape if viewed else None)
+    spec: dict[str, Any] = {
+        "input": int(graph.nodes[start[0]].args["index"]),
+        "pre": pre,
+        "post": post,
+        "ops": graph.ops(),
+    }
     if node.op == "aten.native_group_norm.default":
         if viewed:
             raise NotMoments("a group norm of a view")
@@ -145,6 +147,44 @@ def compose(graph: Graph) -> dict:
         "running": running,
         "count": counted[0] if len(counted) == 1 and running and mode == "batch" else None,
     }
+
+
+def _before(graph: Graph, ref: tuple[int, int] | None) -> tuple[tuple[int, int] | None, str]:
+    """The value `ref` reads through dim-only views (pointwise.DIM_VIEWS: a forward input unsqueezed
+    as InstanceNorm2d wants it) and ops that hand their input on, and those views as the candidate's
+    forward takes them (".unsqueeze(1)...")."""
+    views: list[str] = []
+    while ref is not None and graph.nodes[ref[0]].op in pointwise.DIM_VIEWS.keys() | pointwise.PASS_THROUGH:
+        n = graph.nodes[ref[0]]
+        if n.op in pointwise.DIM_VIEWS:
+            views.insert(0, pointwise.DIM_VIEWS[n.op](n.args))
+        ref = graph.ref(n.args["self"])
+    return ref, "".join(views)
+
+
+def _after(graph: Graph, norm: tuple[int, int], fed: list[int] | None) -> str:
+    """The dim-only views from the norm's value to the output, as `_before` writes them; `fed`: the
+    shape instance norm's [1, N x C, ...] view was taken of, which one view back to it undoes. Raises
+    NotMoments where anything else follows the norm."""
+    views: list[str] = []
+    out = tuple(graph.outputs[0])
+    while out != norm:
+        n = graph.nodes[out[0]]
+        back = n.op in _VIEWS and fed is not None and n.outs[0].shape == fed
+        if out[1] != 0 or not (back or n.op in pointwise.DIM_VIEWS.keys() | pointwise.PASS_THROUGH):
+            raise NotMoments("ops after the norm")
+        if back:
+            fed = None  # one view back, straight after the norm
+            if graph.ref(n.args["self"]) != norm:
+                raise NotMoments("ops after the norm")
+        elif n.op in pointwise.DIM_VIEWS:
+            views.insert(0, pointwise.DIM_VIEWS[n.op](n.args))
+        out = graph.ref(n.args["self"])
+        if out is None:
+            raise NotMoments("ops after the norm")
+    if fed is not None and graph.meta(norm).shape != fed:
+        raise NotMoments("a norm whose output is not its input's shape")
+    return "".join(views)
 
 
 def counters(graph: Graph) -> list[str]:
@@ -202,11 +242,11 @@ def render(spec: dict, knobs: dict[str, Any], signature: dict[str, list[str]]) -
 {body}
     def forward(self, {", ".join(forward)}):
         return _moments_launch(
-            {forward[spec["input"]]}, MODE, GROUP,
+            {forward[spec["input"]]}{spec.get("pre", "")}, MODE, GROUP,
             {_tensor(spec["weight"], False)}, {_tensor(spec["bias"], False)},
             {_tensor(running[0], True)}, {_tensor(running[1], True)}, {_tensor(spec["count"], True)},
             EPS, MOMENTUM, BLOCK, SPLIT, NUM_WARPS,
-        )
+        ){spec.get("post", "")}
 """
     return module(
         doc,

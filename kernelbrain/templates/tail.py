@@ -8,19 +8,20 @@ further launches in the same candidate:
 
 `split` cuts the traced graph where the chain ends: the head (the graph with h as its output) and the
 tail (a graph whose INPUT 0 is h, its further inputs the forward inputs and parameters it reads, and the
-batch counters the whole graph increments). `compose` gives the tail to the first family of FAMILIES
-that takes it, with that family's first feasible round-0 knob set; else to one of STAGES (moments: a
-batch, group or instance norm, its parameters read by name from the one ModelNew, in training mode its
-running statistics and batch count updated; layernorm: a layer norm over the trailing dims, row_norm's
-kernels; pool; pointwise); else it makes a chain of launches: a
-first segment (the graph up to the latest value one family takes whole, the rest reading only that
-value of it) and the rest composed the same way. A later launch may read h again (a residual add of the
-head's value after a norm), or any earlier launch's value, by a source ["value", k]. A softmax or
-log-softmax over any dim is a logsumexp kept over that dim and its map (`expanded`): the normalize
-family's. `render_parts` renders its kernels and chains with every top-level name suffixed
-(templates/render.renamed), so that they sit beside the head's in one module; `call` writes the lines of
-forward that launch it. An op that draws random numbers (dropout in training mode) is refused by name:
-no kernel matches it exactly.
+batch counters the whole graph increments). `head_and_tail` composes the tail, and where it cannot start
+from h viewed as the chain's trailing views leave it, tries those views as the tail's own first ops.
+`compose` gives the tail to the first family of FAMILIES that takes it, with that family's first
+feasible round-0 knob set; else to one of STAGES (moments: a batch, group or instance norm, its
+parameters read by name from the one ModelNew, in training mode its running statistics and batch count
+updated; layernorm: a layer norm over the trailing dims, row_norm's kernels; pool; pointwise); else it
+makes a chain of launches: a first segment (the graph up to the latest value one family takes whole, the
+rest reading only that value of it) and the rest composed the same way. A later launch may read h again
+(a residual add of the head's value after a norm), or any earlier launch's value, by a source
+["value", k]. A softmax or log-softmax over any dim is a logsumexp kept over that dim and its map
+(`expanded`): the normalize family's. `render_parts` renders its kernels and chains with every top-level
+name suffixed (templates/render.renamed), so that they sit beside the head's in one module; `call`
+writes the lines of forward that launch it. An op that draws random numbers (dropout in training mode)
+is refused by name: no kernel matches it exactly.
 """
 
 from __future__ import annotations
@@ -70,10 +71,33 @@ def _elementwise(op: str) -> bool:
     return op in pointwise.EXPRESSIONS or op.replace("_.", ".", 1) in pointwise.EXPRESSIONS
 
 
-def split(graph: Graph, at: int, views: Collection[str]) -> tuple[tuple[int, int], Graph, dict] | None:
+def head_and_tail(graph: Graph, at: int, views: Collection[str], after: str) -> tuple[Graph, dict | None]:
+    """The head graph (the op at `at` and its chain, as `split` cuts it) and its tail composed (None
+    where the chain reaches the output). Where the tail cannot be composed with the chain's trailing
+    views in the head (h written viewed), they are tried as the tail's first ops (an instance norm's
+    unsqueezes and view before it, undone after it: moments takes them whole). Raises NotTail."""
+    cut = split(graph, at, views)
+    if cut is None:
+        return graph, None
+    try:
+        return cut[1], compose(cut[2], after, views)
+    except NotTail as e:
+        bare = split(graph, at, views, trailing_views=False)
+        if bare is None or bare[0] == cut[0]:
+            raise
+        try:
+            return bare[1], compose(bare[2], after, views)
+        except NotTail:
+            raise e from None
+
+
+def split(
+    graph: Graph, at: int, views: Collection[str], trailing_views: bool = True
+) -> tuple[tuple[int, int], Graph, dict] | None:
     """Where the chain after node `at` (its views and same-shape elementwise ops) ends: None where it
     reaches the output; else (h, the head graph with h as its output, the tail: {"graph", "sources"},
-    sources naming the tail's inputs 1.. as ["input", position] or ["param", state-dict name])."""
+    sources naming the tail's inputs 1.. as ["input", position] or ["param", state-dict name]). Without
+    `trailing_views`, views no elementwise op of the chain reads are the tail's."""
     wanted = graph.needed()
     reached = {(at, k) for k in range(len(graph.nodes[at].outs))}
     cut = None
@@ -92,11 +116,27 @@ def split(graph: Graph, at: int, views: Collection[str]) -> tuple[tuple[int, int
         break
     if cut is None or tuple(graph.outputs[0]) in reached:
         return None
+    if not trailing_views:
+        reached = _without_trailing_views(graph, reached, at, views)
     try:
         h, head, rest = _cut(graph, reached, graph.nodes[at].op)
     except NotTail:  # the tail reads several values of the chain: cut it at one they all derive from
         h, head, rest = _earlier(graph, reached, graph.nodes[at].op)
     return h, head, {**rest, "counted": moments.counters(graph)}
+
+
+def _without_trailing_views(
+    graph: Graph, reached: set[tuple[int, int]], at: int, views: Collection[str]
+) -> set[tuple[int, int]]:
+    """The chain's values less the views that no op of the chain but a view reads."""
+    kept: set[tuple[int, int]] = set()
+    read: set[tuple[int, int]] = set()
+    for value in sorted(reached, reverse=True):
+        node = graph.nodes[value[0]]
+        if value[0] == at or node.op not in views or value in read:
+            kept.add(value)
+            read |= {r for v in node.args.values() for r in graph.refs(v)}
+    return kept
 
 
 def _earlier(graph: Graph, reached: set[tuple[int, int]], after: str) -> tuple[tuple[int, int], Graph, dict]:
@@ -181,6 +221,9 @@ def _tail_graph(graph: Graph, h: tuple[int, int], keep: list[int]) -> dict:
     return {"graph": tail, "sources": sources}
 
 
+# views a tail may hold (the families it goes to take those they can, and name the others)
+VIEW_OPS = {"aten.view.default", "aten._unsafe_view.default", "aten.reshape.default", "aten.expand.default"}
+VIEW_OPS |= pointwise.DIM_VIEWS.keys() | pointwise.PASS_THROUGH
 _STAGE_OPS = reduce.REDUCTIONS | moments.NORMS | {layernorm.NORM} | pool.POOLS.keys()
 # softmax and log-softmax: a logsumexp kept per row, then the map x - lse (exp of it for softmax)
 SOFTMAX = {
@@ -257,7 +300,7 @@ def _first_foreign(graph: Graph, views: Collection[str]) -> str | None:
     if random is not None:
         return f"{random} (random numbers: dropout in training mode)"
     for i, n in enumerate(graph.nodes):
-        known = _elementwise(n.op) or n.op in views or n.op in _STAGE_OPS or n.op == INPUT
+        known = _elementwise(n.op) or n.op in views or n.op in VIEW_OPS or n.op in _STAGE_OPS or n.op == INPUT
         if i in wanted and not known:
             return n.op
     return None
@@ -568,7 +611,8 @@ def _moments_call(spec: dict, args: list[str], out: str, suffix: str, knobs: dic
     tensors += [_state(running[0], True), _state(running[1], True), _state(spec["count"], True)]
     how = [repr(spec["mode"]), str(spec["group"]), *tensors, repr(spec["eps"]), repr(spec["momentum"])]
     how += [str(knobs[k]) for k in ("block", "split", "num_warps")]
-    return f"        {out} = _moments_launch{suffix}({args[spec['input']]}, {', '.join(how)})\n"
+    x = args[spec["input"]] + spec.get("pre", "")
+    return f"        {out} = _moments_launch{suffix}({x}, {', '.join(how)}){spec.get('post', '')}\n"
 
 
 def _layernorm_call(spec: dict, args: list[str], out: str, suffix: str, knobs: dict) -> str:
