@@ -369,9 +369,9 @@ class Two(nn.Module):
         (
             "nn.Conv2d(4, 4, 3, padding=1, padding_mode='reflect')",
             "self.conv(x)",
-            "reflection_pad2d.default, not of a",
+            "reflection_pad2d.default before the convolution",
         ),
-        ("nn.Conv2d(4, 4, 3)", "self.conv(torch.relu(x))", "relu.default, not of a forward input"),
+        ("nn.Conv2d(4, 4, 3)", "self.conv(x.cumsum(1))", "aten.cumsum.default before the convolution"),
         ("nn.Conv2d(4, 4, 3)", "self.conv(x).cumsum(1)", "aten.cumsum.default after the convolution"),
         ("nn.Conv2d(4, 4, 3)", "self.conv(x) * x[:, :, :6, :6]", "after the convolution: aten.slice"),
         ("nn.Linear(8, 8)", "self.conv(x)", "0 convolutions"),

@@ -393,7 +393,7 @@ class Two(nn.Module):
     [
         ("nn.ConvTranspose2d(4, 4, 3)", "self.conv(self.conv(x))", "2 convolutions"),
         ("nn.Conv2d(4, 4, 3)", "self.conv(x)", "aten.convolution.default, not a transposed convolution"),
-        ("nn.ConvTranspose2d(4, 4, 3)", "self.conv(torch.relu(x))", "relu.default, not of a forward input"),
+        ("nn.ConvTranspose2d(4, 4, 3)", "self.conv(x.cumsum(1))", "cumsum.default before the transposed"),
         ("nn.ConvTranspose2d(4, 4, 3)", "self.conv(x).cumsum(1)", "aten.cumsum.default after the transposed"),
         (
             "nn.ConvTranspose2d(4, 4, 3)",

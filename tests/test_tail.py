@@ -2,8 +2,10 @@
 the chain's value, its further inputs forward's tensors and parameters), the family that composes it
 and the renamed parts that let it sit beside the head's in one module; softmax and log-softmax over any
 dim (a logsumexp and its map), a batch norm in training mode (its running statistics and batch count
-updated as torch updates them), and a later launch reading the head's value again, against PyTorch
-through the interpreter at odd sizes; dropout in training mode refused by name; a candidate through the
+updated as torch updates them), a layer norm over the trailing dims, an instance norm of unsqueezed
+rows (the chain's trailing views moved to the tail), a softmax over flattened dims, a pooling before a
+convolution (its prelude), and a later launch reading the head's value again, against PyTorch through
+the interpreter at odd sizes; dropout in training mode refused by name; round-0 candidates through the
 real gate; a whole `kb run`."""
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ BATCHNORM_SOFTMAX = ROOT / "tests" / "problems" / "contraction_batchnorm_softmax
 GATED = {
     "conv_transpose_layernorm_gelu.py": (conv_transpose, ["layernorm", "pointwise"]),
     "contraction_instancenorm_residual.py": (contraction, ["moments", "pointwise"]),
+    "pool_conv_transpose_softmax.py": (conv_transpose, ["normalize"]),
 }
 
 
@@ -105,6 +108,18 @@ def test_a_softmax_is_a_logsumexp_and_its_map_over_any_dim():
         assert composed["spec"]["stat"]["dims"] == [dim % 2] and composed["spec"]["stat"]["op"] == 6
 
 
+def test_a_softmax_over_flattened_dims_viewed_back_is_one_over_those_dims():
+    def composed(fn):
+        graph = graph_of(fn, (2, 3, 4, 6), (6, 5))
+        at = next(i for i, n in enumerate(graph.nodes) if n.op in contraction.CONTRACTIONS)
+        return tail.head_and_tail(graph, at, contraction.VIEWS, "contraction")[1]
+
+    rest = composed(lambda a, b: torch.softmax((a @ b).view(2, 3, -1), 2).view(2, 3, 4, 5) * 2)
+    assert rest is not None and rest["family"] == "normalize" and rest["spec"]["stat"]["dims"] == [2, 3]
+    with pytest.raises(tail.NotTail):  # its value stays flat: no view takes it back
+        composed(lambda a, b: torch.softmax((a @ b).view(2, 3, -1), 2) * (a @ b).sum())
+
+
 def test_a_later_launch_reads_the_head_value_again():
     with torch.device("meta"):
         traced = Residual()
@@ -163,10 +178,10 @@ def test_views_that_end_the_chain_go_to_the_tail_where_it_cannot_start_viewed():
     with pytest.raises(tail.NotTail):  # h viewed [1, 5, 1, 6]: nothing takes the view back
         tail.compose(viewed[2], "contraction", contraction.VIEWS)
     head, composed = tail.head_and_tail(graph, at, contraction.VIEWS, "contraction")
-    assert head.meta(tuple(head.outputs[0])).shape == [5, 6]
+    assert head.meta(tuple(head.outputs[0])).shape == [5, 1, 1, 6]  # the latest view moved, no more
     assert composed is not None and composed["family"] == "moments"
     assert composed["spec"]["mode"] == "instance" and composed["then"]["family"] == "pointwise"
-    assert (composed["spec"]["pre"], composed["spec"]["post"]) == (".unsqueeze(1)" * 2, ".squeeze(1)" * 2)
+    assert (composed["spec"]["pre"], composed["spec"]["post"]) == ("", ".squeeze(1)" * 2)
 
 
 def test_a_pooling_is_cut_after_its_squeezes_and_the_chain_goes_to_the_next_stage():
@@ -270,6 +285,39 @@ class ConvTransposeLayerNorm(nn.Module):
         return F.gelu(self.ln(self.ct(x))) * 1.5
 
 
+class PooledConvTransposeSoftmax(nn.Module):
+    """Level 2's 38: an average pool before a 3-D transposed convolution (a launch of its own that makes
+    the convolution's input), clamp, a softmax over the flattened spatial dims, a scale per channel."""
+
+    INIT = (
+        "super().__init__()\nself.ct = nn.ConvTranspose3d(3, 4, 3, stride=2, padding=1, output_padding=1)\n"
+        "self.scale = nn.Parameter(torch.ones(1, 4, 1, 1, 1))"
+    )
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ct = nn.ConvTranspose3d(3, 4, 3, stride=2, padding=1, output_padding=1)
+        self.scale = nn.Parameter(torch.linspace(0.5, 2.0, 4).view(1, 4, 1, 1, 1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.clamp(self.ct(F.avg_pool3d(x, 2)), -0.2, 0.4)
+        b, c, d, h, w = y.shape
+        return torch.softmax(y.view(b, c, -1), dim=2).view(b, c, d, h, w) * self.scale
+
+
+class PooledConv(nn.Module):
+    """A max pool and a relu before a 2-D convolution (launches of their own that make its input)."""
+
+    INIT = "super().__init__()\nself.conv = nn.Conv2d(3, 8, 3)"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(self.conv(torch.relu(F.max_pool2d(x, 2))))
+
+
 # name -> (the model, the family of its head, its input's shapes: traced, then one more)
 MODELS: dict[str, tuple[type[nn.Module], object, list[tuple[int, ...]]]] = {
     "conv, group norm, tanh, hardswish, the conv added back, softmax over channels": (
@@ -290,6 +338,12 @@ MODELS: dict[str, tuple[type[nn.Module], object, list[tuple[int, ...]]]] = {
         conv_transpose,
         [(2, 3, 3, 2, 3), (1, 3, 2, 3, 3)],
     ),
+    "avg pool, 3-D transposed conv, clamp, softmax over flattened dims, scale (level 2's 38)": (
+        PooledConvTransposeSoftmax,
+        conv_transpose,
+        [(2, 3, 4, 6, 5), (1, 3, 5, 4, 6)],
+    ),
+    "max pool, relu, conv, tanh": (PooledConv, conv, [(2, 3, 11, 10), (1, 3, 9, 13)]),
 }
 
 
@@ -331,7 +385,7 @@ def _model_case(name: str, folder: Path) -> None:
     with torch.device("meta"):
         traced = cls().train(training)
     spec = family.compose(graph_of(traced, shapes[0]))
-    assert spec["tail"] is not None
+    assert spec["tail"] is not None or spec["prelude"] is not None
     spec = {**spec, "init_params": "", "init_body": cls.INIT}
     torch.manual_seed(0)
     ref = cls().train(training)

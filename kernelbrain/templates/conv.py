@@ -14,7 +14,9 @@ What follows the chain when it is not elementwise (a min over the channels, a sp
 logsumexp, a softmax, reductions in sequence) is the tail (templates/tail.py): the chain's value h is
 written once in its traced dtype and the reduce, normalize or staged family composes the rest over h and
 forward's tensors as a second launch in the same candidate, its knobs that family's first feasible
-round-0 set.
+round-0 set. Where the convolution's input is no forward input (a pooling or an activation of one), what
+makes it is the prelude (`tail.prelude`): launches composed the same way from forward's tensors before
+the convolution, which reads their value as it would a forward input.
 
 Strategy axes (conv_parts' docstring has the detail): "taps" (a tl.dot per tap and channel step, in
 one pipelined loop), "gemm" (K = taps x channels flattened: few channels a group), "direct" (outer
@@ -166,8 +168,7 @@ def feasible(spec: dict, knobs: dict[str, Any]) -> bool:
         return False
     if bm * bn > MAX_ACC_PER_THREAD * 32 * warps or knobs["num_stages"] < 1:
         return False
-    rest = spec.get("tail")
-    if rest is not None and not tail.feasible(rest):
+    if any(t is not None and not tail.feasible(t) for t in (spec.get("tail"), spec.get("prelude"))):
         return False
     if strategy == "direct":
         return bm >= 16
@@ -265,10 +266,6 @@ def compose(graph: Graph) -> dict:
         graph, rest = tail.head_and_tail(graph, at, VIEWS, "convolution")
     except tail.NotTail as e:
         raise NotConv(str(e)) from None
-    try:  # the groups are read from the shapes at each call (a depthwise conv's follow its channels)
-        graph.unsized({(at, "groups")})
-    except ValueError as e:
-        raise NotConv(str(e)) from None
     a = node.args
     if a.get("transposed"):
         raise NotConv("a transposed convolution")
@@ -277,6 +274,16 @@ def compose(graph: Graph) -> dict:
     src = graph.ref(a["input"])
     while src is not None and graph.nodes[src[0]].op in pointwise.PASS_THROUGH:
         src = graph.ref(graph.nodes[src[0]].args["self"])
+    before = None
+    if src is not None and graph.nodes[src[0]].op not in (INPUT, PARAM):  # launches that make the input
+        try:
+            graph, before = tail.prelude(graph, src, VIEWS, "convolution")
+        except tail.NotTail as e:
+            raise NotConv(str(e)) from None
+    try:  # the groups are read from the shapes at each call (a depthwise conv's follow its channels)
+        graph.unsized({(at, "groups")})
+    except ValueError as e:
+        raise NotConv(str(e)) from None
     if src is None or graph.nodes[src[0]].op != INPUT:
         made = graph.nodes[src[0]].op if src is not None else "no tensor"
         raise NotConv(f"a convolution of {made}, not of a forward input")
@@ -325,6 +332,7 @@ def compose(graph: Graph) -> dict:
         "dtype": x_meta.dtype,
         "out_dtype": None if out_dtype == x_meta.dtype else out_dtype,
         "tail": rest,
+        "prelude": before,
         "ops": ops,
     }
 
@@ -364,7 +372,9 @@ def render(spec: dict, knobs: dict[str, Any], signature: dict[str, list[str]]) -
     else:  # no parameter of the model's is read: the problem's constructor is not needed
         params = "self" + model_source.init_args(signature, "".join(f", {a}=None" for a in signature["init"]))
         body = "        super().__init__()\n"
-    extras = ", ".join(read(e, forward) for e in spec["extras"])
+    before = spec.get("prelude")
+    names = tail.reading(forward, before)  # the prelude's value among forward's tensors
+    extras = ", ".join(read(e, names) for e in spec["extras"])
     dtype = f"torch.{spec['out_dtype']}" if spec["out_dtype"] else "None"
     knob_text = ", ".join(f"{k}={v}" for k, v in knobs.items())
     doc = (
@@ -378,12 +388,19 @@ def render(spec: dict, knobs: dict[str, Any], signature: dict[str, list[str]]) -
         args = ["kb_h", *(read(s, forward) for s in rest["sources"])]
         tail_call, tail_parts = tail.call(rest, args, "kb_h"), tail.render_parts(rest)
         doc += f"\nThen the tail over its value, composed by memory-bound families: {tail.describe(rest)}.\n"
+    prelude_call, prelude_parts = "", ""
+    if before is not None:  # launches before: what makes the convolution's input
+        prelude_call, prelude_parts = (
+            tail.prelude_call(before, forward, read),
+            tail.render_parts(before, tail.PRE),
+        )
+        doc += f"\nIts input made first by memory-bound families: {tail.describe(before)}.\n"
     model = f"""class ModelNew(nn.Module):
     def __init__({params}):
 {body}
     def forward(self, {", ".join(forward)}):
-        kb_h = _conv_launch(
-            {forward[spec["input"]]}, {read(spec["weight"], forward)}, {read(spec["bias"], forward)},
+{prelude_call}        kb_h = _conv_launch(
+            {names[spec["input"]]}, {read(spec["weight"], names)}, {read(spec["bias"], names)},
             [{extras}], STRIDE, PADDING, DILATION, {dtype}, STRATEGY, FP32_DOT, CHANNELS_LAST, BLOCK_M,
             BLOCK_N, BLOCK_K, NUM_WARPS, NUM_STAGES,
         )
@@ -398,6 +415,7 @@ def render(spec: dict, knobs: dict[str, Any], signature: dict[str, list[str]]) -
         parts(pointwise.PARTS, *spec["helpers"], "_model_tensor"),
         chain("_epilogue", spec["epilogue"], spec["epilogue_result"]),
         parts(PARTS, "_mma", "_extra", "_conv_kernel", "_conv_launch"),
+        prelude_parts,
         tail_parts,
         model,
     )

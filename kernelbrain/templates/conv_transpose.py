@@ -15,7 +15,8 @@ a tap contributing only when every division is exact and 0 <= i < I. Accumulatio
 chain after the convolution (a bias parameter, a residual input, activations: templates/pointwise's)
 is applied to the fp32 tile before the one store, and what follows the chain when it is not
 elementwise (a reduction, a softmax, a norm, a pooling) is the tail (templates/tail.py), a second
-launch over the chain's value, as in templates/conv.py.
+launch over the chain's value, as in templates/conv.py; what makes its input where that is no forward
+input (a pooling of one) is its prelude (`tail.prelude`), launches before it, as there.
 
 ModelNew runs the problem's own constructor (`refine`), so its parameters are Model's under the same
 names and the gate's state-dict copy makes them identical; forward reads the convolution's weight and
@@ -86,7 +87,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kernelbrain.core.graph import INPUT, Graph
+from kernelbrain.core.graph import INPUT, PARAM, Graph
 from kernelbrain.templates import conv, model_source, pointwise, tail
 from kernelbrain.templates.render import chain, constants, module, parts
 
@@ -281,8 +282,7 @@ def feasible(spec: dict, knobs: dict[str, Any]) -> bool:
         fp32_dot(knobs)
     except ValueError:
         return False
-    rest = spec.get("tail")
-    if rest is not None and not tail.feasible(rest):
+    if any(t is not None and not tail.feasible(t) for t in (spec.get("tail"), spec.get("prelude"))):
         return False
     if strategy in STRATEGIES_2D:
         return plain_2d(spec) and _feasible_2d(knobs)
@@ -381,13 +381,19 @@ def compose(graph: Graph) -> dict:
         graph, rest = tail.head_and_tail(graph, at, VIEWS, "transposed convolution")
     except tail.NotTail as e:
         raise NotConvTranspose(str(e)) from None
+    src = graph.ref(a["input"])
+    while src is not None and graph.nodes[src[0]].op in pointwise.PASS_THROUGH:
+        src = graph.ref(graph.nodes[src[0]].args["self"])
+    before = None
+    if src is not None and graph.nodes[src[0]].op not in (INPUT, PARAM):  # launches that make the input
+        try:
+            graph, before = tail.prelude(graph, src, VIEWS, "transposed convolution")
+        except tail.NotTail as e:
+            raise NotConvTranspose(str(e)) from None
     try:  # groups, stride, ... are kept as constants: none may have been computed from a size
         graph.unsized()
     except ValueError as e:
         raise NotConvTranspose(str(e)) from None
-    src = graph.ref(a["input"])
-    while src is not None and graph.nodes[src[0]].op in pointwise.PASS_THROUGH:
-        src = graph.ref(graph.nodes[src[0]].args["self"])
     if src is None or graph.nodes[src[0]].op != INPUT:
         made = graph.nodes[src[0]].op if src is not None else "no tensor"
         raise NotConvTranspose(f"a transposed convolution of {made}, not of a forward input")
@@ -442,6 +448,7 @@ def compose(graph: Graph) -> dict:
         "dtype": x_meta.dtype,
         "out_dtype": None if out_dtype == x_meta.dtype else out_dtype,
         "tail": rest,
+        "prelude": before,
         "ops": ops,
     }
 
@@ -468,7 +475,9 @@ def render(spec: dict, knobs: dict[str, Any], signature: dict[str, list[str]]) -
     else:  # no parameter of the model's is read: the problem's constructor is not needed
         params = "self" + model_source.init_args(signature, "".join(f", {a}=None" for a in signature["init"]))
         body = "        super().__init__()\n"
-    x, w, b = forward[spec["input"]], conv.read(spec["weight"], forward), conv.read(spec["bias"], forward)
+    before = spec.get("prelude")
+    names = tail.reading(forward, before)  # the prelude's value among forward's tensors
+    x, w, b = names[spec["input"]], conv.read(spec["weight"], names), conv.read(spec["bias"], names)
     geometry = "STRIDE, PADDING, DILATION, OUTPUT_PADDING, GROUPS"
     strategy = knobs["strategy"]
     knob_text = ", ".join(f"{k}={v}" for k, v in knobs.items())
@@ -501,7 +510,7 @@ def render(spec: dict, knobs: dict[str, Any], signature: dict[str, list[str]]) -
         ]
     else:
         dtype = f"torch.{spec['out_dtype']}" if spec["out_dtype"] else "None"
-        extras = ", ".join(conv.read(e, forward) for e in spec["extras"])
+        extras = ", ".join(conv.read(e, names) for e in spec["extras"])
         call = (
             f"_convt_nd_launch(\n            {x}, {w}, {b}, [{extras}], {geometry}, {dtype},\n"
             "            DOT, PHASE_W, FP32_DOT, BLOCK_M, BLOCK_N, BLOCK_K, NUM_WARPS, NUM_STAGES,\n        )"
@@ -523,11 +532,16 @@ def render(spec: dict, knobs: dict[str, Any], signature: dict[str, list[str]]) -
         tail_call = tail.call(rest, args, "kb_h")
         sections.append(tail.render_parts(rest))
         doc += f"\nThen the tail over its value, composed by memory-bound families: {tail.describe(rest)}.\n"
+    prelude_call = ""
+    if before is not None:  # launches before: what makes the convolution's input
+        prelude_call = tail.prelude_call(before, forward, conv.read)
+        sections.append(tail.render_parts(before, tail.PRE))
+        doc += f"\nIts input made first by memory-bound families: {tail.describe(before)}.\n"
     model = f"""class ModelNew(nn.Module):
     def __init__({params}):
 {body}
     def forward(self, {", ".join(forward)}):
-        kb_h = {call}
+{prelude_call}        kb_h = {call}
 {tail_call}        return kb_h
 """
     return module(doc, *sections, model)

@@ -16,17 +16,21 @@ parameters read by name from the one ModelNew, in training mode its running stat
 updated; layernorm: a layer norm over the trailing dims, row_norm's kernels; pool; pointwise); else it
 makes a chain of launches: a first segment (the graph up to the latest value one family takes whole, the
 rest reading only that value of it) and the rest composed the same way. A later launch may read h again
-(a residual add of the head's value after a norm), or any earlier launch's value, by a source
-["value", k]. A softmax or log-softmax over any dim is a logsumexp kept over that dim and its map
-(`expanded`): the normalize family's. `render_parts` renders its kernels and chains with every top-level
-name suffixed (templates/render.renamed), so that they sit beside the head's in one module; `call`
-writes the lines of forward that launch it. An op that draws random numbers (dropout in training mode)
-is refused by name: no kernel matches it exactly.
+(a residual add of the head's value after a norm), or any earlier launch's value, by a source ["value",
+k]. A softmax or log-softmax over any dim is a logsumexp kept over that dim and its map (`expanded`;
+over a run of dims where a view flattens them and views back undo it): the normalize family's.
+`render_parts` renders its kernels and chains with every top-level name suffixed
+(templates/render.renamed), so that they sit beside the head's in one module; `call` writes the lines of
+forward that launch it. What makes a compute-bound op's input where that is no forward input (a pooling
+before a convolution) is composed the same way as its prelude (`prelude`): its INPUT 0 a forward input,
+its value the op's input, run before it under the suffix PRE. An op that draws random numbers (dropout
+in training mode) is refused by name: no kernel matches it exactly.
 """
 
 from __future__ import annotations
 
 import ast
+import math
 from collections.abc import Collection
 from typing import Any
 
@@ -39,6 +43,7 @@ FAMILIES = (reduce, normalize, staged)
 # families a tail (or a segment of it) may be when none of FAMILIES takes it whole, in the order tried
 STAGES = (moments, layernorm, pool, pointwise)
 SUFFIX = "_tail"
+PRE = "_pre"  # the suffix of a prelude's parts
 _POINTWISE_LAUNCH = (
     "_load",
     "_flat_tile",
@@ -73,31 +78,37 @@ def _elementwise(op: str) -> bool:
 
 def head_and_tail(graph: Graph, at: int, views: Collection[str], after: str) -> tuple[Graph, dict | None]:
     """The head graph (the op at `at` and its chain, as `split` cuts it) and its tail composed (None
-    where the chain reaches the output). Where the tail cannot be composed with the chain's trailing
-    views in the head (h written viewed), they are tried as the tail's first ops (an instance norm's
-    unsqueezes and view before it, undone after it: moments takes them whole). Raises NotTail."""
+    where the chain reaches the output). Where the tail cannot be composed from h viewed as the chain's
+    trailing views leave it, those views are tried as the tail's first ops, the latest first, one more
+    at a time (an instance norm's unsqueezes and view before it, undone after it: moments takes them
+    whole; a softmax over dims a view flattens). Raises NotTail (the first refusal)."""
     cut = split(graph, at, views)
     if cut is None:
         return graph, None
     try:
         return cut[1], compose(cut[2], after, views)
     except NotTail as e:
-        bare = split(graph, at, views, trailing_views=False)
-        if bare is None or bare[0] == cut[0]:
-            raise
+        refused, h = e, cut[0]
+    moved = 0
+    while True:
+        moved += 1
+        cut = split(graph, at, views, moved)
+        if cut is None or cut[0] == h:
+            raise refused
+        h = cut[0]
         try:
-            return bare[1], compose(bare[2], after, views)
+            return cut[1], compose(cut[2], after, views)
         except NotTail:
-            raise e from None
+            continue
 
 
 def split(
-    graph: Graph, at: int, views: Collection[str], trailing_views: bool = True
+    graph: Graph, at: int, views: Collection[str], trailing: int = 0
 ) -> tuple[tuple[int, int], Graph, dict] | None:
     """Where the chain after node `at` (its views and same-shape elementwise ops) ends: None where it
     reaches the output; else (h, the head graph with h as its output, the tail: {"graph", "sources"},
-    sources naming the tail's inputs 1.. as ["input", position] or ["param", state-dict name]). Without
-    `trailing_views`, views no elementwise op of the chain reads are the tail's."""
+    sources naming the tail's inputs 1.. as ["input", position] or ["param", state-dict name]). The
+    chain's last `trailing` views that no elementwise op of it reads are the tail's."""
     wanted = graph.needed()
     reached = {(at, k) for k in range(len(graph.nodes[at].outs))}
     cut = None
@@ -116,8 +127,7 @@ def split(
         break
     if cut is None or tuple(graph.outputs[0]) in reached:
         return None
-    if not trailing_views:
-        reached = _without_trailing_views(graph, reached, at, views)
+    reached = _without_trailing_views(graph, reached, at, views, trailing)
     try:
         h, head, rest = _cut(graph, reached, graph.nodes[at].op)
     except NotTail:  # the tail reads several values of the chain: cut it at one they all derive from
@@ -126,16 +136,18 @@ def split(
 
 
 def _without_trailing_views(
-    graph: Graph, reached: set[tuple[int, int]], at: int, views: Collection[str]
+    graph: Graph, reached: set[tuple[int, int]], at: int, views: Collection[str], count: int
 ) -> set[tuple[int, int]]:
-    """The chain's values less the views that no op of the chain but a view reads."""
+    """The chain's values less its last `count` views that no op of the chain but such a view reads."""
     kept: set[tuple[int, int]] = set()
     read: set[tuple[int, int]] = set()
     for value in sorted(reached, reverse=True):
         node = graph.nodes[value[0]]
-        if value[0] == at or node.op not in views or value in read:
-            kept.add(value)
-            read |= {r for v in node.args.values() for r in graph.refs(v)}
+        if value[0] != at and node.op in views and value not in read and count > 0:
+            count -= 1
+            continue
+        kept.add(value)
+        read |= {r for v in node.args.values() for r in graph.refs(v)}
     return kept
 
 
@@ -248,12 +260,15 @@ VALUE = "value"  # a source ["value", k]: the k-th value of the tail's chain of 
 
 def expanded(graph: Graph) -> Graph:
     """The graph with each softmax (log-softmax) over a dim as a logsumexp over that dim, kept, and the
-    map exp(x - lse) (x - lse): a statistic and a map, which the normalize family composes. Unchanged
-    where it holds none."""
+    map exp(x - lse) (x - lse): a statistic and a map, which the normalize family composes. A softmax of
+    a view that merges a run of dims into its dim, its value read only by views back to the unmerged
+    shape (x.view(b, c, -1).softmax(2).view(b, c, d, h, w)), is one over that run of the unmerged value,
+    those views dropped. Unchanged where it holds none."""
     if not any(n.op in SOFTMAX for n in graph.nodes):
         return graph
     nodes: list[Node] = []
     where: dict[tuple[int, int], list[int]] = {}
+    undone: dict[int, list[int]] = {}  # a view back to the unmerged shape -> the map's value
 
     def moved(value: Any) -> Any:
         if isinstance(value, list):
@@ -262,6 +277,9 @@ def expanded(graph: Graph) -> Graph:
         return {"ref": where[ref]} if ref is not None else value
 
     for i, node in enumerate(graph.nodes):
+        if i in undone:
+            where[(i, 0)] = undone[i]
+            continue
         args = {k: moved(v) for k, v in node.args.items()}
         if node.op not in SOFTMAX:
             nodes.append(Node(op=node.op, args=args, outs=node.outs))
@@ -270,26 +288,56 @@ def expanded(graph: Graph) -> Graph:
         if args.get("half_to_float") or args.get("dtype") not in (None, node.outs[0].dtype):
             raise NotTail(f"{node.op} to another dtype")
         x = graph.meta(graph.ref(node.args["self"]))
-        dim = int(args["dim"]) % max(len(x.shape), 1)
-        kept = [1 if d == dim else s for d, s in enumerate(x.shape)]
+        dims, value, out = [int(args["dim"]) % max(len(x.shape), 1)], args["self"], node.outs[0]
+        merged, readers = _merged(graph, i), []
+        if merged is not None:
+            source, dims, readers = merged
+            value, x = {"ref": where[source]}, graph.meta(source)
+            out = Meta(shape=x.shape, strides=[0] * len(x.shape), dtype=out.dtype)
+        kept = [1 if d in dims else s for d, s in enumerate(x.shape)]
         made = Meta(shape=kept, strides=[0] * len(kept), dtype=x.dtype)  # the kernel's own layout
         nodes.append(
-            Node(
-                op="aten.logsumexp.default",
-                args={"self": args["self"], "dim": [dim], "keepdim": True},
-                outs=[made],
-            )
+            Node(op="aten.logsumexp.default", args={"self": value, "dim": dims, "keepdim": True}, outs=[made])
         )
-        shifted = {"self": args["self"], "other": {"ref": [len(nodes) - 1, 0]}, "alpha": 1}
-        nodes.append(Node(op="aten.sub.Tensor", args=shifted, outs=node.outs))
+        shifted = {"self": value, "other": {"ref": [len(nodes) - 1, 0]}, "alpha": 1}
+        nodes.append(Node(op="aten.sub.Tensor", args=shifted, outs=[out]))
         if SOFTMAX[node.op]:
-            nodes.append(
-                Node(op="aten.exp.default", args={"self": {"ref": [len(nodes) - 1, 0]}}, outs=node.outs)
-            )
+            nodes.append(Node(op="aten.exp.default", args={"self": {"ref": [len(nodes) - 1, 0]}}, outs=[out]))
         where[(i, 0)] = [len(nodes) - 1, 0]
+        undone |= {j: [len(nodes) - 1, 0] for j in readers}
     outputs = [where[(int(o[0]), int(o[1]))] for o in graph.outputs]
-    sized = [s.model_copy(update={"node": where[(s.node, 0)][0]}) for s in graph.sized]
+    sized = [
+        s.model_copy(update={"node": where[(s.node, 0)][0]}) for s in graph.sized if s.node not in undone
+    ]
     return Graph(nodes=nodes, outputs=outputs, constants=graph.constants, sized=sized)
+
+
+_RESHAPES = {"aten.view.default", "aten._unsafe_view.default", "aten.reshape.default"}
+
+
+def _merged(graph: Graph, at: int) -> tuple[tuple[int, int], list[int], list[int]] | None:
+    """Where the softmax at `at` is over a view of a value s that merges a run of s's dims into the
+    softmax's dim, and every reader of its value is a view back to s's shape: (s, that run of dims, the
+    readers). None otherwise."""
+    view = graph.ref(graph.nodes[at].args["self"])
+    if view is None or graph.nodes[view[0]].op not in _RESHAPES:
+        return None
+    source = graph.ref(graph.nodes[view[0]].args["self"])
+    if source is None:
+        return None
+    s, x = graph.meta(source).shape, graph.meta(view).shape
+    dim = int(graph.nodes[at].args["dim"]) % max(len(x), 1)
+    end = len(s) - (len(x) - dim - 1)  # the run is s[dim:end]
+    if end <= dim or s[:dim] != x[:dim] or s[end:] != x[dim + 1 :] or math.prod(s[dim:end]) != x[dim]:
+        return None
+    readers = [
+        j for j, n in enumerate(graph.nodes) if (at, 0) in {r for v in n.args.values() for r in graph.refs(v)}
+    ]
+    if any(tuple(o) == (at, 0) for o in graph.outputs) or not readers:
+        return None
+    if not all(graph.nodes[j].op in _RESHAPES and graph.nodes[j].outs[0].shape == s for j in readers):
+        return None
+    return source, list(range(dim, end)), readers
 
 
 def _first_foreign(graph: Graph, views: Collection[str]) -> str | None:
@@ -364,7 +412,7 @@ def _stages(graph: Graph) -> tuple:
     return () if ops & _STAGE_OPS else (pointwise,)
 
 
-def compose(tail: dict, after: str, views: Collection[str] = ()) -> dict:
+def compose(tail: dict, after: str, views: Collection[str] = (), place: str = "after") -> dict:
     """The tail ({"graph", "sources", "counted"} from `split`; without "counted" a batch norm in
     training mode with running statistics is refused) as the first family of FAMILIES composes it, with
     the knobs it runs at; else as the first of STAGES does; else as a chain of launches ("then"): a
@@ -372,16 +420,59 @@ def compose(tail: dict, after: str, views: Collection[str] = ()) -> dict:
     value composed the same way. A later launch may read h again, or any value before it, besides
     forward's tensors: its sources name them ["value", k] (0: h, k: what launch k-1 made). A softmax is
     a logsumexp and a map (`expanded`). Raises NotTail naming the op no family takes (`after`: what
-    precedes it)."""
+    precedes it; "before" as `place` for a prelude's)."""
     graph = expanded(tail["graph"])
     foreign = _first_foreign(graph, views)
     if foreign is not None:
-        raise NotTail(f"{foreign} after the {after}")
+        raise NotTail(f"{foreign} {place} the {after}")
     why: list[str] = []
     found = _compose(graph, tail["sources"], 0, tail.get("counted"), why)
     if found is None:
-        raise NotTail(f"a tail after the {after} no memory-bound family takes ({'; '.join(why)})")
+        raise NotTail(f"ops {place} the {after} no memory-bound family takes ({'; '.join(why)})")
     return found
+
+
+def prelude(graph: Graph, value: tuple[int, int], views: Collection[str], before: str) -> tuple[Graph, dict]:
+    """The launches that make `value`, an operand of a compute-bound op that no forward input is (a
+    pooling of one), composed as a tail is: its INPUT 0 the first forward input it reads ("input": that
+    input's position), its sources forward's other tensors and parameters. With it, the graph in which
+    `value` is an INPUT of its own ("at": its index, past forward's), which the op reads as it would a
+    forward input (`reading` names it). Raises NotTail."""
+    if value[1] != 0:
+        raise NotTail(f"{graph.nodes[value[0]].op}'s second result before the {before}")
+    made = Graph(nodes=graph.nodes, outputs=[list(value)], constants=graph.constants, sized=graph.sized)
+    needed = sorted({n for n, _ in made.needed()})
+    first = next((n for n in needed if graph.nodes[n].op == INPUT), None)
+    if first is None:
+        raise NotTail(f"{graph.nodes[value[0]].op} of no forward input before the {before}")
+    before_graph = _tail_graph(made, (first, 0), [n for n in needed if n != first])
+    composed = compose({**before_graph, "counted": moments.counters(graph)}, before, views, "before")
+    at = 1 + max(int(n.args["index"]) for n in graph.nodes if n.op == INPUT)
+    nodes = list(graph.nodes)
+    nodes[value[0]] = Node(op=INPUT, args={"index": at}, outs=[graph.meta(value)])
+    sized = [s for s in graph.sized if s.node != value[0]]
+    replaced = Graph(nodes=nodes, outputs=graph.outputs, constants=graph.constants, sized=sized)
+    return replaced, {**composed, "input": int(graph.nodes[first].args["index"]), "at": at}
+
+
+PRELUDE = "kb_x"  # what forward names the prelude's value
+
+
+def reading(forward: list[str], before: dict | None) -> list[str]:
+    """The names of the tensors a head with a prelude (or None) reads by input index: forward's, and the
+    prelude's value at its index."""
+    if before is None:
+        return forward
+    names = [*forward, *[""] * (before["at"] + 1 - len(forward))]
+    names[before["at"]] = PRELUDE
+    return names
+
+
+def prelude_call(before: dict, forward: list[str], read: Any) -> str:
+    """The lines of forward (indented for a method) setting PRELUDE: `read(source, forward)` the
+    expression of each of its sources."""
+    args = [forward[before["input"]], *(read(s, forward) for s in before["sources"])]
+    return call(before, args, PRELUDE, PRE)
 
 
 def _compose(
