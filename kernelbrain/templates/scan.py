@@ -6,7 +6,7 @@ written around them in PyTorch folded into the one pass over memory:
 a reverse scan (`x.flip(d).cumsum(d).flip(d)`), an exclusive one (a zero concatenated in front along the
 scanned axis), a masked one (`cumsum(x * mask)`: the prologue, a bool input loaded as 0 or 1), and
 slices of the other axes taken as views. Each program walks BLOCK_K rows in BLOCK_R chunks, a chunk
-scanned by `tl.associative_scan` with the running total carried in; the kernel is in
+scanned by `tl.cumsum` or `tl.cumprod` with the running total carried in; the kernel is in
 templates/scan_parts.py, the chains are templates/pointwise's.
 """
 
@@ -243,6 +243,6 @@ def render(spec: dict, knobs: dict[str, Any], signature: dict[str, list[str]]) -
         parts(pointwise.PARTS, *spec["helpers"]) if spec["helpers"] else "",
         chain("_prologue", spec["prologue"], spec["prologue_result"]),
         chain("_epilogue", spec["epilogue"], spec["epilogue_result"]),
-        parts(PARTS, "_add", "_mul", "_scan_kernel", "_at", "_back", "_scan_launch"),
+        parts(PARTS, "_scan_kernel", "_at", "_back", "_scan_launch"),
         model,
     )

@@ -8,8 +8,10 @@ input at `src = B + p` (or `B - p`, FLIP_IN), FILL where src is outside [LO, HI)
 concatenated before the scan); and is written at output position `o = p - B2` (or `B2 - p`, FLIP_OUT)
 when p is in [LO2, HI2), the output positions outside [O_LO, O_HI) being FILL_OUT (a constant
 concatenated after it). Each program takes BLOCK_K rows (neighbouring kept positions where inner > 1)
-and walks the scan in BLOCK_R chunks: `tl.associative_scan` within a chunk, the running total of the
-chunks before it carried in. `OP`: 0 sum, 1 product.
+and walks the scan in BLOCK_R chunks: `tl.cumsum` or `tl.cumprod` within a chunk (Triton's own combine
+functions: the interpreter runs them as numpy's cumsum and cumprod, a scan with a combine function of our
+own element by element in Python, 20 times slower), the running total of the chunks before it carried
+in. `OP`: 0 sum, 1 product.
 """
 
 from __future__ import annotations
@@ -27,16 +29,6 @@ def _prologue(v0, v1, v2, v3):  # replaced by the candidate's own
 @triton.jit
 def _epilogue(v0, v1, v2, v3):  # replaced by the candidate's own
     return v0
-
-
-@triton.jit
-def _add(a, b):
-    return a + b
-
-
-@triton.jit
-def _mul(a, b):
-    return a * b
 
 
 @triton.jit
@@ -69,10 +61,13 @@ def _scan_kernel(
         v = tl.where(valid, _prologue(v0, v1, v2, v3), fill)  # a constant concatenated before the scan
         v = tl.where((p < n_scan)[None, :], v, identity)
         if OP == 1:
-            out = carry[:, None] * tl.associative_scan(v, 1, _mul)
-            carry = carry * tl.reduce(v, 1, _mul)
+            scanned = tl.cumprod(v, 1)
+            out = carry[:, None] * scanned
+            # the chunk's product: its scan's last column (positions past the scan hold the identity)
+            last = (tl.arange(0, BLOCK_R) == BLOCK_R - 1)[None, :]
+            carry = carry * tl.sum(tl.where(last, scanned, 0.0), axis=1)
         else:
-            out = carry[:, None] + tl.associative_scan(v, 1, _add)
+            out = carry[:, None] + tl.cumsum(v, 1)
             carry = carry + tl.sum(v, axis=1)
         out = _epilogue(out, out, out, out)
         o = (B2 - p) if FLIP_OUT else (p - B2)
