@@ -364,7 +364,11 @@ class Two(nn.Module):
 @pytest.mark.parametrize(
     ("make", "chain", "why"),
     [
-        ("nn.Conv2d(4, 4, 3, padding=1)", "self.conv(self.conv(x))", "2 convolutions"),
+        (
+            "nn.Conv2d(4, 4, 3, padding=1)",
+            "self.conv(F.conv_transpose2d(x, self.conv.weight))",
+            "before the convolution .*conv: a transposed convolution",
+        ),
         ("nn.ConvTranspose2d(4, 4, 3)", "self.conv(x)", "a transposed convolution"),
         (
             "nn.Conv2d(4, 4, 3, padding=1, padding_mode='reflect')",

@@ -32,11 +32,13 @@ from tests.runs import QUICK_RUNGS, run_checks, run_inprocess
 ROOT = Path(__file__).resolve().parents[1]
 RESIDUAL_SOFTMAX = ROOT / "tests" / "problems" / "conv_groupnorm_residual_softmax.py"
 BATCHNORM_SOFTMAX = ROOT / "tests" / "problems" / "contraction_batchnorm_softmax.py"
-# problem -> (the family of its head, its tail's families in launch order), each gated at round 0
+# problem -> (the family of its head, the families of its prelude's and its tail's launches in order),
+# each gated at round 0
 GATED = {
-    "conv_transpose_layernorm_gelu.py": (conv_transpose, ["layernorm", "pointwise"]),
-    "contraction_instancenorm_residual.py": (contraction, ["moments", "pointwise"]),
-    "pool_conv_transpose_softmax.py": (conv_transpose, ["normalize"]),
+    "conv_transpose_layernorm_gelu.py": (conv_transpose, [], ["layernorm", "pointwise"]),
+    "contraction_instancenorm_residual.py": (contraction, [], ["moments", "pointwise"]),
+    "pool_conv_transpose_softmax.py": (conv_transpose, ["pool"], ["normalize"]),
+    "conv_depthwise_separable.py": (conv, ["conv"], []),
 }
 
 
@@ -318,6 +320,25 @@ class PooledConv(nn.Module):
         return torch.tanh(self.conv(torch.relu(F.max_pool2d(x, 2))))
 
 
+class DepthwiseSeparable(nn.Module):
+    """Level 1's 86: a depthwise 3x3 convolution (the prelude), then a pointwise 1x1 one (the head: more
+    multiply-adds); then a 1x1 convolution back to fewer channels (a convolution in the tail)."""
+
+    INIT = (
+        "super().__init__()\nself.dw = nn.Conv2d(4, 4, 3, padding=1, groups=4)\n"
+        "self.pw = nn.Conv2d(4, 12, 1)\nself.back = nn.Conv2d(12, 3, 1, bias=False)"
+    )
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.dw = nn.Conv2d(4, 4, 3, padding=1, groups=4)
+        self.pw = nn.Conv2d(4, 12, 1)
+        self.back = nn.Conv2d(12, 3, 1, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.back(torch.relu(self.pw(self.dw(x))))
+
+
 # name -> (the model, the family of its head, its input's shapes: traced, then one more)
 MODELS: dict[str, tuple[type[nn.Module], object, list[tuple[int, ...]]]] = {
     "conv, group norm, tanh, hardswish, the conv added back, softmax over channels": (
@@ -344,6 +365,11 @@ MODELS: dict[str, tuple[type[nn.Module], object, list[tuple[int, ...]]]] = {
         [(2, 3, 4, 6, 5), (1, 3, 5, 4, 6)],
     ),
     "max pool, relu, conv, tanh": (PooledConv, conv, [(2, 3, 11, 10), (1, 3, 9, 13)]),
+    "depthwise conv, pointwise conv, relu, 1x1 conv (level 1's 86, one more)": (
+        DepthwiseSeparable,
+        conv,
+        [(2, 4, 7, 5), (1, 4, 6, 9)],
+    ),
 }
 
 
@@ -458,17 +484,19 @@ def test_a_batch_norm_and_softmax_tail_passes_the_gate(box):
     assert reply.passed, reply
 
 
+def _launches(composed: dict | None) -> list[str]:
+    """The families of a prelude's or a tail's launches, in order."""
+    return [] if composed is None else [composed["family"], *_launches(composed["then"])]
+
+
 @pytest.mark.parametrize("name", list(GATED))
 def test_the_round0_candidate_passes_the_gate(box, name):
     source = (ROOT / "tests" / "problems" / name).read_text()
-    family, launches = GATED[name]
+    family, before, after = GATED[name]
     analysis = analyse(source, "cpu")
     spec = family.matches(analysis["ops"], Graph.model_validate(analysis["graph"]))
     assert spec is not None
-    at, found = spec["tail"], []
-    while at is not None:
-        found, at = [*found, at["family"]], at["then"]
-    assert found == launches
+    assert [_launches(spec.get("prelude")), _launches(spec["tail"])] == [before, after]
     spec = family.refine(spec, source)
     assert spec is not None
     knobs = next(k for k in family.ROUND0 if family.feasible(spec, k))

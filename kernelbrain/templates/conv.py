@@ -16,7 +16,9 @@ written once in its traced dtype and the reduce, normalize or staged family comp
 forward's tensors as a second launch in the same candidate, its knobs that family's first feasible
 round-0 set. Where the convolution's input is no forward input (a pooling or an activation of one), what
 makes it is the prelude (`tail.prelude`): launches composed the same way from forward's tensors before
-the convolution, which reads their value as it would a forward input.
+the convolution, which reads their value as it would a forward input. Of several convolutions the head
+is the one of the most multiply-adds; the others are launches of its prelude or tail (`stage_parts`,
+`stage_call`: this family's kernel at its first feasible round-0 knobs).
 
 Strategy axes (conv_parts' docstring has the detail): "taps" (a tl.dot per tap and channel step, in
 one pipelined loop), "gemm" (K = taps x channels flattened: few channels a group), "direct" (outer
@@ -41,6 +43,7 @@ channels are many and x is not huge); and the fp32 dot's precision, `fp32_dot`:
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from kernelbrain.core.graph import INPUT, PARAM, Graph, Node
@@ -249,15 +252,29 @@ def epilogue(graph: Graph, at: int) -> tuple[dict | None, list[list]]:
     return spec, [extras[i - 1] for i in spec["inputs"][1:]]
 
 
+def _work(graph: Graph, at: int) -> int:
+    """Multiply-adds of the convolution at node `at`: its outputs times a weight's taps and channels."""
+    w = graph.meta(graph.ref(graph.nodes[at].args["weight"])).shape
+    taps = w[1] * math.prod(w[2:]) if len(w) > 2 else 1
+    return math.prod(graph.nodes[at].outs[0].shape) * taps
+
+
 def compose(graph: Graph) -> dict:
-    """The spec of a graph that is one forward convolution of a forward input, then an elementwise chain.
-    Raises NotConv naming what is not."""
+    """The spec of a graph that is one forward convolution, then an elementwise chain, with launches
+    before it that make its input where that is no forward input (its prelude) and after it where the
+    chain does not reach the output (its tail). Of several convolutions the head (the kernel the search
+    tunes) is the one of the most multiply-adds (the latest of equals); the others are launches of the
+    prelude or the tail, at their first feasible round-0 knobs. Raises NotConv naming what is not."""
     if len(graph.outputs) != 1:
         raise NotConv(f"{len(graph.outputs)} outputs")
-    found = [i for i, n in enumerate(graph.nodes) if n.op in CONVS or "convolution" in n.op]
-    if len(found) != 1:
-        raise NotConv(f"{len(found)} convolutions")
-    at = found[0]
+    wanted = {n for n, _ in graph.needed()}
+    found = [i for i, n in enumerate(graph.nodes) if (n.op in CONVS or "convolution" in n.op) and i in wanted]
+    if not found:
+        raise NotConv("0 convolutions")
+    forward = [i for i in found if not graph.nodes[i].args.get("transposed")]
+    if not forward:
+        raise NotConv("a transposed convolution")
+    at = max(forward, key=lambda i: (_work(graph, i), i))
     node = graph.nodes[at]
     if node.op not in CONVS:
         raise NotConv(node.op)
@@ -362,6 +379,29 @@ def read(what: list | None, forward: list[str]) -> str:
     if what is None:
         return "None"
     return forward[what[1]] if what[0] == "input" else f"_model_tensor(self, {what[1]!r})"
+
+
+def stage_parts(spec: dict) -> str:
+    """What a convolution that is one launch of another head's prelude or tail copies: its chain and
+    the kernel (templates/tail.py suffixes every name)."""
+    helpers = parts(pointwise.PARTS, *spec["helpers"]) if spec["helpers"] else ""
+    kernel = parts(PARTS, "_mma", "_extra", "_conv_kernel", "_conv_launch")
+    return "\n\n".join(
+        t for t in (helpers, chain("_epilogue", spec["epilogue"], spec["epilogue_result"]), kernel) if t
+    )
+
+
+def stage_call(spec: dict, knobs: dict[str, Any], args: list[str], out: str, suffix: str) -> str:
+    """The line of forward (indented for a method) setting `out` to the convolution as one launch of a
+    prelude or a tail: `args` the expressions of its graph's inputs, its knobs as literals."""
+    dtype = f"torch.{spec['out_dtype']}" if spec["out_dtype"] else "None"
+    tensors = [read(spec[k], args) for k in ("weight", "bias")]
+    extras = ", ".join(read(e, args) for e in spec["extras"])
+    how = [repr(spec[k]) for k in ("stride", "padding", "dilation")]
+    how += [dtype, repr(knobs["strategy"]), repr(fp32_dot(knobs)), repr(channels_last(knobs))]
+    how += [str(knobs[k]) for k in ("block_m", "block_n", "block_k", "num_warps", "num_stages")]
+    x = args[spec["input"]]
+    return f"        {out} = _conv_launch{suffix}({x}, {', '.join(tensors)}, [{extras}], {', '.join(how)})\n"
 
 
 def render(spec: dict, knobs: dict[str, Any], signature: dict[str, list[str]]) -> str:

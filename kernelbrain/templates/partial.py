@@ -23,7 +23,7 @@ from typing import Any
 
 from kernelbrain.core import torch_ops
 from kernelbrain.core.graph import INPUT, PARAM, Graph, Meta, Node
-from kernelbrain.templates import model_source, pointwise, tail
+from kernelbrain.templates import conv, model_source, pointwise, tail
 from kernelbrain.templates.render import constants, module, parts
 
 FAMILY = "partial"
@@ -31,7 +31,7 @@ ROUND0_MAX = 3  # partial candidates in a first round: tail knob sets, the tail 
 # views a head may hold between forward inputs or parameters and an allowed op: none carries a size
 # (a size traced at one shape would be wrong at the gate's and the ladder's others); all are glue to the gate
 HEAD_VIEWS = frozenset({"t", "transpose", "permute", "unsqueeze", "squeeze", "detach", "clone", "alias"})
-TAILS = {f.FAMILY: f for f in (*tail.FAMILIES, *tail.STAGES)}
+TAILS = {f.FAMILY: f for f in (*tail.FAMILIES, *tail.STAGES, conv)}  # a convolution may be a launch
 _EXTRA_KNOBS = ("torch", "tail")  # the knobs this family adds to the tail family's
 
 

@@ -13,18 +13,19 @@ from h viewed as the chain's trailing views leave it, tries those views as the t
 `compose` gives the tail to the first family of FAMILIES that takes it, with that family's first
 feasible round-0 knob set; else to one of STAGES (moments: a batch, group or instance norm, its
 parameters read by name from the one ModelNew, in training mode its running statistics and batch count
-updated; layernorm: a layer norm over the trailing dims, row_norm's kernels; pool; pointwise); else it
-makes a chain of launches: a first segment (the graph up to the latest value one family takes whole, the
-rest reading only that value of it) and the rest composed the same way. A later launch may read h again
-(a residual add of the head's value after a norm), or any earlier launch's value, by a source ["value",
-k]. A softmax or log-softmax over any dim is a logsumexp kept over that dim and its map (`expanded`;
-over a run of dims where a view flattens them and views back undo it): the normalize family's.
-`render_parts` renders its kernels and chains with every top-level name suffixed
-(templates/render.renamed), so that they sit beside the head's in one module; `call` writes the lines of
-forward that launch it. What makes a compute-bound op's input where that is no forward input (a pooling
-before a convolution) is composed the same way as its prelude (`prelude`): its INPUT 0 a forward input,
-its value the op's input, run before it under the suffix PRE. An op that draws random numbers (dropout
-in training mode) is refused by name: no kernel matches it exactly.
+updated; layernorm: a layer norm over the trailing dims, row_norm's kernels; pool; pointwise; and conv:
+a convolution with its chain, the one compute-bound stage, imported where used); else it makes a chain
+of launches: a first segment (the graph up to the latest value one family takes whole, the rest reading
+only that value of it) and the rest composed the same way. A later launch may read h again (a residual
+add of the head's value after a norm), or any earlier launch's value, by a source ["value", k]. A
+softmax or log-softmax over any dim is a logsumexp kept over that dim and its map (`expanded`; over a
+run of dims where a view flattens them and views back undo it): the normalize family's. `render_parts`
+renders its kernels and chains with every top-level name suffixed (templates/render.renamed), so that
+they sit beside the head's in one module; `call` writes the lines of forward that launch it. What makes
+a compute-bound op's input where that is no forward input (a pooling before a convolution) is composed
+the same way as its prelude (`prelude`): its INPUT 0 a forward input, its value the op's input, run
+before it under the suffix PRE. An op that draws random numbers (dropout in training mode) is refused by
+name: no kernel matches it exactly.
 """
 
 from __future__ import annotations
@@ -348,7 +349,8 @@ def _first_foreign(graph: Graph, views: Collection[str]) -> str | None:
     if random is not None:
         return f"{random} (random numbers: dropout in training mode)"
     for i, n in enumerate(graph.nodes):
-        known = _elementwise(n.op) or n.op in views or n.op in VIEW_OPS or n.op in _STAGE_OPS or n.op == INPUT
+        staged = n.op in _STAGE_OPS or n.op in _conv().CONVS
+        known = _elementwise(n.op) or n.op in views or n.op in VIEW_OPS or staged or n.op == INPUT
         if i in wanted and not known:
             return n.op
     return None
@@ -381,8 +383,11 @@ def _whole(
     for family in families:
         try:
             spec = family.compose(with_params(graph, sources) if family is moments else graph)
-        except _REFUSALS as e:
+        except (*_REFUSALS, _conv().NotConv) as e:
             why.append(f"{family.FAMILY}: {e}")
+            continue
+        if spec.get("tail") or spec.get("prelude"):  # a convolution's own launches: segments of this chain
+            why.append(f"{family.FAMILY}: launches of its own before or after it")
             continue
         if family is moments and spec["mode"] == "batch" and spec["running"]:
             if counted is None:
@@ -399,17 +404,27 @@ def _whole(
     return None
 
 
+def _conv() -> Any:
+    """The conv family, whose convolution may be one launch of a prelude or a tail: imported where used,
+    as conv composes its own prelude and tail with this module."""
+    from kernelbrain.templates import conv
+
+    return conv
+
+
 def _stages(graph: Graph) -> tuple:
-    """The families of STAGES worth trying on the graph whole: the one of its norm or pooling, else
-    pointwise where it holds no stage at all."""
+    """The families of STAGES worth trying on the graph whole: the one of its convolution, norm or
+    pooling, else pointwise where it holds no stage at all."""
     ops = {n.op for n in graph.nodes}
+    if ops & _conv().CONVS:
+        return (_conv(),)
     if ops & moments.NORMS:
         return (moments,)
     if layernorm.NORM in ops:
         return (layernorm,)
     if ops & pool.POOLS.keys():
         return (pool,)
-    return () if ops & _STAGE_OPS else (pointwise,)
+    return () if ops & (_STAGE_OPS | _conv().CONVS) else (pointwise,)
 
 
 def compose(tail: dict, after: str, views: Collection[str] = (), place: str = "after") -> dict:
@@ -594,6 +609,8 @@ def render_parts(tail: dict, suffix: str = SUFFIX) -> str:
         sections = [parts(moments.PARTS, *_MOMENTS_PARTS)]
     elif family == "layernorm":
         sections = [row_norm.kernels(tail["knobs"], "_layer_norm")]
+    elif family == "conv":
+        sections = [_conv().stage_parts(spec)]
     elif family == "pool":
         sections = [
             _helpers(spec),
@@ -667,6 +684,8 @@ def _call(tail: dict, args: list[str], out: str, suffix: str) -> str:
         return _pool_call(spec, args, out, suffix, knobs)
     if family == "layernorm":
         return _layernorm_call(spec, args, out, suffix, knobs)
+    if family == "conv":
+        return _conv().stage_call(spec, knobs, args, out, suffix)
     if family == "pointwise":
         return _pointwise_call(spec, args, out, suffix, knobs)
     stat, mapped = spec["stat"], spec["map"]
@@ -739,7 +758,7 @@ def _pointwise_call(spec: dict, args: list[str], out: str, suffix: str, knobs: d
 
 
 def feasible(tail: dict) -> bool:
-    family = next(f for f in FAMILIES + STAGES if tail["family"] == f.FAMILY)
+    family = next(f for f in (*FAMILIES, *STAGES, _conv()) if tail["family"] == f.FAMILY)
     fits = family.feasible(tail["spec"], tail["knobs"])
     return fits and (tail["then"] is None or feasible(tail["then"]))
 
