@@ -434,7 +434,7 @@ def render(spec: dict, knobs: dict[str, Any], signature: dict[str, list[str]]) -
             tail.prelude_call(before, forward, read),
             tail.render_parts(before, tail.PRE),
         )
-        doc += f"\nIts input made first by memory-bound families: {tail.describe(before)}.\n"
+        doc += f"\nIts input made first, by launches of their own: {tail.describe(before)}.\n"
     model = f"""class ModelNew(nn.Module):
     def __init__({params}):
 {body}

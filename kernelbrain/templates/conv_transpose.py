@@ -536,7 +536,7 @@ def render(spec: dict, knobs: dict[str, Any], signature: dict[str, list[str]]) -
     if before is not None:  # launches before: what makes the convolution's input
         prelude_call = tail.prelude_call(before, forward, conv.read)
         sections.append(tail.render_parts(before, tail.PRE))
-        doc += f"\nIts input made first by memory-bound families: {tail.describe(before)}.\n"
+        doc += f"\nIts input made first, by launches of their own: {tail.describe(before)}.\n"
     model = f"""class ModelNew(nn.Module):
     def __init__({params}):
 {body}
