@@ -174,11 +174,16 @@ def interpreter_env() -> dict[str, str]:
     return {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
 
 
+# what kb's sandboxed child runs candidates with (kernelbrain/child/interpreted.py), first in every script
+_PRELUDE = "from kernelbrain.child.interpreted import fast_device_calls\nfast_device_calls()\n"
+
+
 def run_interpreted(script: str, *args: str, timeout: float = 300) -> Any:
     """Run the Python source `script` with `args` (its sys.argv[1:]) in a fresh interpreter under
-    interpreter_env(); assert it exits 0 and return the JSON its last stdout line holds."""
+    interpreter_env(), Triton's interpreter as kb's child has it; assert it exits 0 and return the JSON
+    its last stdout line holds."""
     proc = subprocess.run(
-        [sys.executable, "-c", script, *args],
+        [sys.executable, "-c", _PRELUDE + script, *args],
         env=interpreter_env(),
         capture_output=True,
         text=True,

@@ -23,7 +23,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
-from kernelbrain.child import own_code
+from kernelbrain.child import interpreted, own_code
 from kernelbrain.core import torch_ops
 
 # Calls that move, view or allocate data but compute nothing a reference could be made of
@@ -271,6 +271,7 @@ class _Streams:
 def install() -> None:
     """Hooks that must be in place before a candidate module is imported, and torch as it was then."""
     _Launches.install()
+    interpreted.fast_device_calls()
     _Streams.install()
     if not _PRISTINE_TORCH:
         if torch.cuda.is_available():

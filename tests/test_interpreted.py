@@ -1,0 +1,71 @@
+"""kernelbrain/child/interpreted.py: Triton's interpreter patches triton.language once a launch, not again
+at every call of a @triton.jit helper from inside a program; results and the restored modules unchanged."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from tests.runs import interpreter_env
+
+SCRIPT = """
+import inspect, json, sys
+import torch
+import triton
+import triton.language as tl
+from triton.runtime import interpreter
+
+calls = []
+original = interpreter._patch_lang
+def counted(fn):
+    calls.append(fn.__name__)
+    return original(fn)
+interpreter._patch_lang = counted
+if sys.argv[1] == "fast":
+    from kernelbrain.child.interpreted import fast_device_calls
+    assert fast_device_calls() and fast_device_calls()  # a second install changes nothing
+
+@triton.jit
+def _twice(v):
+    return v * 2
+
+@triton.jit
+def _kernel(x_ptr, y_ptr, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    v = _twice(tl.load(x_ptr + offs))
+    tl.store(y_ptr + offs, tl.cumsum(_twice(v), 0))
+
+builtin = tl.load
+x = torch.randn(4, 8)
+y = torch.empty_like(x)
+_kernel[(4,)](x, y, BLOCK=8)
+expected = torch.cumsum(x * 4, dim=1)
+print(json.dumps({
+    "close": bool(torch.allclose(y, expected, atol=1e-5)),
+    "calls": calls,
+    "restored": tl.load is builtin and tl.core.is_builtin(tl.load),
+}))
+"""
+
+
+def _run(mode: str) -> dict:
+    proc = subprocess.run(
+        [sys.executable, "-c", SCRIPT, mode],
+        env=interpreter_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_a_launch_patches_once_and_its_helpers_run_as_before():
+    plain, fast = _run("plain"), _run("fast")
+    assert plain["close"] and fast["close"]
+    assert plain["restored"] and fast["restored"]
+    # per program: the launch's own patch once, then _twice twice and tl.cumsum (Triton's standard module,
+    # whose globals name tl.core) once; with the skip, tl.core is patched at the first tl.cumsum only
+    assert plain["calls"] == ["_kernel"] + ["_twice", "_twice", "cumsum"] * 4
+    assert fast["calls"] == ["_kernel", "cumsum"]
