@@ -97,10 +97,14 @@ def check(
 
 
 def _fits(sandbox: Sandbox, problem_source: str, device: str) -> list[Fit]:
-    """The shapes a run's analysis would fit (checked on the reference), made in the child before any
-    candidate code loads there; none where the analysis fails (the gate's judge then says what)."""
+    """The shapes a run's analysis would fit (checked on the reference), made in the gate's judge, where
+    no candidate code ever runs, while the candidate's child starts beside it (after the judge: it sees
+    the judge's draws); none where the analysis fails (the judge's draws then say what)."""
+    sandbox.start_judge()
+    sandbox.start()
+    assert sandbox.judge is not None
     try:
-        analysed, _ = sandbox.call(
+        analysed, _ = sandbox.judge.call(
             AnalyseRequest(problem_source=problem_source, device=device),
             timeout_s=GATE_TIMEOUT_S,
             task="check/fit",
