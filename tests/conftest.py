@@ -65,10 +65,13 @@ def problems(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFa
 @pytest.fixture(scope="module")
 def analyses(request: pytest.FixtureRequest, box, problems: dict[str, str]) -> dict[str, dict]:
     """Each problem variant traced on CPU, and each of the module's OTHER_PROBLEMS (name -> path: other
-    families' problems, which its family must not match)."""
+    families' problems, which its family must not match). Traced in the box's judge, as `kb check` does:
+    a candidate's child started before the judge cannot see its draws, and a first gate would start
+    another."""
     others = {name: path.read_text() for name, path in getattr(request.module, "OTHER_PROBLEMS", {}).items()}
+    box.start_judge()
     return {
-        name: box.call(AnalyseRequest(problem_source=src, device="cpu"), timeout_s=120)[0].model_dump()
+        name: box.judge.call(AnalyseRequest(problem_source=src, device="cpu"), timeout_s=120)[0].model_dump()
         for name, src in {**problems, **others}.items()
     }
 
