@@ -10,7 +10,7 @@ import sys
 from tests.runs import interpreter_env
 
 SCRIPT = """
-import inspect, json, sys
+import json
 import torch
 import triton
 import triton.language as tl
@@ -22,9 +22,6 @@ def counted(fn):
     calls.append(fn.__name__)
     return original(fn)
 interpreter._patch_lang = counted
-if sys.argv[1] == "fast":
-    from kernelbrain.child.interpreted import fast_device_calls
-    assert fast_device_calls() and fast_device_calls()  # a second install changes nothing
 
 @triton.jit
 def _twice(v):
@@ -36,33 +33,30 @@ def _kernel(x_ptr, y_ptr, BLOCK: tl.constexpr):
     v = _twice(tl.load(x_ptr + offs))
     tl.store(y_ptr + offs, tl.cumsum(_twice(v), 0))
 
-builtin = tl.load
-x = torch.randn(4, 8)
-y = torch.empty_like(x)
-_kernel[(4,)](x, y, BLOCK=8)
-expected = torch.cumsum(x * 4, dim=1)
-print(json.dumps({
-    "close": bool(torch.allclose(y, expected, atol=1e-5)),
-    "calls": calls,
-    "restored": tl.load is builtin and tl.core.is_builtin(tl.load),
-}))
+def launch():
+    calls.clear()
+    builtin = tl.load
+    x = torch.randn(4, 8)
+    y = torch.empty_like(x)
+    _kernel[(4,)](x, y, BLOCK=8)
+    close = bool(torch.allclose(y, torch.cumsum(x * 4, dim=1), atol=1e-5))
+    restored = tl.load is builtin and tl.core.is_builtin(tl.load)
+    return {"close": close, "calls": list(calls), "restored": restored}
+
+plain = launch()
+from kernelbrain.child.interpreted import fast_device_calls
+assert fast_device_calls() and fast_device_calls()  # a second install changes nothing
+print(json.dumps({"plain": plain, "fast": launch()}))
 """
 
 
-def _run(mode: str) -> dict:
+def test_a_launch_patches_once_and_its_helpers_run_as_before():
     proc = subprocess.run(
-        [sys.executable, "-c", SCRIPT, mode],
-        env=interpreter_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
+        [sys.executable, "-c", SCRIPT], env=interpreter_env(), capture_output=True, text=True, timeout=300
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
-
-
-def test_a_launch_patches_once_and_its_helpers_run_as_before():
-    plain, fast = _run("plain"), _run("fast")
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    plain, fast = out["plain"], out["fast"]
     assert plain["close"] and fast["close"]
     assert plain["restored"] and fast["restored"]
     # per program: the launch's own patch once, then _twice twice and tl.cumsum (Triton's standard module,

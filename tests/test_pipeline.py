@@ -6,12 +6,14 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import pytest
 from kernelbrain.store import EventStore
 
 from kernelbrain.core.policy import POLICY_VERSION
-from tests.invariants import check_run
+from tests.invariants import check_run, read_exec_log
 from tests.kbcli import SOFTMAX, kb, kb_env
 
 
@@ -146,11 +148,53 @@ print('ok')
     assert r.stdout.strip() == "ok", r.stderr
 
 
+def _children_of(root: int) -> set[tuple[int, str]]:
+    """The `kernelbrain.child` processes descending from `root` now, as (pid, start time)."""
+    parents: dict[int, int] = {}
+    found: set[tuple[int, str]] = set()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            cmdline = (entry / "cmdline").read_bytes().split(b"\0")
+        except (OSError, IndexError):
+            continue
+        parents[int(entry.name)] = int(stat[1])
+        if cmdline[1:3] == [b"-m", b"kernelbrain.child"]:  # the child itself, not its wrapper (bwrap)
+            found.add((int(entry.name), stat[19]))
+    mine = set()
+    for pid, start in found:
+        up = parents.get(pid, 0)
+        while up > 1 and up != root:
+            up = parents.get(up, 0)
+        if up == root:
+            mine.add((pid, start))
+    return mine
+
+
 def test_inprocess_mode_reaches_the_same_kind_of_result(tmp_path):
-    db = tmp_path / "kb.db"
-    r = kb("run", str(SOFTMAX), "--db", str(db), "--max-candidates", "2", "--inprocess", "--quiet")
-    assert r.returncode == 0, r.stderr
-    check_run(db, r.stdout.split()[1])
+    """The roles take turns in kb's own process and share two sandboxed children: one for every role's
+    candidates, and the judge (which also traces the analysis), rather than a pair a role."""
+    db, log = tmp_path / "kb.db", tmp_path / "exec.log"
+    args = ["--db", str(db), "--max-candidates", "2", "--inprocess", "--quiet"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "kernelbrain", "run", str(SOFTMAX), *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=kb_env(KB_EXEC_LOG=str(log)),
+    )
+    seen: set[tuple[int, str]] = set()
+    while proc.poll() is None:
+        seen |= _children_of(proc.pid)
+        time.sleep(0.05)
+    out, err = proc.communicate()
+    assert proc.returncode == 0, err
+    check_run(db, out.split()[1], log)
+    ops = [op for _, _, op in read_exec_log(log)]
+    assert ops.count("analyse") == 1 and ops.count("trial") == 2, ops
+    assert len(seen) == 2, f"{len(seen)} sandboxed children started: {sorted(seen)}"
 
 
 def test_events_follow_streams_until_the_run_finishes(tmp_path):
