@@ -2,7 +2,8 @@
 
 Each passes the static check, declares well-formed shape extras (dicts of its own module globals),
 draws the specified inputs at every shape (sized on the meta device, no memory touched) and runs its
-reference at its smoke shape in a fresh interpreter, loaded the way the sandboxed child loads it.
+reference at its smoke shape in a fresh interpreter (one for the six), loaded the way the sandboxed
+child loads it.
 """
 
 from __future__ import annotations
@@ -22,66 +23,75 @@ ROOT = Path(__file__).resolve().parents[1]
 PROBLEMS = ROOT / "benchmarks" / "problems"
 SEEDS = ("softmax", "matvec", "rmsnorm", "linear_relu_div", "sdp_attn", "group_conv")
 
-# run in a fresh interpreter: argv[1] is the problem file; prints one JSON document
+# run in a fresh interpreter: argv[1:] are the problem files; prints a JSON document a file, a line each
 PROBE = r"""
 import json, math, sys, time
 import torch
 from kernelbrain.child.loading import Problem
-
-source = open(sys.argv[1], encoding="utf-8").read()
-p = Problem(source)
-m = p.module
-extras = {"KB_SHAPES": getattr(m, "KB_SHAPES", None), "KB_SMOKE_SHAPE": getattr(m, "KB_SMOKE_SHAPE", None)}
-shapes = extras["KB_SHAPES"] or [{}]
-bad = []
-if not isinstance(shapes, list) or not all(isinstance(s, dict) for s in shapes):
-    bad.append("KB_SHAPES is not a list of dicts")
-elif not isinstance(extras["KB_SMOKE_SHAPE"], dict):
-    bad.append("KB_SMOKE_SHAPE is not a dict")
-else:
-    for s in [*shapes, extras["KB_SMOKE_SHAPE"]]:
-        bad += [f"{k} is not a module global" for k in s if k.startswith("_") or k not in p.base_globals]
 
 
 def describe(xs):
     return [[list(x.shape), str(x.dtype).removeprefix("torch.")] for x in xs if isinstance(x, torch.Tensor)]
 
 
-drawn = [describe(p.inputs(s, 0, "meta")) for s in p.shapes]
-smallest = p.shapes.index(p.smallest())
-smoke = p.ladder_shapes("cpu", "smallest")[0]
-inputs = p.inputs(smoke, 0, "cpu")
-torch.manual_seed(0)
-model = m.Model(*p.init_inputs(smoke)).eval()
-t = time.perf_counter()
-with torch.no_grad():
-    out = model(*inputs)
-ref_s = time.perf_counter() - t
-outs = [out] if isinstance(out, torch.Tensor) else list(out)
-print(json.dumps({
-    "bad": bad,
-    "drawn": drawn,
-    "smallest": smallest,
-    "smoke_inputs": describe(inputs),
-    "smoke_numel": sum(x.numel() for x in inputs if isinstance(x, torch.Tensor)),
-    "outputs": describe(outs),
-    "finite": all(bool(torch.isfinite(o).all()) for o in outs),
-    "ref_s": ref_s,
-}))
+def probe(path):
+    source = open(path, encoding="utf-8").read()
+    p = Problem(source)
+    m = p.module
+    extras = {k: getattr(m, k, None) for k in ("KB_SHAPES", "KB_SMOKE_SHAPE")}
+    shapes = extras["KB_SHAPES"] or [{}]
+    bad = []
+    if not isinstance(shapes, list) or not all(isinstance(s, dict) for s in shapes):
+        bad.append("KB_SHAPES is not a list of dicts")
+    elif not isinstance(extras["KB_SMOKE_SHAPE"], dict):
+        bad.append("KB_SMOKE_SHAPE is not a dict")
+    else:
+        for s in [*shapes, extras["KB_SMOKE_SHAPE"]]:
+            bad += [f"{k} is not a module global" for k in s if k.startswith("_") or k not in p.base_globals]
+    drawn = [describe(p.inputs(s, 0, "meta")) for s in p.shapes]
+    smallest = p.shapes.index(p.smallest())
+    smoke = p.ladder_shapes("cpu", "smallest")[0]
+    inputs = p.inputs(smoke, 0, "cpu")
+    torch.manual_seed(0)
+    model = m.Model(*p.init_inputs(smoke)).eval()
+    t = time.perf_counter()
+    with torch.no_grad():
+        out = model(*inputs)
+    ref_s = time.perf_counter() - t
+    outs = [out] if isinstance(out, torch.Tensor) else list(out)
+    return {
+        "bad": bad,
+        "drawn": drawn,
+        "smallest": smallest,
+        "smoke_inputs": describe(inputs),
+        "smoke_numel": sum(x.numel() for x in inputs if isinstance(x, torch.Tensor)),
+        "outputs": describe(outs),
+        "finite": all(bool(torch.isfinite(o).all()) for o in outs),
+        "ref_s": ref_s,
+    }
+
+
+for path in sys.argv[1:]:
+    print(json.dumps(probe(path)))
 """
 
 
 @functools.cache
-def probe(name: str) -> dict:
+def probed() -> dict[str, dict]:
+    """Every seed problem through PROBE, in one interpreter (torch imports once)."""
     r = subprocess.run(
-        [sys.executable, "-c", PROBE, str(PROBLEMS / f"{name}.py")],
+        [sys.executable, "-c", PROBE, *(str(PROBLEMS / f"{name}.py") for name in SEEDS)],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=300,
         env={**os.environ, "PYTHONPATH": str(ROOT)},
     )
     assert r.returncode == 0, r.stderr
-    return json.loads(r.stdout.splitlines()[-1])
+    return dict(zip(SEEDS, (json.loads(line) for line in r.stdout.splitlines()[-len(SEEDS) :]), strict=True))
+
+
+def probe(name: str) -> dict:
+    return probed()[name]
 
 
 def test_the_six_seed_problems_are_there():
