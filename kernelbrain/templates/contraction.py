@@ -46,6 +46,18 @@ from typing import Any
 
 from kernelbrain.core.graph import INPUT, PARAM, Graph, Meta, Node
 from kernelbrain.templates import gemm_epilogue, model_source, pointwise, tail
+from kernelbrain.templates.contraction_axes import (
+    SAME,
+    VIEWS,
+    Atom,
+    Atoms,
+    Axes,
+    NotContraction,
+    batch_pieces,
+    operand_axes,
+    operand_plan,
+    view_axes,
+)
 from kernelbrain.templates.render import chain, constants, module, parts
 
 FAMILY = "contraction"
@@ -186,157 +198,10 @@ def feasible(spec: dict, knobs: dict[str, Any]) -> bool:
 # --- the graph ---------------------------------------------------------------------------------------
 
 CONTRACTIONS = {"aten.mm.default", "aten.addmm.default", "aten.bmm.default"}
-_REGROUPS = {"aten.view.default", "aten._unsafe_view.default", "aten.reshape.default"}
-_SAME = {"aten.clone.default", "aten.contiguous.default", "aten.alias.default", "aten.detach.default",
-         "aten.lift_fresh.default"}  # fmt: skip
-_PERMUTES = {"aten.t.default", "aten.transpose.int", "aten.permute.default"}
-_SQUEEZES = {"aten.squeeze.dim", "aten.squeeze.dims", "aten.squeeze.default", "aten.unsqueeze.default"}
-VIEWS = _REGROUPS | _SAME | _PERMUTES | _SQUEEZES | {"aten.expand.default"}
+
 # triu/tril (and their in-place forms) on the last two axes -> whether they keep the upper triangle
 TRIANGLES = {"aten.triu.default": True, "aten.triu_.default": True, "aten.tril.default": False,
              "aten.tril_.default": False}  # fmt: skip
-
-Atom = tuple[int, int]  # (source node, dim); (-1, size): a broadcast
-Axes = list[tuple[Atom, ...]]  # each axis: the atoms it merges, in row-major order (none: size 1)
-
-
-class NotContraction(ValueError):
-    """What the graph holds that this family cannot compose (named in the refusal)."""
-
-
-class _Atoms:
-    """Sizes of atoms, from the sources' traced shapes."""
-
-    def __init__(self, graph: Graph) -> None:
-        self.graph = graph
-
-    def size(self, atom: Atom) -> int:
-        return atom[1] if atom[0] < 0 else self.graph.nodes[atom[0]].outs[0].shape[atom[1]]
-
-    def axis(self, axis: tuple[Atom, ...]) -> int:
-        return math.prod(self.size(a) for a in axis)
-
-
-def _dim(d: int, rank: int) -> int:
-    return d + rank if d < 0 else d
-
-
-def _regroup(sizes: _Atoms, axes: Axes, shape: list[int], op: str) -> Axes:
-    """A view's axes: the atoms in row-major order cut into runs of the view's sizes (an atom of size 1
-    dropped: it changes no element's place); NotContraction where a size would split an atom."""
-    atoms = [a for axis in axes for a in axis if sizes.size(a) != 1]
-    out: Axes = []
-    at = 0
-    for want in shape:
-        run: list[Atom] = []
-        while math.prod(sizes.size(a) for a in run) < want and at < len(atoms):
-            run.append(atoms[at])
-            at += 1
-        if math.prod(sizes.size(a) for a in run) != want:
-            raise NotContraction(f"{op} splitting a dim")
-        out.append(tuple(run))
-    if at != len(atoms):
-        raise NotContraction(f"{op} splitting a dim")
-    return out
-
-
-def _view(sizes: _Atoms, node: Node, axes: Axes) -> Axes:
-    """The axes of a view op's result from its input's."""
-    op, a, rank = node.op, node.args, len(axes)
-    if op in _SAME:
-        return axes
-    if op in _REGROUPS:
-        return _regroup(sizes, axes, node.outs[0].shape, op)
-    if op == "aten.t.default":
-        return axes[::-1]
-    if op == "aten.transpose.int":
-        d0, d1 = _dim(int(a["dim0"]), rank), _dim(int(a["dim1"]), rank)
-        out = list(axes)
-        out[d0], out[d1] = axes[d1], axes[d0]
-        return out
-    if op == "aten.permute.default":
-        return [axes[_dim(int(d), rank)] for d in a["dims"]]
-    if op == "aten.unsqueeze.default":
-        out = list(axes)
-        out.insert(_dim(int(a["dim"]), rank + 1), ())
-        return out
-    if op in _SQUEEZES:  # squeeze: the axes of size 1 among those named go
-        dims = a.get("dim", a.get("dims"))
-        named = (
-            range(rank)
-            if dims is None
-            else [_dim(int(d), rank) for d in ([dims] if isinstance(dims, int) else dims)]
-        )
-        return [ax for i, ax in enumerate(axes) if not (i in named and sizes.axis(ax) == 1)]
-    if op == "aten.expand.default":
-        shape = [int(s) for s in a["size"]]
-        new = len(shape) - rank
-        out = [((-1, s),) if s > 1 else () for s in shape[:new]]
-        for ax, s in zip(axes, shape[new:], strict=True):
-            out.append(ax if s in (-1, sizes.axis(ax)) else ((-1, s),))
-        return out
-    raise NotContraction(op)
-
-
-def _operand(graph: Graph, sizes: _Atoms, value: Any, sources: dict[int, int]) -> Axes:
-    """The axes of a contraction's operand, followed through its views back to a forward input or a
-    parameter (recorded in `sources`, node -> position)."""
-    ref = graph.ref(value)
-    if ref is None:
-        raise NotContraction("an operand that is not a tensor")
-    node = graph.nodes[ref[0]]
-    if node.op in (INPUT, PARAM):
-        if node.outs[0].dtype not in pointwise.FLOATS:
-            raise NotContraction(f"an operand of {node.outs[0].dtype}")
-        sources.setdefault(ref[0], len(sources))
-        return [((ref[0], d),) for d in range(len(node.outs[0].shape))]
-    if node.op not in VIEWS:
-        raise NotContraction(f"an operand produced by {node.op}")
-    return _view(sizes, node, _operand(graph, sizes, node.args.get("self"), sources))
-
-
-def _pieces(
-    sizes: _Atoms, a: tuple[Atom, ...], b: tuple[Atom, ...]
-) -> list[tuple[tuple[Atom, ...], tuple[Atom, ...]]]:
-    """The batch axis of both operands cut where both have an atom boundary: each piece a run of source
-    dims on each side, or one broadcast atom on one side."""
-    out: list[tuple[tuple[Atom, ...], tuple[Atom, ...]]] = []
-    i = j = 0
-    while i < len(a) or j < len(b):
-        ra: list[Atom] = []
-        rb: list[Atom] = []
-        while True:
-            pa = math.prod(sizes.size(x) for x in ra)
-            pb = math.prod(sizes.size(x) for x in rb)
-            if ra and rb and pa == pb:
-                break
-            if (pa <= pb or j == len(b)) and i < len(a):
-                ra.append(a[i])
-                i += 1
-            elif j < len(b):
-                rb.append(b[j])
-                j += 1
-            else:
-                raise NotContraction("batch dims of the operands that do not align")
-        for run in (ra, rb):
-            if any(x[0] < 0 for x in run) and len(run) > 1:
-                raise NotContraction("a batch broadcast that does not align with the other operand's dims")
-        if ra[0][0] < 0 and rb[0][0] < 0:
-            raise NotContraction("a batch dim both operands broadcast")
-        out.append((tuple(ra), tuple(rb)))
-    return out
-
-
-def _plan(atoms: list[tuple[Atom, ...] | None], sources: dict[int, int], rank: dict[int, int]) -> list[Any]:
-    """(source, order, groups) for contraction_parts._operand: the source dims in the order the logical
-    dims take them (the rest, of size 1, after them), each logical dim's dims or None (broadcast)."""
-    src = next(a[0] for run in atoms if run for a in run if a[0] >= 0)
-    groups = [None if run and run[0][0] < 0 else [d for s, d in run if s == src] for run in atoms]
-    if any(s not in (src, -1) for run in atoms if run for s, _ in run):
-        raise NotContraction("an operand made of two tensors")
-    used = [d for g in groups if g for d in g]
-    order = used + [d for d in range(rank[src]) if d not in used]
-    return [sources[src], order, groups]
 
 
 def compose(graph: Graph) -> dict:
@@ -360,20 +225,20 @@ def compose(graph: Graph) -> dict:
         graph.unsized(view_sizes)
     except ValueError as e:
         raise NotContraction(str(e)) from None
-    sizes = _Atoms(graph)
+    sizes = Atoms(graph)
     sources: dict[int, int] = {}
     first, second = ("mat1", "mat2") if node.op == "aten.addmm.default" else ("self", "mat2")
-    a = _operand(graph, sizes, node.args[first], sources)
-    b = _operand(graph, sizes, node.args[second], sources)
-    pieces = _pieces(sizes, a[0], b[0]) if len(a) == 3 else []
+    a = operand_axes(graph, sizes, node.args[first], sources)
+    b = operand_axes(graph, sizes, node.args[second], sources)
+    pieces = batch_pieces(sizes, a[0], b[0]) if len(a) == 3 else []
     if len(pieces) > MAX_PIECES:
         raise NotContraction(f"{len(pieces)} batch dims")
     for what, run in (("rows", a[-2]), ("reduced dims", a[-1]), ("reduced dims", b[-2]), ("columns", b[-1])):
         if any(x[0] < 0 for x in run):
             raise NotContraction(f"a broadcast along the contraction's {what}")
     rank = {s: len(graph.nodes[s].outs[0].shape) for s in sources}
-    a_plan = _plan([pa for pa, _ in pieces] + [a[-2], a[-1]], sources, rank)
-    b_plan = _plan([pb for _, pb in pieces] + [b[-2], b[-1]], sources, rank)
+    a_plan = operand_plan([pa for pa, _ in pieces] + [a[-2], a[-1]], sources, rank)
+    b_plan = operand_plan([pb for _, pb in pieces] + [b[-2], b[-1]], sources, rank)
     batch_atoms = [pa if pa[0][0] >= 0 else pb for pa, pb in pieces]
     result: Axes = [tuple(x) for x in batch_atoms] + [a[-2], b[-1]]
     flat = [x for ax in result for x in ax if sizes.size(x) != 1]
@@ -431,7 +296,7 @@ def _meet(x: Band, lo: int | None, hi: int | None) -> Band:
     return None if lo is not None and hi is not None and lo > hi else (lo, hi)
 
 
-def _triangle_rows(sizes: _Atoms, axes: Axes, result: Axes, op: str) -> list[Atom]:
+def _triangle_rows(sizes: Atoms, axes: Axes, result: Axes, op: str) -> list[Atom]:
     """The row atoms of a triu/tril's second-last axis: a trailing run of the contraction's rows (a
     batch matmul folded into one mm repeats its rows per batch element: the triangle's row is the row
     modulo their size); its last axis must be the contraction's columns."""
@@ -448,7 +313,7 @@ def _triangle_rows(sizes: _Atoms, axes: Axes, result: Axes, op: str) -> list[Ato
 
 
 def _epilogue(
-    graph: Graph, sizes: _Atoms, at: int, result: Axes, flat: list[Atom], sources: dict[int, int]
+    graph: Graph, sizes: Atoms, at: int, result: Axes, flat: list[Atom], sources: dict[int, int]
 ) -> dict:
     """The chain after the contraction as templates/pointwise composes it (the contraction's value v0,
     the tensors it meets v1..v3), the output's axes, each extra tensor with the axes it meets at, and
@@ -473,7 +338,7 @@ def _epilogue(
 
     def extra(ref: tuple[int, int], axes: Axes) -> list[int]:
         src = graph.nodes[ref[0]]
-        while src.op in _SAME:  # a clone or detach of a source reads as the source
+        while src.op in SAME:  # a clone or detach of a source reads as the source
             ref = graph.ref(src.args["self"])
             src = graph.nodes[ref[0]]
         if src.op not in (INPUT, PARAM):
@@ -520,7 +385,7 @@ def _epilogue(
             continue  # a view of an extra tensor, read where it is used
         first = mine[0]
         if n.op in VIEWS:
-            axes = _view(sizes, n, axes_of[first])
+            axes = view_axes(sizes, n, axes_of[first])
             if [x for ax in axes for x in ax if sizes.size(x) != 1] != flat:
                 raise NotContraction(f"{n.op} reordering the contraction's result")
             axes_of[(j, 0)], moved[(j, 0)], band[(j, 0)] = axes, moved[first], band[first]
