@@ -288,15 +288,10 @@ def compose(graph: Graph) -> dict:
         raise NotConv("a transposed convolution")
     if isinstance(a.get("padding"), str):
         raise NotConv(f"padding {a['padding']!r} as a string")
-    src = graph.ref(a["input"])
-    while src is not None and graph.nodes[src[0]].op in pointwise.PASS_THROUGH:
-        src = graph.ref(graph.nodes[src[0]].args["self"])
-    before = None
-    if src is not None and graph.nodes[src[0]].op not in (INPUT, PARAM):  # launches that make the input
-        try:
-            graph, before = tail.prelude(graph, src, VIEWS, "convolution")
-        except tail.NotTail as e:
-            raise NotConv(str(e)) from None
+    try:  # launches that make the input, where no forward input or parameter is it
+        graph, src, before = tail.input_prelude(graph, a["input"], VIEWS, "convolution")
+    except tail.NotTail as e:
+        raise NotConv(str(e)) from None
     try:  # the groups are read from the shapes at each call (a depthwise conv's follow its channels)
         graph.unsized({(at, "groups")})
     except ValueError as e:

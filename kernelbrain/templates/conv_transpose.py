@@ -87,7 +87,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kernelbrain.core.graph import INPUT, PARAM, Graph
+from kernelbrain.core.graph import INPUT, Graph
 from kernelbrain.templates import conv, model_source, pointwise, tail
 from kernelbrain.templates.render import chain, constants, module, parts
 
@@ -381,15 +381,10 @@ def compose(graph: Graph) -> dict:
         graph, rest = tail.head_and_tail(graph, at, VIEWS, "transposed convolution")
     except tail.NotTail as e:
         raise NotConvTranspose(str(e)) from None
-    src = graph.ref(a["input"])
-    while src is not None and graph.nodes[src[0]].op in pointwise.PASS_THROUGH:
-        src = graph.ref(graph.nodes[src[0]].args["self"])
-    before = None
-    if src is not None and graph.nodes[src[0]].op not in (INPUT, PARAM):  # launches that make the input
-        try:
-            graph, before = tail.prelude(graph, src, VIEWS, "transposed convolution")
-        except tail.NotTail as e:
-            raise NotConvTranspose(str(e)) from None
+    try:  # launches that make the input, where no forward input or parameter is it
+        graph, src, before = tail.input_prelude(graph, a["input"], VIEWS, "transposed convolution")
+    except tail.NotTail as e:
+        raise NotConvTranspose(str(e)) from None
     try:  # groups, stride, ... are kept as constants: none may have been computed from a size
         graph.unsized()
     except ValueError as e:

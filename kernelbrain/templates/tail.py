@@ -452,6 +452,21 @@ def prelude(graph: Graph, value: tuple[int, int], views: Collection[str], before
     return replaced, {**composed, "input": int(graph.nodes[first].args["index"]), "at": at}
 
 
+def input_prelude(
+    graph: Graph, value: Any, views: Collection[str], before: str
+) -> tuple[Graph, tuple[int, int] | None, dict | None]:
+    """A compute-bound op's input `value` followed back through pass-through views to what makes it:
+    (the graph, that source, None) where a forward input or a parameter does, else the source made an
+    INPUT of the graph by `prelude`, with the prelude's launches. Raises NotTail."""
+    src = graph.ref(value)
+    while src is not None and graph.nodes[src[0]].op in pointwise.PASS_THROUGH:
+        src = graph.ref(graph.nodes[src[0]].args["self"])
+    if src is None or graph.nodes[src[0]].op in (INPUT, PARAM):
+        return graph, src, None
+    graph, made = prelude(graph, src, views, before)
+    return graph, src, made
+
+
 PRELUDE = "kb_x"  # what forward names the prelude's value
 
 
