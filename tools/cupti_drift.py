@@ -15,7 +15,8 @@ import time
 
 import torch
 
-from kernelbrain.child.launches import prepare, record_kernels
+from kernelbrain.child.guard import prepare_profiler
+from kernelbrain.child.launches import record_kernels
 from kernelbrain.child.timing import Timer
 
 
@@ -37,7 +38,7 @@ def main() -> None:
     rows["clean_us"] = timed() * 1e6
     if args.prepare:
         t = time.perf_counter()
-        prepare()
+        prepare_profiler()
         rows["prepare_s"] = time.perf_counter() - t
         rows["after_prepare_us"] = timed() * 1e6
     after, cost = [], []
