@@ -36,7 +36,7 @@ from kernelbrain.runtime.roles import ROLES
 from kernelbrain.runtime.sandbox import Sandbox
 from kernelbrain.runtime.worker import Worker
 from kernelbrain.store import Store, open_store
-from kernelbrain.store.location import is_url
+from kernelbrain.store.urls import is_url
 
 MAX_RESTARTS = 5
 
