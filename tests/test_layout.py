@@ -222,13 +222,34 @@ def test_the_child_is_imported_by_nothing_else_in_kb() -> None:
     assert not bad, "\n".join(bad)
 
 
-def test_nothing_imports_the_experiments() -> None:
-    """experiments/ holds one-off probes: the product, its tests and its tools never depend on them."""
+def test_nothing_depends_on_the_experiments() -> None:
+    """experiments/ holds one-off probes: the product, its tests and its tools never import one (as
+    `experiments.x`, or by its script's name on sys.path, or as the tool it once was), and no tool runs
+    one."""
+    probes = {p.stem for p in (ROOT / "experiments").glob("*.py")}
     bad = [
         f"{p.relative_to(ROOT)}:{line}: imports {name}"
         for p in python_files(CHECKED)
-        for line, name in imports_of(p).modules
-        if name == "experiments" or name.startswith("experiments.")
+        for line, name in imports_of(p).executed + imports_of(p).modules
+        if (parts := name.split("."))[0] in ("experiments", *probes)
+        or (parts[0] == "tools" and len(parts) > 1 and parts[1] in probes)
+    ]
+    bad += [
+        f"{p.relative_to(ROOT)}: names experiments/"
+        for p in sorted((ROOT / "tools").rglob("*"))
+        if p.is_file() and "__pycache__" not in p.parts and "experiments/" in p.read_text(encoding="utf-8")
+    ]
+    assert not bad, "\n".join(bad)
+
+
+def test_every_tool_imported_is_in_tools() -> None:
+    """A tool moved or removed leaves no import of it behind, in the tree or in experiments/."""
+    tools = {p.stem for p in (ROOT / "tools").glob("*.py")}
+    bad = [
+        f"{p.relative_to(ROOT)}:{line}: imports {name}"
+        for p in python_files([*CHECKED, ROOT / "experiments"])
+        for line, name in imports_of(p).executed
+        if (parts := name.split("."))[0] == "tools" and len(parts) > 1 and parts[1] not in tools
     ]
     assert not bad, "\n".join(bad)
 

@@ -2,7 +2,7 @@
 (matvec's reference) timed as kb's bench times it, before any profiler session and after each of N
 sessions of `launches.record_kernels`, in this process; and what one session costs.
 
-    python3 tools/cupti_drift.py [--sessions 10]   (TEARDOWN_CUPTI=1 in the environment to compare)
+    python3 experiments/cupti_drift.py [--sessions 10]   (TEARDOWN_CUPTI=1 in the environment to compare)
 """
 
 from __future__ import annotations
