@@ -8,6 +8,7 @@ MAX_LINES. And the wheel installs kb under its own name only."""
 from __future__ import annotations
 
 import ast
+import hashlib
 import os
 import shutil
 import subprocess
@@ -51,6 +52,8 @@ KNOWN_TEMPLATE_CYCLES = [
     ("kernelbrain.templates.conv", "kernelbrain.templates.tail", "kernelbrain.templates.tail_render"),
 ]
 PROCESS_MODULES = {"subprocess", "multiprocessing", "threading", "signal"}
+RESULTS = ROOT / "benchmarks" / "results"
+RESULTS_LIMIT = 5_000_000  # bytes: the current result set only; older sets stay in git history
 
 
 def module_name(path: Path) -> str:
@@ -331,6 +334,25 @@ def test_the_checks_see_a_violation() -> None:
     assert cycles(graph) == [("a", "b", "c")]
     assert module_name(ROOT / "store" / "driver.py") == "kernelbrain.store.driver"
     assert module_name(ROOT / "migrations" / "__init__.py") == "kernelbrain.store.migrations"
+
+
+def test_the_results_hold_one_result_set() -> None:
+    """benchmarks/results/ holds the current result set only (RESULTS.md says where the older ones are
+    in git history), and no file there is also a test fixture: a recorded database is tracked once."""
+    files = [p for p in RESULTS.rglob("*") if p.is_file()]
+    size = sum(p.stat().st_size for p in files)
+    assert size < RESULTS_LIMIT, f"benchmarks/results holds {size} bytes: move superseded sets out"
+
+    def digests(paths: list[Path]) -> dict[str, Path]:
+        return {hashlib.sha256(p.read_bytes()).hexdigest(): p for p in paths}
+
+    fixtures = digests([p for p in (ROOT / "tests" / "fixtures").rglob("*") if p.is_file()])
+    twice = [
+        f"{p.relative_to(ROOT)} = {fixtures[h].relative_to(ROOT)}"
+        for h, p in digests(files).items()
+        if h in fixtures
+    ]
+    assert not twice, "tracked twice (keep the fixture, point at it):\n" + "\n".join(twice)
 
 
 def test_no_module_is_past_the_size_limit() -> None:
