@@ -10,6 +10,7 @@ from __future__ import annotations
 import ast
 import hashlib
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -362,6 +363,44 @@ def test_no_module_is_past_the_size_limit() -> None:
         if (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_LINES
     }
     assert not big, f"modules over {MAX_LINES} lines (split them by what they hold): {big}"
+
+
+# declared dependencies kb's code uses without importing them, and how
+USED_WITHOUT_IMPORT = {"numpy": "torch's Tensor.numpy() (child/tensorfile.py) and Triton's interpreter"}
+
+
+def requirements() -> dict[str, list[tuple[str, bool]]]:
+    """pyproject's `dependencies` and `dev` extra: (distribution name, whether a comment states its
+    reason, on its line or the ones just above it)."""
+    lines = (ROOT / "pyproject.toml").read_text(encoding="utf-8").splitlines()
+    found: dict[str, list[tuple[str, bool]]] = {"dependencies": [], "dev": []}
+    section = None
+    for i, line in enumerate(lines):
+        head = line.split("=")[0].strip()
+        if head in found and line.rstrip().endswith("["):
+            section = head
+        elif section and line.strip() == "]":
+            section = None
+        elif section and (m := re.match(r'\s*"([A-Za-z0-9_.-]+)', line)):
+            reason = "#" in line.split('",')[-1] or lines[i - 1].strip().startswith("#")
+            found[section].append((m.group(1), reason))
+    return found
+
+
+def test_every_dependency_has_a_reason_and_a_use() -> None:
+    """Every declared dependency says why kb has it, and each of `dependencies` is imported by kb's code
+    (or named in USED_WITHOUT_IMPORT): one never imported is removed."""
+    declared = requirements()
+    assert declared["dependencies"] and declared["dev"]
+    silent = [name for names in declared.values() for name, reason in names if not reason]
+    assert not silent, f"dependencies with no comment saying why: {silent}"
+    imported = {name.split(".")[0] for p in python_files(PRODUCT) for _, name in imports_of(p).executed}
+    unused = [
+        name
+        for name, _ in declared["dependencies"]
+        if name.lower().replace("-", "_") not in imported and name not in USED_WITHOUT_IMPORT
+    ]
+    assert not unused, f"declared but never imported by kernelbrain/ or store/: {unused}"
 
 
 def test_the_wheel_installs_nothing_but_kernelbrain(tmp_path: Path) -> None:
