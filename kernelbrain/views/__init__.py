@@ -1,2 +1,2 @@
-"""What kb makes of a recorded run, read from its log: report, progress, audit, describe, export, replay,
-doctor; and transfer, the run copied to another store and verified there by replay."""
+"""What kb shows of a recorded run, and its copy to another store: report, progress, audit, describe,
+export, replay, doctor; transfer (`kb db copy`, verified by replay)."""
