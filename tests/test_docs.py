@@ -223,6 +223,28 @@ def test_write_refreshes_a_stale_source_tree_and_keeps_the_rest(tmp_path):
     assert (doc.read_text(encoding="utf-8"), readme.read_text(encoding="utf-8")) == originals
 
 
+def test_every_script_of_tools_and_experiments_named_exists():
+    """A tool moved to experiments/ (or gone) leaves no stale path in the docs, tests, tools or code.
+    Result records under benchmarks/results/ may name a script where it was then."""
+    script = re.compile(r"(?<![\w/])(?:tools|experiments)/\w+\.(?:py|sh)\b")
+    named = [
+        *DOCS,
+        *(
+            p
+            for d in ("tests", "tools", "experiments", "kernelbrain", "store")
+            for p in (ROOT / d).rglob("*")
+        ),
+    ]
+    stale = [
+        f"{p.relative_to(ROOT)}: {m}"
+        for p in named
+        if p.is_file() and p.suffix in (".md", ".py", ".sh")
+        for m in script.findall(p.read_text(encoding="utf-8"))
+        if not (ROOT / m).exists() and m != "tools/x.py"  # device_env.sh's example of a tool
+    ]
+    assert not stale, "\n".join(stale)
+
+
 @pytest.mark.parametrize("path", DOCS, ids=lambda p: p.name)
 def test_every_kb_command_and_flag_shown_exists(path):
     calls = kb_invocations(path.read_text(encoding="utf-8"))
