@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import ast
 import re
+import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -110,6 +111,11 @@ def folders() -> list[Path]:
     return found
 
 
+def _holds_files(folder: Path) -> bool:
+    """Whether a folder holds a file of its own: a checkout's leftover with bytecode only does not."""
+    return any(f.is_file() for f in folder.rglob("*") if "__pycache__" not in f.parts)
+
+
 def members(folder: Path) -> list[str]:
     """A package's modules and other files, and the folders in it that are no package."""
     files = [
@@ -120,7 +126,7 @@ def members(folder: Path) -> list[str]:
     plain = [
         f"{p.name}/"
         for p in folder.iterdir()
-        if p.is_dir() and p.name != "__pycache__" and not (p / "__init__.py").exists()
+        if p.is_dir() and not (p / "__init__.py").exists() and _holds_files(p)
     ]
     return sorted(files) + sorted(plain)
 
@@ -133,12 +139,27 @@ def describe(folder: Path) -> str:
     return summary(doc)
 
 
+def top_folders() -> list[str]:
+    """The top-level folders git tracks files in; without git, those on disk that git would not ignore."""
+    try:
+        tracked = subprocess.run(
+            ["git", "-C", str(ROOT), "ls-files", "-z"], capture_output=True, check=True, timeout=60
+        ).stdout.decode()
+    except (OSError, subprocess.SubprocessError):
+        ignored = ("build", "dist")
+        return sorted(
+            p.name
+            for p in ROOT.iterdir()
+            if p.is_dir()
+            and not p.name.startswith((".", "_"))
+            and not p.name.endswith(".egg-info")
+            and p.name not in ignored
+        )
+    return sorted({f.split("/")[0] for f in tracked.split("\0") if "/" in f and not f.startswith(".")})
+
+
 def others() -> list[str]:
-    tops = sorted(
-        p.name
-        for p in ROOT.iterdir()
-        if p.is_dir() and not p.name.startswith((".", "_")) and not p.name.endswith(".egg-info")
-    )
+    tops = top_folders()
     unknown = [t for t in tops if t not in PRODUCT and t not in OTHERS]
     if unknown:
         raise TreeError(f"top-level folders with no entry in tools/source_tree.py's OTHERS: {unknown}")
