@@ -12,10 +12,11 @@ from kernelbrain.store.errors import (
     StoreError,
     StoreUnavailable,
 )
-from kernelbrain.store.location import mask, open_store
+from kernelbrain.store.location import open_store
 from kernelbrain.store.projection import Projection
 from kernelbrain.store.records import Lease, NewEvent, StoredEvent
 from kernelbrain.store.sqlite import EventStore
+from kernelbrain.store.urls import mask
 
 __all__ = [
     "CorruptDatabase",

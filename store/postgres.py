@@ -59,9 +59,9 @@ from kernelbrain.store.base import (
     stored_from_insert,
 )
 from kernelbrain.store.errors import StoreError, StoreUnavailable
-from kernelbrain.store.location import mask, scrub
 from kernelbrain.store.projection import Projection
 from kernelbrain.store.records import Lease, NewEvent, StoredEvent
+from kernelbrain.store.urls import mask, scrub
 from psycopg import errors
 from psycopg_pool import ConnectionPool, PoolClosed
 

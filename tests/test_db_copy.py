@@ -19,8 +19,8 @@ from kernelbrain.core.events import Event, RunCopied, RunFinished, RunResumed
 from kernelbrain.core.policy import decision_key, policy_for
 from kernelbrain.core.state import RunState
 from kernelbrain.runtime.runner import prepare_resume
-from kernelbrain.runtime.transfer import copy_run
 from kernelbrain.views.replay import replay
+from kernelbrain.views.transfer import copy_run
 from tests.kbcli import SOFTMAX, kb
 from tests.runs import SyntheticRun
 

@@ -1,5 +1,7 @@
 """The documentation cannot drift from the code: the event catalogue in docs/architecture.md is what
-tools/event_catalogue.py prints from the models; every `kb` command and flag the docs show exists;
+tools/event_catalogue.py prints from the models; the source tree there and in README.md is what
+tools/source_tree.py prints from the tree, with every module and folder; every `kb` command and flag the
+docs show exists;
 every option of every command is documented in docs/configuration.md; every KB_* variable named is
 read by the code; and the README's test command is the one .ci/run runs."""
 
@@ -15,6 +17,7 @@ import pytest
 from kernelbrain.cli import main as kb_cli
 from kernelbrain.core import events
 from tools import event_catalogue as ec
+from tools import source_tree as st
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -150,6 +153,98 @@ def test_write_refreshes_a_stale_catalogue_and_keeps_the_rest(tmp_path):
     doc.write_text(stale, encoding="utf-8")
     ec.write(doc)
     assert doc.read_text(encoding="utf-8") == original
+
+
+def test_the_source_tree_in_the_docs_is_the_one_the_tree_gives():
+    stale = "run `python tools/source_tree.py --write`"
+    assert st.embedded(st.DOC.read_text(encoding="utf-8")) == st.layout(), f"architecture.md: {stale}"
+    assert st.embedded(st.README.read_text(encoding="utf-8"), st.README) == st.layout(short=True), (
+        f"README.md: {stale}"
+    )
+
+
+def _tree_entries(text: str) -> dict[str, list[str]]:
+    """folder path -> the words of its entry, read back from the layout by indentation."""
+    entries: dict[str, list[str]] = {}
+    path: list[str] = []
+    for line in text.splitlines()[1:-1]:
+        head = line[: st.COLUMN].rstrip()
+        if head.strip():
+            depth = (len(head) - len(head.lstrip())) // 2
+            path = [*path[:depth], head.strip().rstrip("/")]
+            entries["/".join(path)] = []
+        entries["/".join(path)] += line[st.COLUMN :].split()
+    return entries
+
+
+def test_every_module_and_folder_of_the_package_is_in_the_source_tree():
+    """Read from the tree apart from the generator: every module, data file and folder under
+    kernelbrain/, store/ and migrations/ is named in its folder's entry in docs/architecture.md."""
+    entries = _tree_entries(st.embedded(st.DOC.read_text(encoding="utf-8")))
+    missing = []
+    for top in ("kernelbrain", "store", "migrations"):
+        for p in sorted((ROOT / top).rglob("*")):
+            if p.name.startswith(".") or p.suffix == ".pyc" or p.name in ("__init__.py", "__pycache__"):
+                continue
+            if not (p.parent / "__init__.py").exists():
+                continue  # a folder that is no package (migrations/postgres/) is named, not its files
+            folder = p.parent.relative_to(ROOT).as_posix()
+            if p.is_dir() and (p / "__init__.py").exists():
+                if p.relative_to(ROOT).as_posix() not in entries:
+                    missing.append(f"{p.relative_to(ROOT)}/ (no entry)")
+            elif p.is_dir() and not any(f.is_file() for f in p.rglob("*") if "__pycache__" not in f.parts):
+                continue  # a leftover of a move, bytecode only
+            elif (p.name + "/" if p.is_dir() else p.name) not in entries.get(folder, []):
+                missing.append(str(p.relative_to(ROOT)))
+    assert not missing, f"missing from docs/architecture.md's source tree: {missing}"
+    assert entries["kernelbrain/child"][:2] == ["Runs", "inside"]
+    assert "runs" in entries["kernelbrain/runtime/roles"] and "worker.py" in entries["kernelbrain/runtime"]
+
+
+def test_a_folder_says_what_lives_there_in_a_sentence_or_a_clause():
+    assert st.summary("Candidate generators. `get(name)` builds one.\n\nMore.") == (
+        "Candidate generators. `get(name)` builds one."
+    )
+    long = (
+        "Pooling: max and average over axes (" + "x, " * 60 + "y), with stride, padding and more words. Next."
+    )
+    assert st.summary(long) == "Pooling: max and average over axes."
+    assert len(st.summary("word, " * 80 + "end.")) <= st.LONGEST + 1
+
+
+def test_write_refreshes_a_stale_source_tree_and_keeps_the_rest(tmp_path):
+    doc, readme = tmp_path / "architecture.md", tmp_path / "README.md"
+    shutil.copy(st.DOC, doc)
+    shutil.copy(st.README, readme)
+    originals = doc.read_text(encoding="utf-8"), readme.read_text(encoding="utf-8")
+    for path in (doc, readme):
+        stale = path.read_text(encoding="utf-8").replace("  views/", "  viewz/")
+        assert stale != path.read_text(encoding="utf-8")
+        path.write_text(stale, encoding="utf-8")
+    st.write(doc, readme)
+    assert (doc.read_text(encoding="utf-8"), readme.read_text(encoding="utf-8")) == originals
+
+
+def test_every_script_of_tools_and_experiments_named_exists():
+    """A tool moved to experiments/ (or gone) leaves no stale path in the docs, tests, tools or code.
+    Result records under benchmarks/results/ may name a script where it was then."""
+    script = re.compile(r"(?<![\w/])(?:tools|experiments)/\w+\.(?:py|sh)\b")
+    named = [
+        *DOCS,
+        *(
+            p
+            for d in ("tests", "tools", "experiments", "kernelbrain", "store")
+            for p in (ROOT / d).rglob("*")
+        ),
+    ]
+    stale = [
+        f"{p.relative_to(ROOT)}: {m}"
+        for p in named
+        if p.is_file() and p.suffix in (".md", ".py", ".sh")
+        for m in script.findall(p.read_text(encoding="utf-8"))
+        if not (ROOT / m).exists() and m != "tools/x.py"  # device_env.sh's example of a tool
+    ]
+    assert not stale, "\n".join(stale)
 
 
 @pytest.mark.parametrize("path", DOCS, ids=lambda p: p.name)

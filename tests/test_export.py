@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 from kernelbrain.store import EventStore
 
+from kernelbrain.core.errors import RunError
 from kernelbrain.core.events import CandidateProposed
 from kernelbrain.core.protocol import AnalyseRequest
-from kernelbrain.runtime.runner import RunError
 from kernelbrain.views.export import export_source, kernelbench_flags, string_literal
 from tests.kbcli import kb
 from tests.runs import SyntheticRun

@@ -1,6 +1,6 @@
 """tools/h200_measure.py's report phase over the recorded session-4 and session-5 H200 runs
 (tests/fixtures/h200/session4, session5-b50, session5-b80: the databases, compare files and ceilings
-of benchmarks/results/h200/ as measured; session5-b80 is the run benchmarks/results/RESULTS.md reports):
+as measured; session5-b80 is the run benchmarks/results/RESULTS.md reports):
 the verdicts it writes, the ablation's GPU seconds and what they paid for, and where the GPU's idle
 time went, from the real databases and compare files."""
 

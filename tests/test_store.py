@@ -27,8 +27,9 @@ from kernelbrain.store import (
 )
 from kernelbrain.store.base import Store
 from kernelbrain.store.driver import sqlite3
-from kernelbrain.store.location import mask, open_store
+from kernelbrain.store.location import open_store
 from kernelbrain.store.postgres import PostgresStore
+from kernelbrain.store.urls import mask
 
 MIGRATIONS = Path(str(resources.files("kernelbrain.store.migrations")))
 

@@ -35,7 +35,7 @@ END = "<!-- event-catalogue:end -->"
 WRITERS: dict[tuple[str, str], str] = {
     ("runtime.runner", "start_run"): "`kb run`",
     ("runtime.runner", "prepare_resume"): "`kb resume`",
-    ("runtime.transfer", "_mark"): "`kb db copy`",
+    ("views.transfer", "_mark"): "`kb db copy`",
     ("core.policy", "AshaPolicy"): "scheduler",
     ("runtime.roles.generator", "GeneratorRole"): "generator",
     ("runtime.roles.gatekeeper", "GatekeeperRole"): "gatekeeper",

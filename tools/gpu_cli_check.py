@@ -2,7 +2,7 @@
 
 1. `kb doctor --json`: the GPU, driver, torch/triton builds and the ncu counter probe as this machine
    has them (the CPU tests run the probe against recorded ncu output and a permission error).
-2. For every winner recorded in benchmarks/results/h200/session5-b80/ladder/*.db (the ladder arm of
+2. For every winner recorded in tests/fixtures/h200/session5-b80/ladder/*.db (the ladder arm of
    the run benchmarks/results/RESULTS.md reports, one database per seed problem): `kb export` it, then run
    `python kernel.py --all-shapes` on the GPU in a clean environment (no repo on the path, cwd outside
    it): CUDA-event timing, every KB_SHAPES entry, the float64 check. And `--format kernelbench`: load
@@ -29,7 +29,7 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-RECORDED = sorted((ROOT / "benchmarks" / "results" / "h200" / "session5-b80" / "ladder").glob("*.db"))
+RECORDED = sorted((ROOT / "tests" / "fixtures" / "h200" / "session5-b80" / "ladder").glob("*.db"))
 
 
 def kb(*args: str) -> subprocess.CompletedProcess[str]:

@@ -16,7 +16,7 @@ from tools.h200_records import ROOT, dump, load, run_of
 
 def _winner_source(db: Path) -> tuple[str | None, str | None]:
     """The run's winner (or, unfinished, its leader) as the candidate source the run measured."""
-    from kernelbrain.runtime.runner import RunError
+    from kernelbrain.core.errors import RunError
     from kernelbrain.views.export import pick
 
     store, state = run_of(db)

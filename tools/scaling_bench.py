@@ -59,7 +59,7 @@ if str(ROOT) not in sys.path:  # for tools.*; appended, so an installed kb comes
     sys.path.append(str(ROOT))
 
 from kernelbrain.store import mask, open_store  # noqa: E402
-from kernelbrain.store.location import is_url  # noqa: E402
+from kernelbrain.store.urls import is_url  # noqa: E402
 
 from kernelbrain.core.protocol import BenchRequest  # noqa: E402
 from kernelbrain.core.state import RunState  # noqa: E402

@@ -1,7 +1,7 @@
 """Triton's host-side launchers, built where no candidate code runs.
 
 Triton 3.6 builds a small C launcher for each kernel signature with the host's C compiler (0.33 s on the
-H200's host, tools/launcher_probe.py) and keeps it in the Triton cache. Under bubblewrap a gate child's
+H200's host, experiments/launcher_probe.py) and keeps it in the Triton cache. Under bubblewrap a gate child's
 cache is emptied for each candidate (a candidate's entries serve only its own source), so each candidate
 paid for its launcher again. A launcher's code depends on nothing but the signature's argument types:
 the gate child notes the signatures Triton made launchers for, the judge builds those with Triton's own

@@ -122,17 +122,6 @@ def _field(event: Any, attr: str, default: Any = None) -> Any:
     return value() if callable(value) else value
 
 
-def prepare() -> None:
-    """Start the profiler once, before any candidate code runs: its first start imports torch._dynamo,
-    which replaces torch.manual_seed and others as it loads (guard would take that for the candidate's
-    doing), and initialises CUPTI (seconds, outside any timed or checked call)."""
-    from torch.profiler import ProfilerActivity, profile
-
-    for activity in (ProfilerActivity.CPU, ProfilerActivity.CUDA):
-        with profile(activities=[activity]):
-            _SYNC()
-
-
 def record_kernels(fn: Callable[[], Any]) -> list[str]:
     """Run fn() once under the profiler on CUDA; the names of the kernels, memcpys and memsets the device
     ran, in start order. A device record of a kind not known to be bookkeeping is kept: a kernel is never

@@ -57,7 +57,7 @@ _PINNED: list[torch.Tensor] = []  # this process's pinned buffer, made at the fi
 def _pinned() -> torch.Tensor:
     """Page-locked host memory, kept for the process: a copy from or to the device runs at the bus's
     rate there (writing into a fresh mapped file took about twice as long on the H200: every page
-    faulted in, benchmarks/results/gate_cost/session10/)."""
+    faulted in, benchmarks/results/gate_cost/session10/ at 3daad6a)."""
     if not _PINNED:
         _PINNED.append(torch.empty(CHUNK, dtype=torch.uint8, pin_memory=True))
     return _PINNED[0]

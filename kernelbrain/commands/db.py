@@ -22,7 +22,7 @@ def db() -> None:
 def copy(src: str, dst: str, run_id: str, as_json: bool) -> None:
     """Copy RUN_ID from the store SRC to DST (each a SQLite file or postgresql:// URL), with its blobs
     and leases; verify it at DST by replay. Refused when DST holds other events of that run."""
-    from kernelbrain.runtime.transfer import copy_run
+    from kernelbrain.views.transfer import copy_run
 
     with read_store(src) as source, open_store(dst, create=True) as dest:
         report = copy_run(source, dest, run_id)

@@ -12,12 +12,13 @@ import click
 import orjson
 
 from kernelbrain.core import torch_ops
+from kernelbrain.core.errors import RunError
 from kernelbrain.core.events import EventError
 from kernelbrain.core.problem import ProblemError
 from kernelbrain.generators import GenerationError
 from kernelbrain.runtime.check import CandidateFileError
 from kernelbrain.runtime.isolation import IsolationError
-from kernelbrain.runtime.runner import RunError, detect_device
+from kernelbrain.runtime.runner import detect_device
 from kernelbrain.store import Store, StoreError
 from kernelbrain.store import open_store as open_db
 from kernelbrain.views.ending import EXIT_PROBLEM

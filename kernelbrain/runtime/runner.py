@@ -24,6 +24,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
+from kernelbrain.core.errors import RunError
 from kernelbrain.core.events import RunConfig, RunFinished, RungSpec, RunResumed, RunStarted
 from kernelbrain.core.policy import stalled
 from kernelbrain.core.problem import read_problem, source_hash
@@ -35,7 +36,7 @@ from kernelbrain.runtime.roles import ROLES
 from kernelbrain.runtime.sandbox import Sandbox
 from kernelbrain.runtime.worker import Worker
 from kernelbrain.store import Store, open_store
-from kernelbrain.store.location import is_url
+from kernelbrain.store.urls import is_url
 
 MAX_RESTARTS = 5
 
@@ -73,10 +74,6 @@ def parse_ladder(text: str) -> tuple[RungSpec, ...]:
                 "of smallest, primary, all (e.g. smallest:10,primary:30,all:100)"
             ) from e
     return tuple(rungs)
-
-
-class RunError(Exception):
-    """A run cannot be started or resumed; the message says why and what to do."""
 
 
 def detect_device() -> str:

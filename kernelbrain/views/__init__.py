@@ -1,1 +1,2 @@
-"""Read-only views of a run: report, progress, audit, describe, export, replay, doctor."""
+"""What kb shows of a recorded run, and its copy to another store: report, progress, audit, describe,
+export, replay, doctor; transfer (`kb db copy`, verified by replay)."""

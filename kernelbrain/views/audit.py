@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from kernelbrain.core import torch_ops
+from kernelbrain.core.errors import RunError
 from kernelbrain.core.events import GatePassed
 from kernelbrain.core.state import Candidate, RunState
-from kernelbrain.runtime.runner import RunError
 from kernelbrain.views.describe import fmt_s, knobs_text
 
 

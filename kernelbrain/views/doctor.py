@@ -246,7 +246,7 @@ def check_store(db: str, timeout_s: float = 5.0) -> Check:
     """The store at --db: a PostgreSQL server answers (its version), and the schema is current. Read-only:
     a database that is missing, empty or behind is reported (kb run creates or migrates it), not changed."""
     from kernelbrain.store import StoreError, mask, open_store
-    from kernelbrain.store.location import is_url
+    from kernelbrain.store.urls import is_url
 
     facts: dict[str, Any] = {"db": mask(db)}
     if is_url(db):

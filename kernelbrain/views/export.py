@@ -17,10 +17,10 @@ from pathlib import Path
 from typing import Literal
 
 from kernelbrain.core import torch_ops
+from kernelbrain.core.errors import RunError
 from kernelbrain.core.events import GatePassed
 from kernelbrain.core.problem import DEFAULT_TOLERANCE, REFERENCE_MULTIPLE
 from kernelbrain.core.state import Candidate, RunState
-from kernelbrain.runtime.runner import RunError
 from kernelbrain.store import Store
 
 Format = Literal["standalone", "kernelbench"]

@@ -21,9 +21,9 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from kernelbrain.core.errors import RunError
 from kernelbrain.core.events import GateFailed, GatePassed
 from kernelbrain.core.state import Candidate, RunState
-from kernelbrain.runtime.runner import RunError
 from kernelbrain.store import Store
 from kernelbrain.views.audit import audit
 from kernelbrain.views.describe import fmt_s, knobs_text, status_dict

@@ -7,9 +7,10 @@ import math
 import statistics
 from collections import Counter
 
+from kernelbrain.core.errors import RunError
 from kernelbrain.core.events import BudgetCharged, ProfileCaptured, RungBenchmarked
 from kernelbrain.core.state import Candidate, RunState
-from kernelbrain.runtime.runner import RunError, require_run
+from kernelbrain.runtime.runner import require_run
 from kernelbrain.store import Store, StoredEvent
 from kernelbrain.views.describe import status_dict
 

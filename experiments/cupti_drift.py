@@ -2,7 +2,7 @@
 (matvec's reference) timed as kb's bench times it, before any profiler session and after each of N
 sessions of `launches.record_kernels`, in this process; and what one session costs.
 
-    python3 tools/cupti_drift.py [--sessions 10]   (TEARDOWN_CUPTI=1 in the environment to compare)
+    python3 experiments/cupti_drift.py [--sessions 10]   (TEARDOWN_CUPTI=1 in the environment to compare)
 """
 
 from __future__ import annotations
@@ -15,7 +15,8 @@ import time
 
 import torch
 
-from kernelbrain.child.launches import prepare, record_kernels
+from kernelbrain.child.guard import prepare_profiler
+from kernelbrain.child.launches import record_kernels
 from kernelbrain.child.timing import Timer
 
 
@@ -37,7 +38,7 @@ def main() -> None:
     rows["clean_us"] = timed() * 1e6
     if args.prepare:
         t = time.perf_counter()
-        prepare()
+        prepare_profiler()
         rows["prepare_s"] = time.perf_counter() - t
         rows["after_prepare_us"] = timed() * 1e6
     after, cost = [], []

@@ -2,7 +2,7 @@
 offsets in int32 or int64, a mask or none, eviction and cache hints, elements a thread, a persistent
 grid; beside eager PyTorch and torch.compile, in one process on the same fresh input.
 
-    python3 tools/pointwise_variants.py [--rows 4096] [--cols 393216] [--reps 20] [--out FILE.json]
+    python3 experiments/pointwise_variants.py [--rows 4096] [--cols 393216] [--reps 20] [--out FILE.json]
 
 The op is leaky_relu (KernelBench level 1's 20). An experiment for the pointwise family's parts, not
 kb's measurement: it prints and writes median milliseconds, their spread, and GB/s.

@@ -7,7 +7,7 @@
 #   3. sdp_attn: round 0 (or none, with ATTN_ROUND0=0), and materialized and d_tiled with one rounded P
 #      (p16 single) and float32 Q K^T (qk32 ieee, tf32x3), gated at every dtype and benchmarked at
 #      every ladder shape (full_d cannot take the primary shape's head of 1024).
-#   [STEPS="launch norms attn"] [ATTN_ROUND0=1] bash tools/gpu_trust_check.sh   (OUT set: what comes back)
+#   [STEPS="launch norms attn"] [ATTN_ROUND0=1] bash experiments/gpu_trust_check.sh   (OUT set: what comes back)
 set -uo pipefail
 : "${OUT:?set OUT to the folder the results go to}"
 . tools/device_env.sh || exit 1

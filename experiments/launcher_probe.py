@@ -2,7 +2,7 @@
 the host-side launcher (as a gate child's cache is filled for each candidate): does this Triton build a
 C launcher per kernel signature, and how long does that take?
 
-    python3 tools/launcher_probe.py [DRIVER_COPY]   # on the GPU machine; prints one JSON line
+    python3 experiments/launcher_probe.py [DRIVER_COPY]   # on the GPU machine; prints one JSON line
 """
 
 from __future__ import annotations

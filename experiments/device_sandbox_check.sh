@@ -2,7 +2,7 @@
 # Issue 14's device check: the sandbox's namespaces and CUDA together, on the GPU machine (which cannot
 # install packages: bubblewrap travels as .whl/bubblewrap.deb, unpacked with dpkg -x). Runs one short
 # search under bubblewrap and one under no isolation, on the same problem, and keeps both databases:
-#   bash tools/device_sandbox_check.sh [PROBLEM] [BUDGET_GPU_S]
+#   bash experiments/device_sandbox_check.sh [PROBLEM] [BUDGET_GPU_S]
 set -uo pipefail
 : "${OUT:?set OUT to the folder the results go to}"
 . tools/device_env.sh || exit 1

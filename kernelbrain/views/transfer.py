@@ -23,11 +23,12 @@ from dataclasses import dataclass
 
 import orjson
 
+from kernelbrain.core.errors import RunError
 from kernelbrain.core.events import RunCopied
 from kernelbrain.runtime.role import owner_id
-from kernelbrain.runtime.runner import RunError, load_state, require_run
+from kernelbrain.runtime.runner import load_state, require_run
 from kernelbrain.store import NewEvent, Store, StoredEvent
-from kernelbrain.store.location import is_url
+from kernelbrain.store.urls import is_url
 from kernelbrain.views.describe import status_dict
 from kernelbrain.views.replay import ReplayReport, replay
 
