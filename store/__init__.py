@@ -5,6 +5,7 @@ postgres.PostgresStore on a PostgreSQL server; open_store picks one from a --db 
 
 from kernelbrain.store.base import Store
 from kernelbrain.store.errors import (
+    BlobMissing,
     CorruptDatabase,
     ForeignDatabase,
     SchemaTooNew,
@@ -18,6 +19,7 @@ from kernelbrain.store.records import Lease, NewEvent, StoredEvent
 from kernelbrain.store.sqlite import EventStore
 
 __all__ = [
+    "BlobMissing",
     "CorruptDatabase",
     "EventStore",
     "ForeignDatabase",

@@ -58,7 +58,7 @@ from kernelbrain.store.base import (
     stale_lease,
     stored_from_insert,
 )
-from kernelbrain.store.errors import StoreError, StoreUnavailable
+from kernelbrain.store.errors import BlobMissing, StoreError, StoreUnavailable
 from kernelbrain.store.location import mask, scrub
 from kernelbrain.store.projection import Projection
 from kernelbrain.store.records import Lease, NewEvent, StoredEvent
@@ -528,7 +528,7 @@ class PostgresStore(Store):
     def get_blob(self, h: str) -> bytes:
         rows = self._rows(_BLOB_GET, (h,))
         if not rows:
-            raise KeyError(f"no blob {h}")
+            raise BlobMissing(f"no blob {h}")
         return bytes(rows[0][0])
 
     # -- leases ----------------------------------------------------------------------------------

@@ -28,7 +28,7 @@ from kernelbrain.store.base import (
     stored_from_insert,
 )
 from kernelbrain.store.driver import retry_busy, sqlite3
-from kernelbrain.store.errors import CorruptDatabase, StoreError
+from kernelbrain.store.errors import BlobMissing, CorruptDatabase, StoreError
 from kernelbrain.store.projection import Projection
 from kernelbrain.store.records import Lease, NewEvent, StoredEvent
 
@@ -397,7 +397,7 @@ class EventStore(Store):
     def get_blob(self, h: str) -> bytes:
         row = self._conn.execute(_BLOB_GET, (h,)).fetchone()
         if row is None:
-            raise KeyError(f"no blob {h}")
+            raise BlobMissing(f"no blob {h}")
         return bytes(row[0])
 
     # -- leases ----------------------------------------------------------------------------------

@@ -12,6 +12,7 @@ import click
 import orjson
 
 from kernelbrain.core import torch_ops
+from kernelbrain.core.errors import UserError
 from kernelbrain.core.events import EventError
 from kernelbrain.core.problem import ProblemError
 from kernelbrain.generators import GenerationError
@@ -23,12 +24,13 @@ from kernelbrain.store import open_store as open_db
 from kernelbrain.views.ending import EXIT_PROBLEM
 
 DEFAULT_DB = "kernelbrain.db"
+# kb's own types for a user's mistake: a builtin LookupError or KeyError is a bug, and keeps its traceback
 USER_ERRORS = (
+    UserError,
     StoreError,
     RunError,
     EventError,
     GenerationError,
-    LookupError,
     IsolationError,
     CandidateFileError,
 )

@@ -11,6 +11,7 @@ from __future__ import annotations
 import bisect
 import statistics
 
+from kernelbrain.core.errors import UnknownPolicy
 from kernelbrain.core.events import (
     Adjudicated,
     AdjudicationRequested,
@@ -388,7 +389,7 @@ POLICIES = {p.version: p for p in (AshaPolicy, PatientAshaPolicy, DuelBoundPolic
 
 def policy_for(version: int) -> AshaPolicy:
     if version not in POLICIES:
-        raise LookupError(f"this kb has no scheduler policy version {version}; upgrade kernelbrain")
+        raise UnknownPolicy(f"this kb has no scheduler policy version {version}; upgrade kernelbrain")
     return POLICIES[version]()
 
 
