@@ -8,7 +8,7 @@ from kernelbrain.core.state import RunState
 from kernelbrain.runtime.role import CandidateRole, Task
 
 
-class GatekeeperRole(CandidateRole):
+class GatekeeperRole(CandidateRole[GateReply]):
     name = "gatekeeper"
     warms_judge = True
 
@@ -25,7 +25,9 @@ class GatekeeperRole(CandidateRole):
     def request(self, task: Task, state: RunState) -> GateRequest:
         assert task.candidate is not None
         return GateRequest(
-            **self.problem(state),
+            problem_source=self.problem_source(state),
+            device=state.config.device,
+            fits=self.fits(state),
             cand_source=self.candidate_source(state, task.candidate),
             seeds=state.config.gate_seeds,
             torch_ops=self.torch_classes(state, task.candidate),
