@@ -352,13 +352,13 @@ class EventStore(Store):
     @_boundary
     def last_seq(self, run_id: str | None = None) -> int:
         if run_id is None:
-            return self._conn.execute(_MAX_SEQ).fetchone()[0]
-        return self._conn.execute(_MAX_SEQ_RUN, (run_id,)).fetchone()[0]
+            return int(self._conn.execute(_MAX_SEQ).fetchone()[0])
+        return int(self._conn.execute(_MAX_SEQ_RUN, (run_id,)).fetchone()[0])
 
     @_boundary
     def count(self, run_id: str | None = None, type: str | None = None) -> int:
         params = [p for p in (run_id, type) if p is not None]
-        return self._conn.execute(_COUNT[run_id is not None, type is not None], params).fetchone()[0]
+        return int(self._conn.execute(_COUNT[run_id is not None, type is not None], params).fetchone()[0])
 
     @_boundary
     def run_ids(self) -> list[str]:

@@ -61,7 +61,7 @@ class AshaPolicy:
                         reason=f"benchmark failed at rung {f.rung} ({f.category}): {f.detail}",
                     )
                 )
-        dropped = {p.candidate for p in out}
+        dropped = {p.candidate for p in out if isinstance(p, Pruned)}  # all of them, so far
         for rung in range(state.top_rung):
             out += self._promotions(state, rung, basis, dropped)
         if out:
