@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from kernelbrain.child import guard, shapes
+from kernelbrain.core.events import GateCategory
 from kernelbrain.core.problem import DEFAULT_TOLERANCE, shape_label
 from kernelbrain.core.protocol import Fit
 
@@ -41,7 +42,7 @@ class CandidateFault(Exception):
 
     def __init__(
         self,
-        category: str,
+        category: GateCategory,
         detail: str,
         *,
         max_abs_err: float | None = None,

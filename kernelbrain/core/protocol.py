@@ -15,7 +15,7 @@ from typing import Annotated, Any, ClassVar, Generic, Literal, TypeVar, cast
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from kernelbrain.core.events import ShapeTiming
+from kernelbrain.core.events import GateCategory, ShapeTiming
 from kernelbrain.core.graph import Graph
 
 HEADER = struct.Struct("<I")
@@ -38,7 +38,7 @@ class GateReply(Message):
     with the error figures where the failure was a mismatch."""
 
     passed: bool
-    category: str | None = None
+    category: GateCategory | None = None
     detail: str | None = None
     max_abs_err: float | None = None
     max_rel_err: float | None = None
@@ -166,7 +166,7 @@ class TrialReply(Message):
     or the check it failed there (no outputs)."""
 
     folder: str | None = None
-    category: str | None = None
+    category: GateCategory | None = None
     detail: str | None = None
     steps: dict[str, float] = {}  # seconds per step of a passing trial, for tools/gate_phases.py
     launchers: list[KernelSignature] = []  # the signatures Triton built launchers for (child/launchers.py)
@@ -292,7 +292,7 @@ class Envelope(Message):
 
 class Failure(Message):
     fault: Literal["candidate", "kb"]
-    category: str | None = None  # a candidate's fault: one of GateFailed's categories
+    category: GateCategory | None = None  # a candidate's fault: the GateFailed category
     detail: str
     trace: str | None = None  # kb's fault: the end of the child's traceback
 

@@ -3,11 +3,13 @@ child, or the problem's (the client, the gate and the reference's re-timing all 
 
 from __future__ import annotations
 
+from kernelbrain.core.events import GateCategory
+
 
 class SandboxFault(Exception):
     """The candidate's fault: its child died (crash, timeout) or it failed a check (mismatch, ...)."""
 
-    def __init__(self, category: str, detail: str) -> None:
+    def __init__(self, category: GateCategory, detail: str) -> None:
         super().__init__(f"{category}: {detail}")
         self.category = category
         self.detail = detail

@@ -10,7 +10,7 @@ import time
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-from kernelbrain.core.events import BudgetCharged, Event, ProblemFailed
+from kernelbrain.core.events import BudgetCharged, Event, GateCategory, ProblemFailed
 from kernelbrain.core.protocol import Fit, Message, Request
 from kernelbrain.core.state import RunState
 from kernelbrain.runtime.sandbox import ProblemFault, Sandbox, SandboxError, SandboxFault
@@ -213,7 +213,7 @@ class CandidateRole(Role, Generic[R]):
     def on_result(self, task: Task, result: R) -> Event: ...
 
     @abc.abstractmethod
-    def on_fault(self, task: Task, category: str, detail: str) -> Event: ...
+    def on_fault(self, task: Task, category: GateCategory, detail: str) -> Event: ...
 
     def outcome(self, task: Task, asked: Consulted[R]) -> Event:
         if isinstance(asked.fault, SandboxFault):

@@ -32,6 +32,7 @@ import orjson
 from pydantic import ValidationError
 
 import kernelbrain
+from kernelbrain.core.events import GateCategory
 from kernelbrain.core.protocol import (
     HEADER,
     TRITON_SHARED_ENV,
@@ -375,7 +376,7 @@ class Sandbox:
             return ""
         return f": {lines[-1][:300]}" if lines else ""
 
-    def _fault(self, category: str, detail: str) -> SandboxFault:
+    def _fault(self, category: GateCategory, detail: str) -> SandboxFault:
         self.stop()
         return SandboxFault(category, detail)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 
-from kernelbrain.core.events import Adjudicated, BenchmarkFailed, Event, RungBenchmarked
+from kernelbrain.core.events import Adjudicated, BenchmarkFailed, Event, GateCategory, RungBenchmarked
 from kernelbrain.core.protocol import BenchReply, BenchRequest, DuelRequest
 from kernelbrain.core.scoring import DUEL_PAIRS, adjudicate, score
 from kernelbrain.core.state import RunState
@@ -90,9 +90,11 @@ class BenchmarkerRole(CandidateRole[BenchReply]):
         return self.with_charge(state, task, event, asked)
 
     def on_result(self, task: Task, r: BenchReply) -> Event:
+        assert task.candidate is not None and task.rung is not None
         return RungBenchmarked(
             candidate=task.candidate, rung=task.rung, shapes=r.shapes, score=score(r.shapes), timer=r.timer
         )
 
-    def on_fault(self, task: Task, category: str, detail: str) -> Event:
+    def on_fault(self, task: Task, category: GateCategory, detail: str) -> Event:
+        assert task.candidate is not None and task.rung is not None
         return BenchmarkFailed(candidate=task.candidate, rung=task.rung, category=category, detail=detail)

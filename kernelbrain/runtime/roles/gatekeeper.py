@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from kernelbrain.core.events import Event, GateFailed, GatePassed
+from kernelbrain.core.events import Event, GateCategory, GateFailed, GatePassed
 from kernelbrain.core.protocol import GateReply, GateRequest
 from kernelbrain.core.state import RunState
 from kernelbrain.runtime.role import CandidateRole, Task
@@ -37,6 +37,7 @@ class GatekeeperRole(CandidateRole[GateReply]):
         return state.config.gate_timeout_s
 
     def on_result(self, task: Task, r: GateReply) -> Event:
+        assert task.candidate is not None
         if r.passed:
             return GatePassed(
                 candidate=task.candidate,
@@ -54,5 +55,6 @@ class GatekeeperRole(CandidateRole[GateReply]):
             max_rel_err=r.max_rel_err,
         )
 
-    def on_fault(self, task: Task, category: str, detail: str) -> Event:
+    def on_fault(self, task: Task, category: GateCategory, detail: str) -> Event:
+        assert task.candidate is not None
         return GateFailed(candidate=task.candidate, category=category, detail=detail)

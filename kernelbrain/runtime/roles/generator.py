@@ -114,7 +114,8 @@ class GeneratorRole(Role):
             except generators.GenerationError as e:
                 note = str(e)
         slots = cfg.max_candidates - len(state.candidates)
-        proposed, duplicates = [], 0
+        proposed: list[str] = []
+        duplicates = 0
         round_no = 0 if parent is None else parent.proposal.round + 1
         for p in proposals:
             tokens += p.tokens

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 
 from kernelbrain.core.diagnosis import ncu_labels, roofline_labels
-from kernelbrain.core.events import Event, ProfileCaptured
+from kernelbrain.core.events import Event, GateCategory, ProfileCaptured
 from kernelbrain.core.protocol import NcuRequest, RooflineReply, RooflineRequest
 from kernelbrain.core.state import RunState
 from kernelbrain.runtime.role import CandidateRole, Task
@@ -49,12 +49,14 @@ class ProfilerRole(CandidateRole[RooflineReply]):
         )
 
     def on_result(self, task: Task, r: RooflineReply) -> Event:
+        assert task.candidate is not None
         metrics = r.model_dump()
         return ProfileCaptured(
             candidate=task.candidate, source="roofline", metrics=metrics, labels=roofline_labels(metrics)
         )
 
-    def on_fault(self, task: Task, category: str, detail: str) -> Event:
+    def on_fault(self, task: Task, category: GateCategory, detail: str) -> Event:
+        assert task.candidate is not None
         return ProfileCaptured(
             candidate=task.candidate,
             source="roofline",
