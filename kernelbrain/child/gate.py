@@ -77,7 +77,7 @@ def _policy(check: Callable[..., None], *args: Any, prefix: str = "") -> None:
         raise CandidateFault("policy", f"{prefix}{v}") from None
 
 
-def _build(cand: ModuleType, entry: dict, device: str) -> torch.nn.Module:
+def _build(cand: ModuleType, entry: dict[str, Any], device: str) -> torch.nn.Module:
     """ModelNew(*init) given the reference's weights where its parameters match them."""
     new = construct(cand.ModelNew, entry["init"], device)
     state, mine = entry["state"], new.state_dict()
@@ -98,7 +98,8 @@ def _drawn(path: Path, device: str) -> Any:
         ) from None
 
 
-_HELD: dict[tuple[str, int, int], list] = {}  # the latest problem's draws, for this child's next candidates
+# the latest problem's draws, for this child's next candidates
+_HELD: dict[tuple[str, int, int], list[Any]] = {}
 
 
 class _Draws:
@@ -111,7 +112,7 @@ class _Draws:
         if any(k[0] != folder for k in _HELD):
             _HELD.clear()
 
-    def inputs(self, shape: int, seed: int) -> list:
+    def inputs(self, shape: int, seed: int) -> list[Any]:
         want = self.prints[shape][seed]
         key = (self.folder, shape, seed)
         held = _HELD.get(key)
@@ -119,7 +120,7 @@ class _Draws:
             return held
         _HELD.pop(key, None)
         path = handoff.inputs_file(self.folder, shape, seed)
-        got = _drawn(path, self.device)
+        got: list[Any] = _drawn(path, self.device)
         if draw_digest(got) != want:
             raise CandidateFault("policy", f"the gate's file {path.name} changed after the judge wrote it")
         if _bytes(got) + sum(_bytes(v) for v in _HELD.values()) <= self.keep_bytes:
@@ -127,7 +128,7 @@ class _Draws:
         return got
 
 
-def _bytes(inputs: list) -> int:
+def _bytes(inputs: list[Any]) -> int:
     return sum(x.untyped_storage().nbytes() for x in inputs if isinstance(x, torch.Tensor))
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import copy
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 
@@ -48,7 +48,7 @@ class Drawn(NamedTuple):
     judged), the inputs' fingerprints (a file read back must still hold them), the reply."""
 
     folder: str
-    shapes: list[dict]
+    shapes: list[dict[str, Any]]
     refs: list[torch.nn.Module]
     kept: dict[tuple[int, int], Truth]
     prints: dict[tuple[int, int], str]
@@ -56,7 +56,8 @@ class Drawn(NamedTuple):
     reply: DrawsReply
 
 
-_KEPT: dict[tuple, Drawn] = {}  # the latest problem's draws, for all of its candidates
+# the latest problem's draws, for all of its candidates
+_KEPT: dict[tuple[str, str, int, str, int], Drawn] = {}
 
 
 def _finite_where_truth_is(t: Truth) -> bool:
@@ -64,7 +65,7 @@ def _finite_where_truth_is(t: Truth) -> bool:
     return all(bool((torch.isfinite(n) | ~torch.isfinite(x)).all()) for n, x in pairs)
 
 
-def _truth(ref: torch.nn.Module, inputs: list, device: str) -> Truth:
+def _truth(ref: torch.nn.Module, inputs: list[Any], device: str) -> Truth:
     ref64 = copy.deepcopy(ref).to(torch.float64)
     with torch.no_grad():
         truth = outputs(ref64(*[to_device(x, device, torch.float64) for x in inputs]))
@@ -72,7 +73,9 @@ def _truth(ref: torch.nn.Module, inputs: list, device: str) -> Truth:
     return Truth(truth, [n.detach() for n in native])
 
 
-def _draw(problem: Problem, ref: torch.nn.Module, shape: dict, device: str, seed: int) -> tuple[list, Truth]:
+def _draw(
+    problem: Problem, ref: torch.nn.Module, shape: dict[str, Any], device: str, seed: int
+) -> tuple[list[Any], Truth]:
     """A seed's inputs at a gate shape and their truth. A wide-range seed takes the widest span on which
     the reference stays finite wherever the truth is."""
     own = problem.inputs(shape, seed, device)
