@@ -197,8 +197,9 @@ class Sandbox:
     ) -> tuple[R, float]:
         """Run one request; returns (its reply, busy seconds). Raises SandboxFault when the child dies or
         the candidate failed a check, SandboxError when kb's own code failed in the child. A gate runs
-        across two children (`gate`). `own_code`: its candidates are kb's own template code. On a GPU
-        the request holds the GPU's lock: alone where it times or profiles."""
+        across two children (runtime/gate.py), a bench times the reference alone after it
+        (runtime/reference_retiming.py). `own_code`: its candidates are kb's own template code. On a
+        GPU the request holds the GPU's lock: alone where it times or profiles."""
         if self.device != "cuda":
             reply, busy = self._dispatch(request, timeout_s=timeout_s, task=task, own_code=own_code)
         else:
