@@ -5,6 +5,7 @@ postgres.PostgresStore on a PostgreSQL server; open_store picks one from a --db 
 
 from kernelbrain.store.base import Store
 from kernelbrain.store.errors import (
+    BlobMissing,
     CorruptDatabase,
     ForeignDatabase,
     SchemaTooNew,
@@ -19,6 +20,7 @@ from kernelbrain.store.sqlite import EventStore
 from kernelbrain.store.urls import mask
 
 __all__ = [
+    "BlobMissing",
     "CorruptDatabase",
     "EventStore",
     "ForeignDatabase",

@@ -52,7 +52,7 @@ def boundary(
 
     def decorate(fn: Callable[Concatenate[S, A], T]) -> Callable[Concatenate[S, A], T]:
         @functools.wraps(fn)
-        def wrapper(store: S, *args: A.args, **kwargs: A.kwargs) -> T:
+        def wrapper(store: S, /, *args: A.args, **kwargs: A.kwargs) -> T:
             try:
                 return fn(store, *args, **kwargs)
             except driver_error as e:

@@ -7,14 +7,17 @@ by several connections (SQLite 3.7.0-3.51.2); the stdlib module is the fallback 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_random_exponential
 
-try:
-    from pysqlite3 import dbapi2 as sqlite3
-except ImportError:  # pragma: no cover - exercised only where the wheel is missing
-    import sqlite3  # type: ignore[no-redef]
+if TYPE_CHECKING:  # pysqlite3 ships no types; its dbapi2 is the stdlib module's API
+    import sqlite3
+else:
+    try:
+        from pysqlite3 import dbapi2 as sqlite3
+    except ImportError:  # pragma: no cover - exercised only where the wheel is missing
+        import sqlite3
 
 __all__ = ["is_busy", "retry_busy", "sqlite3"]
 

@@ -26,3 +26,11 @@ class StaleLease(StoreError):
 class StoreUnavailable(StoreError):
     """The database could not be reached (its server down or restarting, the network cut, no connection
     free in time): nothing is wrong with the request, and it is worth trying again later."""
+
+
+class BlobMissing(StoreError, KeyError):
+    """No blob under that hash: the database lacks a blob its events name. A KeyError too, for callers
+    that look a name up to see whether it names anything."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else "no such blob"  # KeyError's own str() quotes it

@@ -58,7 +58,7 @@ from kernelbrain.store.base import (
     stale_lease,
     stored_from_insert,
 )
-from kernelbrain.store.errors import StoreError, StoreUnavailable
+from kernelbrain.store.errors import BlobMissing, StoreError, StoreUnavailable
 from kernelbrain.store.projection import Projection
 from kernelbrain.store.records import Lease, NewEvent, StoredEvent
 from kernelbrain.store.urls import mask, scrub
@@ -149,6 +149,13 @@ _RECORD = "INSERT INTO schema_migrations (version, name, applied_at) VALUES (%s,
 _boundary = boundary(psycopg.Error)
 
 
+def _one(cursor: psycopg.Cursor[tuple[Any, ...]]) -> tuple[Any, ...]:
+    """The row of a statement that always returns one (an aggregate, SHOW, the claim)."""
+    if (row := cursor.fetchone()) is None:
+        raise StoreError("PostgreSQL returned no row for a statement that always returns one")
+    return row
+
+
 def _text(e: BaseException, url: str) -> str:
     """The error's message on one line, with the URL's password masked wherever it appears."""
     return scrub(" ".join(str(e).split()), url)
@@ -187,7 +194,7 @@ def server_version(url: str, connect_timeout_s: float = 10.0) -> str:
     """The version of the server at url (SHOW server_version), or the StoreError saying why not."""
     try:
         with psycopg.connect(url, autocommit=True, connect_timeout=max(1, round(connect_timeout_s))) as conn:
-            return conn.execute("SHOW server_version").fetchone()[0]
+            return str(_one(conn.execute("SHOW server_version"))[0])
     except psycopg.Error as e:
         raise translate(e, url, 0) from e
 
@@ -257,14 +264,14 @@ class PostgresStore(Store):
 
     def _open(self, conn: psycopg.Connection) -> None:
         """Read-only checks first (a refused database is left as it was), then the pending migrations."""
-        if conn.execute(_CURRENT_SCHEMA).fetchone()[0] is None:
+        if _one(conn.execute(_CURRENT_SCHEMA))[0] is None:
             raise StoreError(
                 f"{self._path}: its search_path names no existing schema; create it or fix the URL"
             )
         tables = {row[0] for row in conn.execute(_TABLES)}
         columns = {row[0] for row in conn.execute(_MIGRATION_COLUMNS)}
         ours = None if "schema_migrations" not in tables else set(migrate.COLUMNS) <= columns
-        done = dict(conn.execute(_APPLIED).fetchall()) if ours else {}
+        done: dict[int, str] = dict(conn.execute(_APPLIED).fetchall()) if ours else {}
         todo = migrate.to_apply(
             self._path,
             "PostgreSQL",
@@ -320,14 +327,14 @@ class PostgresStore(Store):
 
     def _applied(self) -> dict[int, str]:
         with self._connection() as conn:
-            if conn.execute("SELECT to_regclass('schema_migrations')").fetchone()[0] is None:
+            if _one(conn.execute("SELECT to_regclass('schema_migrations')"))[0] is None:
                 return {}
             return dict(conn.execute(_APPLIED).fetchall())
 
     @_boundary
     def server_version(self) -> str:
         """The server's version string (SHOW server_version)."""
-        return self._scalar("SHOW server_version")
+        return str(self._scalar("SHOW server_version"))
 
     # -- connections and transactions ------------------------------------------------------------
 
@@ -387,7 +394,7 @@ class PostgresStore(Store):
             known = conn.execute(_BY_KEYS, ([e.key for e in events],))
             top = conn.execute(_MAX_SEQ)
         stored = {ev.key: ev for ev in map(event_from_row, known.fetchall())}
-        before = top.fetchone()[0]
+        before = _one(top)[0]
         fresh = fresh_indexes(events, stored)
         params = [(before + n, *rows[i]) for n, i in enumerate(fresh, start=1)]
         if len(params) == 1:
@@ -462,12 +469,12 @@ class PostgresStore(Store):
 
     @_boundary
     def last_seq(self, run_id: str | None = None) -> int:
-        return self._scalar(_MAX_SEQ) if run_id is None else self._scalar(_MAX_SEQ_RUN, (run_id,))
+        return int(self._scalar(_MAX_SEQ) if run_id is None else self._scalar(_MAX_SEQ_RUN, (run_id,)))
 
     @_boundary
     def count(self, run_id: str | None = None, type: str | None = None) -> int:
         params = [p for p in (run_id, type) if p is not None]
-        return self._scalar(_COUNT[run_id is not None, type is not None], params)
+        return int(self._scalar(_COUNT[run_id is not None, type is not None], params))
 
     @_boundary
     def run_ids(self) -> list[str]:
@@ -528,7 +535,7 @@ class PostgresStore(Store):
     def get_blob(self, h: str) -> bytes:
         rows = self._rows(_BLOB_GET, (h,))
         if not rows:
-            raise KeyError(f"no blob {h}")
+            raise BlobMissing(f"no blob {h}")
         return bytes(rows[0][0])
 
     # -- leases ----------------------------------------------------------------------------------
@@ -545,14 +552,15 @@ class PostgresStore(Store):
     ) -> Lease | None:
         def body(conn: psycopg.Connection) -> Lease | None:
             now = time.time()
-            args = {"task": task, "owner": owner, "deadline": now + ttl_s, "now": now, "dead": None}
-            held_by, token, until, new_token = conn.execute(_CLAIM, args).fetchone()
+            deadline = now + ttl_s
+            args = {"task": task, "owner": owner, "deadline": deadline, "now": now, "dead": None}
+            held_by, token, until, new_token = _one(conn.execute(_CLAIM, args))
             if new_token is None and held_by not in (None, owner) and is_alive and not is_alive(held_by):
                 # live deadline, dead owner: take it (the row stays locked by us since the first statement)
-                held_by, token, until, new_token = conn.execute(_CLAIM, {**args, "dead": held_by}).fetchone()
+                held_by, token, until, new_token = _one(conn.execute(_CLAIM, {**args, "dead": held_by}))
             if new_token is None:
                 return None
-            new = Lease(task, owner, new_token, args["deadline"])
+            new = Lease(task, owner, new_token, deadline)
             if on_claim is not None:
                 previous = None if held_by is None else Lease(task, held_by, token, until)
                 events = list(on_claim(new, previous))

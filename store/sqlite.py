@@ -28,7 +28,7 @@ from kernelbrain.store.base import (
     stored_from_insert,
 )
 from kernelbrain.store.driver import retry_busy, sqlite3
-from kernelbrain.store.errors import CorruptDatabase, StoreError
+from kernelbrain.store.errors import BlobMissing, CorruptDatabase, StoreError
 from kernelbrain.store.projection import Projection
 from kernelbrain.store.records import Lease, NewEvent, StoredEvent
 
@@ -352,13 +352,13 @@ class EventStore(Store):
     @_boundary
     def last_seq(self, run_id: str | None = None) -> int:
         if run_id is None:
-            return self._conn.execute(_MAX_SEQ).fetchone()[0]
-        return self._conn.execute(_MAX_SEQ_RUN, (run_id,)).fetchone()[0]
+            return int(self._conn.execute(_MAX_SEQ).fetchone()[0])
+        return int(self._conn.execute(_MAX_SEQ_RUN, (run_id,)).fetchone()[0])
 
     @_boundary
     def count(self, run_id: str | None = None, type: str | None = None) -> int:
         params = [p for p in (run_id, type) if p is not None]
-        return self._conn.execute(_COUNT[run_id is not None, type is not None], params).fetchone()[0]
+        return int(self._conn.execute(_COUNT[run_id is not None, type is not None], params).fetchone()[0])
 
     @_boundary
     def run_ids(self) -> list[str]:
@@ -397,7 +397,7 @@ class EventStore(Store):
     def get_blob(self, h: str) -> bytes:
         row = self._conn.execute(_BLOB_GET, (h,)).fetchone()
         if row is None:
-            raise KeyError(f"no blob {h}")
+            raise BlobMissing(f"no blob {h}")
         return bytes(row[0])
 
     # -- leases ----------------------------------------------------------------------------------

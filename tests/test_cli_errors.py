@@ -25,6 +25,10 @@ The error paths, command by command, and where each is tested:
 | export | unknown run; output folder missing | test_bad_input |
 | export | output path a directory; its folder a file (unwritable); bad --format | USAGE, CASES |
 | doctor | bad --timeout-s (the rest are findings, all shown; a failed one exits 1) | USAGE; test_doctor |
+| status, replay | a run with no RunStarted; one decided by a newer kb's policy | test_a_mistake_core_... |
+
+A LookupError that a bug raises is not a user error: it keeps its traceback
+(test_a_bugs_lookup_error_keeps_its_traceback).
 """
 
 from __future__ import annotations
@@ -39,7 +43,7 @@ from click.testing import CliRunner
 from kernelbrain.store import EventStore
 
 from kernelbrain.cli import main
-from kernelbrain.core.events import RunConfig
+from kernelbrain.core.events import GenerationDone, RunConfig, RunFinished
 from kernelbrain.runtime.runner import DEFAULT_RUNGS, detect_device, start_run
 from tests.test_bad_input import Snapshot, assert_user_error
 
@@ -281,3 +285,66 @@ def test_a_corrupt_database_is_refused_untouched(tmp_path: Path, args: list[str]
     snap = Snapshot(db)
     assert_user_error(kb(*args, "--db", str(db), cwd=tmp_path), str(db), "not a readable kb database")
     snap.assert_unchanged()
+
+
+@pytest.fixture(scope="module")
+def mistakes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """A database with a run that has no RunStarted, and one a newer kb decided (policy version 99)."""
+    tmp_path = tmp_path_factory.mktemp("mistakes")
+    db = tmp_path / "kb.db"
+    with EventStore(db) as store:
+        orphan = GenerationDone(task="round0", proposed=[], duplicates=0)
+        store.append([orphan.to_new("r-unstarted", "r-unstarted/gen/round0/done", "cli")])
+        config = RunConfig(device="cpu", max_candidates=1, rungs=DEFAULT_RUNGS["cpu"], policy_version=99)
+        newer = start_run(store, str(PROBLEM), config)
+        finished = RunFinished(basis=1, reason="r", winner=None, winner_rung=None, winner_score=None)
+        store.append([finished.to_new(newer, f"{newer}/finished", "cli")])
+    return {"db": str(db), "newer": newer, "tmp": str(tmp_path)}
+
+
+@pytest.mark.parametrize(
+    ("args", "names"),
+    [
+        (["status", "r-unstarted"], ["r-unstarted", "no RunStarted"]),
+        (["replay", "{newer}"], ["no scheduler policy version 99", "upgrade"]),
+    ],
+    ids=["no-run-started", "unknown-policy"],
+)
+def test_a_mistake_core_raises_on_purpose_is_one_line(
+    mistakes: dict[str, str], args: list[str], names: list[str]
+) -> None:
+    snap = Snapshot(Path(mistakes["db"]), kb_db=True)
+    res = kb(*fill(args, mistakes), "--db", mistakes["db"], cwd=Path(mistakes["tmp"]))
+    assert res.returncode == 1, (res.stdout, res.stderr)
+    assert_user_error(res, *fill(names, mistakes))
+    snap.assert_unchanged()
+
+
+# a bug planted in the view `kb ls` calls, then the real command line
+PLANTED = (
+    "import sys, kernelbrain.views.describe as d\n"
+    "def bug(state): raise {error}('planted')\n"
+    "d.status_dict = bug\n"
+    "from kernelbrain.cli import main\n"
+    "main(sys.argv[1:], prog_name='kb')\n"
+)
+
+
+@pytest.mark.parametrize("error", ["KeyError", "IndexError", "LookupError"])
+def test_a_bugs_lookup_error_keeps_its_traceback(place: dict[str, str], error: str) -> None:
+    """Only kb's own user-error types become one line: a LookupError from a bug is not taken for the
+    user's mistake, and the traceback says where it came from."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KB_DB")} | {"PYTHONPATH": str(ROOT)}
+    res = subprocess.run(
+        [sys.executable, "-c", PLANTED.format(error=error), "ls", "--db", place["db"]],
+        cwd=place["tmp"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert res.returncode == 1, (res.stdout, res.stderr)
+    assert "Traceback" in res.stderr and "in bug" in res.stderr, res.stderr
+    shown = "'planted'" if error == "KeyError" else "planted"  # KeyError's str() quotes its key
+    assert res.stderr.strip().splitlines()[-1] == f"{error}: {shown}", res.stderr
+    assert not res.stderr.startswith("Error: "), res.stderr

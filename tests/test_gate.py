@@ -13,7 +13,7 @@ from kernelbrain.store import EventStore
 
 from kernelbrain.core.events import CandidateProposed, GateFailed, GatePassed, RunConfig, decode
 from kernelbrain.core.protocol import GateRequest
-from kernelbrain.runtime import sandbox
+from kernelbrain.runtime import gate as gate_host
 from kernelbrain.runtime.runner import DEFAULT_RUNGS, start_run
 from kernelbrain.runtime.sandbox import Sandbox, SandboxFault
 from kernelbrain.runtime.worker import Worker
@@ -274,7 +274,7 @@ def test_truth_past_the_judges_budget_is_recomputed_for_each_candidate(
     """A problem too large to hold its truth between candidates (a full-size KernelBench shape) holds
     none: each candidate's judging runs the reference again on the inputs' files, with the same
     verdicts."""
-    monkeypatch.setattr(sandbox, "JUDGE_KEEP_BYTES", {"cpu": 0})
+    monkeypatch.setattr(gate_host, "JUDGE_KEEP_BYTES", {"cpu": 0})
     log = tmp_path / "ref64.log"
     problem = counting_problem(log)
     box = Sandbox("cpu", writable=(str(tmp_path),))
@@ -300,16 +300,16 @@ def test_an_inputs_file_changed_under_the_judge_is_the_candidates_fault(
     """Without a read-only folder (KB_SANDBOX=none) a candidate can rewrite the judge's inputs files, to
     be judged on zeros; the judge reads back a file whose fingerprints moved and fails it (`policy`), and
     draws afresh for the next candidate."""
-    monkeypatch.setattr(sandbox, "JUDGE_KEEP_BYTES", {"cpu": 0})
+    monkeypatch.setattr(gate_host, "JUDGE_KEEP_BYTES", {"cpu": 0})
     monkeypatch.setenv("KB_SANDBOX", "none")
     spoils = GOOD.replace(
         FORWARD,
         FORWARD
         + "\n        import glob, sys\n"
         + "        frame = sys._getframe()\n"  # its own gate's folder, from the trial's frame
-        + "        while 'folder' not in frame.f_locals:\n"
+        + "        while 'draws' not in frame.f_locals:\n"
         + "            frame = frame.f_back\n"
-        + "        for path in glob.glob(frame.f_locals['folder'] + '/*-inputs.pt'):\n"
+        + "        for path in glob.glob(frame.f_locals['draws'].folder + '/*-inputs.pt'):\n"
         + "            torch.save([torch.zeros_like(x)], path)\n",
     )
     garbles = spoils.replace("torch.save([torch.zeros_like(x)], path)", "open(path, 'r+b').write(b'spoilt')")

@@ -17,6 +17,7 @@ import pytest
 from kernelbrain.child import launchers
 from kernelbrain.core.protocol import GateRequest
 from kernelbrain.runtime import isolation, triton_cache
+from kernelbrain.runtime.gate import build_launchers
 from kernelbrain.runtime.sandbox import Sandbox
 
 HERE = Path(__file__).resolve().parent
@@ -95,11 +96,11 @@ def test_a_judges_launcher_fills_the_next_trials_cache(
         forged.mkdir(parents=True)
         (forged / "__triton_launcher.so").write_bytes(b"a candidate's")
 
-        assert box._launchers_built([["*fp32", "i32"]], timeout_s=60, task="t") >= 0.0
+        assert build_launchers(box, [["*fp32", "i32"]], timeout_s=60, task="t") >= 0.0
         store = tmp_path / "launchers"
         assert sorted(p.name for p in store.iterdir()) == ["launcher-key"]
         # a signature the judge built before is not sent again
-        assert box._launchers_built([["*fp32", "i32"]], timeout_s=60, task="t") == 0.0
+        assert build_launchers(box, [["*fp32", "i32"]], timeout_s=60, task="t") == 0.0
 
         request = GateRequest(problem_source=PROBLEM, cand_source=GOOD, device="cpu", seeds=3)
         assert box.call(request, timeout_s=120)[0].passed

@@ -15,11 +15,11 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import ClassVar, Literal
+from typing import Literal
 
 import pytest
 
-from kernelbrain.core.protocol import GateReply, GateRequest, Message, Request
+from kernelbrain.core.protocol import GateReply, GateRequest, Request
 from kernelbrain.runtime.sandbox import FILE_CAP, Sandbox, SandboxError, SandboxFault, child_limits
 
 HERE = Path(__file__).resolve().parent
@@ -195,10 +195,9 @@ def test_sigint_to_the_child_group_does_not_kill_a_request(box: Sandbox, warm: i
     assert_passes(box)
 
 
-class Bogus(Request):
+class Bogus(Request[GateReply]):
     """A request the child does not serve: it cannot parse it, which is kb's failure, not a candidate's."""
 
-    reply: ClassVar[type[Message]] = GateReply
     op: Literal["no_such_op"] = "no_such_op"
 
 

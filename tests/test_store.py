@@ -13,6 +13,7 @@ from pathlib import Path
 import psycopg
 import pytest
 from kernelbrain.store import (
+    BlobMissing,
     CorruptDatabase,
     EventStore,
     ForeignDatabase,
@@ -161,8 +162,11 @@ def test_blobs(store: Store) -> None:
     assert store.put_blob(b"\x00kernel\xff") == h  # idempotent
     t = store.put_blob("sourcé")
     assert store.get_blob(t) == "sourcé".encode()
-    with pytest.raises(KeyError, match="no blob deadbeef"):
+    with pytest.raises(KeyError, match="no blob deadbeef") as missing:
         store.get_blob("deadbeef")
+    # kb's own type for a damaged database (one line from the CLI), not a bare KeyError (a bug's)
+    assert isinstance(missing.value, BlobMissing) and isinstance(missing.value, StoreError)
+    assert str(missing.value) == "no blob deadbeef"
 
 
 # -- leases --------------------------------------------------------------------------------------

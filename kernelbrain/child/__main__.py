@@ -13,13 +13,14 @@ import signal
 import sys
 import time
 import traceback
+from typing import BinaryIO
 
 import orjson
 
 from kernelbrain.core.protocol import HEADER, Envelope, Failure, Reply
 
 
-def _read_exact(stream, n: int) -> bytes:
+def _read_exact(stream: BinaryIO, n: int) -> bytes:
     buf = b""
     while len(buf) < n:
         chunk = stream.read(n - len(buf))

@@ -25,6 +25,7 @@ from kernelbrain.child.loading import (
 )
 from kernelbrain.child.steps import Steps
 from kernelbrain.core import handoff
+from kernelbrain.core.protocol import Signature, TrialReply, TrialRequest
 
 
 def _has_jit_kernel(tree: ast.Module) -> bool:
@@ -55,12 +56,12 @@ def _load_candidate(cand_source: str) -> ModuleType:
         raise CandidateFault("compile", f"importing the candidate failed: {type(e).__name__}: {e}") from e
 
 
-def _check_signature(want: dict[str, list[str]], cand: ModuleType) -> None:
+def _check_signature(want: Signature, cand: ModuleType) -> None:
     new_cls = getattr(cand, "ModelNew", None)
     if not inspect.isclass(new_cls) or not issubclass(new_cls, torch.nn.Module):
         raise CandidateFault("signature", "the candidate defines no class ModelNew(nn.Module)")
     for method in ("__init__", "forward"):
-        names = want["init" if method == "__init__" else "forward"]
+        names = want.init if method == "__init__" else want.forward
         got = [n for n, _ in signature(getattr(new_cls, method))]
         if names != got:
             raise CandidateFault(
@@ -76,7 +77,7 @@ def _policy(check: Callable[..., None], *args: Any, prefix: str = "") -> None:
         raise CandidateFault("policy", f"{prefix}{v}") from None
 
 
-def _build(cand: ModuleType, entry: dict, device: str) -> torch.nn.Module:
+def _build(cand: ModuleType, entry: dict[str, Any], device: str) -> torch.nn.Module:
     """ModelNew(*init) given the reference's weights where its parameters match them."""
     new = construct(cand.ModelNew, entry["init"], device)
     state, mine = entry["state"], new.state_dict()
@@ -97,7 +98,8 @@ def _drawn(path: Path, device: str) -> Any:
         ) from None
 
 
-_HELD: dict[tuple[str, int, int], list] = {}  # the latest problem's draws, for this child's next candidates
+# the latest problem's draws, for this child's next candidates
+_HELD: dict[tuple[str, int, int], list[Any]] = {}
 
 
 class _Draws:
@@ -110,7 +112,7 @@ class _Draws:
         if any(k[0] != folder for k in _HELD):
             _HELD.clear()
 
-    def inputs(self, shape: int, seed: int) -> list:
+    def inputs(self, shape: int, seed: int) -> list[Any]:
         want = self.prints[shape][seed]
         key = (self.folder, shape, seed)
         held = _HELD.get(key)
@@ -118,7 +120,7 @@ class _Draws:
             return held
         _HELD.pop(key, None)
         path = handoff.inputs_file(self.folder, shape, seed)
-        got = _drawn(path, self.device)
+        got: list[Any] = _drawn(path, self.device)
         if draw_digest(got) != want:
             raise CandidateFault("policy", f"the gate's file {path.name} changed after the judge wrote it")
         if _bytes(got) + sum(_bytes(v) for v in _HELD.values()) <= self.keep_bytes:
@@ -126,68 +128,36 @@ class _Draws:
         return got
 
 
-def _bytes(inputs: list) -> int:
+def _bytes(inputs: list[Any]) -> int:
     return sum(x.untyped_storage().nbytes() for x in inputs if isinstance(x, torch.Tensor))
 
 
-def trial(
-    cand_source: str,
-    device: str,
-    folder: str,
-    outbox: str,
-    prints: list[list[str]],
-    keep_bytes: int,
-    shapes: list[str],
-    signature: dict[str, list[str]],
-    forbidden: list[list[str]],
-    seeds: int,
-    torch_ops: list[str] | None = None,
-) -> dict:
+def trial(request: TrialRequest) -> TrialReply:
     """The candidate's side of V(p): it compiles, its signature matches, and its forward, run on each of
     the judge's draws under watch, obeys the policy; its outputs go to a file for the judge. A check it
-    fails is the reply (no outputs), as a gate's verdict. `torch_ops`: the classes of torch ops its label
-    lets it run (core/torch_ops.py), none by default."""
+    fails is the reply (no outputs), as a gate's verdict. `request.torch_ops`: the classes of torch ops
+    its label lets it run (core/torch_ops.py), none by default."""
     try:
-        draws = _Draws(folder, prints, keep_bytes, device)
+        draws = _Draws(request.folder, request.prints, request.keep_bytes, request.device)
         steps = Steps()
         launchers.forget()
-        done = _trial(
-            cand_source,
-            device,
-            draws,
-            Path(outbox),
-            shapes,
-            signature,
-            forbidden,
-            seeds,
-            steps,
-            torch_ops or [],
-        )
-        return {"folder": done, "steps": steps.seconds, "launchers": launchers.seen()}
+        done = _trial(request, draws, steps)
+        return TrialReply(folder=done, steps=steps.seconds, launchers=launchers.seen())
     except CandidateFault as f:
-        return {"category": f.category, "detail": f.detail}
+        return TrialReply(category=f.category, detail=f.detail)
 
 
-def _trial(
-    cand_source: str,
-    device: str,
-    draws: _Draws,
-    out: Path,
-    shapes: list[str],
-    signature: dict[str, list[str]],
-    forbidden: list[list[str]],
-    seeds: int,
-    steps: Steps,
-    torch_classes: list[str],
-) -> str:
+def _trial(request: TrialRequest, draws: _Draws, steps: Steps) -> str:
+    """The checks, one draw at a time; the folder of the outputs written."""
+    device, shapes, seeds, out = request.device, request.shapes, request.seeds, Path(request.outbox)
     timers = guard.timer_identities()
-    cand = _load_candidate(cand_source)
+    cand = _load_candidate(request.cand_source)
     _policy(guard.check_untouched, None, {}, prefix="importing it: ")
-    _check_signature(signature, cand)
+    _check_signature(request.signature, cand)
     _policy(guard.check_timers, timers)
     steps.done("load")
     # one draw in memory at a time: a gate shape at a problem's full size holds gigabytes a seed
-    for i, (label, names) in enumerate(zip(shapes, forbidden, strict=True)):
+    for i, (label, names) in enumerate(zip(shapes, request.forbidden, strict=True)):
         where = f"shape {label}, " if len(shapes) > 1 else ""
         entry = _drawn(handoff.init_file(draws.folder, i), device)
         try:
@@ -203,7 +173,7 @@ def _trial(
             inputs = [layout_copy(x) for x in before]
             steps.done("inputs")
             with torch.no_grad():
-                watch = guard.Watch(set(names), device, torch_classes)
+                watch = guard.Watch(set(names), device, request.torch_ops)
                 try:
                     with watch:
                         got = outputs(new(*inputs))

@@ -31,6 +31,7 @@ from kernelbrain.child.loading import (
 from kernelbrain.child.tolerance import REFERENCE_MULTIPLE, compare
 from kernelbrain.core import handoff
 from kernelbrain.core.problem import shape_label
+from kernelbrain.core.protocol import DrawsReply, DrawsRequest, GateReply, JudgeRequest, Signature
 
 
 class Truth(NamedTuple):
@@ -47,15 +48,16 @@ class Drawn(NamedTuple):
     judged), the inputs' fingerprints (a file read back must still hold them), the reply."""
 
     folder: str
-    shapes: list[dict]
+    shapes: list[dict[str, Any]]
     refs: list[torch.nn.Module]
     kept: dict[tuple[int, int], Truth]
     prints: dict[tuple[int, int], str]
     stats: dict[str, tuple[int, int]]  # each file's size and time written: one written since is drawn anew
-    reply: dict
+    reply: DrawsReply
 
 
-_KEPT: dict[tuple, Drawn] = {}  # the latest problem's draws, for all of its candidates
+# the latest problem's draws, for all of its candidates
+_KEPT: dict[tuple[str, str, int, str, int], Drawn] = {}
 
 
 def _finite_where_truth_is(t: Truth) -> bool:
@@ -63,7 +65,7 @@ def _finite_where_truth_is(t: Truth) -> bool:
     return all(bool((torch.isfinite(n) | ~torch.isfinite(x)).all()) for n, x in pairs)
 
 
-def _truth(ref: torch.nn.Module, inputs: list, device: str) -> Truth:
+def _truth(ref: torch.nn.Module, inputs: list[Any], device: str) -> Truth:
     ref64 = copy.deepcopy(ref).to(torch.float64)
     with torch.no_grad():
         truth = outputs(ref64(*[to_device(x, device, torch.float64) for x in inputs]))
@@ -71,7 +73,9 @@ def _truth(ref: torch.nn.Module, inputs: list, device: str) -> Truth:
     return Truth(truth, [n.detach() for n in native])
 
 
-def _draw(problem: Problem, ref: torch.nn.Module, shape: dict, device: str, seed: int) -> tuple[list, Truth]:
+def _draw(
+    problem: Problem, ref: torch.nn.Module, shape: dict[str, Any], device: str, seed: int
+) -> tuple[list[Any], Truth]:
     """A seed's inputs at a gate shape and their truth. A wide-range seed takes the widest span on which
     the reference stays finite wherever the truth is."""
     own = problem.inputs(shape, seed, device)
@@ -91,14 +95,15 @@ def _size(t: Truth) -> int:
     return sum(x.numel() * x.element_size() for x in (*t.truth, *t.native))
 
 
-def draws(problem_source: str, device: str, seeds: int, folder: str, keep_bytes: int) -> dict:
+def draws(request: DrawsRequest) -> DrawsReply:
     """The gate's draws of a problem, written one file a shape and seed into `folder` (the candidate's
     child reads them there) and drawn once for all of its candidates: the reference runs once a seed and
     shape, whoever is gated, and only one draw is in memory at a time. Truth past `keep_bytes` is
     recomputed from the inputs' file for each candidate rather than held. A different problem replaces
     them."""
-    problem = Problem(problem_source)
-    key = (problem.hash, device, seeds, folder, keep_bytes)
+    device, seeds, folder = request.device, request.seeds, request.folder
+    problem = Problem(request.problem_source)
+    key = (problem.hash, device, seeds, folder, request.keep_bytes)
     if key in _KEPT and _KEPT[key].stats == _stats(folder):
         return _KEPT[key].reply
     _KEPT.clear()
@@ -120,20 +125,19 @@ def draws(problem_source: str, device: str, seeds: int, folder: str, keep_bytes:
             if seed == 0:  # traced on a copy of the problem's own draw: no second draw for it
                 traced = record_calls(ref, [layout_copy(x) for x in inputs])
                 forbidden.append(sorted(guard.forbidden_ops(traced)))
-            if held + _size(truth) <= keep_bytes:
+            if held + _size(truth) <= request.keep_bytes:
                 kept[(i, seed)] = truth
                 held += _size(truth)
             del inputs, truth
     model = problem.module.Model
-    reply = {
-        "shapes": [shape_label(s) for s in shapes],
-        "signature": {
-            "init": [n for n, _ in signature(model.__init__)],
-            "forward": [n for n, _ in signature(model.forward)],
-        },
-        "forbidden": forbidden,
-        "prints": [[prints[(i, seed)] for seed in range(seeds)] for i in range(len(shapes))],
-    }
+    reply = DrawsReply(
+        shapes=[shape_label(s) for s in shapes],
+        signature=Signature(
+            init=[n for n, _ in signature(model.__init__)], forward=[n for n, _ in signature(model.forward)]
+        ),
+        forbidden=forbidden,
+        prints=[[prints[(i, seed)] for seed in range(seeds)] for i in range(len(shapes))],
+    )
     _KEPT[key] = Drawn(folder, shapes, refs, kept, prints, _stats(folder), reply)
     return reply
 
@@ -153,16 +157,25 @@ def _same(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
     )
 
 
-def judge(problem_source: str, device: str, seeds: int, folder: str, outputs_dir: str) -> dict:
+def judge(request: JudgeRequest) -> GateReply:
     """A trial's outputs against the truth of the problem's draws: the gate's verdict."""
-    problem = Problem(problem_source)
-    drawn = next((d for k, d in _KEPT.items() if k[:4] == (problem.hash, device, seeds, folder)), None)
+    device, seeds = request.device, request.seeds
+    problem = Problem(request.problem_source)
+    drawn = next(
+        (d for k, d in _KEPT.items() if k[:4] == (problem.hash, device, seeds, request.folder)), None
+    )
     if drawn is None:
         raise RuntimeError("judge: no draws kept for this problem (a draws request comes first)")
     try:
-        return {"passed": True, **_judge(problem, drawn, device, seeds, Path(outputs_dir))}
+        return _judge(problem, drawn, device, seeds, Path(request.outputs_dir))
     except CandidateFault as f:
-        return {"passed": False, "category": f.category, "detail": f.detail, **f.figures}
+        return GateReply(
+            passed=False,
+            category=f.category,
+            detail=f.detail,
+            max_abs_err=f.max_abs_err,
+            max_rel_err=f.max_rel_err,
+        )
 
 
 def _truth_of(drawn: Drawn, shape: int, seed: int, device: str) -> Truth:
@@ -181,7 +194,8 @@ def _truth_of(drawn: Drawn, shape: int, seed: int, device: str) -> Truth:
     return _truth(drawn.refs[shape], inputs, device)
 
 
-def _judge(problem: Problem, drawn: Drawn, device: str, seeds: int, handed: Path) -> dict[str, Any]:
+def _judge(problem: Problem, drawn: Drawn, device: str, seeds: int, handed: Path) -> GateReply:
+    """The passing verdict with its worst errors; a CandidateFault at the first check that fails."""
     worst_abs = worst_rel = tol = 0.0
     for i, shape in enumerate(drawn.shapes):
         where = f"shape {shape_label(shape)}, " if len(drawn.shapes) > 1 else ""
@@ -223,10 +237,11 @@ def _judge(problem: Problem, drawn: Drawn, device: str, seeds: int, handed: Path
                         max_abs_err=c.max_abs_err,
                         max_rel_err=c.max_rel_err,
                     )
-    return {
-        "seeds": seeds,
-        "max_abs_err": worst_abs,
-        "max_rel_err": worst_rel,
-        "tolerance": tol,
-        "shapes": [shape_label(s) for s in drawn.shapes],
-    }
+    return GateReply(
+        passed=True,
+        seeds=seeds,
+        max_abs_err=worst_abs,
+        max_rel_err=worst_rel,
+        tolerance=tol,
+        shapes=[shape_label(s) for s in drawn.shapes],
+    )

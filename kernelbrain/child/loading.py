@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from kernelbrain.child import guard, shapes
+from kernelbrain.core.events import GateCategory
 from kernelbrain.core.problem import DEFAULT_TOLERANCE, shape_label
 from kernelbrain.core.protocol import Fit
 
@@ -39,11 +40,19 @@ def give_fits(problem_source: str, fits: list[Fit]) -> None:
 class CandidateFault(Exception):
     """A candidate failed a check; `category` is one of GateFailed's categories."""
 
-    def __init__(self, category: str, detail: str, **figures: float | None) -> None:
+    def __init__(
+        self,
+        category: GateCategory,
+        detail: str,
+        *,
+        max_abs_err: float | None = None,
+        max_rel_err: float | None = None,
+    ) -> None:
         super().__init__(detail)
         self.category = category
         self.detail = detail
-        self.figures = figures
+        self.max_abs_err = max_abs_err  # a mismatch's error figures, for the gate's verdict
+        self.max_rel_err = max_rel_err
 
 
 def load_module(source: str, prefix: str) -> ModuleType:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import gc
 import threading
-from collections.abc import Callable
 
 import torch
 
@@ -18,42 +17,64 @@ from kernelbrain.child.loading import give_fits, problems_tampered
 from kernelbrain.child.profile import ncu, roofline
 from kernelbrain.child.timing import bench, duel, reference_time
 from kernelbrain.core.protocol import (
+    AnalyseReply,
     AnalyseRequest,
+    AnyRequest,
+    BenchReply,
     BenchRequest,
     DrawsRequest,
+    DuelReply,
     DuelRequest,
     JudgeRequest,
+    LaunchersReply,
     LaunchersRequest,
     Message,
+    NcuReply,
     NcuRequest,
     ProblemRequest,
+    ReferenceTimeReply,
     ReferenceTimeRequest,
-    Request,
+    RooflineReply,
     RooflineRequest,
     TrialRequest,
 )
 
-OPS: dict[type[Request], Callable[..., dict]] = {
-    DrawsRequest: draws,
-    TrialRequest: trial,
-    JudgeRequest: judge,
-    LaunchersRequest: build,
-    BenchRequest: bench,
-    ReferenceTimeRequest: reference_time,
-    DuelRequest: duel,
-    AnalyseRequest: analyse,
-    RooflineRequest: roofline,
-    NcuRequest: ncu,
-}
 
-
-def serve(request: Request) -> Message:
-    """Run one request: its op's function on the request's fields, its result validated as the reply. A
-    problem's fits (from the run's analysis) are handed to every Problem the op loads."""
+def serve(request: AnyRequest) -> Message:
+    """Run one request: its op on the request's fields, its reply a model of the request's reply type. A
+    problem's fits (from the run's analysis) are handed to every Problem the op loads. The gate's ops
+    take their request and return their reply; the others keep the plain signatures tools and tests call
+    them by, and their documents are validated here."""
     if isinstance(request, ProblemRequest):
         give_fits(request.problem_source, request.fits)
-    result = OPS[type(request)](**request.model_dump(exclude={"op", "fits"}))
-    return request.reply.model_validate(result)
+    r = request
+    match r:
+        case DrawsRequest():
+            return draws(r)
+        case TrialRequest():
+            return trial(r)
+        case JudgeRequest():
+            return judge(r)
+        case LaunchersRequest():
+            return LaunchersReply.model_validate(build(r.signatures))
+        case BenchRequest():
+            timed = bench(
+                r.problem_source, r.cand_source, r.device, r.which, r.repeats, r.warmup, r.torch_ops
+            )
+            return BenchReply.model_validate(timed)
+        case ReferenceTimeRequest():
+            alone = reference_time(r.problem_source, r.device, r.which, r.calls, r.repeats, r.warmup, r.fresh)
+            return ReferenceTimeReply.model_validate(alone)
+        case DuelRequest():
+            ratios = duel(r.problem_source, r.a_source, r.b_source, r.device, r.which, r.repeats, r.warmup)
+            return DuelReply.model_validate(ratios)
+        case AnalyseRequest():
+            return AnalyseReply.model_validate(analyse(r.problem_source, r.device))
+        case RooflineRequest():
+            profiled = roofline(r.problem_source, r.cand_source, r.device, r.repeats, r.flops, r.nbytes)
+            return RooflineReply.model_validate(profiled)
+        case NcuRequest():
+            return NcuReply.model_validate(ncu(r.problem_source, r.cand_source, r.device, r.timeout_s))
 
 
 # cached CUDA memory past this is handed back after a request (see release_memory)

@@ -6,13 +6,13 @@ from __future__ import annotations
 import functools
 import os
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal, ParamSpec, TypeVar
 
 import click
 import orjson
 
 from kernelbrain.core import torch_ops
-from kernelbrain.core.errors import RunError
+from kernelbrain.core.errors import UserError
 from kernelbrain.core.events import EventError
 from kernelbrain.core.problem import ProblemError
 from kernelbrain.generators import GenerationError
@@ -23,13 +23,17 @@ from kernelbrain.store import Store, StoreError
 from kernelbrain.store import open_store as open_db
 from kernelbrain.views.ending import EXIT_PROBLEM
 
+P = ParamSpec("P")
+T = TypeVar("T")
+F = TypeVar("F", bound=Callable[..., Any])
+
 DEFAULT_DB = "kernelbrain.db"
+# kb's own types for a user's mistake: a builtin LookupError or KeyError is a bug, and keeps its traceback
 USER_ERRORS = (
+    UserError,  # RunError among them
     StoreError,
-    RunError,
     EventError,
     GenerationError,
-    LookupError,
     IsolationError,
     CandidateFileError,
 )
@@ -41,7 +45,7 @@ class ProblemUnusable(click.ClickException):
     exit_code = EXIT_PROBLEM
 
 
-def db_option(f: Callable) -> Callable:
+def db_option(f: F) -> F:
     return click.option(
         "--db",
         envvar="KB_DB",
@@ -51,16 +55,16 @@ def db_option(f: Callable) -> Callable:
     )(f)
 
 
-def json_option(f: Callable) -> Callable:
+def json_option(f: F) -> F:
     return click.option("--json", "as_json", is_flag=True, help="Machine-readable JSON output.")(f)
 
 
-def user_errors(f: Callable) -> Callable:
+def user_errors(f: Callable[P, T]) -> Callable[P, T]:
     """Known failures become one clear line (click prints 'Error: ...') and exit 1, or EXIT_PROBLEM where
     the problem file is at fault."""
 
     @functools.wraps(f)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> T:
         try:
             return f(*args, **kwargs)
         except ProblemError as e:
@@ -103,13 +107,15 @@ def echo_json(obj: Any) -> None:
     click.echo(orjson.dumps(obj, option=orjson.OPT_INDENT_2).decode())
 
 
-def resolve_device(device: str) -> str:
-    """--device as the workers will use it; cuda on a machine without an NVIDIA GPU is refused here."""
+def resolve_device(device: str) -> Literal["cpu", "cuda"]:
+    """--device (auto, cpu or cuda) as the workers will use it; cuda on a machine without an NVIDIA GPU is
+    refused here."""
+    found: Literal["cpu", "cuda"] = "cuda" if detect_device() == "cuda" else "cpu"
     if device == "auto":
-        return detect_device()
-    if device == "cuda" and detect_device() != "cuda":
+        return found
+    if device == "cuda" and found != "cuda":
         raise click.BadParameter(
             "cuda, but this machine has no NVIDIA GPU (no /dev/nvidia*); use --device cpu or auto",
             param_hint="'--device'",
         )
-    return device
+    return "cuda" if device == "cuda" else "cpu"

@@ -11,6 +11,7 @@ from __future__ import annotations
 import bisect
 import statistics
 
+from kernelbrain.core.errors import UnknownPolicy
 from kernelbrain.core.events import (
     Adjudicated,
     AdjudicationRequested,
@@ -60,7 +61,7 @@ class AshaPolicy:
                         reason=f"benchmark failed at rung {f.rung} ({f.category}): {f.detail}",
                     )
                 )
-        dropped = {p.candidate for p in out}
+        dropped = {p.candidate for p in out if isinstance(p, Pruned)}  # all of them, so far
         for rung in range(state.top_rung):
             out += self._promotions(state, rung, basis, dropped)
         if out:
@@ -388,7 +389,7 @@ POLICIES = {p.version: p for p in (AshaPolicy, PatientAshaPolicy, DuelBoundPolic
 
 def policy_for(version: int) -> AshaPolicy:
     if version not in POLICIES:
-        raise LookupError(f"this kb has no scheduler policy version {version}; upgrade kernelbrain")
+        raise UnknownPolicy(f"this kb has no scheduler policy version {version}; upgrade kernelbrain")
     return POLICIES[version]()
 
 

@@ -73,5 +73,5 @@ def source_hash(source: str) -> str:
     return hashlib.sha256(source.encode()).hexdigest()
 
 
-def shape_label(overrides: dict) -> str:
+def shape_label(overrides: dict[str, object]) -> str:
     return ",".join(f"{k}={v}" for k, v in overrides.items()) or "default"

@@ -1,20 +1,21 @@
 """The sandbox protocol: one request and one reply model per operation, shared by the child and its
 client, and the frame both write (a 4-byte little-endian length, then the orjson document).
 
-A request names its operation in `op` (the discriminator the child dispatches on) and knows its reply
-type, so the client validates what comes back as strictly as the events. A reply that failed carries
-a `Failure`: whose fault it was (`candidate`: a check the candidate failed, with its GateFailed
-category; `kb`: kb's own code raised), never a string to parse.
+A request names its operation in `op` (the discriminator the child dispatches on) and its reply type
+as its type parameter (`GateRequest` is a `Request[GateReply]`), so the client validates what comes
+back as strictly as the events, and a type checker knows what `Sandbox.call` returns. A reply that
+failed carries a `Failure`: whose fault it was (`candidate`: a check the candidate failed, with its
+GateFailed category; `kb`: kb's own code raised), never a string to parse.
 """
 
 from __future__ import annotations
 
 import struct
-from typing import Annotated, Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Generic, Literal, TypeVar, cast
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from kernelbrain.core.events import ShapeTiming
+from kernelbrain.core.events import GateCategory, ShapeTiming
 from kernelbrain.core.graph import Graph
 
 HEADER = struct.Struct("<I")
@@ -23,6 +24,8 @@ HEADER = struct.Struct("<I")
 TRITON_SHARED_ENV = "KB_TRITON_SHARED"
 
 Device = Literal["cpu", "cuda", "meta"]
+# a kernel's argument types as Triton writes them ("*fp32", "i32", "constexpr"; a tuple nests as a list)
+KernelSignature = list[Any]
 Which = Literal["smallest", "primary", "all"]
 
 
@@ -35,7 +38,7 @@ class GateReply(Message):
     with the error figures where the failure was a mismatch."""
 
     passed: bool
-    category: str | None = None
+    category: GateCategory | None = None
     detail: str | None = None
     max_abs_err: float | None = None
     max_rel_err: float | None = None
@@ -106,11 +109,32 @@ class NcuReply(Message):
     error: str | None = None
 
 
-class Request(Message):
+ReplyT = TypeVar("ReplyT", bound=Message)
+
+
+class Request(Message, Generic[ReplyT]):
+    """A request whose reply is a ReplyT; `reply` is that type at run time, taken from the parameter."""
+
     reply: ClassVar[type[Message]]
+    op: str  # the operation: each request narrows it to a Literal, the child's discriminator
+
+    @classmethod
+    def __pydantic_init_subclass__(cls, **kwargs: Any) -> None:
+        super().__pydantic_init_subclass__(**kwargs)
+        for base in cls.__mro__:  # Request[X] itself, or a request class derived from it
+            meta = getattr(base, "__pydantic_generic_metadata__", None)
+            if meta is not None and meta["origin"] is Request and meta["args"]:
+                cls.reply = meta["args"][0]
+                return
+
+    def parse_reply(self, value: object) -> ReplyT:
+        """`value` (a reply's document, or a reply) validated as this request's reply type."""
+        return cast(ReplyT, self.reply.model_validate(value))  # `reply` is ReplyT: set from the parameter
 
 
-class ProblemRequest(Request):
+class ProblemRequest(Message):
+    """The fields of a request on a problem (a mixin: the request classes below are the Requests)."""
+
     problem_source: str
     device: Device
     fits: list[Fit] = []  # the run's analysis's (none for the analysis itself, nor for `kb check`)
@@ -120,8 +144,7 @@ class CandidateRequest(ProblemRequest):
     cand_source: str
 
 
-class GateRequest(CandidateRequest):
-    reply: ClassVar[type[Message]] = GateReply
+class GateRequest(CandidateRequest, Request[GateReply]):
     op: Literal["gate"] = "gate"
     seeds: int
     torch_ops: list[str] = []  # the classes of torch ops the candidate's label lets it run (core/torch_ops)
@@ -143,26 +166,24 @@ class TrialReply(Message):
     or the check it failed there (no outputs)."""
 
     folder: str | None = None
-    category: str | None = None
+    category: GateCategory | None = None
     detail: str | None = None
     steps: dict[str, float] = {}  # seconds per step of a passing trial, for tools/gate_phases.py
-    launchers: list[list[Any]] = []  # the signatures Triton built launchers for (child/launchers.py)
+    launchers: list[KernelSignature] = []  # the signatures Triton built launchers for (child/launchers.py)
 
 
-class DrawsRequest(ProblemRequest):
+class DrawsRequest(ProblemRequest, Request[DrawsReply]):
     """The judge (a child no candidate code ever runs in): draw the gate's inputs and keep the truth."""
 
-    reply: ClassVar[type[Message]] = DrawsReply
     op: Literal["draws"] = "draws"
     seeds: int
     folder: str  # where the draws' files go: the candidate's child sees it read-only
     keep_bytes: int  # the truth held for the next candidates; past it, recomputed for each
 
 
-class TrialRequest(Request):
+class TrialRequest(Request[TrialReply]):
     """The candidate's child: build ModelNew from the draws, run it on them under watch, write outputs."""
 
-    reply: ClassVar[type[Message]] = TrialReply
     op: Literal["trial"] = "trial"
     cand_source: str
     device: Device
@@ -177,10 +198,9 @@ class TrialRequest(Request):
     torch_ops: list[str] = []  # the classes of torch ops the candidate may run (core/torch_ops.py)
 
 
-class JudgeRequest(ProblemRequest):
+class JudgeRequest(ProblemRequest, Request[GateReply]):
     """The judge: compare a trial's outputs with the truth it kept for these draws."""
 
-    reply: ClassVar[type[Message]] = GateReply
     op: Literal["judge"] = "judge"
     seeds: int
     folder: str  # the draws'
@@ -191,12 +211,11 @@ class LaunchersReply(Message):
     built: int
 
 
-class LaunchersRequest(Request):
+class LaunchersRequest(Request[LaunchersReply]):
     """The judge: build Triton's launchers for these kernel signatures, a trial's, into its own cache."""
 
-    reply: ClassVar[type[Message]] = LaunchersReply
     op: Literal["launchers"] = "launchers"
-    signatures: list[list[Any]]
+    signatures: list[KernelSignature]
 
 
 class ReferenceTimeReply(Message):
@@ -204,11 +223,10 @@ class ReferenceTimeReply(Message):
     iqrs_s: list[float]
 
 
-class ReferenceTimeRequest(ProblemRequest):
+class ReferenceTimeRequest(ProblemRequest, Request[ReferenceTimeReply]):
     """The reference alone, in a child no candidate code ever ran in, at a bench's shapes and calls per
     sample: what it costs when nothing can slow it."""
 
-    reply: ClassVar[type[Message]] = ReferenceTimeReply
     op: Literal["reference_time"] = "reference_time"
     which: Which
     calls: list[int]
@@ -217,8 +235,7 @@ class ReferenceTimeRequest(ProblemRequest):
     fresh: bool = False  # timed again, not the kept time
 
 
-class BenchRequest(CandidateRequest):
-    reply: ClassVar[type[Message]] = BenchReply
+class BenchRequest(CandidateRequest, Request[BenchReply]):
     op: Literal["bench"] = "bench"
     which: Which
     repeats: int
@@ -226,8 +243,7 @@ class BenchRequest(CandidateRequest):
     torch_ops: list[str] = []  # the classes of torch ops the candidate may run (core/torch_ops.py)
 
 
-class DuelRequest(ProblemRequest):
-    reply: ClassVar[type[Message]] = DuelReply
+class DuelRequest(ProblemRequest, Request[DuelReply]):
     op: Literal["duel"] = "duel"
     a_source: str
     b_source: str
@@ -236,21 +252,18 @@ class DuelRequest(ProblemRequest):
     warmup: int
 
 
-class AnalyseRequest(ProblemRequest):
-    reply: ClassVar[type[Message]] = AnalyseReply
+class AnalyseRequest(ProblemRequest, Request[AnalyseReply]):
     op: Literal["analyse"] = "analyse"
 
 
-class RooflineRequest(CandidateRequest):
-    reply: ClassVar[type[Message]] = RooflineReply
+class RooflineRequest(CandidateRequest, Request[RooflineReply]):
     op: Literal["roofline"] = "roofline"
     repeats: int = 5
     flops: float | None = None  # the reference's counts at the primary shape, from the run's analysis
     nbytes: float | None = None
 
 
-class NcuRequest(CandidateRequest):
-    reply: ClassVar[type[Message]] = NcuReply
+class NcuRequest(CandidateRequest, Request[NcuReply]):
     op: Literal["ncu"] = "ncu"
     timeout_s: float = 400.0
 
@@ -279,7 +292,7 @@ class Envelope(Message):
 
 class Failure(Message):
     fault: Literal["candidate", "kb"]
-    category: str | None = None  # a candidate's fault: one of GateFailed's categories
+    category: GateCategory | None = None  # a candidate's fault: the GateFailed category
     detail: str
     trace: str | None = None  # kb's fault: the end of the child's traceback
 

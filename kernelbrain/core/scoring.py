@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import statistics
+from typing import Literal
 
 from kernelbrain.core.events import ShapeTiming
 
@@ -41,7 +42,7 @@ def sign_test_p(ratios: list[float]) -> float:
     return min(1.0, 2 * sum(math.comb(n, i) for i in range(k + 1)) / 2**n) if n else 1.0
 
 
-def adjudicate(ratios: list[float]) -> tuple[str, float, float, float]:
+def adjudicate(ratios: list[float]) -> tuple[Literal["a", "b", "tie"], float, float, float]:
     """Verdict of an interleaved re-measurement from per-pair time ratios a/b: 'a' (a faster), 'b', or
     'tie' when the ratios' interquartile range holds 1, the median is within TIE_MARGIN of it, or the
     pairs are not lopsided enough to rule out chance (sign_test_p above SIGN_ALPHA).

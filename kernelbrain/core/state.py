@@ -9,6 +9,7 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass, field
 
+from kernelbrain.core.errors import RunNotStarted
 from kernelbrain.core.events import (
     Adjudicated,
     AdjudicationRequested,
@@ -27,6 +28,7 @@ from kernelbrain.core.events import (
     ProfileCaptured,
     Promoted,
     Pruned,
+    RunConfig,
     RunFinished,
     RungBenchmarked,
     RunResumed,
@@ -274,9 +276,9 @@ class RunState(Projection):
     # --- derived views -------------------------------------------------------------------------
 
     @property
-    def config(self):
+    def config(self) -> RunConfig:
         if self.started is None:
-            raise LookupError(f"run {self.run_id} has no RunStarted event")
+            raise RunNotStarted(f"run {self.run_id} has no RunStarted event")
         return self.started.config
 
     @property

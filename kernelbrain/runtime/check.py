@@ -8,7 +8,7 @@ from pydantic import BaseModel, ConfigDict
 
 from kernelbrain.core.events import RungSpec, ShapeTiming
 from kernelbrain.core.problem import ProblemError, read_problem
-from kernelbrain.core.protocol import AnalyseRequest, BenchRequest, Fit, GateReply, GateRequest
+from kernelbrain.core.protocol import AnalyseRequest, BenchRequest, Device, Fit, GateReply, GateRequest
 from kernelbrain.core.scoring import score
 from kernelbrain.runtime.sandbox import ProblemFault, Sandbox, SandboxError, SandboxFault
 
@@ -47,7 +47,7 @@ def read_candidate(path: str | Path) -> str:
 def check(
     problem: str | Path,
     candidate: str | Path,
-    device: str,
+    device: Device,
     rungs: tuple[RungSpec, ...] | None = None,
     seeds: int = 3,
     torch_ops: tuple[str, ...] = (),
@@ -56,11 +56,17 @@ def check(
     keep in PyTorch (core/torch_ops.py), none by default."""
     problem_source, cand_source = read_problem(problem), read_candidate(candidate)
     sandbox = Sandbox(device)
-    args = {"problem_source": problem_source, "cand_source": cand_source, "device": device}
     try:
-        args["fits"] = _fits(sandbox, problem_source, device)
+        fits = _fits(sandbox, problem_source, device)
         try:
-            gate = GateRequest(**args, seeds=seeds, torch_ops=list(torch_ops))
+            gate = GateRequest(
+                problem_source=problem_source,
+                device=device,
+                fits=fits,
+                cand_source=cand_source,
+                seeds=seeds,
+                torch_ops=list(torch_ops),
+            )
             r, _ = sandbox.call(gate, timeout_s=GATE_TIMEOUT_S, task="check/gate")
         except SandboxFault as f:
             return CheckResult(passed=False, category=f.category, detail=f.detail)
@@ -68,12 +74,15 @@ def check(
             raise ProblemError(f"problem file {problem} cannot be evaluated as it is: {e}") from None
         except SandboxError as e:
             return CheckResult(passed=False, category="runtime", detail=str(e).splitlines()[0])
-        result = CheckResult(**r.model_dump())
+        result = CheckResult.model_validate(r, from_attributes=True)
         for i, rung in enumerate(rungs if result.passed and rungs else ()):
             try:
                 b, _ = sandbox.call(
                     BenchRequest(
-                        **args,
+                        problem_source=problem_source,
+                        device=device,
+                        fits=fits,
+                        cand_source=cand_source,
                         which=rung.shapes,
                         repeats=rung.repeats,
                         warmup=rung.warmup,
@@ -96,15 +105,14 @@ def check(
         sandbox.close()
 
 
-def _fits(sandbox: Sandbox, problem_source: str, device: str) -> list[Fit]:
+def _fits(sandbox: Sandbox, problem_source: str, device: Device) -> list[Fit]:
     """The shapes a run's analysis would fit (checked on the reference), made in the gate's judge, where
     no candidate code ever runs, while the candidate's child starts beside it (after the judge: it sees
     the judge's draws); none where the analysis fails (the judge's draws then say what)."""
-    sandbox.start_judge()
+    judge = sandbox.start_judge()
     sandbox.start()
-    assert sandbox.judge is not None
     try:
-        analysed, _ = sandbox.judge.call(
+        analysed, _ = judge.call(
             AnalyseRequest(problem_source=problem_source, device=device),
             timeout_s=GATE_TIMEOUT_S,
             task="check/fit",

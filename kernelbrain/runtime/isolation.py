@@ -63,12 +63,12 @@ def chosen() -> Isolation:
     if wanted:
         if wanted not in LEVELS:
             raise IsolationError(f"KB_SANDBOX={wanted!r}: use one of {', '.join(LEVELS)}")
-        if not usable(wanted):  # type: ignore[arg-type]
+        if not usable(wanted):
             raise IsolationError(
                 f"KB_SANDBOX={wanted} does not work on this machine (try `kb doctor`); unset it to use "
                 "the strongest isolation available"
             )
-        return wanted  # type: ignore[return-value]
+        return wanted
     return next(level for level in LEVELS if usable(level))
 
 

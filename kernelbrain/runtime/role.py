@@ -8,13 +8,15 @@ import os
 import socket
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Generic, TypeVar
 
-from kernelbrain.core.events import BudgetCharged, Event, ProblemFailed
-from kernelbrain.core.protocol import Request
+from kernelbrain.core.events import BudgetCharged, Event, GateCategory, ProblemFailed
+from kernelbrain.core.protocol import Fit, Message, Request
 from kernelbrain.core.state import RunState
 from kernelbrain.runtime.sandbox import ProblemFault, Sandbox, SandboxError, SandboxFault
 from kernelbrain.store import NewEvent, Store
+
+R = TypeVar("R", bound=Message)
 
 
 def _proc_start(pid: int) -> str | None:
@@ -51,10 +53,11 @@ class Task:
 
 
 @dataclass(frozen=True)
-class Consulted:
-    """A child's answer to one request, or the fault that stood in for it, and what it cost."""
+class Consulted(Generic[R]):
+    """A child's reply to one request, or the fault that stood in for it (exactly one is set), and what
+    it cost."""
 
-    reply: Any | None
+    reply: R | None
     fault: SandboxFault | SandboxError | None
     busy_s: float  # the child's own busy time (0 when it faulted)
     started: float  # perf_counter when the role began the task
@@ -99,9 +102,7 @@ class Role(abc.ABC):
             self.sandboxes[device] = Sandbox(device, gpu=self.gpu, warm_cuda=warm_cuda)
         box = self.sandboxes[device]
         if self.shared and not self.runs_candidates:
-            box.start_judge()
-            assert box.judge is not None
-            return box.judge
+            return box.start_judge()
         return box
 
     # its first task needs the judge's child at once (the gate): started with its own, ahead of it
@@ -131,13 +132,13 @@ class Role(abc.ABC):
     def consult(
         self,
         device: str,
-        request: Request,
+        request: Request[R],
         *,
         timeout_s: float,
         task: str,
         started: float | None = None,
         own_code: bool = False,
-    ) -> Consulted:
+    ) -> Consulted[R]:
         """One request to this role's child on `device`; a fault (the candidate's or kb's) is returned,
         not raised, so every role records it and its cost the same way. `own_code`: the request runs
         only kb's own template code (what its child compiles may be shared)."""
@@ -149,13 +150,13 @@ class Role(abc.ABC):
             return Consulted(None, e, 0.0, t0)
         return Consulted(reply, None, busy, t0)
 
-    def cost(self, state: RunState, task: Task, asked: Consulted) -> NewEvent:
+    def cost(self, state: RunState, task: Task, asked: Consulted[R]) -> NewEvent:
         """What a consultation cost: the child's busy seconds, or the wall time where the child died
         before it could say."""
         wall = time.perf_counter() - asked.started
         return self.charge(state, task, gpu_s=asked.busy_s or wall, wall_s=wall)
 
-    def with_charge(self, state: RunState, task: Task, event: Event, asked: Consulted) -> list[NewEvent]:
+    def with_charge(self, state: RunState, task: Task, event: Event, asked: Consulted[R]) -> list[NewEvent]:
         """The task's result and its BudgetCharged."""
         return [self.new(state, event, task.key, task), self.cost(state, task, asked)]
 
@@ -182,10 +183,10 @@ class Role(abc.ABC):
         assert state.started
         return self.store.get_blob(state.started.problem_hash).decode()
 
-    def problem(self, state: RunState) -> dict[str, Any]:
-        """A problem request's common fields: the source, the run's device, the analysis's fits."""
-        fits = state.analysis.fits if state.analysis is not None else []
-        return {"problem_source": self.problem_source(state), "device": state.config.device, "fits": fits}
+    @staticmethod
+    def fits(state: RunState) -> list[Fit]:
+        """The shapes the run's analysis fitted, handed to every later request on the problem."""
+        return [Fit.model_validate(f) for f in state.analysis.fits] if state.analysis is not None else []
 
     def candidate_source(self, state: RunState, cid: str) -> str:
         return self.store.get_blob(state.candidates[cid].proposal.source).decode()
@@ -196,8 +197,9 @@ class Role(abc.ABC):
         return [c for c in state.candidates[cid].proposal.torch_ops if c in state.config.allow_torch]
 
 
-class CandidateRole(Role):
-    """A role that runs one sandbox request on one candidate and records its outcome or its fault."""
+class CandidateRole(Role, Generic[R]):
+    """A role that runs one sandbox request (replied to with an R) on one candidate and records its
+    outcome or its fault."""
 
     uses_sandbox = True
 
@@ -205,18 +207,18 @@ class CandidateRole(Role):
         return state.config.bench_timeout_s
 
     @abc.abstractmethod
-    def request(self, task: Task, state: RunState) -> Request: ...
+    def request(self, task: Task, state: RunState) -> Request[R]: ...
 
     @abc.abstractmethod
-    def on_result(self, task: Task, result: Any) -> Event: ...
+    def on_result(self, task: Task, result: R) -> Event: ...
 
     @abc.abstractmethod
-    def on_fault(self, task: Task, category: str, detail: str) -> Event: ...
+    def on_fault(self, task: Task, category: GateCategory, detail: str) -> Event: ...
 
-    def outcome(self, task: Task, asked: Consulted) -> Event:
+    def outcome(self, task: Task, asked: Consulted[R]) -> Event:
         if isinstance(asked.fault, SandboxFault):
             return self.on_fault(task, asked.fault.category, asked.fault.detail)
-        if asked.fault is not None:  # kb's own failure in the child: recorded, so the run moves on
+        if asked.reply is None:  # kb's own failure in the child: recorded, so the run moves on
             return self.on_fault(task, "runtime", asked.line)
         return self.on_result(task, asked.reply)
 

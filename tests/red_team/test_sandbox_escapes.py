@@ -201,10 +201,10 @@ def test_the_judges_draws_are_read_only(tmp_path: Path) -> None:
     attack = """
 import glob, sys
 frame = sys._getframe()  # its own gate's folder, from the trial's frame (not other tests' gates)
-while "folder" not in frame.f_locals:
+while "draws" not in frame.f_locals:
     frame = frame.f_back
 written = False
-for path in glob.glob(frame.f_locals["folder"] + "/*-inputs.pt"):
+for path in glob.glob(frame.f_locals["draws"].folder + "/*-inputs.pt"):
     try:
         with open(path, "r+b") as f:
             f.write(b"spoilt")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 
-from kernelbrain.core.events import Adjudicated, BenchmarkFailed, Event, RungBenchmarked
+from kernelbrain.core.events import Adjudicated, BenchmarkFailed, Event, GateCategory, RungBenchmarked
 from kernelbrain.core.protocol import BenchReply, BenchRequest, DuelRequest
 from kernelbrain.core.scoring import DUEL_PAIRS, adjudicate, score
 from kernelbrain.core.state import RunState
@@ -13,7 +13,7 @@ from kernelbrain.runtime.role import CandidateRole, Task
 from kernelbrain.store import NewEvent
 
 
-class BenchmarkerRole(CandidateRole):
+class BenchmarkerRole(CandidateRole[BenchReply]):
     name = "benchmarker"
 
     def wants_warm(self, state: RunState) -> bool:
@@ -34,7 +34,9 @@ class BenchmarkerRole(CandidateRole):
         assert task.candidate is not None and task.rung is not None
         rung = state.config.rungs[task.rung]
         return BenchRequest(
-            **self.problem(state),
+            problem_source=self.problem_source(state),
+            device=state.config.device,
+            fits=self.fits(state),
             cand_source=self.candidate_source(state, task.candidate),
             which=rung.shapes,
             repeats=rung.repeats,
@@ -50,7 +52,9 @@ class BenchmarkerRole(CandidateRole):
         rung = state.config.rungs[task.rung]
         t0 = time.perf_counter()
         request = DuelRequest(
-            **self.problem(state),
+            problem_source=self.problem_source(state),
+            device=state.config.device,
+            fits=self.fits(state),
             a_source=self.candidate_source(state, task.candidate),
             b_source=self.candidate_source(state, task.rival),
             which=rung.shapes,
@@ -66,7 +70,7 @@ class BenchmarkerRole(CandidateRole):
             started=t0,
             own_code=own_code,
         )
-        if asked.fault is None:
+        if asked.reply is not None:
             outcome, med, q1, q3 = adjudicate(asked.reply.ratios)
             timer, pairs = asked.reply.timer, len(asked.reply.ratios)
         else:
@@ -86,9 +90,11 @@ class BenchmarkerRole(CandidateRole):
         return self.with_charge(state, task, event, asked)
 
     def on_result(self, task: Task, r: BenchReply) -> Event:
+        assert task.candidate is not None and task.rung is not None
         return RungBenchmarked(
             candidate=task.candidate, rung=task.rung, shapes=r.shapes, score=score(r.shapes), timer=r.timer
         )
 
-    def on_fault(self, task: Task, category: str, detail: str) -> Event:
+    def on_fault(self, task: Task, category: GateCategory, detail: str) -> Event:
+        assert task.candidate is not None and task.rung is not None
         return BenchmarkFailed(candidate=task.candidate, rung=task.rung, category=category, detail=detail)

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from kernelbrain.core.events import Event, GateFailed, GatePassed
+from kernelbrain.core.events import Event, GateCategory, GateFailed, GatePassed
 from kernelbrain.core.protocol import GateReply, GateRequest
 from kernelbrain.core.state import RunState
 from kernelbrain.runtime.role import CandidateRole, Task
 
 
-class GatekeeperRole(CandidateRole):
+class GatekeeperRole(CandidateRole[GateReply]):
     name = "gatekeeper"
     warms_judge = True
 
@@ -25,7 +25,9 @@ class GatekeeperRole(CandidateRole):
     def request(self, task: Task, state: RunState) -> GateRequest:
         assert task.candidate is not None
         return GateRequest(
-            **self.problem(state),
+            problem_source=self.problem_source(state),
+            device=state.config.device,
+            fits=self.fits(state),
             cand_source=self.candidate_source(state, task.candidate),
             seeds=state.config.gate_seeds,
             torch_ops=self.torch_classes(state, task.candidate),
@@ -35,6 +37,7 @@ class GatekeeperRole(CandidateRole):
         return state.config.gate_timeout_s
 
     def on_result(self, task: Task, r: GateReply) -> Event:
+        assert task.candidate is not None
         if r.passed:
             return GatePassed(
                 candidate=task.candidate,
@@ -52,5 +55,6 @@ class GatekeeperRole(CandidateRole):
             max_rel_err=r.max_rel_err,
         )
 
-    def on_fault(self, task: Task, category: str, detail: str) -> Event:
+    def on_fault(self, task: Task, category: GateCategory, detail: str) -> Event:
+        assert task.candidate is not None
         return GateFailed(candidate=task.candidate, category=category, detail=detail)

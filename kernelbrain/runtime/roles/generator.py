@@ -7,7 +7,7 @@ from dataclasses import replace
 
 from kernelbrain import generators
 from kernelbrain.core.events import CandidateProposed, GenerationDone, GenerationFailed, ProblemAnalysed
-from kernelbrain.core.protocol import AnalyseRequest
+from kernelbrain.core.protocol import AnalyseReply, AnalyseRequest
 from kernelbrain.core.state import RunState
 from kernelbrain.generators.prompt import describe_numbers
 from kernelbrain.runtime.role import Role, Task
@@ -30,12 +30,29 @@ class GeneratorRole(Role):
     def wants_warm(self, state: RunState) -> bool:
         return state.analysis is None  # the analysis is this role's only use of a child
 
+    @staticmethod
+    def analysed(reply: AnalyseReply) -> ProblemAnalysed:
+        """The child's analysis as the run's ProblemAnalysed event (the families that match come after)."""
+        return ProblemAnalysed(
+            ops=reply.ops,
+            families=[],
+            flops=reply.flops,
+            bytes=reply.bytes,
+            shapes=reply.shapes,
+            signature=reply.signature.model_dump(),
+            traced_on=reply.traced_on,
+            rung_shapes=reply.rung_shapes,
+            primary_ops=reply.primary_ops,
+            fits=[f.model_dump() for f in reply.fits],
+            graph=reply.graph,
+        )
+
     def analyse(self, task: Task, state: RunState) -> tuple[ProblemAnalysed, float]:
         """The problem's analysis and the GPU seconds it cost (none when traced on the meta device)."""
         cfg = state.config
         request = AnalyseRequest(problem_source=self.problem_source(state), device=cfg.device)
         asked = self.consult(cfg.device, request, timeout_s=cfg.analysis_timeout_s, task=task.key)
-        if asked.fault is not None:
+        if asked.reply is None:
             error = asked.line
             if isinstance(asked.fault, SandboxFault) and asked.fault.category == "timeout":
                 error = (
@@ -46,7 +63,7 @@ class GeneratorRole(Role):
             analysis = ProblemAnalysed(ops=[], families=[], flops=0, bytes=0, shapes=[], error=error)
             busy = asked.busy_s
         else:
-            analysis = ProblemAnalysed(**asked.reply.model_dump(), families=[])
+            analysis = self.analysed(asked.reply)
             busy = 0.0 if analysis.traced_on == "meta" else asked.busy_s  # shapes only: no GPU used
         from kernelbrain.templates import FAMILIES  # every family's module: in the generator alone
 
@@ -97,7 +114,8 @@ class GeneratorRole(Role):
             except generators.GenerationError as e:
                 note = str(e)
         slots = cfg.max_candidates - len(state.candidates)
-        proposed, duplicates = [], 0
+        proposed: list[str] = []
+        duplicates = 0
         round_no = 0 if parent is None else parent.proposal.round + 1
         for p in proposals:
             tokens += p.tokens

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 
 from kernelbrain.core.diagnosis import ncu_labels, roofline_labels
-from kernelbrain.core.events import Event, ProfileCaptured
+from kernelbrain.core.events import Event, GateCategory, ProfileCaptured
 from kernelbrain.core.protocol import NcuRequest, RooflineReply, RooflineRequest
 from kernelbrain.core.state import RunState
 from kernelbrain.runtime.role import CandidateRole, Task
@@ -15,7 +15,7 @@ from kernelbrain.store import NewEvent
 ROOFLINE_REPEATS = {"cpu": 1, "cuda": 5}
 
 
-class ProfilerRole(CandidateRole):
+class ProfilerRole(CandidateRole[RooflineReply]):
     """Nsight Compute where it can read the counters; the analytical roofline always, and in its place
     where ncu is absent or refuses (recorded as such)."""
 
@@ -29,28 +29,34 @@ class ProfilerRole(CandidateRole):
         return [Task(f"{state.run_id}/profile/{c.id}", c.id, state.top_rung) for c in state.profile_tasks()]
 
     @staticmethod
-    def counts(state: RunState) -> dict[str, float]:
+    def counts(state: RunState) -> tuple[float, float] | None:
         """The reference's FLOP and byte counts from the run's analysis (at the primary shape, where the
         roofline times the candidate), so the child need not count again; none where it failed."""
         a = state.analysis
-        return {"flops": a.flops, "nbytes": a.bytes} if a is not None and a.error is None else {}
+        return (a.flops, a.bytes) if a is not None and a.error is None else None
 
     def request(self, task: Task, state: RunState) -> RooflineRequest:
         assert task.candidate is not None
+        counts = self.counts(state)
         return RooflineRequest(
-            **self.problem(state),
+            problem_source=self.problem_source(state),
+            device=state.config.device,
+            fits=self.fits(state),
             cand_source=self.candidate_source(state, task.candidate),
             repeats=ROOFLINE_REPEATS[state.config.device],
-            **self.counts(state),
+            flops=counts[0] if counts else None,
+            nbytes=counts[1] if counts else None,
         )
 
     def on_result(self, task: Task, r: RooflineReply) -> Event:
+        assert task.candidate is not None
         metrics = r.model_dump()
         return ProfileCaptured(
             candidate=task.candidate, source="roofline", metrics=metrics, labels=roofline_labels(metrics)
         )
 
-    def on_fault(self, task: Task, category: str, detail: str) -> Event:
+    def on_fault(self, task: Task, category: GateCategory, detail: str) -> Event:
+        assert task.candidate is not None
         return ProfileCaptured(
             candidate=task.candidate,
             source="roofline",
@@ -67,21 +73,24 @@ class ProfilerRole(CandidateRole):
         ncu_task = Task(f"{task.key}/ncu", task.candidate, task.rung)
         t0 = time.perf_counter()
         request = NcuRequest(
-            **self.problem(state),
+            problem_source=self.problem_source(state),
+            device=state.config.device,
+            fits=self.fits(state),
             cand_source=self.candidate_source(state, task.candidate),
         )
         asked = self.consult("cuda", request, timeout_s=self.timeout_s(state), task=ncu_task.key, started=t0)
-        error = asked.line if asked.fault is not None else asked.reply.error
-        if error is not None:
+        ncu = asked.reply
+        error = asked.line if ncu is None else ncu.error
+        if ncu is None or error is not None:
             profile = roof.model_copy(update={"note": f"ncu not used: {error}"})
         else:
-            metrics = {**asked.reply.metrics, **{f"roofline_{k}": v for k, v in roof.metrics.items()}}
+            metrics = {**ncu.metrics, **{f"roofline_{k}": v for k, v in roof.metrics.items()}}
             profile = ProfileCaptured(
                 candidate=task.candidate,
                 source="ncu",
                 metrics=metrics,
-                labels=ncu_labels(asked.reply.metrics),
-                report=self.store.put_blob(asked.reply.raw),
+                labels=ncu_labels(ncu.metrics),
+                report=self.store.put_blob(ncu.raw),
             )
         # the profile stands in for the roofline's event under the task's key; each part keeps its charge
         return [self.new(state, profile, task.key, task), events[1], self.cost(state, ncu_task, asked)]
