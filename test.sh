@@ -21,10 +21,10 @@ if [ -n "$missing" ]; then
         # shellcheck disable=SC2086  # one word per package
         "${sudo[@]}" apt-get update -q >/dev/null \
             && "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -q $missing >/dev/null \
-            || say "apt-get could not install $missing; the tests that need it are skipped (CI: failed)"
+            || say "apt-get could not install $missing: the tests that need them are skipped (under CI: failed)"
     else
-        say "$missing not installed, and this machine cannot install it here (needs root or sudo, and" \
-            "apt-get): the tests that need it are skipped, named at the end"
+        say "missing: $missing; not installed (that needs apt-get, and root or sudo): the tests that" \
+            "need them are skipped, and named at the end"
     fi
 fi
 exec "$py" -m pytest "$@"

@@ -56,6 +56,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
     return report
 
 
+@pytest.hookimpl(trylast=True)
 def pytest_terminal_summary(terminalreporter) -> None:
     """One line per missing piece: what it is, how to get it, and the tests skipped for it per file."""
     skipped = terminalreporter.stats.get("skipped", [])
