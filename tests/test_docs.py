@@ -3,7 +3,8 @@ tools/event_catalogue.py prints from the models; the source tree there and in RE
 tools/source_tree.py prints from the tree, with every module and folder; every `kb` command and flag the
 docs show exists;
 every option of every command is documented in docs/configuration.md; every KB_* variable named is
-read by the code; and the README's two set-up commands are the ones .ci/run runs."""
+read by the code; the README's two set-up commands are the ones .ci/run runs; and the README names
+every template family."""
 
 from __future__ import annotations
 
@@ -310,3 +311,13 @@ def test_the_readme_commands_are_the_ones_ci_runs():
     assert "export CI=true" in ci
     for script in ("install.sh", "test.sh", ".ci/run"):
         assert (ROOT / script).stat().st_mode & 0o111, f"{script} is not executable"
+
+
+def test_the_readme_names_every_template_family():
+    from kernelbrain.templates import FAMILIES
+
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    section = readme[readme.index("The offline templates cover these op families") :]
+    section = section[: section.index("\n## ")]
+    missing = [f.FAMILY for f in FAMILIES if f"`{f.FAMILY}`" not in section]
+    assert not missing, f"README.md's list of op families lacks {missing}"

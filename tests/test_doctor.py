@@ -121,6 +121,16 @@ def test_a_cpu_build_without_a_gpu_is_ok(monkeypatch: pytest.MonkeyPatch) -> Non
     assert c.status == "ok" and c.detail == f"torch {torch.__version__} (CPU build)"
 
 
+def test_the_readme_sample_shows_every_check() -> None:
+    """README.md's `$ kb doctor` sample: one line per check, in order, laid out as the command does."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    lines = readme[readme.index("$ kb doctor\n") :].split("\n", 1)[1].split("```", 1)[0].splitlines()
+    assert [line.split()[1] for line in lines] == NAMES
+    for line, name in zip(lines, NAMES, strict=True):
+        status = line.split()[0]
+        assert status in {"ok", "warn", "fail", "skip"} and line.startswith(f"{status:<5} {name:<7} "), line
+
+
 def test_text_output_is_one_line_per_check() -> None:
     r = CliRunner().invoke(main, ["doctor"], prog_name="kb")  # in-process: the JSON test ran the process
     assert r.exit_code == 0, r.output
