@@ -52,6 +52,7 @@ else
         why="a CPU build, pip's default here ($url): $none"
     else
         default="pip's default, torch $version, is a CUDA build ($nvidia NVIDIA packages)"
+        [ "$build" != "?" ] || default="pip's sources resolve no torch by themselves"
         local_cpu=$("${pip[@]}" index versions torch 2>/dev/null | "$py" tools/torch_build.py newest-cpu || true)
         if [ -n "$local_cpu" ] && read -r build version url nvidia < <(resolve "$spec" "torch==$local_cpu") \
             && [ "$build" = cpu ]; then
