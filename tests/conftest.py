@@ -1,11 +1,16 @@
 """Make the in-tree packages importable when the distribution is not pip-installed; one PostgreSQL server
 per session and a fresh database per test that asks for one; one warm sandbox per module; a template test
 module's problem variants and their traces; and, under pytest-xdist, tests marked `exclusive` run with no
-other test beside them, and tests marked `long` are started first."""
+other test beside them, and tests marked `long` are started first.
+
+A test that needs what the machine may lack (tests/needs.py: PostgreSQL, Chromium, bubblewrap; the
+`pg_server` fixture, or the mark `needs("chromium")`) is skipped where it is missing, and the session
+ends with one line per missing piece naming the tests skipped for it; under CI (CI=true) it fails."""
 
 import fcntl
 import os
 import sys
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -16,13 +21,67 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from tests import needs  # noqa: E402  (the in-tree packages first)
+
+
+def require(piece: str) -> None:
+    """Skip the test when the piece is missing here, with the one line that says so; under CI, fail it."""
+    why = needs.reason(piece)
+    if why is None:
+        return
+    if needs.in_ci():
+        pytest.fail(f"CI is set and {why}", pytrace=False)
+    pytest.skip(why)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "needs(*pieces): the test needs these pieces of tests/needs.py (skipped where missing)"
+    )
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    for mark in item.iter_markers("needs"):
+        for piece in mark.args:
+            require(piece)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
+    """A skip for a missing piece is reported at require(), not at the test (pytest's choice for a skip
+    raised in a fixture), so pytest's short summary folds each piece's skips into one line."""
+    report = yield
+    if report.skipped and isinstance(report.longrepr, tuple) and needs.is_missing(str(report.longrepr[2])):
+        report.longrepr = (__file__, require.__code__.co_firstlineno, report.longrepr[2])
+    return report
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_terminal_summary(terminalreporter) -> None:
+    """One line per missing piece: what it is, how to get it, and the tests skipped for it per file."""
+    skipped = terminalreporter.stats.get("skipped", [])
+    for piece in needs.PIECES.values():
+        files = Counter(
+            r.nodeid.split("::")[0].rsplit("/", 1)[-1]
+            for r in skipped
+            if isinstance(r.longrepr, tuple) and needs.is_missing(str(r.longrepr[2]), piece.name)
+        )
+        if files:
+            n = files.total()
+            tests = ", ".join(f"{name} {k}" for name, k in sorted(files.items()))
+            terminalreporter.write_line(
+                f"missing {piece.what}: {n} test{'s' * (n != 1)} skipped ({tests})", yellow=True
+            )
+
 
 @pytest.fixture(scope="session")
 def pg_server():
-    """One real PostgreSQL server for the whole session (per xdist worker), started on first use; a test
-    that needs it fails when it cannot start (tests/pg_server.py)."""
+    """One real PostgreSQL server for the whole session (per xdist worker), started on first use. A test
+    that needs it is skipped where PostgreSQL is not installed (failed under CI), and fails when an
+    installed server cannot start (tests/pg_server.py)."""
     from tests.pg_server import PgServer
 
+    require("postgresql")
     server = PgServer().start()
     try:
         yield server

@@ -6,8 +6,9 @@ as an unprivileged account through subprocess's user=/group= (no sudo, no su): `
 distribution's package created it, else `nobody`. Its folder is created by us and handed to that account.
 
 Binaries: $KB_PG_BIN if set, else initdb on the PATH, else the newest /usr/lib/postgresql/*/bin (Debian's
-package puts them there). Anything that goes wrong raises PgServerError with the server's log: a test
-that needs the server fails, it does not skip.
+package puts them there). Where there are none, a test that needs the server is skipped (tests/needs.py;
+under CI it fails). Anything else that goes wrong raises PgServerError with the server's log: the test
+fails, it does not skip.
 """
 
 from __future__ import annotations

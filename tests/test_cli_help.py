@@ -1,9 +1,11 @@
-"""Every `kb` command explains itself: `kb CMD --help` exits 0 with the command's own help text."""
+"""Every `kb` command explains itself: `kb CMD --help` exits 0 with the command's own help text, and the
+README shows `kb --help` as it is."""
 
 from __future__ import annotations
 
 import importlib.metadata
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -50,9 +52,10 @@ PATHS = command_paths(main)
 EXPECTED = {"run", "resume", "worker", "ls", "status", "events", "replay", "audit", "export"}
 
 
-def kb(*args: str) -> subprocess.CompletedProcess[str]:
+def kb(*args: str, **extra: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if k != "KB_DB"}
     env["PYTHONPATH"] = str(ROOT)
+    env.update(extra)
     return subprocess.run(
         [sys.executable, "-m", "kernelbrain", *args],
         cwd=ROOT,
@@ -97,6 +100,16 @@ def test_python_m_kernelbrain_help() -> None:
     for name in EXPECTED:
         assert f"  {name} " in res.stdout
     assert res.stderr == ""
+
+
+def test_the_readme_shows_kb_help_as_it_is() -> None:
+    """README.md's `$ kb --help` sample is the real output, at click's widest wrap (80 columns)."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    sample = re.search(r"^\$ kb --help\n(.*?)^```", readme, re.M | re.S)
+    assert sample, "README.md shows no `$ kb --help` block"
+    res = kb("--help", COLUMNS="80")
+    assert res.returncode == 0, res.stderr
+    assert sample[1] == res.stdout, "README.md's kb --help sample is stale: paste `COLUMNS=80 kb --help`"
 
 
 def test_an_unknown_command_is_a_usage_error() -> None:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from kernelbrain.core.protocol import BenchRequest, GateRequest
-from kernelbrain.runtime import isolation, triton_cache
+from kernelbrain.runtime import triton_cache
 from kernelbrain.runtime.sandbox import Sandbox
 from kernelbrain.runtime.triton_cache import compiled_key
 
@@ -32,9 +32,7 @@ WRITES_ENTRY = (
     )
 )
 
-pytestmark = pytest.mark.skipif(
-    not isolation.usable("bwrap"), reason="a child's own Triton cache is bubblewrap's (.ci/run installs it)"
-)
+pytestmark = pytest.mark.needs("bwrap")  # a child's own Triton cache is bubblewrap's
 
 
 def leftover(box: Sandbox) -> Path:

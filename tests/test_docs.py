@@ -3,7 +3,8 @@ tools/event_catalogue.py prints from the models; the source tree there and in RE
 tools/source_tree.py prints from the tree, with every module and folder; every `kb` command and flag the
 docs show exists;
 every option of every command is documented in docs/configuration.md; every KB_* variable named is
-read by the code; and the README's test command is the one .ci/run runs."""
+read by the code; the README's two set-up commands are the ones .ci/run runs; and the README names
+every template family."""
 
 from __future__ import annotations
 
@@ -295,16 +296,28 @@ def test_every_kb_variable_named_is_read_by_the_code():
             assert var in code, f"{path.name} names {var}, which no code reads"
 
 
-def test_the_readme_test_command_is_the_one_ci_runs():
+def test_the_readme_commands_are_the_ones_ci_runs():
+    """The set-up's two commands are the README's first two sh blocks, and .ci/run runs them as they read
+    there, under CI=true (where a test whose piece is missing fails: tests/needs.py)."""
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     blocks = [lines for lang, lines in _blocks(readme) if lang == "sh"]
     install, test = blocks[0], blocks[1]
-    assert install == [
-        "python3 -m venv .venv && .venv/bin/pip install -e '.[dev]' && "
-        ".venv/bin/kb run benchmarks/problems/softmax.py"
-    ]
-    assert test == [".venv/bin/python -m pytest"]
+    assert install == ["./install.sh && .venv/bin/kb run benchmarks/problems/softmax.py"]
+    assert test == ["./test.sh"]
     ci = [
         line for line in (ROOT / ".ci" / "run").read_text().splitlines() if line and not line.startswith("#")
     ]
-    assert ci[-1] == test[0]
+    assert ci[-2:] == [install[0], test[0]]
+    assert "export CI=true" in ci
+    for script in ("install.sh", "test.sh", ".ci/run"):
+        assert (ROOT / script).stat().st_mode & 0o111, f"{script} is not executable"
+
+
+def test_the_readme_names_every_template_family():
+    from kernelbrain.templates import FAMILIES
+
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    section = readme[readme.index("The offline templates cover these op families") :]
+    section = section[: section.index("\n## ")]
+    missing = [f.FAMILY for f in FAMILIES if f"`{f.FAMILY}`" not in section]
+    assert not missing, f"README.md's list of op families lacks {missing}"

@@ -11,6 +11,7 @@ import stat
 from pathlib import Path
 
 import pytest
+import torch
 from click.testing import CliRunner
 from kernelbrain.store.driver import sqlite3
 
@@ -46,7 +47,8 @@ def doctor_json(env: dict[str, str], *args: str, code: int = 0) -> dict[str, dic
 
 def test_this_machine(tmp_path: Path) -> None:
     checks = doctor_json(bare_env(tmp_path))
-    assert checks["kb"]["status"] == "ok" and checks["torch"]["status"] == "ok"
+    idle_cuda = torch.version.cuda is not None and doctor.gpu_evidence() is None
+    assert checks["kb"]["status"] == "ok" and checks["torch"]["status"] == ("warn" if idle_cuda else "ok")
     assert checks["triton"]["status"] == "ok" and checks["triton"]["facts"]["version"]
     if detect_device() == "cpu":
         assert checks["gpu"]["status"] == "warn" and "Triton interpreter" in checks["gpu"]["detail"]
@@ -74,6 +76,59 @@ def test_a_weaker_sandbox_is_named_with_its_fix(tmp_path: Path) -> None:
     sb = checks["sandbox"]
     assert sb["status"] == "warn" and sb["facts"]["isolation"] == "none", sb
     assert "install bubblewrap" in sb["detail"]
+
+
+def fake_nvidia_package(site: Path, size: int) -> None:
+    """An installed distribution named like CUDA's runtime libraries, one file of `size` bytes in RECORD."""
+    info = site / "nvidia_cublas-13.0.0.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: nvidia-cublas\nVersion: 13.0.0\n")
+    (info / "RECORD").write_text(f"nvidia/cublas/lib/libcublas.so.13,sha256=x,{size}\n")
+
+
+def test_a_cuda_build_without_a_gpu_warns_with_its_size_and_the_fix(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fake_nvidia_package(tmp_path / "site", 3 * 10**9)
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    monkeypatch.setattr(torch.version, "cuda", "13.0")
+    monkeypatch.setattr(doctor, "GPU_NODES", str(tmp_path / "dev" / "nvidia[0-9]*"))
+    monkeypatch.setenv("PATH", str(tmp_path / "bin"))  # no nvidia-smi
+    c = doctor.check_torch()
+    assert c.status == "warn" and c.detail.startswith(f"torch {torch.__version__} (CUDA 13.0 build) on a ")
+    assert "no NVIDIA GPU" in c.detail and "its 1 NVIDIA package take" in c.detail
+    assert c.facts["footprint_bytes"] >= 3 * 10**9 and c.facts["nvidia_packages"] == 1
+    assert f"take {c.facts['footprint_bytes'] / 1e9:.1f} GB" in c.detail
+    assert "./install.sh" in c.detail and "--index-url https://download.pytorch.org/whl/cpu" in c.detail
+    # a GPU's device node, or nvidia-smi listing one, and the CUDA build is the right one
+    (tmp_path / "dev").mkdir()
+    (tmp_path / "dev" / "nvidia0").touch()
+    assert doctor.check_torch().status == "ok"
+    (tmp_path / "dev" / "nvidia0").unlink()
+    smi = tmp_path / "bin" / "nvidia-smi"
+    smi.parent.mkdir()
+    smi.write_text("#!/bin/sh\necho 'NVIDIA H100 80GB HBM3, 550.54.15, 81559 MiB'\n")
+    smi.chmod(0o755)
+    ok = doctor.check_torch()
+    assert ok.status == "ok" and ok.detail == f"torch {torch.__version__} (CUDA 13.0 build)", ok
+    assert doctor.gpu_evidence() == "nvidia-smi lists NVIDIA H100 80GB HBM3, 550.54.15, 81559 MiB"
+
+
+def test_a_cpu_build_without_a_gpu_is_ok(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch.version, "cuda", None)
+    monkeypatch.setattr(torch.version, "hip", None)
+    c = doctor.check_torch()
+    assert c.status == "ok" and c.detail == f"torch {torch.__version__} (CPU build)"
+
+
+def test_the_readme_sample_shows_every_check() -> None:
+    """README.md's `$ kb doctor` sample: one line per check, in order, laid out as the command does."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    lines = readme[readme.index("$ kb doctor\n") :].split("\n", 1)[1].split("```", 1)[0].splitlines()
+    assert [line.split()[1] for line in lines] == NAMES
+    for line, name in zip(lines, NAMES, strict=True):
+        status = line.split()[0]
+        assert status in {"ok", "warn", "fail", "skip"} and line.startswith(f"{status:<5} {name:<7} "), line
 
 
 def test_text_output_is_one_line_per_check() -> None:

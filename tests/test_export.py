@@ -14,7 +14,7 @@ import pytest
 from kernelbrain.store import EventStore
 
 from kernelbrain.core.errors import RunError
-from kernelbrain.core.events import CandidateProposed
+from kernelbrain.core.events import CandidateProposed, GatePassed, ProblemAnalysed
 from kernelbrain.core.protocol import AnalyseRequest
 from kernelbrain.views.export import export_source, kernelbench_flags, string_literal
 from tests.kbcli import kb
@@ -154,6 +154,31 @@ def test_a_candidate_that_imports_kernelbrain_is_refused(tmp_path: Path) -> None
         run.bench("c1", 0, 1.5)
         with pytest.raises(RunError, match=r"candidate c1 imports kernelbrain.templates \(line 2\)"):
             export_source(store, run.state())
+
+
+def test_a_cpu_fitted_export_says_how_its_format_is_checked_at_the_files_sizes(tmp_path: Path) -> None:
+    """Only the standalone file has a harness: the kernelbench file's header sends the user to `kb check`
+    or KernelBench's evaluator, never to `python kernel.py --device cuda`, which does nothing for it."""
+    own, fitted = "batch_size=4096,dim=393216", "batch_size=8,dim=1000"
+    with EventStore(tmp_path / "kb.db", create=True) as store:
+        run = SyntheticRun(store)  # a CPU run
+        analysed = ProblemAnalysed(
+            ops=[{"op": "softmax"}], families=["row_softmax"], flops=1, bytes=1, shapes=[own]
+        )
+        run.add(analysed.model_copy(update={"rung_shapes": [fitted]}), "analysis/fitted")
+        run.propose("c1")
+        passed = GatePassed(candidate="c1", seeds=3, max_abs_err=0, max_rel_err=0, tolerance=1e-4)
+        run.add(passed.model_copy(update={"shapes": [fitted]}), "gate/c1")
+        run.bench("c1", 0, 1.5)
+        state = run.state()
+        standalone = export_source(store, state)
+        kernelbench = export_source(store, state, fmt="kernelbench")
+    fitted_line = f"# Those are sizes fitted for the CPU from the file's own ({own}): check it at those on\n"
+    assert fitted_line + "# a GPU (`python kernel.py --device cuda`) before relying on it.\n" in standalone
+    check = "`kb check PROBLEM.py <this file> --device cuda --bench`\n# (or KernelBench's evaluator).\n"
+    assert f"{fitted_line}# a GPU before relying on it: {check}" in kernelbench
+    assert "python kernel.py" not in kernelbench
+    assert "It has no harness" in kernelbench and "`kb check PROBLEM.py <this file> --bench`" in kernelbench
 
 
 def test_what_kernelbenchs_static_checker_would_reject_is_named() -> None:

@@ -16,7 +16,7 @@ import pytest
 
 from kernelbrain.child import launchers
 from kernelbrain.core.protocol import GateRequest
-from kernelbrain.runtime import isolation, triton_cache
+from kernelbrain.runtime import triton_cache
 from kernelbrain.runtime.gate import build_launchers
 from kernelbrain.runtime.sandbox import Sandbox
 
@@ -77,7 +77,7 @@ def test_without_a_gpu_driver_the_judge_builds_nothing() -> None:
     assert launchers.build([["*fp32", "i32"]]) == {"built": 0}
 
 
-@pytest.mark.skipif(not isolation.usable("bwrap"), reason="a child's own Triton cache is bubblewrap's")
+@pytest.mark.needs("bwrap")  # a child's own Triton cache is bubblewrap's
 def test_a_judges_launcher_fills_the_next_trials_cache(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import re
 import shutil
 import subprocess
@@ -444,12 +443,9 @@ document.body.appendChild(probe);
 </script></body>"""
 
 
-@pytest.mark.skipif(
-    CHROMIUM is None and not os.environ.get("CI"), reason="chromium is not installed (.ci/run installs it)"
-)
+@pytest.mark.needs("chromium")
 def test_chromium_draws_every_plot(written, tmp_path):
-    if CHROMIUM is None:
-        pytest.fail("CI is set but chromium is missing: .ci/run installs Debian's chromium")
+    assert CHROMIUM is not None
     page = report_of(written, RUN, tmp_path)
     probed = tmp_path / "probed.html"
     probed.write_text(page.replace("</body>", PROBE), encoding="utf-8")

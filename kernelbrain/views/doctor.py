@@ -7,8 +7,11 @@ failed (a warning or a skip leaves it 0), so a script can gate on it.
 
 from __future__ import annotations
 
+import glob
+import importlib.metadata
 import os
 import platform
+import re
 import shutil
 import subprocess
 import sys
@@ -29,6 +32,12 @@ WAL_BUG_FIXED = (3, 51, 3)
 WAL_BUG_BACKPORTS = {(3, 44): 6, (3, 50): 7}  # (major, minor) -> first patch release with the fix
 
 NCU_PROBE = "import torch; x = torch.ones(1024, device='cuda'); (x * 2).sum().item()"
+GPU_NODES = "/dev/nvidia[0-9]*"  # one device node per NVIDIA GPU the driver sees
+NVIDIA_PACKAGE = re.compile(r"^(nvidia|cuda)[-_]", re.I)  # the CUDA libraries a CUDA build of torch pulls in
+CPU_FIX = (
+    "./install.sh in kb's checkout makes a fresh .venv with a CPU build (elsewhere: a fresh environment, "
+    "then pip install torch --index-url https://download.pytorch.org/whl/cpu)"
+)
 
 
 class Check(BaseModel):
@@ -73,18 +82,47 @@ def check_kb() -> Check:
 
 
 def check_torch() -> Check:
+    """torch imports; a CUDA build where no NVIDIA GPU is (its gigabytes of CUDA libraries idle) warns."""
     try:
         import torch
     except Exception as e:  # an import that fails is the finding, whatever it raised
         return Check(name="torch", status="fail", detail=f"cannot import torch: {type(e).__name__}: {e}")
     cuda = torch.version.cuda
     build = f"CUDA {cuda} build" if cuda else "CPU build" if not torch.version.hip else "ROCm build"
-    return Check(
-        name="torch",
-        status="ok",
-        detail=f"torch {torch.__version__} ({build})",
-        facts={"version": torch.__version__, "cuda": cuda},
-    )
+    facts: dict[str, Any] = {"version": torch.__version__, "cuda": cuda}
+    found = f"torch {torch.__version__} ({build})"
+    if cuda and gpu_evidence() is None:
+        size, packages = cuda_footprint()
+        facts.update(footprint_bytes=size, nvidia_packages=packages)
+        return Check(
+            name="torch",
+            status="warn",
+            detail=f"{found} on a machine with no NVIDIA GPU (no nvidia-smi, no /dev/nvidia*): torch "
+            f"and its {packages} NVIDIA package{'s' * (packages != 1)} take {size / 1e9:.1f} GB of this "
+            f"environment, for CUDA libraries nothing here can use; {CPU_FIX}",
+            facts=facts,
+        )
+    return Check(name="torch", status="ok", detail=found, facts=facts)
+
+
+def gpu_evidence(timeout_s: float = 20.0) -> str | None:
+    """What shows an NVIDIA GPU here (nvidia-smi's list, a device node); None where nothing does."""
+    smi = _nvidia_smi(timeout_s)
+    if isinstance(smi, list) and smi:
+        return f"nvidia-smi lists {smi[0]}"
+    nodes = sorted(glob.glob(GPU_NODES))
+    return f"{nodes[0]} exists" if nodes else None
+
+
+def cuda_footprint() -> tuple[int, int]:
+    """(bytes, count) of torch and the NVIDIA packages installed beside it, from their RECORD files."""
+    size, packages = 0, 0
+    for dist in importlib.metadata.distributions():
+        name = (dist.metadata["Name"] or "").lower()
+        if name == "torch" or NVIDIA_PACKAGE.match(name):
+            size += sum(f.size or 0 for f in dist.files or [])
+            packages += name != "torch"
+    return size, packages
 
 
 def _nvidia_smi(timeout_s: float) -> list[str] | str | None:

@@ -48,6 +48,8 @@ KERNELBENCH_NOTE = """\
 # eval_kernel_against_ref(original_model_src, custom_model_src, backend="triton")). KernelBench imports
 # this file from a temporary .py file, takes ModelNew and builds it as ModelNew(*get_init_inputs()) of
 # the reference problem, which it is given separately; so this file holds ModelNew and its imports only.
+# It has no harness: `python` on it runs nothing. Check it with KernelBench's evaluator, or with
+# `kb check PROBLEM.py <this file> --bench` (and --device cuda on a GPU).
 """
 
 
@@ -103,7 +105,7 @@ def _harness() -> str:
     return text[text.index(HARNESS_START) + len(HARNESS_START) :].strip("\n")
 
 
-def _header(state: RunState, c: Candidate) -> str:
+def _header(state: RunState, c: Candidate, fmt: Format) -> str:
     assert state.started is not None
     top = c.top_result
     numbers = (
@@ -119,7 +121,7 @@ def _header(state: RunState, c: Candidate) -> str:
         f"# Candidate {c.id} ({c.proposal.family}/{c.proposal.strategy}); best rung "
         f"{max(c.results) if c.results else '-'}: {numbers} [{top.timer if top else '-'}]\n"
         + _partial(c)
-        + _checked_at(state, c)
+        + _checked_at(state, c, fmt)
     )
 
 
@@ -134,9 +136,10 @@ def _partial(c: Candidate) -> str:
     )
 
 
-def _checked_at(state: RunState, c: Candidate) -> str:
+def _checked_at(state: RunState, c: Candidate, fmt: Format) -> str:
     """Where kb checked and timed it, when that is not the file's own shapes: sizes fitted from the
-    file's on a CPU run (a strategy chosen there may not serve the real size)."""
+    file's on a CPU run (a strategy chosen there may not serve the real size), and how to check it at
+    the file's own in this format (only the standalone file checks itself)."""
     assert state.started is not None
     gate = c.gate.shapes if isinstance(c.gate, GatePassed) else []
     timed = state.analysis.rung_shapes if state.analysis is not None else []
@@ -147,10 +150,14 @@ def _checked_at(state: RunState, c: Candidate) -> str:
     line += f" ({state.started.config.device}).\n"
     if state.started.config.device == "cpu" and timed and timed != own[: len(timed)]:
         sizes = "its module constants" if own == ["default"] else " | ".join(own)
-        line += (
-            f"# Those are sizes fitted for the CPU from the file's own ({sizes}): check it at those on\n"
+        how = (
             "# a GPU (`python kernel.py --device cuda`) before relying on it.\n"
+            if fmt == "standalone"
+            else "# a GPU before relying on it: `kb check PROBLEM.py <this file> --device cuda --bench`\n"
+            "# (or KernelBench's evaluator).\n"
         )
+        line += f"# Those are sizes fitted for the CPU from the file's own ({sizes}): check it at those on\n"
+        line += how
     return line
 
 
@@ -183,11 +190,11 @@ def export_source(
     _check_standalone(source, c.id)
     source = source.rstrip("\n") + "\n"
     if fmt == "kernelbench":
-        return _header(state, c) + KERNELBENCH_NOTE + "\n" + source
+        return _header(state, c, fmt) + KERNELBENCH_NOTE + "\n" + source
     assert state.started is not None
     problem = store.get_blob(state.started.problem_hash).decode()
     return (
-        _header(state, c)
+        _header(state, c, fmt)
         + "# `python kernel.py` checks ModelNew against the reference below and prints the speedup\n"
         + "# (without a GPU: TRITON_INTERPRET=1 python kernel.py). It needs torch and triton only.\n\n"
         + source

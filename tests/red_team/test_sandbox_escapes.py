@@ -17,17 +17,13 @@ from pathlib import Path
 
 import pytest
 
-from kernelbrain.runtime import isolation
 from tests.kbcli import SOFTMAX, kb, kb_env
 from tests.red_team.test_gate_cheats import softmax_cheat
 
 SECRET = "sk-kb-red-team-secret-7f3a"
 FIXTURE_DB = Path(__file__).resolve().parents[1] / "fixtures" / "softmax_run.db"
 
-pytestmark = pytest.mark.skipif(
-    not isolation.usable("bwrap") and not os.environ.get("CI"),
-    reason="bubblewrap is not installed here (.ci/run installs it; in CI its absence fails these tests)",
-)
+pytestmark = pytest.mark.needs("bwrap")
 
 # the attack runs in forward, after an honest kernel: zeros if it got through
 ATTACKED = """
