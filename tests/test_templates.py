@@ -12,8 +12,8 @@ import pytest
 
 from kernelbrain import templates
 from kernelbrain.templates import FAMILIES, knobs_with
+from kernelbrain.templates.base import Family, Refining
 from kernelbrain.templates.families import attention, row_softmax
-from kernelbrain.templates.family import Family, Refining
 
 
 def test_knobs_with_lays_overrides_on_the_first_round0_set_of_that_strategy():

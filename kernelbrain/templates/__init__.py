@@ -1,9 +1,9 @@
 """Parametrised Triton templates, one folder per op family (families/<family>/).
 
-Each family satisfies `family.Family`: `FAMILY`, `matches(ops, graph)` (the spec it extracts from the
+Each family satisfies `base.Family`: `FAMILY`, `matches(ops, graph)` (the spec it extracts from the
 traced reference, or None), `ROUND0` (knob sets spreading over its strategy axes), `MUTATIONS`
 (bottleneck label -> knob moves), `mutate(knobs, move)`, `feasible(spec, knobs)` and
-`render(spec, knobs, signature) -> str` (a standalone module defining ModelNew); a `family.Refining`
+`render(spec, knobs, signature) -> str` (a standalone module defining ModelNew); a `base.Refining`
 one also reads what the trace cannot show from the problem's source (`refine`). Every family's kernels
 are real `@triton.jit` functions in its folder's `parts` module, copied into the candidate by `render`.
 
@@ -27,6 +27,7 @@ torch ops; `partial` is kept under this package's name too).
 
 from typing import Any
 
+from kernelbrain.templates.base import Family
 from kernelbrain.templates.compose import partial as partial
 from kernelbrain.templates.families import (
     attention,
@@ -48,7 +49,6 @@ from kernelbrain.templates.families import (
     scan,
     staged,
 )
-from kernelbrain.templates.family import Family
 
 # each matcher wants its own op sequence, so the order only breaks ties; gemv late: it takes any lone
 # matmul of a vector or a few columns; pointwise, from the graph, any chain of elementwise ops

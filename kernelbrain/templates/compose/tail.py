@@ -35,6 +35,7 @@ from collections.abc import Collection
 from typing import Any
 
 from kernelbrain.core.graph import INPUT, PARAM, Graph, Meta, Node
+from kernelbrain.templates.base import Refusal
 from kernelbrain.templates.compose.tail_render import SUFFIX as SUFFIX
 from kernelbrain.templates.compose.tail_render import VALUE, NotTail, call
 from kernelbrain.templates.compose.tail_render import render_parts as render_parts
@@ -45,15 +46,6 @@ FAMILIES = (reduce, normalize, staged)
 # families a tail (or a segment of it) may be when none of FAMILIES takes it whole, in the order tried
 STAGES = (moments, layernorm, pool, pointwise)
 PRE = "_pre"  # the suffix of a prelude's parts
-_REFUSALS = (
-    reduce.NotReduction,
-    normalize.NotNormalize,
-    staged.NotStaged,
-    pointwise.NotPointwise,
-    moments.NotMoments,
-    pool.NotPool,
-    layernorm.NotLayerNorm,
-)
 
 
 def _elementwise(op: str) -> bool:
@@ -365,7 +357,7 @@ def _whole(
     for family in families:
         try:
             spec = family.compose(with_params(graph, sources) if family is moments else graph)
-        except (*_REFUSALS, _conv().NotConv) as e:
+        except Refusal as e:
             why.append(f"{family.FAMILY}: {e}")
             continue
         if spec.get("tail") or spec.get("prelude"):  # a convolution's own launches: segments of this chain

@@ -6,6 +6,7 @@ from __future__ import annotations
 import ast
 from typing import Any
 
+from kernelbrain.templates.base import Refusal
 from kernelbrain.templates.families import moments, pointwise, pool, reduce, row_norm
 from kernelbrain.templates.render import chain, parts, renamed
 
@@ -26,7 +27,7 @@ _MOMENTS_PARTS = ("_moments_kernel", "_moments_finish", "_moments_map", "_moment
 _POOL_PARTS = ("_pool_kernel", "_out_size", "_pool_launch")
 
 
-class NotTail(ValueError):
+class NotTail(Refusal):
     """What the tail holds that no memory-bound family composes (named in the refusal)."""
 
 

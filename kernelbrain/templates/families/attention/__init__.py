@@ -53,8 +53,9 @@ from __future__ import annotations
 from typing import Any
 
 from kernelbrain.core.graph import Graph
-from kernelbrain.templates import model_source
-from kernelbrain.templates.render import constants, module, parts
+from kernelbrain.templates import limits, sizing
+from kernelbrain.templates.base import FLOATS
+from kernelbrain.templates.render import constants, knob_text, module, parts, plain_model
 
 FAMILY = "attention"
 PARTS = f"{__name__}.parts"
@@ -63,11 +64,6 @@ PARTS = f"{__name__}.parts"
 KERNEL_PARTS = ("_dot16", "_qk", "_pv", "_attn_full_d", "_attn_d_tiled", "_scores", "_finite", "_tf32")
 KERNEL_PARTS += ("_split_store", "_split_v", "_softmax_rows", "_pv_gemm", "_attn_short16")
 HOST_PARTS = ("_materialized", "_launch")
-FLOAT_DTYPES = {"float32", "float16", "bfloat16"}
-# H100/H200: 227 KiB of shared memory per block (opt-in maximum)
-MAX_SMEM = 227 * 1024
-# fp32 accumulator + Q-block elements per thread before spilling
-MAX_REGS_PER_THREAD = 128
 # widest (padded) head the full_d kernel is ever launched with
 FULL_D_MAX = 256
 # the longest (padded) key range short16 holds whole in one tile
@@ -226,17 +222,13 @@ MUTATIONS: dict[str, list[tuple[str, str]]] = {
 }
 
 
-def _next_pow2(n: int) -> int:
-    return 1 << max(0, (int(n) - 1).bit_length())
-
-
 def matches(ops: list[dict], graph: Graph | None = None) -> dict | None:
     """A lone scaled_dot_product_attention (contiguous calls aside) on a float tensor of >= 2 dims."""
     seq = [o for o in ops if str(o["op"]).strip("_") != "contiguous"]
     if len(seq) != 1 or seq[0]["op"] != "scaled_dot_product_attention":
         return None
     op = seq[0]
-    if op.get("dtype") not in FLOAT_DTYPES:
+    if op.get("dtype") not in FLOATS:
         return None
     shape = [int(s) for s in op.get("shape") or []]
     if len(shape) < 2:
@@ -249,9 +241,9 @@ def matches(ops: list[dict], graph: Graph | None = None) -> dict | None:
 
 def _blocks(spec: dict, knobs: dict[str, Any]) -> tuple[int, int]:
     """(BLOCK_M, BLOCK_N) at the traced shape: clamped to the sequence (>= 16, tl.dot's minimum)."""
-    cap = max(16, _next_pow2(spec["lq"])) if spec.get("lq") else None
-    bm, bn = knobs["block_m"], knobs["block_n"]
-    return (min(bm, cap), min(bn, cap)) if cap else (bm, bn)
+    return sizing.clamp(knobs["block_m"], spec.get("lq"), 16), sizing.clamp(
+        knobs["block_n"], spec.get("lq"), 16
+    )
 
 
 def precision(knobs: dict[str, Any]) -> dict[str, str]:
@@ -314,12 +306,13 @@ def feasible(spec: dict, knobs: dict[str, Any]) -> bool:
     if knobs.get("short16") and knobs["strategy"] == "materialized":
         # short16 holds a [m, SHORT16_MAX] score block (P takes its place) and an [m, block_dv] accumulator
         t16 = tiles(knobs, "float16", 2 * FULL_D_MAX)
-        if t16["m"] * (SHORT16_MAX + knobs["block_dv"]) > MAX_REGS_PER_THREAD * 32 * t16["warps"]:
+        if not sizing.fits(t16["m"] * (SHORT16_MAX + knobs["block_dv"]), t16["warps"], limits.ACC_PER_THREAD):
             return False
         # and stages Q and K chunks [m + SHORT16_MAX, d] per pipeline stage and P [m, SHORT16_MAX] in shared
         # memory, at 16 bits: an estimate of what the compiler allocates, so a set near the limit may be
         # misjudged (docs/templates.md, "attention")
-        if 2 * (t16["stages"] * (t16["m"] + SHORT16_MAX) * t16["d"] + t16["m"] * SHORT16_MAX) > MAX_SMEM:
+        smem = 2 * (t16["stages"] * (t16["m"] + SHORT16_MAX) * t16["d"] + t16["m"] * SHORT16_MAX)
+        if smem > limits.TARGET.smem_per_block:
             return False
     own16 = dtype == "float32" and any(k in knobs for k in TILE16_KNOBS)
     if own16 and not _fits(spec | {"dtype": "float16"}, knobs, prec):
@@ -331,25 +324,22 @@ def _tile_ok(field: str, v: int) -> bool:
     if field == "stages":
         return v >= 1
     if field == "warps":
-        return v in (1, 2, 4, 8, 16)
-    return v >= 16 and not v & (v - 1)  # tl.dot's minimum; power-of-two blocks
+        return v in sizing.WARPS
+    return sizing.pow2(v, least=16)  # tl.dot's minimum; power-of-two blocks
 
 
 def _fits(spec: dict, knobs: dict[str, Any], prec: dict[str, str]) -> bool:
     dtype = spec.get("dtype", "float32")
-    d = max(16, _next_pow2(spec.get("d") or 16))
+    d = max(16, sizing.next_pow2(spec.get("d") or 16))
     t = tiles(knobs, dtype, d)
     tiled = knobs["strategy"] in {"d_tiled", "materialized"}
     sizes = [t["m"], t["n"]] + ([t["d"], knobs["block_dv"]] if tiled else [])
     sizes += [t["k"]] if any(k in knobs for k in ("block_k", "wide16_k", "narrow16_k")) else []
-    if any(b < 16 or b & (b - 1) for b in sizes) or t["stages"] < 1:
-        return False
-    if t["warps"] not in (1, 2, 4, 8, 16):
+    if not sizing.pow2(*sizes, least=16) or t["stages"] < 1 or t["warps"] not in sizing.WARPS:
         return False
     bm, bn = _blocks(spec, {"block_m": t["m"], "block_n": t["n"]})
     elt = _ELT.get(dtype, 4)
     wide = dtype == "float32" and prec["qk32"] == "fp64"
-    threads = 32 * t["warps"]
     scores = bm * bn * (2 if wide else 1)
     strategy = knobs["strategy"]
     if strategy == "materialized" and d <= FULL_D_MAX:  # runs full_d at this head: its limits apply
@@ -383,7 +373,7 @@ def _fits(spec: dict, knobs: dict[str, Any], prec: dict[str, str]) -> bool:
             (bm + bn) * bd * elt,
             parts * bm * bk * p_elt + bk * dv * elt * (parts if dtype == "float32" else 1),
         )
-    return regs <= MAX_REGS_PER_THREAD * threads and smem <= MAX_SMEM
+    return sizing.fits(regs, t["warps"], limits.ACC_PER_THREAD) and smem <= limits.TARGET.smem_per_block
 
 
 def mutate(knobs: dict[str, Any], move: str) -> dict[str, Any] | None:
@@ -420,7 +410,7 @@ def mutate(knobs: dict[str, Any], move: str) -> dict[str, Any] | None:
     if move == "more_stages":
         return {**k, "num_stages": k["num_stages"] + 1} if k["num_stages"] < 5 else None
     if move == "more_warps":
-        return {**k, "num_warps": k["num_warps"] * 2} if k["num_warps"] < 16 else None
+        return sizing.warps(k, move)
     raise ValueError(f"unknown move {move!r}")
 
 
@@ -431,28 +421,21 @@ def _strings(**values: str) -> str:
 
 
 def render(spec: dict, knobs: dict[str, Any], signature: dict[str, list[str]]) -> str:
-    init_args = model_source.init_args(signature, "".join(f", {a}" for a in signature["init"]))
     fwd = list(signature["forward"])
     if len(fwd) < 3:
         raise ValueError(f"attention needs forward(q, k, v): got forward({', '.join(fwd)})")
     q, k, v = fwd[:3]
-    rest = "".join(f", {a}" for a in fwd[3:])
     prec = precision(knobs)
     by = {
         "float32": tiles(knobs, "float32", FULL_D_MAX),
         "narrow16": tiles(knobs, "float16", FULL_D_MAX),
         "wide16": tiles(knobs, "float16", 2 * FULL_D_MAX),
     }
-    knob_text = ", ".join(f"{a}={b}" for a, b in knobs.items())
     doc = (
         "Scaled dot-product attention (flash forward, online softmax): kernelbrain attention template\n"
-        f"({knob_text})."
+        f"({knob_text(knobs)})."
     )
-    model = f"""class ModelNew(nn.Module):
-    def __init__(self{init_args}):
-        super().__init__()
-
-    def forward(self, {q}, {k}, {v}{rest}):
+    lines = f"""\
         lead = {q}.shape[:-2]
         Lq, D = {q}.shape[-2:]
         Lk, DV = {k}.shape[-2], {v}.shape[-1]
@@ -478,5 +461,5 @@ def render(spec: dict, knobs: dict[str, Any], signature: dict[str, list[str]]) -
         "import math\nimport os\n",
         knob_constants,
         parts(PARTS, "LOG2E", *KERNEL_PARTS, *HOST_PARTS),
-        model,
+        plain_model(signature, lines, default=""),
     )

@@ -45,7 +45,8 @@ import math
 from typing import Any
 
 from kernelbrain.core.graph import INPUT, PARAM, Graph, Meta, Node
-from kernelbrain.templates import model_source
+from kernelbrain.templates import limits, model_source, sizing
+from kernelbrain.templates.base import matches_by
 from kernelbrain.templates.compose import tail
 from kernelbrain.templates.families import gemm_epilogue, pointwise
 from kernelbrain.templates.families.contraction.axes import (
@@ -64,15 +65,8 @@ from kernelbrain.templates.render import chain, constants, module, parts
 
 FAMILY = "contraction"
 PARTS = f"{__name__}.parts"
-# H100/H200: 227 KiB of shared memory per block (opt-in maximum)
-MAX_SMEM = 227 * 1024
-# fp32 accumulator elements per thread; past this the accumulator spills
-MAX_ACC_PER_THREAD = 128
 MAX_EXTRAS = 3
 MAX_PIECES = 3  # batch dims the kernel indexes (the grid's second axis)
-MAX_BATCH = 65535  # a CUDA grid's second axis
-
-SMS = 132  # H100/H200 SXM: streaming multiprocessors
 SPLIT_K_MIN_SLICE = 1024  # K a split-K slice keeps at least (its partial tile's store is then cheap)
 SPLIT_K_MAX_WORKSPACE = 256 << 20  # bytes of fp32 partial tiles
 LAYOUTS = ("strided", "k", "mn")
@@ -135,21 +129,14 @@ def mutate(knobs: dict[str, Any], move: str) -> dict[str, Any] | None:
     return gemm_epilogue.mutate(k, move)
 
 
-def _next_pow2(n: int) -> int:
-    return 1 << max(0, (int(n) - 1).bit_length())
-
-
 def tile(spec: dict, knobs: dict[str, Any]) -> tuple[int, int, int]:
     """(BLOCK_M, BLOCK_N, BLOCK_K) the launcher uses at the traced shape: never wider than the matrix
     (rounded up to a power of two, at least 16: tl.dot's minimum)."""
 
-    def clamp(block: int, dim: int) -> int:
-        return min(block, max(16, _next_pow2(dim)))
-
     return (
-        clamp(knobs["block_m"], spec["m"]),
-        clamp(knobs["block_n"], spec["n"]),
-        clamp(knobs["block_k"], spec["k"]),
+        sizing.clamp(knobs["block_m"], spec["m"], 16),
+        sizing.clamp(knobs["block_n"], spec["n"], 16),
+        sizing.clamp(knobs["block_k"], spec["k"], 16),
     )
 
 
@@ -171,30 +158,38 @@ def wants_split_k(spec: dict, knobs: dict[str, Any]) -> bool:
     split = knobs.get("split_k", 1)
     tiles = math.ceil(spec["m"] / bm) * math.ceil(spec["n"] / bn) * spec["batch"]
     workspace = split * spec["batch"] * spec["m"] * spec["n"] * 4
-    return tiles < 2 * SMS and spec["k"] >= split * SPLIT_K_MIN_SLICE and workspace <= SPLIT_K_MAX_WORKSPACE
+    return (
+        tiles < 2 * limits.TARGET.sms
+        and spec["k"] >= split * SPLIT_K_MIN_SLICE
+        and workspace <= SPLIT_K_MAX_WORKSPACE
+    )
 
 
 def feasible(spec: dict, knobs: dict[str, Any]) -> bool:
     """Tiles of powers of two >= 16, the pipeline within shared memory, the accumulator (and the tile of
     each epilogue tensor) within registers, the batch within the grid's second axis; split-K only where
     the shape wants it (wants_split_k)."""
-    blocks = (knobs["block_m"], knobs["block_n"], knobs["block_k"])
-    if any(b < 16 or b & (b - 1) for b in blocks) or knobs["num_stages"] < 1:
+    if (
+        not sizing.pow2(knobs["block_m"], knobs["block_n"], knobs["block_k"], least=16)
+        or knobs["num_stages"] < 1
+    ):
         return False
-    if spec["batch"] > MAX_BATCH or knobs.get("layout", "strided") not in LAYOUTS:
+    if spec["batch"] > limits.TARGET.grid_y or knobs.get("layout", "strided") not in LAYOUTS:
         return False
     split = knobs.get("split_k", 1)
     if split < 1 or (split > 1 and not wants_split_k(spec, knobs)):
         return False
     bm, bn, _ = tile(spec, knobs)
-    threads = 32 * knobs["num_warps"]
     # in the K loop the accumulator (and a tf32x3 split's operands); in the epilogue the accumulator and
     # each extra tile, once, where a thread may hold up to 255 registers
     in_loop = bm * bn * (1 + (knobs["strategy"] in ("tf32x3", "presplit")))
     in_epilogue = bm * bn * (1 + len(spec["extras"]))
-    fits = in_loop <= MAX_ACC_PER_THREAD * threads and in_epilogue <= 2 * MAX_ACC_PER_THREAD * threads
+    warps = knobs["num_warps"]
+    fits = sizing.fits(in_loop, warps, limits.ACC_PER_THREAD)
+    fits = fits and sizing.fits(in_epilogue, warps, 2 * limits.ACC_PER_THREAD)
     rest = spec.get("tail")
-    return smem_bytes(spec, knobs) <= MAX_SMEM and fits and (rest is None or tail.feasible(rest))
+    in_smem = smem_bytes(spec, knobs) <= limits.TARGET.smem_per_block
+    return in_smem and fits and (rest is None or tail.feasible(rest))
 
 
 # --- the graph ---------------------------------------------------------------------------------------
@@ -463,13 +458,7 @@ def _epilogue(
     }
 
 
-def matches(ops: list[dict], graph: Graph | None = None) -> dict | None:
-    if graph is None:
-        return None
-    try:
-        return compose(graph)
-    except (NotContraction, pointwise.NotPointwise):
-        return None
+matches = matches_by(compose)
 
 
 def refine(spec: dict, problem_source: str | None) -> dict | None:

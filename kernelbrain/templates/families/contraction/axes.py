@@ -9,7 +9,7 @@ import math
 from typing import Any
 
 from kernelbrain.core.graph import INPUT, PARAM, Graph, Node
-from kernelbrain.templates.families import pointwise
+from kernelbrain.templates.base import FLOATS, Refusal
 
 REGROUPS = {"aten.view.default", "aten._unsafe_view.default", "aten.reshape.default"}
 SAME = {"aten.clone.default", "aten.contiguous.default", "aten.alias.default", "aten.detach.default",
@@ -22,7 +22,7 @@ Atom = tuple[int, int]  # (source node, dim); (-1, size): a broadcast
 Axes = list[tuple[Atom, ...]]  # each axis: the atoms it merges, in row-major order (none: size 1)
 
 
-class NotContraction(ValueError):
+class NotContraction(Refusal):
     """What the graph holds that this family cannot compose (named in the refusal)."""
 
 
@@ -108,7 +108,7 @@ def operand_axes(graph: Graph, sizes: Atoms, value: Any, sources: dict[int, int]
         raise NotContraction("an operand that is not a tensor")
     node = graph.nodes[ref[0]]
     if node.op in (INPUT, PARAM):
-        if node.outs[0].dtype not in pointwise.FLOATS:
+        if node.outs[0].dtype not in FLOATS:
             raise NotContraction(f"an operand of {node.outs[0].dtype}")
         sources.setdefault(ref[0], len(sources))
         return [((ref[0], d),) for d in range(len(node.outs[0].shape))]

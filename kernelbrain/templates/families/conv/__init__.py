@@ -47,7 +47,8 @@ import math
 from typing import Any
 
 from kernelbrain.core.graph import INPUT, PARAM, Graph, Node
-from kernelbrain.templates import model_source
+from kernelbrain.templates import limits, model_source, sizing
+from kernelbrain.templates.base import FLOATS, Refusal, matches_by
 from kernelbrain.templates.compose import tail
 from kernelbrain.templates.families import pointwise
 from kernelbrain.templates.render import chain, constants, module, parts
@@ -115,13 +116,13 @@ CONVS = {
     "aten.conv3d.default",
 }
 MAX_EXTRAS = 3  # the chain's tensors besides the convolution's value (the kernel's v1..v3)
-MAX_ACC_PER_THREAD = 128  # fp32 accumulator elements a thread; past this the accumulator spills
-SHARED_BYTES = 200 * 1024  # H200: 227 KiB of shared memory a block, some left for the compiler's own
+# the dot forms' pipelined tiles: a block's shared memory, less 27 KiB left for the compiler's own
+SHARED_BYTES = limits.TARGET.smem_per_block - 27 * 1024
 BLOCKS = (16, 32, 64, 128, 256, 512)
 VIEWS = pointwise.PASS_THROUGH  # what the chain may hold besides elementwise ops, for the tail's cut
 
 
-class NotConv(ValueError):
+class NotConv(Refusal):
     """What the graph holds that this family cannot compose."""
 
 
@@ -154,7 +155,7 @@ def mutate(knobs: dict[str, Any], move: str) -> dict[str, Any] | None:
         return {**k, "num_stages": k["num_stages"] + 1} if dot and k["num_stages"] < 5 else None
     if move == "fewer_stages":
         return {**k, "num_stages": k["num_stages"] - 1} if k["num_stages"] > 1 else None
-    return pointwise.step(k, move, "block_m", BLOCKS)
+    return sizing.step(k, move, "block_m", BLOCKS)
 
 
 def feasible(spec: dict, knobs: dict[str, Any]) -> bool:
@@ -169,9 +170,9 @@ def feasible(spec: dict, knobs: dict[str, Any]) -> bool:
     if layout not in (False, True) or (strategy == "direct" and layout):
         return False
     bm, bn, bk, warps = knobs["block_m"], knobs["block_n"], knobs["block_k"], knobs["num_warps"]
-    if any(b < 1 or b & (b - 1) for b in (bm, bn, bk)) or warps not in (1, 2, 4, 8, 16):
+    if not sizing.pow2(bm, bn, bk) or warps not in sizing.WARPS or knobs["num_stages"] < 1:
         return False
-    if bm * bn > MAX_ACC_PER_THREAD * 32 * warps or knobs["num_stages"] < 1:
+    if not sizing.fits(bm * bn, warps, limits.ACC_PER_THREAD):
         return False
     if any(t is not None and not tail.feasible(t) for t in (spec.get("tail"), spec.get("prelude"))):
         return False
@@ -309,7 +310,7 @@ def compose(graph: Graph) -> dict:
     spatial = len(w_meta.shape) - 2
     if not 1 <= spatial <= 3 or len(x_meta.shape) != spatial + 2:
         raise NotConv(f"a convolution of a {len(x_meta.shape)}-D input by a {len(w_meta.shape)}-D weight")
-    if x_meta.dtype not in pointwise.FLOATS or w_meta.dtype != x_meta.dtype:
+    if x_meta.dtype not in FLOATS or w_meta.dtype != x_meta.dtype:
         raise NotConv(f"a convolution of {x_meta.dtype} by {w_meta.dtype}")
 
     def listed(key: str, default: int) -> list[int]:
@@ -323,7 +324,7 @@ def compose(graph: Graph) -> dict:
     if any(o != 0 for o in a.get("output_padding") or []):
         raise NotConv("an output padding")
     groups = int(a.get("groups", 1))
-    if len(graph.outputs) != 1 or graph.meta(tuple(graph.outputs[0])).dtype not in pointwise.FLOATS:
+    if len(graph.outputs) != 1 or graph.meta(tuple(graph.outputs[0])).dtype not in FLOATS:
         raise NotConv("an output that is not floating point")
     after, extras = epilogue(graph, at)
     out_dtype = graph.meta(tuple(graph.outputs[0])).dtype
@@ -351,24 +352,13 @@ def compose(graph: Graph) -> dict:
     }
 
 
-def matches(ops: list[dict], graph: Graph | None = None) -> dict | None:
-    if graph is None:
-        return None
-    try:
-        return compose(graph)
-    except (NotConv, pointwise.NotPointwise):
-        return None
+matches = matches_by(compose)
 
 
 def refine(spec: dict, problem_source: str | None) -> dict | None:
     """The problem's constructor, run by ModelNew so that its parameters are Model's (where any tensor
     the kernel reads is one)."""
-    if problem_source is None:
-        return None
-    ctor = model_source.constructor(problem_source)
-    if ctor is None:
-        return None
-    return {**spec, "init_params": ctor.params, "init_body": ctor.body}
+    return model_source.with_constructor(spec, problem_source)
 
 
 def read(what: list | None, forward: list[str]) -> str:

@@ -88,7 +88,8 @@ from __future__ import annotations
 from typing import Any
 
 from kernelbrain.core.graph import INPUT, Graph
-from kernelbrain.templates import model_source
+from kernelbrain.templates import limits, model_source, sizing
+from kernelbrain.templates.base import FLOATS, Refusal, matches_by
 from kernelbrain.templates.compose import tail
 from kernelbrain.templates.families import conv, pointwise
 from kernelbrain.templates.render import chain, constants, module, parts
@@ -103,10 +104,6 @@ HOST_PARTS = ("_launch",)
 # what an nd strategy's candidate copies: conv's dot and extra-tensor loads, then these
 CONV_PARTS = ("_mma", "_extra")
 ND_PARTS = ("_convt_nd_tap", "_convt_nd_kernel", "_convt_nd_launch")
-FLOAT_DTYPES = {"float32", "float16", "bfloat16"}
-# fp32 accumulator elements per thread; past this the accumulator spills
-MAX_ACC_PER_THREAD = 128
-SHARED_BYTES = 200 * 1024  # H200: 227 KiB of shared memory a block, some left for the compiler's own
 STRATEGIES_2D = ("direct", "phase", "phase_dot", "rows", "rows_dense")
 STRATEGIES_ND = ("nd_dot", "nd_fma")
 STRATEGIES = STRATEGIES_2D + STRATEGIES_ND
@@ -228,7 +225,7 @@ def fp32_dot(knobs: dict[str, Any]) -> str:
     return v
 
 
-class NotConvTranspose(ValueError):
+class NotConvTranspose(Refusal):
     """What the graph holds that this family cannot compose."""
 
 
@@ -241,19 +238,19 @@ def _feasible_2d(knobs: dict[str, Any]) -> bool:
     """Power-of-two blocks (>= 16 per tl.dot dim), the accumulator (and, for the FMA forms, the
     BLOCK_K x BLOCK_C x BLOCK_P product summed over K) within registers."""
     bp, bc, bk, warps = knobs["block_p"], knobs["block_c"], knobs["block_k"], knobs["num_warps"]
-    if any(b < 1 or b & (b - 1) for b in (bp, bc, bk)) or warps not in (1, 2, 4, 8, 16):
+    if not sizing.pow2(bp, bc, bk) or warps not in sizing.WARPS:
         return False
     if knobs.get("prepack") and knobs["strategy"] != "rows_dense":
         return False  # only rows_dense has weight tiles to pack
-    threads = 32 * warps
+    acc = sizing.fits(bp * bc, warps, limits.ACC_PER_THREAD)
     if knobs["strategy"] == "phase_dot":
-        return min(bp, bc, bk) >= 16 and bp * bc <= MAX_ACC_PER_THREAD * threads
+        return min(bp, bc, bk) >= 16 and acc
     if knobs["strategy"] == "rows":  # one phase's [BLOCK_C, BLOCK_P] accumulator live at a time
-        return bp >= 16 and bc >= 16 and bp * bc <= MAX_ACC_PER_THREAD * threads
+        return bp >= 16 and bc >= 16 and acc
     if knobs["strategy"] == "rows_dense":  # a [BLOCK_C x phases, BLOCK_P / phases] accumulator
         # narrower blocks than tl.dot's 16 are widened (and masked) at launch, so they stay allowed
-        return bp >= 16 and bc >= 4 and bp * bc <= MAX_ACC_PER_THREAD * threads
-    return bp >= 16 and bc >= 16 and bp * bc * (1 + bk) <= 2 * MAX_ACC_PER_THREAD * threads
+        return bp >= 16 and bc >= 4 and acc
+    return bp >= 16 and bc >= 16 and sizing.fits(bp * bc * (1 + bk), warps, 2 * limits.ACC_PER_THREAD)
 
 
 def _feasible_nd(spec: dict, knobs: dict[str, Any]) -> bool:
@@ -261,16 +258,16 @@ def _feasible_nd(spec: dict, knobs: dict[str, Any]) -> bool:
     pipelined tiles within shared memory; the dot form only for groups of at least 8 output channels
     (narrower ones waste most of a dot's columns: nd_fma serves them)."""
     bm, bn, bk, warps = knobs["block_m"], knobs["block_n"], knobs["block_k"], knobs["num_warps"]
-    if any(b < 1 or b & (b - 1) for b in (bm, bn, bk)) or warps not in (1, 2, 4, 8, 16):
+    if not sizing.pow2(bm, bn, bk) or warps not in sizing.WARPS or knobs["num_stages"] < 1 or bm < 16:
         return False
-    if bm * bn > MAX_ACC_PER_THREAD * 32 * warps or knobs["num_stages"] < 1 or bm < 16:
+    if not sizing.fits(bm * bn, warps, limits.ACC_PER_THREAD):
         return False
     if knobs["strategy"] == "nd_fma":
         return True
     if min(bm, bn, bk) < 16 or spec["c_out_g"] < 8:
         return False
     size = 2 if spec["dtype"] in {"float16", "bfloat16"} else 4
-    return knobs["num_stages"] * (bm * bk + bk * bn) * size <= SHARED_BYTES
+    return knobs["num_stages"] * (bm * bk + bk * bn) * size <= conv.SHARED_BYTES
 
 
 def feasible(spec: dict, knobs: dict[str, Any]) -> bool:
@@ -316,7 +313,7 @@ def _mutate_nd(k: dict[str, Any], move: str) -> dict[str, Any] | None:
     if move == "smaller_tiles":
         return {**k, "block_m": k["block_m"] // 2} if k["block_m"] > 16 else None
     if move == "more_warps":
-        return {**k, "num_warps": k["num_warps"] * 2} if k["num_warps"] < 16 else None
+        return sizing.warps(k, move)
     if move == "more_stages":
         return {**k, "num_stages": k["num_stages"] + 1} if dot and k["num_stages"] < 5 else None
     if move == "fewer_stages":
@@ -359,7 +356,7 @@ def mutate(knobs: dict[str, Any], move: str) -> dict[str, Any] | None:
     if move == "smaller_tiles":
         return {**k, "block_p": k["block_p"] // 2} if k["block_p"] > 16 else None
     if move == "more_warps":
-        return {**k, "num_warps": k["num_warps"] * 2} if k["num_warps"] < 16 else None
+        return sizing.warps(k, move)
     if move == "longer_k":
         return {**k, "block_k": k["block_k"] * 2} if k["block_k"] < 64 else None
     raise ValueError(f"unknown move {move!r}")
@@ -407,7 +404,7 @@ def compose(graph: Graph) -> dict:
         raise NotConvTranspose(
             f"a transposed convolution of a {len(x_meta.shape)}-D input by a {len(w_meta.shape)}-D weight"
         )
-    if x_meta.dtype not in FLOAT_DTYPES or w_meta.dtype != x_meta.dtype:
+    if x_meta.dtype not in FLOATS or w_meta.dtype != x_meta.dtype:
         raise NotConvTranspose(f"a transposed convolution of {x_meta.dtype} by {w_meta.dtype}")
 
     def listed(key: str, default: int) -> list[int]:
@@ -423,7 +420,7 @@ def compose(graph: Graph) -> dict:
         )
     groups = int(a.get("groups", 1))
     out_dtype = graph.meta(tuple(graph.outputs[0])).dtype
-    if out_dtype not in FLOAT_DTYPES:
+    if out_dtype not in FLOATS:
         raise NotConvTranspose("an output that is not floating point")
     return {
         "input": int(graph.nodes[src[0]].args["index"]),
@@ -450,13 +447,7 @@ def compose(graph: Graph) -> dict:
     }
 
 
-def matches(ops: list[dict], graph: Graph | None = None) -> dict | None:
-    if graph is None:
-        return None
-    try:
-        return compose(graph)
-    except (NotConvTranspose, pointwise.NotPointwise):
-        return None
+matches = matches_by(compose)
 
 
 def refine(spec: dict, problem_source: str | None) -> dict | None:

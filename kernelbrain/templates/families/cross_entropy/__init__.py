@@ -21,9 +21,18 @@ from __future__ import annotations
 from typing import Any
 
 from kernelbrain.core.graph import INPUT, PARAM, Graph, Node
-from kernelbrain.templates import model_source
+from kernelbrain.templates import model_source, sizing
+from kernelbrain.templates.base import (
+    FLOATS,
+    MORE_WARPS,
+    Refusal,
+    matches_by,
+    one_output,
+    tile_mutations,
+    unsized,
+)
 from kernelbrain.templates.families import pointwise, reduce
-from kernelbrain.templates.render import chain, constants, module, parts
+from kernelbrain.templates.render import chain, constants, knob_text, module, parts, refined_model
 
 FAMILY = "cross_entropy"
 PARTS = f"{__name__}.parts"
@@ -41,17 +50,14 @@ BLOCKS = (256, 512, 1024, 2048, 4096, 8192, 16384)
 MAX_ROWS = 256
 MAX_PER_THREAD = 64  # tile elements a thread holds: past this the fp32 tile and its exp spill
 
-MUTATIONS: dict[str, list[tuple[str, str]]] = {
-    "memory-bound near peak": [("larger_tiles", "more bytes in flight a program, fewer chunk reductions")],
-    "latency or occupancy-limited": [
-        ("more_warps", "more warps a program keep more loads in flight"),
-        ("fewer_rows", "fewer rows a program: more programs where rows are few"),
-    ],
-    "launch-bound": [("more_rows", "fewer, fatter programs: several short rows each")],
-    "register spills": [("smaller_tiles", "a smaller tile, the row streamed in more chunks")],
-    "compute-bound": [("fewer_warps", "fewer warps, more registers each for the exp")],
-    "memory-bound with poor coalescing": [("larger_tiles", "longer contiguous runs of a row a program")],
-}
+MUTATIONS = tile_mutations(
+    near_peak=[("larger_tiles", "more bytes in flight a program, fewer chunk reductions")],
+    latency=[MORE_WARPS, ("fewer_rows", "fewer rows a program: more programs where rows are few")],
+    launch=[("more_rows", "fewer, fatter programs: several short rows each")],
+    spills=[("smaller_tiles", "a smaller tile, the row streamed in more chunks")],
+    compute=[("fewer_warps", "fewer warps, more registers each for the exp")],
+    coalescing=[("larger_tiles", "longer contiguous runs of a row a program")],
+)
 
 LOG_SOFTMAX = "aten._log_softmax.default"
 NLL = "aten.nll_loss_forward.default"
@@ -68,7 +74,7 @@ _OF_ROWS = {
 TARGETS = {"int64", "int32", "int16", "uint8"}
 
 
-class NotCrossEntropy(ValueError):
+class NotCrossEntropy(Refusal):
     """What the graph holds that this family cannot compose."""
 
 
@@ -78,7 +84,7 @@ def mutate(knobs: dict[str, Any], move: str) -> dict[str, Any] | None:
         return {**k, "rows": min(MAX_ROWS, k["rows"] * 4)}
     if move == "fewer_rows" and k["rows"] > 1:
         return {**k, "rows": max(1, k["rows"] // 4)}
-    return pointwise.step(k, move, "block", BLOCKS)
+    return sizing.step(k, move, "block", BLOCKS)
 
 
 def feasible(spec: dict, knobs: dict[str, Any]) -> bool:
@@ -106,7 +112,7 @@ def _weight(graph: Graph, value: Any, n_cls: int) -> dict | None:
         raise NotCrossEntropy("class weights that are a tensor attribute, neither parameter nor buffer")
     node = _input(graph, value, "class weight")
     meta = node.outs[0]
-    if meta.shape != [n_cls] or meta.dtype not in pointwise.FLOATS:
+    if meta.shape != [n_cls] or meta.dtype not in FLOATS:
         raise NotCrossEntropy(f"class weights of {meta.dtype} and shape {meta.shape}")
     if node.op == PARAM:
         return {"param": str(node.args["name"])}
@@ -117,12 +123,8 @@ def compose(graph: Graph) -> dict:
     """The spec of a graph that is one NLL loss (of a log-softmax, or of log-probabilities) of an
     elementwise chain, with a chain on its value. Raises NotCrossEntropy (or pointwise.NotPointwise)
     naming what is not."""
-    if len(graph.outputs) != 1:
-        raise NotCrossEntropy(f"{len(graph.outputs)} outputs")
-    try:
-        graph.unsized()
-    except ValueError as e:
-        raise NotCrossEntropy(str(e)) from None
+    one_output(graph, NotCrossEntropy)
+    unsized(graph, NotCrossEntropy)
     for node in graph.nodes:
         if node.op in _OTHER_NLL:
             raise NotCrossEntropy(_OTHER_NLL[node.op])
@@ -161,14 +163,9 @@ def compose(graph: Graph) -> dict:
     before = pointwise.compose(Graph(nodes=graph.nodes[:chain_end], outputs=[list(logits)]))
     after = _after(graph, at, int(nll.args.get("reduction", MEAN)))
     return {
-        "inputs": before["inputs"],
-        "prologue": before["body"],
-        "prologue_result": before["result"],
+        **pointwise.around(before, after),
         "chain_dtype": before["dtype"],
-        "epilogue": after["body"],
-        "epilogue_result": after["result"],
         "dtype": after["dtype"],
-        "helpers": [h for h in pointwise.HELPERS if h in before["helpers"] + after["helpers"]],
         "log_softmax": log_softmax,
         "target": int(target.args["index"]),
         "weight": weight,
@@ -224,32 +221,14 @@ def _after(graph: Graph, at: int, mode: int) -> dict:
     return {**mapped, "mode": mode}
 
 
-def matches(ops: list[dict], graph: Graph | None = None) -> dict | None:
-    if graph is None:
-        return None
-    try:
-        return compose(graph)
-    except (NotCrossEntropy, pointwise.NotPointwise):
-        return None
+matches = matches_by(compose)
 
 
 def refine(spec: dict, problem_source: str | None) -> dict | None:
     """Class weights the model holds: its constructor, run by ModelNew so that they are Model's."""
     if spec["weight"] is None or "param" not in spec["weight"]:
         return spec
-    ctor = model_source.constructor(problem_source) if problem_source is not None else None
-    if ctor is None:
-        return None
-    return {**spec, "init_params": ctor.params, "init_body": ctor.body}
-
-
-def _constructor(spec: dict, signature: dict[str, list[str]]) -> str:
-    if "init_body" not in spec:
-        init_args = model_source.init_args(signature, "".join(f", {a}=None" for a in signature["init"]))
-        return f"    def __init__(self{init_args}):\n        super().__init__()\n"
-    params = f"self, {spec['init_params']}" if spec["init_params"] else "self"
-    body = "".join(f"        {line}\n" for line in spec["init_body"].splitlines())
-    return f"    def __init__({params}):\n{body}"
+    return model_source.with_constructor(spec, problem_source)
 
 
 def render(spec: dict, knobs: dict[str, Any], signature: dict[str, list[str]]) -> str:
@@ -268,14 +247,11 @@ def render(spec: dict, knobs: dict[str, Any], signature: dict[str, list[str]]) -
     if spec["chain_dtype"] is not None:
         lp_dtype = f"torch.{spec['chain_dtype']}"
     out_dtype = f"torch.{spec['dtype']}" if spec["dtype"] is not None else "lp_dtype"
-    knob_text = ", ".join(f"{k}={v}" for k, v in knobs.items())
     doc = (
-        f"Cross entropy: {', '.join(spec['ops'])}: kernelbrain cross_entropy family ({knob_text}).\n\n"
+        f"Cross entropy: {', '.join(spec['ops'])}: kernelbrain cross_entropy family ({knob_text(knobs)}).\n\n"
         "The logits read once, each row's loss in fp32, composed from the reference's ATen graph.\n"
     )
-    model = f"""class ModelNew(nn.Module):
-{_constructor(spec, signature)}
-    def forward(self, {", ".join(forward)}):
+    lines = f"""\
         xs = [{xs}]
         floats = [x.dtype for x in xs if x.dtype != torch.bool]
         lp_dtype = {lp_dtype}
@@ -287,11 +263,11 @@ def render(spec: dict, knobs: dict[str, Any], signature: dict[str, list[str]]) -
         constants(BLOCK=knobs["block"], ROWS=knobs["rows"], NUM_WARPS=knobs["num_warps"]),
         constants(IGNORE_INDEX=spec["ignore_index"], MODE=spec["mode"], LOG_SOFTMAX=spec["log_softmax"])
         + constants(PROLOGUE=bool(spec["prologue"])),
-        parts(pointwise.PARTS, *spec["helpers"]) if spec["helpers"] else "",
+        pointwise.helper_parts(spec),
         chain("_prologue", spec["prologue"], spec["prologue_result"]),
         chain("_epilogue", spec["epilogue"], spec["epilogue_result"]),
         parts(
             PARTS, "_rounded", "_logits", "_row_losses", "_ce_kernel", "_named", "MAX_PROGRAMS", "_ce_launch"
         ),
-        model,
+        refined_model(spec, signature, lines),
     )

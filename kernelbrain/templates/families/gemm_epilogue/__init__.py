@@ -32,16 +32,12 @@ from __future__ import annotations
 from typing import Any
 
 from kernelbrain.core.graph import Graph
-from kernelbrain.templates import model_source
-from kernelbrain.templates.render import constants, module, parts
+from kernelbrain.templates import limits, sizing
+from kernelbrain.templates.base import FLOATS
+from kernelbrain.templates.render import constants, init_with, knob_text, model_class, module, parts
 
 FAMILY = "gemm_epilogue"
 PARTS = f"{__name__}.parts"
-FLOAT_DTYPES = {"float32", "float16", "bfloat16"}
-# H100/H200: 227 KiB of shared memory per block (opt-in maximum)
-MAX_SMEM = 227 * 1024
-# fp32 accumulator elements per thread; past this the accumulator spills
-MAX_ACC_PER_THREAD = 128
 _EPILOGUE = {"relu": "relu", "div": "div", "truediv": "div", "true_divide": "div", "divide": "div"}
 
 ROUND0: list[dict[str, Any]] = [
@@ -128,7 +124,7 @@ def matches(ops: list[dict], graph: Graph | None = None) -> dict | None:
     if len(seq) < 2 or _name(seq[0]) != "linear":
         return None
     lin = seq[0]
-    if lin.get("dtype") not in FLOAT_DTYPES:
+    if lin.get("dtype") not in FLOATS:
         return None
     shape = [int(s) for s in lin.get("shape") or []]
     if len(shape) < 2:
@@ -168,13 +164,10 @@ def _tile(spec: dict, knobs: dict[str, Any]) -> tuple[int, int, int]:
     """(BLOCK_M, BLOCK_N, BLOCK_K) the launcher uses at the traced shape: never wider than the matrix
     (rounded up to a power of two, and at least 16: tl.dot's minimum)."""
 
-    def clamp(block: int, dim: int | None) -> int:
-        return min(block, max(16, _next_pow2(dim))) if dim else block
-
     return (
-        clamp(knobs["block_m"], spec.get("m")),
-        clamp(knobs["block_n"], spec.get("n")),
-        clamp(knobs["block_k"], spec.get("k")),
+        sizing.clamp(knobs["block_m"], spec.get("m"), 16),
+        sizing.clamp(knobs["block_n"], spec.get("n"), 16),
+        sizing.clamp(knobs["block_k"], spec.get("k"), 16),
     )
 
 
@@ -189,12 +182,15 @@ def smem_bytes(spec: dict, knobs: dict[str, Any]) -> int:
 
 def feasible(spec: dict, knobs: dict[str, Any]) -> bool:
     """Tiles of powers of two >= 16, the pipeline within shared memory, the accumulator within registers."""
-    blocks = (knobs["block_m"], knobs["block_n"], knobs["block_k"])
-    if any(b < 16 or b & (b - 1) for b in blocks) or knobs["num_stages"] < 1:
+    if (
+        not sizing.pow2(knobs["block_m"], knobs["block_n"], knobs["block_k"], least=16)
+        or knobs["num_stages"] < 1
+    ):
         return False
     bm, bn, _ = _tile(spec, knobs)
     acc = bm * bn * (2 if knobs["strategy"] == "tf32x3" else 1)  # the split keeps hi/lo operands live too
-    return smem_bytes(spec, knobs) <= MAX_SMEM and acc <= MAX_ACC_PER_THREAD * 32 * knobs["num_warps"]
+    in_smem = smem_bytes(spec, knobs) <= limits.TARGET.smem_per_block
+    return in_smem and sizing.fits(acc, knobs["num_warps"], limits.ACC_PER_THREAD)
 
 
 def mutate(knobs: dict[str, Any], move: str) -> dict[str, Any] | None:
@@ -215,12 +211,8 @@ def mutate(knobs: dict[str, Any], move: str) -> dict[str, Any] | None:
     if move == "more_stages":
         return {**k, "num_stages": k["num_stages"] + 1} if k["num_stages"] < 6 else None
     if move == "more_warps":
-        return {**k, "num_warps": k["num_warps"] * 2} if k["num_warps"] < 16 else None
+        return sizing.warps(k, move)
     raise ValueError(f"unknown move {move!r}")
-
-
-def _next_pow2(n: int) -> int:
-    return 1 << max(0, (int(n) - 1).bit_length())
 
 
 _IN_NAMES = ("in_features", "input_size", "in_dim", "input_dim", "in_size", "d_in", "n_in")
@@ -263,38 +255,26 @@ def constructor(signature: dict[str, list[str]]) -> dict[str, str | None]:
 
 def render(spec: dict, knobs: dict[str, Any], signature: dict[str, list[str]]) -> str:
     names = constructor(signature)
-    init = list(signature["init"])
     needs_divisor = "div" in spec["epilogue"]
     if needs_divisor and names["divisor"] is None and spec.get("divisor") is None:
         raise ValueError("the divisor is neither recorded in the trace nor a constructor parameter of Model")
-    params, defaulted = [], False
-    for a in init:
-        if a == names["divisor"] and spec.get("divisor") is not None:
-            params.append(f"{a}=DIVISOR")
-            defaulted = True
-        elif a == names["bias"]:
-            params.append(f"{a}=True")
-            defaulted = True
-        else:
-            params.append(f"{a}=None" if defaulted else a)
-    init_args = model_source.init_args(signature, "".join(f", {p}" for p in params))
+    defaults = {names["bias"]: "True"} if names["bias"] else {}
+    if names["divisor"] is not None and spec.get("divisor") is not None:
+        defaults[names["divisor"]] = "DIVISOR"
     attr = spec.get("linear_attr", "linear")
     bias_arg = f", bias={names['bias']}" if names["bias"] else ""
     divisor_src = names["divisor"] if names["divisor"] else "DIVISOR"
     x = signature["forward"][0]
-    rest = "".join(f", {a}" for a in signature["forward"][1:])
-    knob_text = ", ".join(f"{k}={v}" for k, v in knobs.items())
     epi_text = " -> ".join(["x @ W^T + b", *spec["epilogue"]])
-    doc = f"Fused Linear + epilogue ({epi_text}): kernelbrain gemm_epilogue template ({knob_text})."
-    model = f"""class ModelNew(nn.Module):
-    def __init__(self{init_args}):
+    doc = f"Fused Linear + epilogue ({epi_text}): kernelbrain gemm_epilogue template ({knob_text(knobs)})."
+    body = f"""\
         super().__init__()
         # the same nn.Linear as Model's, under the same name: same state_dict keys, same weights
         self.{attr} = nn.Linear({names["in"]}, {names["out"]}{bias_arg})
         divisor = {divisor_src}
         self.divisor = float(divisor) if divisor is not None else 1.0
-
-    def forward(self, {x}{rest}):
+"""
+    lines = f"""\
         weight = self.{attr}.weight.contiguous()
         bias = self.{attr}.bias
         if bias is not None:
@@ -313,5 +293,5 @@ def render(spec: dict, knobs: dict[str, Any], signature: dict[str, list[str]]) -
         constants(GROUP_M=knobs["group_m"], NUM_WARPS=knobs["num_warps"], NUM_STAGES=knobs["num_stages"]),
         constants(DIVISOR=spec.get("divisor")),
         parts(PARTS, "_epilogue_op", "_gemm_kernel", "_gemm_launch"),
-        model,
+        model_class(init_with(signature, defaults), body, ", ".join(signature["forward"]), lines),
     )

@@ -31,8 +31,9 @@ from __future__ import annotations
 from typing import Any
 
 from kernelbrain.core.graph import Graph
-from kernelbrain.templates import model_source
-from kernelbrain.templates.render import constants, module, parts
+from kernelbrain.templates import limits, sizing
+from kernelbrain.templates.base import FLOATS
+from kernelbrain.templates.render import constants, knob_text, module, parts, plain_model
 
 FAMILY = "gemv"
 PARTS = f"{__name__}.parts"
@@ -40,9 +41,6 @@ PARTS = f"{__name__}.parts"
 MAX_TILE = 16384
 # columns of x served one by one (a grid axis): past this the product is a GEMM, not this family's
 MAX_N = 16
-# accumulator elements per thread: above this the accumulator, the loaded tile and x no longer fit registers
-MAX_PER_THREAD = 64
-FLOAT_DTYPES = {"float32", "float16", "bfloat16"}
 _NAMES = {"matmul", "__matmul__", "mm", "mv", "bmm"}
 # calls that copy or view and change nothing matching cares about
 _GLUE = {"contiguous"}
@@ -96,7 +94,7 @@ def matches(ops: list[dict], graph: Graph | None = None) -> dict | None:
         return None
     op = seq[0]
     shape = [int(s) for s in op.get("shape") or []]
-    if op.get("dtype") not in FLOAT_DTYPES or op.get("ndim") not in (2, 3) or len(shape) != op.get("ndim"):
+    if op.get("dtype") not in FLOATS or op.get("ndim") not in (2, 3) or len(shape) != op.get("ndim"):
         return None
     spec = {"m": shape[-2], "k": shape[-1], "batch": shape[0] if len(shape) == 3 else 1, "dtype": op["dtype"]}
     other = op.get("other_shape")  # absent in older traces
@@ -119,20 +117,16 @@ def matches(ops: list[dict], graph: Graph | None = None) -> dict | None:
 
 def tile(spec: dict, knobs: dict[str, Any]) -> tuple[int, int]:
     """(BLOCK_M, BLOCK_K) the launcher uses at the traced shape."""
-    bm, bk = knobs["block_m"], knobs["block_k"]
-    if spec.get("m"):
-        bm = min(bm, _next_pow2(spec["m"]))
-    if spec.get("k"):
-        bk = min(bk, max(16, _next_pow2(spec["k"])))
-    return bm, bk
+    return sizing.clamp(knobs["block_m"], spec.get("m")), sizing.clamp(knobs["block_k"], spec.get("k"), 16)
 
 
 def feasible(spec: dict, knobs: dict[str, Any]) -> bool:
-    """The accumulator tile must fit: MAX_TILE elements, MAX_PER_THREAD per thread."""
+    """The accumulator tile must fit: MAX_TILE elements, limits.TILE_PER_THREAD per thread (above it the
+    accumulator, the loaded tile and x no longer fit registers)."""
     bm, bk = tile(spec, knobs)
     if knobs["strategy"] == "split_k" and knobs.get("split_k", 1) < 2:
         return False
-    return bm * bk <= MAX_TILE and bm * bk <= MAX_PER_THREAD * 32 * knobs["num_warps"]
+    return bm * bk <= MAX_TILE and sizing.fits(bm * bk, knobs["num_warps"], limits.TILE_PER_THREAD)
 
 
 def mutate(knobs: dict[str, Any], move: str) -> dict[str, Any] | None:
@@ -157,10 +151,8 @@ def mutate(knobs: dict[str, Any], move: str) -> dict[str, Any] | None:
         return (
             {kk: v for kk, v in k.items() if kk != "split_k"} | {"strategy": "row_blocks"} if split else None
         )
-    if move == "more_warps":
-        return {**k, "num_warps": k["num_warps"] * 2} if k["num_warps"] < 16 else None
-    if move == "fewer_warps":
-        return {**k, "num_warps": k["num_warps"] // 2} if k["num_warps"] > 1 else None
+    if move in sizing.WARP_MOVES:
+        return sizing.warps(k, move)
     if move == "smaller_tiles":
         bk = k["block_k"] // 2
         return {**k, "block_k": bk} if bk >= 64 else None
@@ -171,16 +163,8 @@ def mutate(knobs: dict[str, Any], move: str) -> dict[str, Any] | None:
     raise ValueError(f"unknown move {move!r}")
 
 
-def _next_pow2(n: int) -> int:
-    return 1 << max(0, (int(n) - 1).bit_length())
-
-
 def render(spec: dict, knobs: dict[str, Any], signature: dict[str, list[str]]) -> str:
-    init_args = model_source.init_args(signature, "".join(f", {a}=None" for a in signature["init"]))
-    fwd = signature["forward"]
-    a_name, b_name = fwd[0], fwd[1]
-    rest = "".join(f", {a}" for a in fwd[2:])
-    knob_text = ", ".join(f"{k}={v}" for k, v in knobs.items())
+    a_name, b_name = signature["forward"][:2]
     split = knobs["strategy"] == "split_k"
     # the (B, K) spelling: Model unsqueezes x to (B, K, 1) and squeezes the product back to (B, M)
     x = f"{b_name}.unsqueeze(-1)" if spec.get("column") else b_name
@@ -188,21 +172,14 @@ def render(spec: dict, knobs: dict[str, Any], signature: dict[str, list[str]]) -
     if spec.get("column"):
         call += ".squeeze(-1)"
     doc = (
-        f"Matrix-vector product y = A @ x: kernelbrain gemv template ({knob_text}).\n\n"
+        f"Matrix-vector product y = A @ x: kernelbrain gemv template ({knob_text(knobs)}).\n\n"
         "Blocked fp32 accumulation ([BLOCK_M, BLOCK_K] lanes, one tree reduction at the end)"
         f"{', split over K with a deterministic second reduction' if split else ''}.\n"
     )
-    model = f"""class ModelNew(nn.Module):
-    def __init__(self{init_args}):
-        super().__init__()
-
-    def forward(self, {a_name}, {b_name}{rest}):
-        return {call}
-"""
     return module(
         doc,
         constants(BLOCK_M=knobs["block_m"], BLOCK_K=knobs["block_k"]),
         constants(SPLIT_K=knobs.get("split_k", 1) if split else 1, NUM_WARPS=knobs["num_warps"], CHUNK=CHUNK),
         parts(PARTS, "_gemv_kernel", "_sum_splits_kernel", "_gemv_launch", "_matvec"),
-        model,
+        plain_model(signature, f"        return {call}\n"),
     )

@@ -15,29 +15,16 @@ from __future__ import annotations
 from typing import Any
 
 from kernelbrain.core.graph import Graph
-from kernelbrain.templates import model_source
-from kernelbrain.templates.families.row_norm import (
-    FLOAT_DTYPES,
-    MUTATIONS,
-    ROUND0,
-    feasible,
-    kernels,
-    knob_args,
-    launcher,
-    mutate,
-)
-from kernelbrain.templates.render import constants, module
+from kernelbrain.templates.base import FLOATS, op_name
+from kernelbrain.templates.families import row_norm
+from kernelbrain.templates.render import constants, knob_text, module, plain_model
 
 FAMILY = "l2norm"
-__all__ = ["FAMILY", "MUTATIONS", "ROUND0", "feasible", "matches", "mutate", "render"]
+ROUND0, MUTATIONS = row_norm.ROUND0, row_norm.MUTATIONS
+feasible, mutate = row_norm.feasible, row_norm.mutate
 
 _IGNORED = {"contiguous"}
 _SQUARES = {"pow", "mul"}
-
-
-def _name(op: dict) -> str:
-    name = str(op["op"]).strip("_")
-    return {"truediv": "div", "true_divide": "div"}.get(name, name)
 
 
 def _one_dim(dim: Any) -> int | None:
@@ -47,9 +34,9 @@ def _one_dim(dim: Any) -> int | None:
 
 
 def matches(ops: list[dict], graph: Graph | None = None) -> dict | None:
-    seq = [o for o in ops if _name(o) not in _IGNORED]
-    names = [_name(o) for o in seq]
-    if not seq or seq[0].get("dtype") not in FLOAT_DTYPES:
+    seq = [o for o in ops if op_name(o) not in _IGNORED]
+    names = [op_name(o) for o in seq]
+    if not seq or seq[0].get("dtype") not in FLOATS:
         return None
     x = seq[0]
     shape = [int(s) for s in x.get("shape") or []]
@@ -81,27 +68,22 @@ def matches(ops: list[dict], graph: Graph | None = None) -> dict | None:
 
 
 def render(spec: dict, knobs: dict[str, Any], signature: dict[str, list[str]]) -> str:
-    init_args = model_source.init_args(signature, "".join(f", {a}=None" for a in signature["init"]))
     x = signature["forward"][0]
-    rest = "".join(f", {a}" for a in signature["forward"][1:])
-    knob_text = ", ".join(f"{k}={v}" for k, v in knobs.items())
     denominator = f"max(||x||, {spec['eps']!r})" if spec["eps"] else "||x||"
     doc = (
-        f"L2 normalisation over dim {spec['dim']}: kernelbrain l2norm template ({knob_text}).\n\n"
+        f"L2 normalisation over dim {spec['dim']}: kernelbrain l2norm template ({knob_text(knobs)}).\n\n"
         f"y = x / {denominator}, the sum of squares accumulated in fp32.\n"
     )
-    model = f"""class ModelNew(nn.Module):
-    def __init__(self{init_args}):
-        super().__init__()
-
-    def forward(self, {x}{rest}):
+    launch, args = row_norm.launcher(knobs), row_norm.knob_args(knobs)
+    lines = f"""\
         dim = DIM % {x}.dim()
         # rows along the normalised dim: move it last when it is not
         xt = {x}.movedim(dim, -1).contiguous()
         y = torch.empty_like(xt)
         if y.numel():
             d = xt.shape[-1]
-            {launcher(knobs)}(xt.view(-1, d), y.view(-1, d), None, None, EPS, False, {knob_args(knobs)})
+            {launch}(xt.view(-1, d), y.view(-1, d), None, None, EPS, False, {args})
         return y.movedim(-1, dim)
 """
-    return module(doc, kernels(knobs), constants(DIM=spec["dim"], EPS=float(spec["eps"])), model)
+    dims = constants(DIM=spec["dim"], EPS=float(spec["eps"]))
+    return module(doc, row_norm.kernels(knobs), dims, plain_model(signature, lines))

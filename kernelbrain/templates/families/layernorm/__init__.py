@@ -26,33 +26,13 @@ from typing import Any
 
 from kernelbrain.core.graph import INPUT, Graph
 from kernelbrain.templates import model_source as ms
-from kernelbrain.templates.families import pointwise
-from kernelbrain.templates.families.row_norm import (
-    FLOAT_DTYPES,
-    MUTATIONS,
-    ROUND0,
-    feasible,
-    kernels,
-    knob_args,
-    launcher,
-    mutate,
-)
-from kernelbrain.templates.render import module
+from kernelbrain.templates.base import FLOATS, Refusal, op_name
+from kernelbrain.templates.families import pointwise, row_norm
+from kernelbrain.templates.render import knob_text, module, refined_model
 
 FAMILY = "layernorm"
-__all__ = [
-    "FAMILY",
-    "MUTATIONS",
-    "NORM",
-    "ROUND0",
-    "NotLayerNorm",
-    "compose",
-    "feasible",
-    "matches",
-    "mutate",
-    "refine",
-    "render",
-]
+ROUND0, MUTATIONS = row_norm.ROUND0, row_norm.MUTATIONS
+feasible, mutate = row_norm.feasible, row_norm.mutate
 NORM = "aten.native_layer_norm.default"
 
 _SQUARES = {"pow", "mul"}
@@ -62,12 +42,6 @@ _MODULES = {"torch.nn.LayerNorm", "torch.nn.modules.normalization.LayerNorm"}
 # F.layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5); torch.layer_norm adds cudnn_enable
 _PARAMS = ["input", "normalized_shape", "weight", "bias", "eps", "cudnn_enable"]
 _DEFAULTS = {"weight": ast.Constant(None), "bias": ast.Constant(None), "eps": ast.Constant(1e-5)}
-
-
-def _name(op: dict) -> str:
-    """Op names as the recorder writes them; dunder spellings folded onto the plain ones."""
-    name = str(op["op"]).strip("_")
-    return {"truediv": "div", "true_divide": "div"}.get(name, name)
 
 
 def _trailing_dims(dim: Any, ndim: int) -> int | None:
@@ -80,9 +54,9 @@ def _trailing_dims(dim: Any, ndim: int) -> int | None:
 
 
 def matches(ops: list[dict], graph: Graph | None = None) -> dict | None:
-    seq = [o for o in ops if _name(o) not in _IGNORED]
-    names = [_name(o) for o in seq]
-    if not seq or seq[0].get("dtype") not in FLOAT_DTYPES:
+    seq = [o for o in ops if op_name(o) not in _IGNORED]
+    names = [op_name(o) for o in seq]
+    if not seq or seq[0].get("dtype") not in FLOATS:
         return None
     shape = [int(s) for s in seq[0].get("shape") or []]
     if not shape:
@@ -121,7 +95,7 @@ def matches(ops: list[dict], graph: Graph | None = None) -> dict | None:
     }
 
 
-class NotLayerNorm(ValueError):
+class NotLayerNorm(Refusal):
     """What the graph holds that `compose` cannot take (named in the refusal)."""
 
 
@@ -163,7 +137,7 @@ def compose(graph: Graph) -> dict:
     dims = [int(d) for d in a["normalized_shape"]]
     if not dims or x_meta.shape[len(x_meta.shape) - len(dims) :] != dims:
         raise NotLayerNorm(f"a layer norm over {dims} of a tensor of shape {x_meta.shape}")
-    if x_meta.dtype not in FLOAT_DTYPES:
+    if x_meta.dtype not in FLOATS:
         raise NotLayerNorm(f"a layer norm of {x_meta.dtype}")
     return {
         "input": x,
@@ -263,25 +237,15 @@ def render(spec: dict, knobs: dict[str, Any], signature: dict[str, list[str]]) -
     if "init_body" not in spec:
         raise ValueError("layernorm renders from a refined spec: refine(spec, problem_source) first")
     x = signature["forward"][0]
-    rest = "".join(f", {a}" for a in signature["forward"][1:])
     shape = spec.get("shape_expr") or f"{x}.shape[{x}.dim() - {spec['norm_dims']} :]"
-    params = f"self, {spec['init_params']}" if spec["init_params"] else "self"
-    body = "\n".join(f"        {line}" for line in spec["init_body"].splitlines())
-    knob_text = ", ".join(f"{k}={v}" for k, v in knobs.items())
     affine = spec["weight_expr"] != "None" or spec["bias_expr"] != "None"
     doc = (
-        f"LayerNorm ({spec['form']}): kernelbrain layernorm template ({knob_text}).\n\n"
+        f"LayerNorm ({spec['form']}): kernelbrain layernorm template ({knob_text(knobs)}).\n\n"
         f"y = (x - mean) / sqrt(var + eps){' * weight + bias' if affine else ''} over the normalised "
         "trailing dims,\n"
         "statistics accumulated in fp32. The constructor is Model's, so the parameters are too.\n"
     )
     args = f"{spec['weight_expr']}, {spec['bias_expr']}, {spec['eps_expr']}"
-    launch = f"{launcher(knobs)}, ({knob_args(knobs)})"
-    model = f"""class ModelNew(nn.Module):
-    def __init__({params}):
-{body}
-
-    def forward(self, {x}{rest}):
-        return _layer_norm({x}, {shape}, {args}, {launch})
-"""
-    return module(doc, kernels(knobs, "_layer_norm"), model)
+    launch = f"{row_norm.launcher(knobs)}, ({row_norm.knob_args(knobs)})"
+    lines = f"        return _layer_norm({x}, {shape}, {args}, {launch})\n"
+    return module(doc, row_norm.kernels(knobs, "_layer_norm"), refined_model(spec, signature, lines))

@@ -18,43 +18,44 @@ from __future__ import annotations
 from typing import Any
 
 from kernelbrain.core.graph import INPUT, PARAM, Graph
-from kernelbrain.templates import model_source
+from kernelbrain.templates import model_source, sizing
+from kernelbrain.templates.base import (
+    FLOATS,
+    MORE_WARPS,
+    Refusal,
+    matches_by,
+    one_output,
+    the_one,
+    tile_mutations,
+    unsized,
+)
 from kernelbrain.templates.families import pointwise
-from kernelbrain.templates.render import constants, module, parts
+from kernelbrain.templates.render import constants, knob_text, module, parts, refined_model
 
 FAMILY = "moments"
 PARTS = f"{__name__}.parts"
 
+# (block, split, num_warps) of each round-0 set, all one strategy
 ROUND0: list[dict[str, Any]] = [
-    {"strategy": "split_stats", "block": 1024, "split": 64, "num_warps": 4},
-    {"strategy": "split_stats", "block": 2048, "split": 16, "num_warps": 8},
-    {"strategy": "split_stats", "block": 4096, "split": 128, "num_warps": 8},
-    {"strategy": "split_stats", "block": 512, "split": 8, "num_warps": 4},
+    {"strategy": "split_stats", "block": b, "split": s, "num_warps": w}
+    for b, s, w in ((1024, 64, 4), (2048, 16, 8), (4096, 128, 8), (512, 8, 4))
 ]
 BLOCKS = (256, 512, 1024, 2048, 4096, 8192)
-MUTATIONS: dict[str, list[tuple[str, str]]] = {
-    "memory-bound near peak": [("larger_tiles", "more bytes in flight a program")],
-    "latency or occupancy-limited": [
-        ("more_split", "more programs on each statistic keep more SMs reading"),
-        ("more_warps", "more warps a program keep more loads in flight"),
-    ],
-    "launch-bound": [("larger_tiles", "fewer, fatter programs")],
-    "register spills": [("smaller_tiles", "fewer values a program")],
-    "compute-bound": [("fewer_warps", "fewer warps, more registers each")],
-    "memory-bound with poor coalescing": [("larger_tiles", "longer contiguous runs a program")],
-}
+MUTATIONS = tile_mutations(
+    latency=[("more_split", "more programs on each statistic keep more SMs reading"), MORE_WARPS]
+)
 NORMS = {"aten.native_batch_norm.default", "aten.native_group_norm.default"}
 _VIEWS = {"aten.view.default", "aten._unsafe_view.default", "aten.reshape.default"}
 
 
-class NotMoments(ValueError):
+class NotMoments(Refusal):
     """What the graph holds that this family cannot compose."""
 
 
 def mutate(knobs: dict[str, Any], move: str) -> dict[str, Any] | None:
     if move == "more_split":
         return {**knobs, "split": knobs["split"] * 4} if knobs["split"] < 512 else None
-    return pointwise.step(knobs, move, "block", BLOCKS)
+    return sizing.step(knobs, move, "block", BLOCKS)
 
 
 def feasible(spec: dict, knobs: dict[str, Any]) -> bool:
@@ -79,16 +80,10 @@ def _param(graph: Graph, value: Any, repeated: bool = False) -> str | None:
 
 def compose(graph: Graph) -> dict:
     """The spec of a graph that is one batch-statistics normalisation of a forward input."""
-    if len(graph.outputs) != 1:
-        raise NotMoments(f"{len(graph.outputs)} outputs")
-    found = [i for i, n in enumerate(graph.nodes) if n.op in NORMS]
-    if len(found) != 1:
-        raise NotMoments(f"{len(found)} batch-statistics norms")
-    at = found[0]
-    try:  # a group norm's sizes are its input's, read from it at each call
-        graph.unsized({(at, "N"), (at, "C"), (at, "HxW")})
-    except ValueError as e:
-        raise NotMoments(str(e)) from None
+    one_output(graph, NotMoments)
+    at = the_one(graph, NORMS, NotMoments, "batch-statistics norms")
+    # a group norm's sizes are its input's, read from it at each call
+    unsized(graph, NotMoments, {(at, "N"), (at, "C"), (at, "HxW")})
     node = graph.nodes[at]
     a = node.args
     src = graph.ref(a["input"])
@@ -98,7 +93,7 @@ def compose(graph: Graph) -> dict:
     if start is None or graph.nodes[start[0]].op != INPUT:
         raise NotMoments("a norm of what is not a forward input")
     x_meta = graph.meta(fed)
-    if len(x_meta.shape) < 2 or x_meta.dtype not in pointwise.FLOATS:
+    if len(x_meta.shape) < 2 or x_meta.dtype not in FLOATS:
         raise NotMoments(f"a norm of a {x_meta.dtype} tensor of shape {x_meta.shape}")
     post = _after(graph, (at, 0), x_meta.shape if viewed else None)
     spec: dict[str, Any] = {
@@ -203,24 +198,17 @@ def counters(graph: Graph) -> list[str]:
     ]
 
 
-def matches(ops: list[dict], graph: Graph | None = None) -> dict | None:
-    if graph is None:
-        return None
-    try:
-        return compose(graph)
-    except (NotMoments, pointwise.NotPointwise):
-        return None
+matches = matches_by(compose)
 
 
 def refine(spec: dict, problem_source: str | None) -> dict | None:
     """The problem's constructor, run by ModelNew so that its parameters are Model's."""
-    ctor = model_source.constructor(problem_source) if problem_source is not None else None
-    if ctor is None:
-        return None
-    return {**spec, "init_params": ctor.params, "init_body": ctor.body}
+    return model_source.with_constructor(spec, problem_source)
 
 
-def _tensor(name: str | None, buffer: bool) -> str:
+def state(name: str | None, buffer: bool) -> str:
+    """The expression reading a parameter or buffer of ModelNew's (Model's constructor run in it) by its
+    state-dict name; "None" for none."""
     if name is None:
         return "None"
     return f"self.get_buffer({name!r})" if buffer else f"self.get_parameter({name!r})"
@@ -228,24 +216,18 @@ def _tensor(name: str | None, buffer: bool) -> str:
 
 def render(spec: dict, knobs: dict[str, Any], signature: dict[str, list[str]]) -> str:
     forward = signature["forward"]
-    params = f"self, {spec['init_params']}" if spec.get("init_params") else "self"
-    body = "".join(f"        {line}\n" for line in spec.get("init_body", "super().__init__()").splitlines())
     running = spec["running"] or [None, None]
-    knob_text = ", ".join(f"{k}={v}" for k, v in knobs.items())
     doc = (
         f"{spec['mode'].capitalize()} norm: {', '.join(spec['ops'])}: kernelbrain moments family "
-        f"({knob_text}).\n\n"
+        f"({knob_text(knobs)}).\n\n"
         "Statistics of the batch in fp32 from one read, then one map, composed from the reference's ATen "
         "graph.\n"
     )
-    model = f"""class ModelNew(nn.Module):
-    def __init__({params}):
-{body}
-    def forward(self, {", ".join(forward)}):
+    lines = f"""\
         return _moments_launch(
             {forward[spec["input"]]}{spec.get("pre", "")}, MODE, GROUP,
-            {_tensor(spec["weight"], False)}, {_tensor(spec["bias"], False)},
-            {_tensor(running[0], True)}, {_tensor(running[1], True)}, {_tensor(spec["count"], True)},
+            {state(spec["weight"], False)}, {state(spec["bias"], False)},
+            {state(running[0], True)}, {state(running[1], True)}, {state(spec["count"], True)},
             EPS, MOMENTUM, BLOCK, SPLIT, NUM_WARPS,
         ){spec.get("post", "")}
 """
@@ -254,5 +236,5 @@ def render(spec: dict, knobs: dict[str, Any], signature: dict[str, list[str]]) -
         constants(BLOCK=knobs["block"], SPLIT=knobs["split"], NUM_WARPS=knobs["num_warps"]),
         constants(MODE=spec["mode"], GROUP=spec["group"], EPS=spec["eps"], MOMENTUM=spec["momentum"]),
         parts(PARTS, "_moments_kernel", "_moments_finish", "_moments_map", "_moments_launch"),
-        model,
+        refined_model(spec, signature, lines),
     )

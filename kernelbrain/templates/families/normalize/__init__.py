@@ -16,9 +16,9 @@ from __future__ import annotations
 from typing import Any
 
 from kernelbrain.core.graph import INPUT, Graph, Node
-from kernelbrain.templates import model_source
+from kernelbrain.templates.base import Refusal, matches_by, the_one, unsized
 from kernelbrain.templates.families import pointwise, reduce
-from kernelbrain.templates.render import chain, constants, module, parts
+from kernelbrain.templates.render import chain, constants, knob_text, module, parts, plain_model
 
 FAMILY = "normalize"
 
@@ -32,7 +32,7 @@ MUTATIONS = reduce.MUTATIONS
 mutate = reduce.mutate
 
 
-class NotNormalize(ValueError):
+class NotNormalize(Refusal):
     """What the graph holds that this family cannot compose."""
 
 
@@ -42,14 +42,8 @@ def feasible(spec: dict, knobs: dict[str, Any]) -> bool:
 
 def compose(graph: Graph) -> dict:
     """The specs of the statistic (reduce's) and of the map over the inputs and it (pointwise's)."""
-    found = [i for i, n in enumerate(graph.nodes) if n.op in reduce.REDUCTIONS]
-    if len(found) != 1:
-        raise NotNormalize(f"{len(found)} reductions")
-    try:
-        graph.unsized()
-    except ValueError as e:
-        raise NotNormalize(str(e)) from None
-    at = found[0]
+    at = the_one(graph, reduce.REDUCTIONS, NotNormalize, "reductions")
+    unsized(graph, NotNormalize)
     red = graph.nodes[at]
     # the statistic's chain: ops after the reduction on its value alone
     of_stat = {at}
@@ -105,34 +99,22 @@ def _reordered(graph: Graph, order: list[int]) -> Graph:
     return Graph(nodes=nodes, outputs=[[where[o[0]], o[1]] for o in graph.outputs])
 
 
-def matches(ops: list[dict], graph: Graph | None = None) -> dict | None:
-    if graph is None:
-        return None
-    try:
-        return compose(graph)
-    except (NotNormalize, reduce.NotReduction, pointwise.NotPointwise):
-        return None
+matches = matches_by(compose)
 
 
 def render(spec: dict, knobs: dict[str, Any], signature: dict[str, list[str]]) -> str:
-    init_args = model_source.init_args(signature, "".join(f", {a}=None" for a in signature["init"]))
     forward = signature["forward"]
     stat, mapped = spec["stat"], spec["map"]
     stat_xs = ", ".join(forward[i] for i in stat["inputs"])
     # the statistic's slot comes after forward's inputs (named so that no parameter of forward is it)
     map_xs = ", ".join(forward[i] if i < spec["n_forward"] else "kb_stat" for i in mapped["inputs"])
     dtype = f"torch.{mapped['dtype']}" if mapped["dtype"] is not None else "None"
-    knob_text = ", ".join(f"{k}={v}" for k, v in knobs.items())
     doc = (
-        f"Normalisation: {', '.join(spec['ops'])}: kernelbrain normalize family ({knob_text}).\n\n"
+        f"Normalisation: {', '.join(spec['ops'])}: kernelbrain normalize family ({knob_text(knobs)}).\n\n"
         "A statistic per reduced row, then the elementwise map with it, in fp32, composed from the "
         "reference's ATen graph.\n"
     )
-    model = f"""class ModelNew(nn.Module):
-    def __init__(self{init_args}):
-        super().__init__()
-
-    def forward(self, {", ".join(forward)}):
+    lines = f"""\
         kb_stat = _reduce_launch([{stat_xs}], DIMS, True if DIMS else False, torch.float32, OP, PRE, POST,
                               BLOCK_K, BLOCK_R, SPLIT, NUM_WARPS)
         xs = [{map_xs}]
@@ -142,14 +124,13 @@ def render(spec: dict, knobs: dict[str, Any], signature: dict[str, list[str]]) -
         y = torch.empty(torch.broadcast_shapes(*(x.shape for x in xs)), dtype=dtype, device=xs[0].device)
         return _launch(y, xs, BLOCK, NUM_WARPS, 0)
 """
-    helpers = [h for h in pointwise.HELPERS if h in stat["helpers"] + mapped["helpers"]]
     return module(
         doc,
         constants(BLOCK_K=knobs["block_k"], BLOCK_R=knobs["block_r"], SPLIT=knobs["split"]),
         constants(NUM_WARPS=knobs["num_warps"], BLOCK=knobs["block"], STAT_SLOT=mapped["stat_slot"]),
         constants(DIMS=stat["dims"], OP=stat["op"], PRE=stat["pre"], POST=stat["post"])
         + f"OUT_DTYPE = {dtype}\n",
-        parts(pointwise.PARTS, *helpers) if helpers else "",
+        pointwise.helper_parts(stat, mapped),
         chain("_prologue", stat["prologue"], stat["prologue_result"]),
         chain("_epilogue", stat["epilogue"], stat["epilogue_result"]),
         chain("_body", mapped["body"], mapped["result"]),
@@ -157,5 +138,5 @@ def render(spec: dict, knobs: dict[str, Any], signature: dict[str, list[str]]) -
         parts(reduce.PARTS, "_reduce_kernel", "_reduce_launch"),
         parts(pointwise.PARTS, "_load", "_flat_tile", "_flat_kernel", "_flat_persistent_kernel"),
         parts(pointwise.PARTS, "_strided_offset", "_strided_kernel", "MAX_DIMS", "_collapsed", "_launch"),
-        model,
+        plain_model(signature, lines),
     )

@@ -21,13 +21,13 @@ from collections.abc import Callable
 from typing import Any
 
 from kernelbrain.core.graph import INPUT, PARAM, Graph, Meta
-from kernelbrain.templates import model_source
-from kernelbrain.templates.render import chain, constants, module, parts
+from kernelbrain.templates import sizing
+from kernelbrain.templates.base import FLOATS, MORE_WARPS, Refusal, matches_by, tile_mutations
+from kernelbrain.templates.render import chain, constants, knob_text, module, parts, plain_model
 
 FAMILY = "pointwise"
 PARTS = f"{__name__}.parts"
 MAX_INPUTS = 4
-FLOATS = {"float32", "float16", "bfloat16"}
 
 ROUND0: list[dict[str, Any]] = [
     {"strategy": "tile", "block": 1024, "num_warps": 4},
@@ -38,43 +38,22 @@ ROUND0: list[dict[str, Any]] = [
 ]
 BLOCKS = (256, 512, 1024, 2048, 4096, 8192, 16384)
 
-MUTATIONS: dict[str, list[tuple[str, str]]] = {
-    "memory-bound near peak": [
+MUTATIONS = tile_mutations(
+    near_peak=[
         ("larger_tiles", "at the bandwidth roof: more bytes in flight a program"),
         ("persistent", "a grid the GPU holds at once: no tail of half-empty waves"),
     ],
-    "latency or occupancy-limited": [
-        ("more_warps", "more warps a program keep more loads in flight"),
-        ("persistent", "programs that stay resident and loop hide the launch of each tile"),
-    ],
-    "launch-bound": [("larger_tiles", "fewer, fatter programs")],
-    "register spills": [("smaller_tiles", "fewer elements a program, fewer registers")],
-    "compute-bound": [("fewer_warps", "fewer warps, more registers each for the chain's math")],
-    "memory-bound with poor coalescing": [("larger_tiles", "longer contiguous runs a program")],
-}
-
-
-def step(knobs: dict[str, Any], move: str, key: str, blocks: tuple[int, ...]) -> dict[str, Any] | None:
-    """The tile and warp moves the composed families share: `key` one step along `blocks`, warps doubled
-    or halved (1 to 16); None where the move is another or at its limit."""
-    k = dict(knobs)
-    at = blocks.index(k[key]) if k[key] in blocks else None
-    if move == "larger_tiles" and at is not None and at + 1 < len(blocks):
-        return {**k, key: blocks[at + 1]}
-    if move == "smaller_tiles" and at:
-        return {**k, key: blocks[at - 1]}
-    if move == "more_warps" and k["num_warps"] < 16:
-        return {**k, "num_warps": k["num_warps"] * 2}
-    if move == "fewer_warps" and k["num_warps"] > 1:
-        return {**k, "num_warps": k["num_warps"] // 2}
-    return None
+    latency=[MORE_WARPS, ("persistent", "programs that stay resident and loop hide the launch of each tile")],
+    spills=[("smaller_tiles", "fewer elements a program, fewer registers")],
+    compute=[("fewer_warps", "fewer warps, more registers each for the chain's math")],
+)
 
 
 def mutate(knobs: dict[str, Any], move: str) -> dict[str, Any] | None:
     k = dict(knobs)
     if move == "persistent" and k["strategy"] != "persistent":
         return {**k, "strategy": "persistent", "ctas_per_sm": 4}
-    return step(k, move, "block", BLOCKS)
+    return sizing.step(k, move, "block", BLOCKS)
 
 
 def feasible(spec: dict, knobs: dict[str, Any]) -> bool:
@@ -316,7 +295,7 @@ DIM_VIEWS: dict[str, Callable[[dict], str]] = {
 }
 
 
-class NotPointwise(ValueError):
+class NotPointwise(Refusal):
     """What the graph holds that this family cannot compose (named in the refusal)."""
 
 
@@ -444,27 +423,44 @@ def compose(graph: Graph, views: bool = False) -> dict:
     }
 
 
+def around(before: dict, after: dict | None) -> dict:
+    """The chain fields of a family's spec that runs a chain on its input (`before`, this family's spec
+    of it: its slots are the inputs) and one on its value (`after`, or None): prologue and epilogue, the
+    helpers either calls in HELPERS' order."""
+    used = before["helpers"] + (after["helpers"] if after else [])
+    return {
+        "inputs": before["inputs"],
+        "prologue": before["body"],
+        "prologue_result": before["result"],
+        "epilogue": after["body"] if after else [],
+        "epilogue_result": after["result"] if after else "v0",
+        "helpers": [h for h in HELPERS if h in used],
+    }
+
+
+def helper_parts(*specs: dict) -> str:
+    """The helpers of PARTS that the specs' chains call, each once in HELPERS' order ("" where none)."""
+    used = [h for h in HELPERS if any(h in s["helpers"] for s in specs)]
+    return parts(PARTS, *used) if used else ""
+
+
 def _check_broadcast(shape: list[int], out: list[int], what: str) -> None:
     tail = zip(reversed(shape), reversed(out), strict=False)
     if len(shape) > len(out) or any(s not in (1, o) for s, o in tail):
         raise NotPointwise(f"{what} of shape {shape} that does not broadcast to the output's {out}")
 
 
-def matches(ops: list[dict], graph: Graph | None = None) -> dict | None:
-    if graph is None:
-        return None
-    try:
-        return compose(graph, views=True)
-    except NotPointwise:
-        return None
+def _with_views(graph: Graph) -> dict:
+    return compose(graph, views=True)
+
+
+matches = matches_by(_with_views)
 
 
 def render(spec: dict, knobs: dict[str, Any], signature: dict[str, list[str]]) -> str:
-    init_args = model_source.init_args(signature, "".join(f", {a}=None" for a in signature["init"]))
     forward = signature["forward"]
     views = spec.get("views") or [""] * len(spec["inputs"])  # a spec recorded before views had none
     xs = ", ".join(forward[i] + view for i, view in zip(spec["inputs"], views, strict=True))
-    knob_text = ", ".join(f"{k}={v}" for k, v in knobs.items())
     # float inputs of one dtype keep it, mixed ones promote to float32 (in Python: torch.promote_types
     # is an ATen call, which a candidate may not make)
     dtype = "xs[0].dtype if all(x.dtype == xs[0].dtype for x in xs) else torch.float32"
@@ -472,14 +468,11 @@ def render(spec: dict, knobs: dict[str, Any], signature: dict[str, list[str]]) -
         dtype = f"torch.{spec['dtype']}"
     ctas = knobs.get("ctas_per_sm", 0) if knobs["strategy"] == "persistent" else 0
     doc = (
-        f"Elementwise chain of {', '.join(spec['ops'])}: kernelbrain pointwise family ({knob_text}).\n\n"
+        f"Elementwise chain of {', '.join(spec['ops'])}: kernelbrain pointwise family "
+        f"({knob_text(knobs)}).\n\n"
         "Each element read and written once, the chain in fp32, composed from the reference's ATen graph.\n"
     )
-    model = f"""class ModelNew(nn.Module):
-    def __init__(self{init_args}):
-        super().__init__()
-
-    def forward(self, {", ".join(forward)}):
+    lines = f"""\
         xs = [{xs}]
         shape = torch.broadcast_shapes(*(x.shape for x in xs))
         y = torch.empty(shape, dtype={dtype}, device=xs[0].device)
@@ -494,5 +487,5 @@ def render(spec: dict, knobs: dict[str, Any], signature: dict[str, list[str]]) -
         chain("_body", spec["body"], spec["result"]),
         parts(PARTS, *kernels, "_strided_kernel"),
         parts(PARTS, *launcher),
-        model,
+        plain_model(signature, lines),
     )

@@ -15,28 +15,25 @@ from __future__ import annotations
 from typing import Any
 
 from kernelbrain.core.graph import INPUT, Graph, Node
-from kernelbrain.templates import model_source
+from kernelbrain.templates import sizing
+from kernelbrain.templates.base import Refusal, matches_by, one_output, the_one, tile_mutations, unsized
 from kernelbrain.templates.families import pointwise
-from kernelbrain.templates.render import chain, constants, module, parts
+from kernelbrain.templates.render import chain, constants, knob_text, module, parts, plain_model
 
 FAMILY = "pool"
 PARTS = f"{__name__}.parts"
 
+# (block, num_warps) of each round-0 set, all one strategy
 ROUND0: list[dict[str, Any]] = [
-    {"strategy": "window", "block": 512, "num_warps": 4},
-    {"strategy": "window", "block": 1024, "num_warps": 4},
-    {"strategy": "window", "block": 2048, "num_warps": 8},
-    {"strategy": "window", "block": 256, "num_warps": 2},
+    {"strategy": "window", "block": b, "num_warps": w} for b, w in ((512, 4), (1024, 4), (2048, 8), (256, 2))
 ]
 BLOCKS = (128, 256, 512, 1024, 2048, 4096)
-MUTATIONS: dict[str, list[tuple[str, str]]] = {
-    "memory-bound near peak": [("larger_tiles", "more outputs a program share their window's loads")],
-    "latency or occupancy-limited": [("more_warps", "more warps a program keep more loads in flight")],
-    "launch-bound": [("larger_tiles", "fewer, fatter programs")],
-    "register spills": [("smaller_tiles", "fewer outputs a program")],
-    "compute-bound": [("smaller_tiles", "more programs for the window's arithmetic")],
-    "memory-bound with poor coalescing": [("larger_tiles", "longer runs of neighbouring outputs")],
-}
+MUTATIONS = tile_mutations(
+    near_peak=[("larger_tiles", "more outputs a program share their window's loads")],
+    spills=[("smaller_tiles", "fewer outputs a program")],
+    compute=[("smaller_tiles", "more programs for the window's arithmetic")],
+    coalescing=[("larger_tiles", "longer runs of neighbouring outputs")],
+)
 POOLS = {  # ATen op -> (spatial axes, max)
     "aten.max_pool2d_with_indices.default": (2, True),
     "aten.max_pool3d_with_indices.default": (3, True),
@@ -49,12 +46,12 @@ VIEWS = {"aten.unsqueeze.default": "unsqueeze", "aten.squeeze.dim": "squeeze"}
 MAX_TAPS = 512  # the window's taps are unrolled: beyond this, compile time grows past use
 
 
-class NotPool(ValueError):
+class NotPool(Refusal):
     """What the graph holds that this family cannot compose."""
 
 
 def mutate(knobs: dict[str, Any], move: str) -> dict[str, Any] | None:
-    return pointwise.step(knobs, move, "block", BLOCKS)
+    return sizing.step(knobs, move, "block", BLOCKS)
 
 
 def feasible(spec: dict, knobs: dict[str, Any]) -> bool:
@@ -68,16 +65,9 @@ def _listed(value: Any, n: int) -> list[int]:
 
 def compose(graph: Graph) -> dict:
     """The spec of a graph that is one pooling with views and elementwise chains around it."""
-    if len(graph.outputs) != 1:
-        raise NotPool(f"{len(graph.outputs)} outputs")
-    found = [i for i, n in enumerate(graph.nodes) if n.op in POOLS]
-    if len(found) != 1:
-        raise NotPool(f"{len(found)} poolings")
-    try:
-        graph.unsized()
-    except ValueError as e:
-        raise NotPool(str(e)) from None
-    at = found[0]
+    one_output(graph, NotPool)
+    at = the_one(graph, POOLS, NotPool, "poolings")
+    unsized(graph, NotPool)
     node = graph.nodes[at]
     spatial, pool_max = POOLS[node.op]
     a = node.args
@@ -132,16 +122,10 @@ def compose(graph: Graph) -> dict:
     epilogue = None
     if moved[out_ref] != [0, 0]:
         epilogue = pointwise.compose(Graph(nodes=nodes, outputs=[moved[out_ref]]))
-    helpers = head["helpers"] + (epilogue["helpers"] if epilogue else [])
     out_dtype = graph.meta(out_ref).dtype
     in_dtype = graph.meta(start).dtype
     return {
-        "inputs": head["inputs"],
-        "prologue": head["body"],
-        "prologue_result": head["result"],
-        "epilogue": epilogue["body"] if epilogue else [],
-        "epilogue_result": epilogue["result"] if epilogue else "v0",
-        "helpers": [h for h in pointwise.HELPERS if h in helpers],
+        **pointwise.around(head, epilogue),
         "max": pool_max,
         "spatial": spatial,
         "kernel": kernel,
@@ -158,32 +142,19 @@ def compose(graph: Graph) -> dict:
     }
 
 
-def matches(ops: list[dict], graph: Graph | None = None) -> dict | None:
-    if graph is None:
-        return None
-    try:
-        return compose(graph)
-    except (NotPool, pointwise.NotPointwise):
-        return None
+matches = matches_by(compose)
 
 
 def render(spec: dict, knobs: dict[str, Any], signature: dict[str, list[str]]) -> str:
-    init_args = model_source.init_args(signature, "".join(f", {a}=None" for a in signature["init"]))
-    forward = signature["forward"]
-    x = forward[spec["inputs"][0]]
-    knob_text = ", ".join(f"{k}={v}" for k, v in knobs.items())
+    x = signature["forward"][spec["inputs"][0]]
     kind = "max" if spec["max"] else "average"
     dtype = f"torch.{spec['dtype']}" if spec["dtype"] else f"{x}.dtype"
     doc = (
         f"{spec['spatial']}-D {kind} pooling with its chains: {', '.join(spec['ops'])}: kernelbrain pool "
-        f"family ({knob_text}).\n\nEach output written once, the window in fp32, composed from the "
+        f"family ({knob_text(knobs)}).\n\nEach output written once, the window in fp32, composed from the "
         "reference's ATen graph.\n"
     )
-    model = f"""class ModelNew(nn.Module):
-    def __init__(self{init_args}):
-        super().__init__()
-
-    def forward(self, {", ".join(forward)}):
+    lines = f"""\
         return _pool_launch({x}, PRE, POST, SPATIAL, KERNEL, STRIDE, PADDING, DILATION, CEIL, MAX, COUNT_PAD,
                             DIVISOR, {dtype}, BLOCK, NUM_WARPS)
 """
@@ -193,9 +164,9 @@ def render(spec: dict, knobs: dict[str, Any], signature: dict[str, list[str]]) -
         constants(SPATIAL=spec["spatial"], KERNEL=spec["kernel"], STRIDE=spec["stride"]),
         constants(PADDING=spec["padding"], DILATION=spec["dilation"], CEIL=spec["ceil"], MAX=spec["max"]),
         constants(COUNT_PAD=spec["count_pad"], DIVISOR=spec["divisor"], PRE=spec["pre"], POST=spec["post"]),
-        parts(pointwise.PARTS, *spec["helpers"]) if spec["helpers"] else "",
+        pointwise.helper_parts(spec),
         chain("_prologue", spec["prologue"], spec["prologue_result"], "v0"),
         chain("_epilogue", spec["epilogue"], spec["epilogue_result"], "v0"),
         parts(PARTS, "_pool_kernel", "_out_size", "_pool_launch"),
-        model,
+        plain_model(signature, lines),
     )

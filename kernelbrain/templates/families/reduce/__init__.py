@@ -20,10 +20,11 @@ from __future__ import annotations
 from typing import Any
 
 from kernelbrain.core.graph import INPUT, Graph, Node
-from kernelbrain.templates import model_source
+from kernelbrain.templates import sizing
+from kernelbrain.templates.base import MORE_WARPS, Refusal, matches_by, tile_mutations
 from kernelbrain.templates.families import pointwise
 from kernelbrain.templates.families.reduce.plan import MAX_SERIAL, plan_reduction
-from kernelbrain.templates.render import chain, constants, module, parts
+from kernelbrain.templates.render import chain, constants, knob_text, module, parts, plain_model
 
 FAMILY = "reduce"
 PARTS = f"{__name__}.parts"
@@ -65,24 +66,17 @@ ROUND0: list[dict[str, Any]] = [
 BLOCKS = (128, 256, 512, 1024, 2048, 4096, 8192)
 MAX_SPLIT = 4096  # more_split's last parent: up to 16384 chunks of R
 
-MUTATIONS: dict[str, list[tuple[str, str]]] = {
-    "memory-bound near peak": [("larger_tiles", "more bytes in flight a program")],
-    "latency or occupancy-limited": [
-        ("more_split", "more programs on each long reduction keep more SMs reading"),
-        ("more_warps", "more warps a program keep more loads in flight"),
-    ],
-    "launch-bound": [("larger_tiles", "fewer, fatter programs")],
-    "register spills": [("smaller_tiles", "fewer accumulators a program")],
-    "compute-bound": [("fewer_warps", "fewer warps, more registers each")],
-    "memory-bound with poor coalescing": [("larger_tiles", "longer contiguous runs a program")],
-}
+MUTATIONS = tile_mutations(
+    latency=[("more_split", "more programs on each long reduction keep more SMs reading"), MORE_WARPS],
+    spills=[("smaller_tiles", "fewer accumulators a program")],
+)
 
 
 def mutate(knobs: dict[str, Any], move: str) -> dict[str, Any] | None:
     k = dict(knobs)
     if move == "more_split" and k["split"] < MAX_SPLIT:
         return {**k, "strategy": "split", "split": max(16, k["split"] * 4)}
-    return pointwise.step(k, move, "block_r", BLOCKS)
+    return sizing.step(k, move, "block_r", BLOCKS)
 
 
 def feasible(spec: dict, knobs: dict[str, Any]) -> bool:
@@ -150,7 +144,7 @@ _NORMS = {1: (0, 1, 0), 2: (0, 2, 2), "inf": (1, 1, 0)}
 REDUCTIONS = {*_PLAIN, *_PAIRED, "aten.linalg_vector_norm.default", "aten.norm.ScalarOpt_dim"}
 
 
-class NotReduction(ValueError):
+class NotReduction(Refusal):
     """What the graph holds that this family cannot compose."""
 
 
@@ -276,20 +270,12 @@ def _divided_by_size(graph: Graph, at: int) -> tuple[int, list[int]] | None:
 _DIVIDES = {"aten.div.Tensor", "aten.div.Scalar"}
 
 
-def matches(ops: list[dict], graph: Graph | None = None) -> dict | None:
-    if graph is None:
-        return None
-    try:
-        return compose(graph)
-    except (NotReduction, pointwise.NotPointwise):
-        return None
+matches = matches_by(compose)
 
 
 def render(spec: dict, knobs: dict[str, Any], signature: dict[str, list[str]]) -> str:
-    init_args = model_source.init_args(signature, "".join(f", {a}=None" for a in signature["init"]))
     forward = signature["forward"]
     xs = ", ".join(forward[i] for i in spec["inputs"])
-    knob_text = ", ".join(f"{k}={v}" for k, v in knobs.items())
     dtype = "xs[0].dtype if all(x.dtype == xs[0].dtype for x in xs) else torch.float32"
     if spec["dtype"] is not None:
         dtype = f"torch.{spec['dtype']}"
@@ -299,13 +285,9 @@ def render(spec: dict, knobs: dict[str, Any], signature: dict[str, list[str]]) -
         divisor = f"_prod({forward[index]}.shape[{start}:{end}])"
     doc = (
         f"Reduction with its elementwise chains: {', '.join(spec['ops'])}: kernelbrain reduce family "
-        f"({knob_text}).\n\nThe input read once, in fp32, composed from the reference's ATen graph.\n"
+        f"({knob_text(knobs)}).\n\nThe input read once, in fp32, composed from the reference's ATen graph.\n"
     )
-    model = f"""class ModelNew(nn.Module):
-    def __init__(self{init_args}):
-        super().__init__()
-
-    def forward(self, {", ".join(forward)}):
+    lines = f"""\
         xs = [{xs}]
         dtype = {dtype}
         return _reduce_launch(xs, DIMS, KEEPDIM, dtype, OP, PRE, POST, BLOCK_K, BLOCK_R, SPLIT, NUM_WARPS,
@@ -322,5 +304,5 @@ def render(spec: dict, knobs: dict[str, Any], signature: dict[str, list[str]]) -
         chain("_epilogue", spec["epilogue"], spec["epilogue_result"]),
         shared_parts(),
         parts(PARTS, "_reduce_kernel", "_reduce_launch"),
-        model,
+        plain_model(signature, lines),
     )

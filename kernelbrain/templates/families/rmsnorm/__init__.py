@@ -28,15 +28,14 @@ import math
 from typing import Any
 
 from kernelbrain.core.graph import Graph
-from kernelbrain.templates import model_source
-from kernelbrain.templates.render import constants, module, parts
+from kernelbrain.templates import sizing
+from kernelbrain.templates.base import FLOATS, op_name
+from kernelbrain.templates.render import constants, init_with, knob_text, model_class, module, parts
 
 FAMILY = "rmsnorm"
 PARTS = f"{__name__}.parts"  # the kernels and launchers, one of each per strategy
-# elements a program may hold in registers; past this Triton spends minutes compiling a kernel that spills
-MAX_BLOCK = 32768
+MAX_BLOCK = sizing.MAX_BLOCK
 DEFAULT_EPS = 1e-5
-FLOAT_DTYPES = {"float32", "float16", "bfloat16"}
 
 ROUND0: list[dict[str, Any]] = [
     {"strategy": "registers", "block_s": 128, "num_warps": 4},
@@ -72,20 +71,10 @@ _SQUARES = {"pow", "square", "mul"}
 _IGNORED = {"contiguous"}
 
 
-def _name(op: dict) -> str:
-    """Op names as the recorder writes them; dunder spellings folded onto the plain ones."""
-    name = str(op["op"]).strip("_")
-    return {"truediv": "div", "true_divide": "div"}.get(name, name)
-
-
-def _next_pow2(n: int) -> int:
-    return 1 << max(0, (int(n) - 1).bit_length())
-
-
 def matches(ops: list[dict], graph: Graph | None = None) -> dict | None:
     """x^2 -> mean over one dim (keepdim) -> [+ eps] -> sqrt -> x / . , or rsqrt -> x * ."""
-    seq = [o for o in ops if _name(o) not in _IGNORED]
-    names = [_name(o) for o in seq]
+    seq = [o for o in ops if op_name(o) not in _IGNORED]
+    names = [op_name(o) for o in seq]
     if names.count("mean") != 1:
         return None
     i = names.index("mean")
@@ -103,7 +92,7 @@ def matches(ops: list[dict], graph: Graph | None = None) -> dict | None:
     # x * x and x * rsqrt(...) record the same call (same op, same first tensor): the recorder keeps one
     if tail not in (["sqrt", "div"], ["rsqrt", "mul"]) and not (tail == ["rsqrt"] and names[0] == "mul"):
         return None
-    if mean.get("dtype") not in FLOAT_DTYPES or not mean.get("keepdim"):
+    if mean.get("dtype") not in FLOATS or not mean.get("keepdim"):
         return None
     shape = [int(s) for s in mean.get("shape") or []]
     if not shape or square.get("shape") != mean.get("shape"):
@@ -132,12 +121,11 @@ def matches(ops: list[dict], graph: Graph | None = None) -> dict | None:
 
 def tile(spec: dict, knobs: dict[str, Any]) -> tuple[int, int]:
     """(BLOCK_C, BLOCK_S) the launcher uses at the traced shape."""
-    inner = spec.get("inner")
-    block_s = min(knobs["block_s"], _next_pow2(inner)) if inner else knobs["block_s"]
+    block_s = sizing.clamp(knobs["block_s"], spec.get("inner"))
     c = spec.get("n_channels")
     if knobs["strategy"] == "registers":
-        return (_next_pow2(c) if c else MAX_BLOCK), block_s
-    return (min(knobs["block_c"], _next_pow2(c)) if c else knobs["block_c"]), block_s
+        return (sizing.next_pow2(c) if c else MAX_BLOCK), block_s
+    return sizing.clamp(knobs["block_c"], c), block_s
 
 
 def feasible(spec: dict, knobs: dict[str, Any]) -> bool:
@@ -157,10 +145,8 @@ def mutate(knobs: dict[str, Any], move: str) -> dict[str, Any] | None:
             if looped
             else None
         )
-    if move == "more_warps":
-        return {**k, "num_warps": k["num_warps"] * 2} if k["num_warps"] < 16 else None
-    if move == "fewer_warps":
-        return {**k, "num_warps": k["num_warps"] // 2} if k["num_warps"] > 1 else None
+    if move in sizing.WARP_MOVES:
+        return sizing.warps(k, move)
     if move == "wider_tiles":
         bs = k["block_s"] * 2
         return {**k, "block_s": bs} if bs * k.get("block_c", 1) <= MAX_BLOCK and bs <= 4096 else None
@@ -175,25 +161,12 @@ def mutate(knobs: dict[str, Any], move: str) -> dict[str, Any] | None:
     raise ValueError(f"unknown move {move!r}")
 
 
-def _init_params(init: list[str], eps_name: str | None) -> str:
-    """Model's constructor parameter names; eps keeps a default, and so does every one after it."""
-    out, defaulted = [], False
-    for a in init:
-        if a == eps_name:
-            out.append(f"{a}=EPS")
-            defaulted = True
-        else:
-            out.append(f"{a}=None" if defaulted else a)
-    return "".join(f", {a}" for a in out)
-
-
 def render(spec: dict, knobs: dict[str, Any], signature: dict[str, list[str]]) -> str:
     init = list(signature["init"])
     eps_name = next((a for a in init if a.lower() == "eps"), None) or next(
         (a for a in init if "eps" in a.lower()), None
     )
     x = signature["forward"][0]
-    rest = "".join(f", {a}" for a in signature["forward"][1:])
     strategy = knobs["strategy"]
     knob_consts = {"NUM_WARPS": knobs["num_warps"], "MAX_BLOCK": MAX_BLOCK, "BLOCK_S": knobs["block_s"]}
     if "block_c" in knobs:
@@ -201,17 +174,12 @@ def render(spec: dict, knobs: dict[str, Any], signature: dict[str, list[str]]) -
     # the launcher's knob arguments after (x, y, n_outer, C, S, eps)
     knob_args = "BLOCK_S, MAX_BLOCK" if strategy == "registers" else "BLOCK_C, BLOCK_S"
     eps_source = eps_name if eps_name else "EPS"
-    knob_text = ", ".join(f"{k}={v}" for k, v in knobs.items())
     doc = (
-        f"RMSNorm over dim {spec['dim']}: kernelbrain rmsnorm template ({knob_text}).\n\n"
+        f"RMSNorm over dim {spec['dim']}: kernelbrain rmsnorm template ({knob_text(knobs)}).\n\n"
         f"y = x / sqrt(mean(x^2 over dim {spec['dim']}) + eps), accumulated in fp32.\n"
     )
-    model = f"""class ModelNew(nn.Module):
-    def __init__(self{model_source.init_args(signature, _init_params(init, eps_name))}):
-        super().__init__()
-        self.eps = float({eps_source})
-
-    def forward(self, {x}{rest}):
+    body = f"        super().__init__()\n        self.eps = float({eps_source})\n"
+    lines = f"""\
         dim = DIM % {x}.dim()
         xc = {x}.contiguous()
         n_outer = 1
@@ -229,5 +197,10 @@ def render(spec: dict, knobs: dict[str, Any], signature: dict[str, list[str]]) -
         doc,
         constants(**knob_consts) + constants(DIM=spec["dim"], EPS=float(spec["eps"])),
         parts(PARTS, f"_rmsnorm_{strategy}_kernel", f"_launch_{strategy}"),
-        model,
+        model_class(
+            init_with(signature, {eps_name: "EPS"} if eps_name else {}),
+            body,
+            ", ".join(signature["forward"]),
+            lines,
+        ),
     )

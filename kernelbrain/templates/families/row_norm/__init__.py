@@ -29,15 +29,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from kernelbrain.templates import limits, sizing
 from kernelbrain.templates.render import constants, parts
 
 PARTS = f"{__name__}.parts"  # the kernels and launchers, one of each per strategy
 
-# elements a program may hold in registers; past this Triton spends minutes compiling a kernel that spills
-MAX_BLOCK = 32768
-# register-tile elements per thread: above this the tile, its fp32 copy and the weights no longer fit
-MAX_PER_THREAD = 64
-FLOAT_DTYPES = {"float32", "float16", "bfloat16"}
+MAX_BLOCK = sizing.MAX_BLOCK
 
 ROUND0: list[dict[str, Any]] = [
     {"strategy": "registers", "rows": 1, "num_warps": 4},
@@ -68,10 +65,6 @@ MUTATIONS: dict[str, list[tuple[str, str]]] = {
 }
 
 
-def _next_pow2(n: int) -> int:
-    return 1 << max(0, (int(n) - 1).bit_length())
-
-
 def tile(spec: dict, knobs: dict[str, Any]) -> int | None:
     """Register-tile elements a program holds at the traced row length (None: unknown length).
 
@@ -79,18 +72,18 @@ def tile(spec: dict, knobs: dict[str, Any]) -> int | None:
     normalised dims of F.layer_norm are not recorded, but D is at least the last dim)."""
     d = spec.get("n_cols") or spec.get("min_cols")
     if knobs["strategy"] == "registers":
-        return _next_pow2(d) * knobs["rows"] if d else None
-    return min(knobs["block_n"], _next_pow2(d)) if d else knobs["block_n"]
+        return sizing.next_pow2(d) * knobs["rows"] if d else None
+    return sizing.clamp(knobs["block_n"], d)
 
 
 def feasible(spec: dict, knobs: dict[str, Any]) -> bool:
-    """A program's register tile must fit MAX_BLOCK elements and MAX_PER_THREAD per thread."""
+    """A program's register tile must fit MAX_BLOCK elements and limits.TILE_PER_THREAD per thread."""
     if knobs["strategy"] == "split" and knobs["split"] < 2:
         return False
     t = tile(spec, knobs)
     if t is None:
         return True  # row length unknown: the launcher refuses at run time what does not fit
-    return t <= MAX_BLOCK and t <= MAX_PER_THREAD * 32 * knobs["num_warps"]
+    return t <= MAX_BLOCK and sizing.fits(t, knobs["num_warps"], limits.TILE_PER_THREAD)
 
 
 def mutate(knobs: dict[str, Any], move: str) -> dict[str, Any] | None:
@@ -98,10 +91,8 @@ def mutate(knobs: dict[str, Any], move: str) -> dict[str, Any] | None:
     strategy, warps = k["strategy"], k["num_warps"]
     if move == "registers":
         return None if strategy == "registers" else {"strategy": "registers", "rows": 1, "num_warps": warps}
-    if move == "more_warps":
-        return {**k, "num_warps": warps * 2} if warps < 16 else None
-    if move == "fewer_warps":
-        return {**k, "num_warps": warps // 2} if warps > 1 else None
+    if move in sizing.WARP_MOVES:
+        return sizing.warps(k, move)
     if move == "more_rows":
         return {**k, "rows": k["rows"] * 2} if strategy == "registers" and k["rows"] < 32 else None
     if move == "more_splits":

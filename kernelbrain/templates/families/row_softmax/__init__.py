@@ -30,13 +30,12 @@ from __future__ import annotations
 from typing import Any
 
 from kernelbrain.core.graph import Graph
-from kernelbrain.templates import model_source
-from kernelbrain.templates.render import constants, module, parts
+from kernelbrain.templates import sizing
+from kernelbrain.templates.render import constants, knob_text, module, parts, plain_model
 
 FAMILY = "row_softmax"
 PARTS = f"{__name__}.parts"  # the kernels and launchers, one of each per strategy
-# elements a program may hold in registers; past this Triton spends minutes compiling a kernel that spills
-MAX_BLOCK = 32768
+MAX_BLOCK = sizing.MAX_BLOCK
 
 # split_row first: where it is feasible (rows past MAX_BLOCK) it is the one-read strategy, and a short
 # search budget may end before the last round-0 candidates are measured (why these two split_row sets:
@@ -101,8 +100,7 @@ def feasible(spec: dict, knobs: dict[str, Any]) -> bool:
         return n is not None and MIN_CHUNKS <= -(-n // knobs["block_n"]) <= most
     if n is None or knobs["strategy"] == "online":
         return True
-    block = 1 << max(0, (n - 1).bit_length())
-    return block * knobs.get("rows", 1) <= MAX_BLOCK
+    return sizing.next_pow2(n) * knobs.get("rows", 1) <= MAX_BLOCK
 
 
 def mutate(knobs: dict[str, Any], move: str) -> dict[str, Any] | None:
@@ -128,10 +126,8 @@ def mutate(knobs: dict[str, Any], move: str) -> dict[str, Any] | None:
     if move == "prefetch":
         ok = k["strategy"] == "split_row" and not k.get("prefetch", False)
         return {**k, "prefetch": True, "ctas_per_sm": max(1, k["ctas_per_sm"] // 2)} if ok else None
-    if move == "more_warps":
-        return {**k, "num_warps": min(16, k["num_warps"] * 2)} if k["num_warps"] < 16 else None
-    if move == "fewer_warps":
-        return {**k, "num_warps": k["num_warps"] // 2} if k["num_warps"] > 1 else None
+    if move in sizing.WARP_MOVES:
+        return sizing.warps(k, move)
     if move == "more_rows":
         rows = k.get("rows", 1) * 2
         return {"strategy": "multi_row", "rows": rows, "num_warps": k["num_warps"]} if rows <= 32 else None
@@ -165,9 +161,7 @@ _CALLS = {
 
 
 def render(spec: dict, knobs: dict[str, Any], signature: dict[str, list[str]]) -> str:
-    init_args = model_source.init_args(signature, "".join(f", {a}" for a in signature["init"]))
     x = signature["forward"][0]
-    rest = "".join(f", {a}" for a in signature["forward"][1:])
     strategy = knobs["strategy"]
     consts: dict[str, Any] = {"LOG": spec["log"], "NUM_WARPS": knobs["num_warps"], "MAX_BLOCK": MAX_BLOCK}
     for knob in ("block_n", "ctas_per_sm", "rows", "depth"):
@@ -176,14 +170,9 @@ def render(spec: dict, knobs: dict[str, Any], signature: dict[str, list[str]]) -
     if strategy == "split_row":
         # knob sets recorded before the prefetch knob existed ran without it
         consts["PREFETCH"] = bool(knobs.get("prefetch", False))
-    knob_text = ", ".join(f"{k}={v}" for k, v in knobs.items())
     title = f"Row {'log-' if spec['log'] else ''}softmax over dim {spec['dim']}"
     split = strategy in {"split_row", "deferred"}
-    model = f"""class ModelNew(nn.Module):
-    def __init__(self{init_args}):
-        super().__init__()
-
-    def forward(self, {x}{rest}):
+    lines = f"""\
         dim = DIM % {x}.dim()
         # reduce over the last axis of a contiguous view: move the softmax dim last when it is not
         xt = {x}.movedim(dim, -1).contiguous()
@@ -192,8 +181,9 @@ def render(spec: dict, knobs: dict[str, Any], signature: dict[str, list[str]]) -
         {_CALLS[strategy]}
         return y2.reshape(xt.shape).movedim(-1, dim)
 """
+    model = plain_model(signature, lines, default="")
     return module(
-        f"{title}: kernelbrain row_softmax template ({knob_text}).",
+        f"{title}: kernelbrain row_softmax template ({knob_text(knobs)}).",
         constants(**consts) + constants(DIM=spec["dim"]),
         parts(PARTS, *_PARTS[strategy]),
         # the split launcher warms up and launches `_softmax_kernel`: deferred's kernel under that name

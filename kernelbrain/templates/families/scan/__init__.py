@@ -15,39 +15,32 @@ from __future__ import annotations
 from typing import Any
 
 from kernelbrain.core.graph import INPUT, Graph, Node
-from kernelbrain.templates import model_source
+from kernelbrain.templates import sizing
+from kernelbrain.templates.base import Refusal, matches_by, one_output, the_one, tile_mutations, unsized
 from kernelbrain.templates.families import pointwise
-from kernelbrain.templates.render import chain, constants, module, parts
+from kernelbrain.templates.render import chain, constants, knob_text, module, parts, plain_model
 
 FAMILY = "scan"
 PARTS = f"{__name__}.parts"
 
+# (block_k, block_r, num_warps) of each round-0 set, all one strategy
 ROUND0: list[dict[str, Any]] = [
-    {"strategy": "chunked", "block_k": 1, "block_r": 1024, "num_warps": 4},
-    {"strategy": "chunked", "block_k": 1, "block_r": 4096, "num_warps": 8},
-    {"strategy": "chunked", "block_k": 4, "block_r": 256, "num_warps": 4},
-    {"strategy": "chunked", "block_k": 1, "block_r": 2048, "num_warps": 4},
+    {"strategy": "chunked", "block_k": k, "block_r": r, "num_warps": w}
+    for k, r, w in ((1, 1024, 4), (1, 4096, 8), (4, 256, 4), (1, 2048, 4))
 ]
 BLOCKS = (128, 256, 512, 1024, 2048, 4096, 8192)
-MUTATIONS: dict[str, list[tuple[str, str]]] = {
-    "memory-bound near peak": [("larger_tiles", "more bytes in flight a program")],
-    "latency or occupancy-limited": [("more_warps", "more warps a program keep more loads in flight")],
-    "launch-bound": [("larger_tiles", "fewer, fatter programs")],
-    "register spills": [("smaller_tiles", "fewer values a program")],
-    "compute-bound": [("smaller_tiles", "a shallower scan tree a chunk")],
-    "memory-bound with poor coalescing": [("larger_tiles", "longer contiguous runs a program")],
-}
+MUTATIONS = tile_mutations(compute=[("smaller_tiles", "a shallower scan tree a chunk")])
 SCANS = {"aten.cumsum.default": 0, "aten.cumprod.default": 1}
 FILLS = {"aten.zeros_like.default": 0.0, "aten.ones_like.default": 1.0, "aten.zeros.default": 0.0}
 FILLS |= {"aten.ones.default": 1.0}
 
 
-class NotScan(ValueError):
+class NotScan(Refusal):
     """What the graph holds that this family cannot compose."""
 
 
 def mutate(knobs: dict[str, Any], move: str) -> dict[str, Any] | None:
-    return pointwise.step(knobs, move, "block_r", BLOCKS)
+    return sizing.step(knobs, move, "block_r", BLOCKS)
 
 
 def feasible(spec: dict, knobs: dict[str, Any]) -> bool:
@@ -121,17 +114,10 @@ def _layout(graph: Graph, j: int, dim: int) -> tuple[list, list, tuple[int, int]
 
 def compose(graph: Graph) -> dict:
     """The spec of a graph that is one scan with its layout ops and elementwise chains around it."""
-    if len(graph.outputs) != 1:
-        raise NotScan(f"{len(graph.outputs)} outputs")
-    found = [i for i, n in enumerate(graph.nodes) if n.op in SCANS]
-    if len(found) != 1:
-        raise NotScan(f"{len(found)} scans")
-    bounds = {(s.node, s.arg) for s in graph.sized if s.arg in ("start", "end", "length")}
-    try:  # a slice's bounds are read relative to the axis (`_bound`)
-        graph.unsized(bounds)
-    except ValueError as e:
-        raise NotScan(str(e)) from None
-    at = found[0]
+    one_output(graph, NotScan)
+    at = the_one(graph, SCANS, NotScan, "scans")
+    # a slice's bounds are read relative to the axis (`_bound`)
+    unsized(graph, NotScan, {(s.node, s.arg) for s in graph.sized if s.arg in ("start", "end", "length")})
     node = graph.nodes[at]
     if node.args.get("dtype") not in (None, "float32"):
         raise NotScan(f"a scan to {node.args['dtype']}")
@@ -182,18 +168,12 @@ def compose(graph: Graph) -> dict:
     epilogue = None
     if moved[out_ref] != [0, 0]:
         epilogue = pointwise.compose(Graph(nodes=nodes, outputs=[moved[out_ref]]))
-    helpers = head["helpers"] + (epilogue["helpers"] if epilogue else [])
     # the output's dtype follows the float inputs' one dtype, as at every shape the problem times
     out_dtype = graph.meta(out_ref).dtype
     floats = {graph.nodes[i].outs[0].dtype for i, n in enumerate(graph.nodes) if n.op == INPUT} - {"bool"}
     follows = floats == {out_dtype}
     return {
-        "inputs": head["inputs"],
-        "prologue": head["body"],
-        "prologue_result": head["result"],
-        "epilogue": epilogue["body"] if epilogue else [],
-        "epilogue_result": epilogue["result"] if epilogue else "v0",
-        "helpers": [h for h in pointwise.HELPERS if h in helpers],
+        **pointwise.around(head, epilogue),
         "op": SCANS[node.op],
         "dim": dim,
         "before": before,
@@ -204,33 +184,22 @@ def compose(graph: Graph) -> dict:
     }
 
 
-def matches(ops: list[dict], graph: Graph | None = None) -> dict | None:
-    if graph is None:
-        return None
-    try:
-        return compose(graph)
-    except (NotScan, pointwise.NotPointwise):
-        return None
+matches = matches_by(compose)
 
 
 def render(spec: dict, knobs: dict[str, Any], signature: dict[str, list[str]]) -> str:
-    init_args = model_source.init_args(signature, "".join(f", {a}=None" for a in signature["init"]))
     forward = signature["forward"]
     xs = ", ".join(forward[i] for i in spec["inputs"])
-    knob_text = ", ".join(f"{k}={v}" for k, v in knobs.items())
     dtype = "floats[0] if len(set(floats)) == 1 else torch.float32"
     if spec["dtype"] is not None:
         dtype = f"torch.{spec['dtype']}"
     kind = "cumulative product" if spec["op"] else "cumulative sum"
     doc = (
-        f"Scan ({kind}) with its chains: {', '.join(spec['ops'])}: kernelbrain scan family ({knob_text}).\n\n"
+        f"Scan ({kind}) with its chains: {', '.join(spec['ops'])}: kernelbrain scan family "
+        f"({knob_text(knobs)}).\n\n"
         "Each element read and written once, in fp32, composed from the reference's ATen graph.\n"
     )
-    model = f"""class ModelNew(nn.Module):
-    def __init__(self{init_args}):
-        super().__init__()
-
-    def forward(self, {", ".join(forward)}):
+    lines = f"""\
         xs = [{xs}]
         floats = [x.dtype for x in xs if x.dtype != torch.bool]
         dtype = {dtype}
@@ -241,9 +210,9 @@ def render(spec: dict, knobs: dict[str, Any], signature: dict[str, list[str]]) -
         constants(BLOCK_K=knobs["block_k"], BLOCK_R=knobs["block_r"], NUM_WARPS=knobs["num_warps"]),
         constants(DIM=spec["dim"], OP=spec["op"], SLICES=spec["slices"]),
         constants(BEFORE=spec["before"], AFTER=spec["after"]),
-        parts(pointwise.PARTS, *spec["helpers"]) if spec["helpers"] else "",
+        pointwise.helper_parts(spec),
         chain("_prologue", spec["prologue"], spec["prologue_result"]),
         chain("_epilogue", spec["epilogue"], spec["epilogue_result"]),
         parts(PARTS, "_scan_kernel", "_at", "_back", "_scan_launch"),
-        model,
+        plain_model(signature, lines),
     )

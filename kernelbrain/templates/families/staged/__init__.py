@@ -15,9 +15,9 @@ from __future__ import annotations
 from typing import Any
 
 from kernelbrain.core.graph import INPUT, Graph, Node
-from kernelbrain.templates import model_source
+from kernelbrain.templates.base import Refusal, matches_by, one_output, unsized
 from kernelbrain.templates.families import pointwise, reduce
-from kernelbrain.templates.render import chain, constants, module, parts, renamed
+from kernelbrain.templates.render import chain, constants, knob_text, module, parts, plain_model, renamed
 
 FAMILY = "staged"
 ROUND0 = reduce.ROUND0
@@ -26,7 +26,7 @@ mutate = reduce.mutate
 _PER_STAGE = ("_prologue", "_epilogue", "_reduce_kernel", "_reduce_launch")
 
 
-class NotStaged(ValueError):
+class NotStaged(Refusal):
     """What the graph holds that this family cannot compose."""
 
 
@@ -36,12 +36,8 @@ def feasible(spec: dict, knobs: dict[str, Any]) -> bool:
 
 def compose(graph: Graph) -> dict:
     """The reduce specs of each stage, in order; the last one's value is the output."""
-    if len(graph.outputs) != 1:
-        raise NotStaged(f"{len(graph.outputs)} outputs")
-    try:
-        graph.unsized()
-    except ValueError as e:
-        raise NotStaged(str(e)) from None
+    one_output(graph, NotStaged)
+    unsized(graph, NotStaged)
     found = [i for i, n in enumerate(graph.nodes) if n.op in reduce.REDUCTIONS]
     if len(found) < 2:
         raise NotStaged(f"{len(found)} reductions")
@@ -67,29 +63,32 @@ def _uses(graph: Graph) -> set[tuple[int, int]]:
     return {r for n in graph.nodes for v in n.args.values() for r in graph.refs(v)}
 
 
-def matches(ops: list[dict], graph: Graph | None = None) -> dict | None:
-    if graph is None:
-        return None
-    try:
-        return compose(graph)
-    except (NotStaged, reduce.NotReduction, pointwise.NotPointwise):
-        return None
+matches = matches_by(compose)
+
+
+def stage_parts(spec: dict) -> list[str]:
+    """Each stage's chains and reduce kernel and launcher, its names suffixed with its index."""
+    out = []
+    for k, stage in enumerate(spec["stages"]):
+        chains = chain("_prologue", stage["prologue"], stage["prologue_result"])
+        chains += "\n\n" + chain("_epilogue", stage["epilogue"], stage["epilogue_result"])
+        text = chains + "\n\n" + parts(reduce.PARTS, "_reduce_kernel", "_reduce_launch")
+        out.append(renamed(text, f"_{k}", _PER_STAGE))
+    return out
 
 
 def render(spec: dict, knobs: dict[str, Any], signature: dict[str, list[str]]) -> str:
-    init_args = model_source.init_args(signature, "".join(f", {a}=None" for a in signature["init"]))
     forward = signature["forward"]
-    knob_text = ", ".join(f"{k}={v}" for k, v in knobs.items())
     stages = spec["stages"]
     doc = (
         f"{len(stages)} reductions in sequence: {', '.join(spec['ops'])}: kernelbrain staged family "
-        f"({knob_text}).\n\nEach stage one launch in fp32, composed from the reference's ATen graph.\n"
+        f"({knob_text(knobs)}).\n\nEach stage one launch in fp32, composed from the reference's ATen graph.\n"
     )
 
     def name(i: int) -> str:  # a forward input, or an earlier stage's value
         return forward[i] if i < spec["n_forward"] else f"kb_s{i - spec['n_forward']}"
 
-    calls, sections = [], []
+    calls = []
     for k, stage in enumerate(stages):
         xs = ", ".join(name(i) for i in stage["inputs"])
         divisor = "0"
@@ -102,27 +101,13 @@ def render(spec: dict, knobs: dict[str, Any], signature: dict[str, list[str]]) -
         how += [str(stage[x]) for x in ("op", "pre", "post")]
         knobs_at = "BLOCK_K, BLOCK_R, SPLIT, NUM_WARPS"
         calls.append(f"        kb_s{k} = _reduce_launch_{k}(xs, {', '.join(how)}, {knobs_at}, {divisor})\n")
-        chains = chain("_prologue", stage["prologue"], stage["prologue_result"])
-        chains += "\n\n" + chain("_epilogue", stage["epilogue"], stage["epilogue_result"])
-        sections.append(
-            renamed(
-                chains + "\n\n" + parts(reduce.PARTS, "_reduce_kernel", "_reduce_launch"), f"_{k}", _PER_STAGE
-            )
-        )
-    helpers = [h for h in pointwise.HELPERS if any(h in s["helpers"] for s in stages)]
-    model = f"""class ModelNew(nn.Module):
-    def __init__(self{init_args}):
-        super().__init__()
-
-    def forward(self, {", ".join(forward)}):
-{"".join(calls)}        return kb_s{len(stages) - 1}
-"""
+    lines = "".join(calls) + f"        return kb_s{len(stages) - 1}\n"
     return module(
         doc,
         constants(BLOCK_K=knobs["block_k"], BLOCK_R=knobs["block_r"], SPLIT=knobs["split"]),
         constants(NUM_WARPS=knobs["num_warps"]),
-        parts(pointwise.PARTS, *helpers) if helpers else "",
+        pointwise.helper_parts(*stages),
         reduce.shared_parts(),
-        *sections,
-        model,
+        *stage_parts(spec),
+        plain_model(signature, lines),
     )
