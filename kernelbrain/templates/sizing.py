@@ -54,3 +54,23 @@ def step(knobs: Knobs, move: str, key: str, blocks: tuple[int, ...]) -> Knobs | 
     if move == "smaller_tiles" and at:
         return {**k, key: blocks[at - 1]}
     return warps(k, move)
+
+
+def doubled(knobs: Knobs, key: str, below: int) -> Knobs | None:
+    """The knobs with `key` doubled, where it is below `below` (None at the limit)."""
+    return {**knobs, key: knobs[key] * 2} if knobs[key] < below else None
+
+
+def halved(knobs: Knobs, key: str, above: int) -> Knobs | None:
+    """The knobs with `key` halved, where it is above `above` (None at the limit)."""
+    return {**knobs, key: knobs[key] // 2} if knobs[key] > above else None
+
+
+def stages(knobs: Knobs, move: str, most: int = 5) -> Knobs | None:
+    """A pipeline move: "more_stages" adds one (up to `most`), "fewer_stages" takes one (down to 1)."""
+    n = knobs["num_stages"]
+    if move == "more_stages" and n < most:
+        return {**knobs, "num_stages": n + 1}
+    if move == "fewer_stages" and n > 1:
+        return {**knobs, "num_stages": n - 1}
+    return None

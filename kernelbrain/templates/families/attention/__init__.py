@@ -406,9 +406,9 @@ def mutate(knobs: dict[str, Any], move: str) -> dict[str, Any] | None:
         v = k["block_m"] * 2 if move == "larger_m" else k["block_m"] // 2
         return {**k, "block_m": v} if 16 <= v <= 256 else None
     if move == "smaller_n":
-        return {**k, "block_n": k["block_n"] // 2} if k["block_n"] > 16 else None
+        return sizing.halved(k, "block_n", 16)
     if move == "more_stages":
-        return {**k, "num_stages": k["num_stages"] + 1} if k["num_stages"] < 5 else None
+        return sizing.stages(k, move)
     if move == "more_warps":
         return sizing.warps(k, move)
     raise ValueError(f"unknown move {move!r}")

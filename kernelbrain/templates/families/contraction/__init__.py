@@ -125,7 +125,7 @@ def mutate(knobs: dict[str, Any], move: str) -> dict[str, Any] | None:
     if move == "presplit":
         return {**k, "strategy": "presplit", "layout": "k"} if k["strategy"] != "presplit" else None
     if move == "more_splits":
-        return {**k, "split_k": k["split_k"] * 2} if k["split_k"] < 128 else None
+        return sizing.doubled(k, "split_k", 128)
     return gemm_epilogue.mutate(k, move)
 
 

@@ -148,13 +148,13 @@ def mutate(knobs: dict[str, Any], move: str) -> dict[str, Any] | None:
     if move == "channels_last":
         return {**k, "channels_last": True} if dot and not channels_last(k) else None
     if move == "wider_channels":
-        return {**k, "block_n": k["block_n"] * 2} if k["block_n"] < 256 else None
+        return sizing.doubled(k, "block_n", 256)
     if move == "longer_k":
-        return {**k, "block_k": k["block_k"] * 2} if dot and k["block_k"] < 128 else None
+        return sizing.doubled(k, "block_k", 128) if dot else None
     if move == "more_stages":
-        return {**k, "num_stages": k["num_stages"] + 1} if dot and k["num_stages"] < 5 else None
+        return sizing.stages(k, move) if dot else None
     if move == "fewer_stages":
-        return {**k, "num_stages": k["num_stages"] - 1} if k["num_stages"] > 1 else None
+        return sizing.stages(k, move)
     return sizing.step(k, move, "block_m", BLOCKS)
 
 
@@ -240,11 +240,7 @@ def epilogue(graph: Graph, at: int) -> tuple[dict | None, list[list]]:
         refs = [r for v in node.args.values() for r in graph.refs(v)]
         if any(r not in moved for r in refs):
             raise NotConv(f"{node.op} of what the chain after the convolution does not make")
-        args = {
-            k: ({"ref": moved[r]} if (r := graph.ref(v)) is not None else v) for k, v in node.args.items()
-        }
-        nodes.append(Node(op=node.op, args=args, outs=node.outs))
-        moved[(j, 0)] = [len(nodes) - 1, 0]
+        pointwise.carry(graph, j, moved, nodes)
     try:
         spec = pointwise.compose(Graph(nodes=nodes, outputs=[moved[out]]))
     except pointwise.NotPointwise as e:

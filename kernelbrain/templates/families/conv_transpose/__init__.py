@@ -305,19 +305,19 @@ def _mutate_nd(k: dict[str, Any], move: str) -> dict[str, Any] | None:
         v = move.removesuffix("_dot")
         return {**k, "fp32_dot": v} if dot and fp32_dot(k) != v else None
     if move == "wider_channels":
-        return {**k, "block_n": k["block_n"] * 2} if k["block_n"] < 256 else None
+        return sizing.doubled(k, "block_n", 256)
     if move == "longer_k":
-        return {**k, "block_k": k["block_k"] * 2} if dot and k["block_k"] < 128 else None
+        return sizing.doubled(k, "block_k", 128) if dot else None
     if move == "larger_tiles":
-        return {**k, "block_m": k["block_m"] * 2} if k["block_m"] < 512 else None
+        return sizing.doubled(k, "block_m", 512)
     if move == "smaller_tiles":
-        return {**k, "block_m": k["block_m"] // 2} if k["block_m"] > 16 else None
+        return sizing.halved(k, "block_m", 16)
     if move == "more_warps":
         return sizing.warps(k, move)
     if move == "more_stages":
-        return {**k, "num_stages": k["num_stages"] + 1} if dot and k["num_stages"] < 5 else None
+        return sizing.stages(k, move) if dot else None
     if move == "fewer_stages":
-        return {**k, "num_stages": k["num_stages"] - 1} if k["num_stages"] > 1 else None
+        return sizing.stages(k, move)
     if move in {"rows", "rows_dense", "prepack"}:
         return None  # the 2-D strategies' own
     raise ValueError(f"unknown move {move!r}")
@@ -350,15 +350,15 @@ def mutate(knobs: dict[str, Any], move: str) -> dict[str, Any] | None:
         ok = k["strategy"] in DOT_STRATEGIES and fp32_dot(k) != v
         return {**k, "fp32_dot": v} if ok else None
     if move == "wider_channels":
-        return {**k, "block_c": k["block_c"] * 2} if k["block_c"] < 128 else None
+        return sizing.doubled(k, "block_c", 128)
     if move == "larger_tiles":
-        return {**k, "block_p": k["block_p"] * 2} if k["block_p"] < 512 else None
+        return sizing.doubled(k, "block_p", 512)
     if move == "smaller_tiles":
-        return {**k, "block_p": k["block_p"] // 2} if k["block_p"] > 16 else None
+        return sizing.halved(k, "block_p", 16)
     if move == "more_warps":
         return sizing.warps(k, move)
     if move == "longer_k":
-        return {**k, "block_k": k["block_k"] * 2} if k["block_k"] < 64 else None
+        return sizing.doubled(k, "block_k", 64)
     raise ValueError(f"unknown move {move!r}")
 
 

@@ -200,16 +200,16 @@ def mutate(knobs: dict[str, Any], move: str) -> dict[str, Any] | None:
     if move == "larger_tiles":
         # grow the smaller of the two output dims
         key = "block_m" if k["block_m"] <= k["block_n"] else "block_n"
-        return {**k, key: k[key] * 2} if k[key] < 256 else None
+        return sizing.doubled(k, key, 256)
     if move == "smaller_tiles":
         key = "block_m" if k["block_m"] >= k["block_n"] else "block_n"
-        return {**k, key: k[key] // 2} if k[key] > 16 else None
+        return sizing.halved(k, key, 16)
     if move == "wider_groups":
-        return {**k, "group_m": k["group_m"] * 2} if k["group_m"] < 32 else None
+        return sizing.doubled(k, "group_m", 32)
     if move == "longer_k":
-        return {**k, "block_k": k["block_k"] * 2} if k["block_k"] < 128 else None
+        return sizing.doubled(k, "block_k", 128)
     if move == "more_stages":
-        return {**k, "num_stages": k["num_stages"] + 1} if k["num_stages"] < 6 else None
+        return sizing.stages(k, move, 6)
     if move == "more_warps":
         return sizing.warps(k, move)
     raise ValueError(f"unknown move {move!r}")

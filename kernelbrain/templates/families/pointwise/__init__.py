@@ -20,7 +20,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from kernelbrain.core.graph import INPUT, PARAM, Graph, Meta
+from kernelbrain.core.graph import INPUT, PARAM, Graph, Meta, Node
 from kernelbrain.templates import sizing
 from kernelbrain.templates.base import FLOATS, MORE_WARPS, Refusal, matches_by, tile_mutations
 from kernelbrain.templates.render import chain, constants, knob_text, module, parts, plain_model
@@ -161,32 +161,28 @@ _UNARY = {
 _COMPARE = {"gt": ">", "lt": "<", "ge": ">=", "le": "<=", "eq": "==", "ne": "!="}
 
 
+# binary op -> its expression of x (self) and y (other); xs and ys: x and y scaled by alpha (add, sub)
+_BINARY = {
+    "add": "({x} + {ys})",
+    "sub": "({x} - {ys})",
+    "rsub": "({y} - {xs})",
+    "mul": "({x} * {y})",
+    "div": "({x} / {y})",
+    "maximum": "tl.maximum({x}, {y})",
+    "minimum": "tl.minimum({x}, {y})",
+    "pow_tensor": "_pow({x}, {y})",
+    "logical_and": "(({x} != 0.0) & ({y} != 0.0))",
+    "logical_or": "(({x} != 0.0) | ({y} != 0.0))",
+    **{name: f"({{x}} {symbol} {{y}})" for name, symbol in _COMPARE.items()},
+}
+
+
 def _binary(name: str) -> Callable[[Args], str]:
+    form = _BINARY[name]
+
     def expr(a: Args) -> str:
-        x, y = a["self"], a["other"]
-        if name == "add":
-            return f"({x} + {_scaled(y, a.get('alpha'))})"
-        if name == "sub":
-            return f"({x} - {_scaled(y, a.get('alpha'))})"
-        if name == "rsub":
-            return f"({y} - {_scaled(x, a.get('alpha'))})"
-        if name == "mul":
-            return f"({x} * {y})"
-        if name == "div":
-            return f"({x} / {y})"
-        if name == "maximum":
-            return f"tl.maximum({x}, {y})"
-        if name == "minimum":
-            return f"tl.minimum({x}, {y})"
-        if name == "pow_tensor":
-            return f"_pow({x}, {y})"
-        if name in _COMPARE:
-            return f"({x} {_COMPARE[name]} {y})"
-        if name == "logical_and":
-            return f"(({x} != 0.0) & ({y} != 0.0))"
-        if name == "logical_or":
-            return f"(({x} != 0.0) | ({y} != 0.0))"
-        raise ValueError(name)
+        x, y, alpha = a["self"], a["other"], a.get("alpha")
+        return form.format(x=x, y=y, xs=_scaled(x, alpha), ys=_scaled(y, alpha))
 
     return expr
 
@@ -421,6 +417,15 @@ def compose(graph: Graph, views: bool = False) -> dict:
         "shape": out_meta.shape,
         "ops": graph.ops(),
     }
+
+
+def carry(graph: Graph, j: int, moved: dict[tuple[int, int], list[int]], nodes: list[Node]) -> None:
+    """Node j of `graph` appended to `nodes`, a chain being built apart from it: its references renumbered
+    by `moved` (each a value already carried), and where its value now is recorded there."""
+    node = graph.nodes[j]
+    args = {k: ({"ref": moved[r]} if (r := graph.ref(v)) is not None else v) for k, v in node.args.items()}
+    nodes.append(Node(op=node.op, args=args, outs=node.outs))
+    moved[(j, 0)] = [len(nodes) - 1, 0]
 
 
 def around(before: dict, after: dict | None) -> dict:

@@ -111,11 +111,7 @@ def compose(graph: Graph) -> dict:
         refs = [graph.ref(v) for v in later.args.values()]
         if any(r is not None and r not in moved for r in refs):
             raise NotPool(f"{later.op} of the pooled value with what it pooled")
-        args = {
-            k: ({"ref": moved[r]} if (r := graph.ref(v)) is not None else v) for k, v in later.args.items()
-        }
-        nodes.append(Node(op=later.op, args=args, outs=later.outs))
-        moved[(j, 0)] = [len(nodes) - 1, 0]
+        pointwise.carry(graph, j, moved, nodes)
     out_ref = tuple(graph.outputs[0])
     if out_ref not in moved:
         raise NotPool("an output the pooling does not reach")

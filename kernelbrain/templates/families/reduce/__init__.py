@@ -125,19 +125,18 @@ def _broadcast(shapes: list[list[int]]) -> list[int]:
 
 # ATen reduction -> (OP, PRE, POST) of reduce_parts, by which of its results is used
 _PLAIN = {
-    "aten.sum.dim_IntList": (0, 0, 0),
-    "aten.sum.default": (0, 0, 0),
-    "aten.mean.dim": (0, 0, 1),
-    "aten.mean.default": (0, 0, 1),
-    "aten.amax.default": (1, 0, 0),
-    "aten.max.default": (1, 0, 0),
-    "aten.amin.default": (2, 0, 0),
-    "aten.min.default": (2, 0, 0),
-    "aten.prod.dim_int": (3, 0, 0),
-    "aten.prod.default": (3, 0, 0),
-    "aten.argmax.default": (4, 0, 0),
-    "aten.argmin.default": (5, 0, 0),
-    "aten.logsumexp.default": (6, 0, 0),
+    op: code
+    for code, ops in (
+        ((0, 0, 0), ("aten.sum.dim_IntList", "aten.sum.default")),
+        ((0, 0, 1), ("aten.mean.dim", "aten.mean.default")),
+        ((1, 0, 0), ("aten.amax.default", "aten.max.default")),
+        ((2, 0, 0), ("aten.amin.default", "aten.min.default")),
+        ((3, 0, 0), ("aten.prod.dim_int", "aten.prod.default")),
+        ((4, 0, 0), ("aten.argmax.default",)),
+        ((5, 0, 0), ("aten.argmin.default",)),
+        ((6, 0, 0), ("aten.logsumexp.default",)),
+    )
+    for op in ops
 }
 _PAIRED = {"aten.max.dim": ((1, 0, 0), (4, 0, 0)), "aten.min.dim": ((2, 0, 0), (5, 0, 0))}
 _NORMS = {1: (0, 1, 0), 2: (0, 2, 2), "inf": (1, 1, 0)}
@@ -227,7 +226,6 @@ def compose(graph: Graph) -> dict:
     op, pre, post = _combine(red, used[1])
     if divide and (op, post) != (0, 0):
         raise NotReduction(f"a division by a size after {red.op}")
-    helpers = before["helpers"] + (after["helpers"] if after else [])
     metas = {int(n.args["index"]): n.outs[0] for n in graph.nodes if n.op == INPUT}
     traced = [metas[i] for i in before["inputs"] if i in metas]
     known = len(traced) == len(before["inputs"])
@@ -235,12 +233,7 @@ def compose(graph: Graph) -> dict:
     dtypes = {graph.nodes[i].outs[0].dtype for i, n in enumerate(graph.nodes) if n.op == INPUT}
     follows = len(dtypes) == 1 and out_dtype in dtypes
     return {
-        "inputs": before["inputs"],
-        "prologue": before["body"],
-        "prologue_result": before["result"],
-        "epilogue": after["body"] if after else [],
-        "epilogue_result": after["result"] if after else "v0",
-        "helpers": [h for h in pointwise.HELPERS if h in helpers],
+        **pointwise.around(before, after),
         "op": op,
         "pre": pre,
         "post": post,

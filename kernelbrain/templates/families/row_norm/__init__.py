@@ -94,10 +94,10 @@ def mutate(knobs: dict[str, Any], move: str) -> dict[str, Any] | None:
     if move in sizing.WARP_MOVES:
         return sizing.warps(k, move)
     if move == "more_rows":
-        return {**k, "rows": k["rows"] * 2} if strategy == "registers" and k["rows"] < 32 else None
+        return sizing.doubled(k, "rows", 32) if strategy == "registers" else None
     if move == "more_splits":
         if strategy == "split":
-            return {**k, "split": k["split"] * 2} if k["split"] < 64 else None
+            return sizing.doubled(k, "split", 64)
         return {"strategy": "split", "block_n": k.get("block_n", 1024), "split": 8, "num_warps": warps}
     if move == "fewer_splits":
         if strategy != "split":
@@ -108,11 +108,11 @@ def mutate(knobs: dict[str, Any], move: str) -> dict[str, Any] | None:
     if move == "smaller_tiles":
         if strategy == "registers":
             return {"strategy": "looped", "block_n": 1024, "num_warps": warps}
-        return {**k, "block_n": k["block_n"] // 2} if k["block_n"] > 128 else None
+        return sizing.halved(k, "block_n", 128)
     if move == "larger_tiles":
         if strategy == "registers":
             return None
-        return {**k, "block_n": k["block_n"] * 2} if k["block_n"] < 16384 else None
+        return sizing.doubled(k, "block_n", 16384)
     raise ValueError(f"unknown move {move!r}")
 
 

@@ -156,11 +156,7 @@ def compose(graph: Graph) -> dict:
             raise NotScan(f"{later.op} after a fill concatenated to the scanned value")
         if any(r not in moved for r in refs):
             raise NotScan(f"{later.op} of the scanned value with what it scanned")
-        args = {
-            k: ({"ref": moved[r]} if (r := graph.ref(v)) is not None else v) for k, v in later.args.items()
-        }
-        nodes.append(Node(op=later.op, args=args, outs=later.outs))
-        moved[(j, 0)] = [len(nodes) - 1, 0]
+        pointwise.carry(graph, j, moved, nodes)
     if out_ref not in moved:
         raise NotScan("an output the scan does not reach")
     if sum(op[0] == "cat" for op in after) > 1:
