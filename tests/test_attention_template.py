@@ -17,7 +17,7 @@ import pytest
 from kernelbrain.core.diagnosis import LABELS
 from kernelbrain.core.problem import read_problem
 from kernelbrain.core.protocol import AnalyseRequest, GateRequest
-from kernelbrain.templates import attention as at
+from kernelbrain.templates.families import attention as at
 from tests.parts_check import assert_composed_of_parts, reachable_knobs
 from tests.runs import QUICK_RUNGS, interpreter_env, run_inprocess, run_interpreted
 
@@ -151,7 +151,7 @@ import triton
 import triton.language as tl
 from triton.runtime import interpreter
 from kernelbrain.child.loading import load_module
-from kernelbrain.templates import attention as at
+from kernelbrain.templates.families import attention as at
 
 seen = []
 real = interpreter.InterpreterBuilder.create_dot

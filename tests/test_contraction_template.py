@@ -21,7 +21,8 @@ from kernelbrain.child.analysis import analyse
 from kernelbrain.core.events import GatePassed
 from kernelbrain.core.graph import Graph
 from kernelbrain.core.protocol import GateRequest
-from kernelbrain.templates import FAMILIES, contraction, gemm_epilogue, pointwise
+from kernelbrain.templates import FAMILIES
+from kernelbrain.templates.families import contraction, gemm_epilogue, pointwise
 from tests.composed import graph_of, load
 from tests.parts_check import assert_composed_of_parts, reachable_knobs
 from tests.runs import QUICK_RUNGS, run_checks, run_inprocess

@@ -21,7 +21,7 @@ from kernelbrain.child.analysis import analyse
 from kernelbrain.core.events import GatePassed
 from kernelbrain.core.graph import Graph
 from kernelbrain.core.protocol import GateRequest
-from kernelbrain.templates import conv, pointwise
+from kernelbrain.templates.families import conv, pointwise
 from kernelbrain.templates.render import chain, parts
 from tests.composed import graph_of, load
 from tests.parts_check import assert_composed_of_parts, reachable_knobs

@@ -25,9 +25,9 @@ from kernelbrain.core.events import GatePassed
 from kernelbrain.core.graph import Graph
 from kernelbrain.core.protocol import GateRequest
 from kernelbrain.runtime.runner import DEFAULT_RUNGS
-from kernelbrain.templates import conv, pointwise
-from kernelbrain.templates import conv_transpose as ct
 from kernelbrain.templates.decompose import expand
+from kernelbrain.templates.families import conv, pointwise
+from kernelbrain.templates.families import conv_transpose as ct
 from kernelbrain.templates.render import chain
 from tests.composed import graph_of, load
 from tests.parts_check import assert_composed_of_parts, reachable_knobs

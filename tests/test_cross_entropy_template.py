@@ -21,7 +21,7 @@ from kernelbrain.core.events import GatePassed, ProblemAnalysed
 from kernelbrain.core.graph import Graph
 from kernelbrain.core.protocol import GateRequest
 from kernelbrain.generators.expert import ExpertGenerator
-from kernelbrain.templates import cross_entropy
+from kernelbrain.templates.families import cross_entropy
 from tests.composed import Lambda, load
 from tests.runs import QUICK_RUNGS, run_checks, run_inprocess
 
@@ -144,7 +144,7 @@ def checks() -> dict:
         out[name] = partial(check, fn, None, False, sizes=one_d)
     # more blocks of rows than a reduced loss's programs: each program sums several (the parts import
     # Triton: here only, in the interpreter's process)
-    from kernelbrain.templates import cross_entropy_parts
+    from kernelbrain.templates.families.cross_entropy import parts as cross_entropy_parts
 
     many = [((cross_entropy_parts.MAX_PROGRAMS + 77, 3), cross_entropy.ROUND0[1:2])]
     for name, fn, ignored, _ in (CASES[3], CASES[5]):

@@ -11,7 +11,7 @@ import pytest
 
 from kernelbrain.core.diagnosis import LABELS
 from kernelbrain.core.protocol import GateRequest
-from kernelbrain.templates import gemm_epilogue as ge
+from kernelbrain.templates.families import gemm_epilogue as ge
 from tests.parts_check import assert_composed_of_parts, reachable_knobs
 from tests.runs import QUICK_RUNGS, run_inprocess
 

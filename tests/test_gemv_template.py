@@ -12,7 +12,8 @@ import pytest
 
 from kernelbrain.core.diagnosis import LABELS
 from kernelbrain.core.protocol import GateRequest
-from kernelbrain.templates import FAMILIES, gemv
+from kernelbrain.templates import FAMILIES
+from kernelbrain.templates.families import gemv
 from tests.parts_check import assert_composed_of_parts, reachable_knobs
 from tests.runs import QUICK_RUNGS, run_inprocess
 

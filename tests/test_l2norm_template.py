@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from kernelbrain.core.protocol import GateRequest
-from kernelbrain.templates import FAMILIES, l2norm, row_norm
+from kernelbrain.templates import FAMILIES
+from kernelbrain.templates.families import l2norm, row_norm
 from tests.parts_check import assert_composed_of_parts, reachable_knobs
 from tests.runs import QUICK_RUNGS, run_inprocess
 

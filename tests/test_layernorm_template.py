@@ -15,7 +15,8 @@ from kernelbrain.core.diagnosis import LABELS
 from kernelbrain.core.events import ProblemAnalysed
 from kernelbrain.core.protocol import AnalyseRequest, GateRequest
 from kernelbrain.generators.expert import ExpertGenerator
-from kernelbrain.templates import FAMILIES, layernorm, row_norm
+from kernelbrain.templates import FAMILIES
+from kernelbrain.templates.families import layernorm, row_norm
 from tests.parts_check import assert_composed_of_parts, reachable_knobs
 from tests.runs import QUICK_RUNGS, run_inprocess
 

@@ -19,7 +19,7 @@ from kernelbrain.child.graph import capture
 from kernelbrain.core.events import GatePassed
 from kernelbrain.core.graph import Graph
 from kernelbrain.core.protocol import GateRequest
-from kernelbrain.templates import moments
+from kernelbrain.templates.families import moments
 from tests.composed import load
 from tests.runs import QUICK_RUNGS, run_checks, run_inprocess
 

@@ -23,7 +23,7 @@ from kernelbrain.core.protocol import GateRequest
 from kernelbrain.generators import GenerationError
 from kernelbrain.generators.expert import ExpertGenerator
 from kernelbrain.runtime.runner import DEFAULT_RUNGS
-from kernelbrain.templates import partial
+from kernelbrain.templates.compose import partial
 from tests.composed import graph_of
 from tests.kbcli import kb, kb_env
 

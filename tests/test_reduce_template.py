@@ -18,9 +18,9 @@ from kernelbrain.child.graph import mark_sized
 from kernelbrain.core.events import GatePassed
 from kernelbrain.core.graph import Graph
 from kernelbrain.core.protocol import GateRequest
-from kernelbrain.templates import pointwise, reduce
 from kernelbrain.templates.decompose import expand
-from kernelbrain.templates.reduce_plan import MAX_SERIAL, plan_reduction
+from kernelbrain.templates.families import pointwise, reduce
+from kernelbrain.templates.families.reduce.plan import MAX_SERIAL, plan_reduction
 from tests.composed import graph_of, load
 from tests.runs import QUICK_RUNGS, run_checks, run_inprocess
 

@@ -13,7 +13,8 @@ import pytest
 
 from kernelbrain.core.diagnosis import LABELS
 from kernelbrain.core.protocol import GateRequest
-from kernelbrain.templates import FAMILIES, rmsnorm
+from kernelbrain.templates import FAMILIES
+from kernelbrain.templates.families import rmsnorm
 from tests.kbcli import kb
 from tests.parts_check import assert_composed_of_parts, reachable_knobs
 

@@ -13,8 +13,8 @@ import triton
 
 from kernelbrain.child.loading import load_module
 from kernelbrain.core.protocol import GateRequest
-from kernelbrain.templates import row_softmax as rs
-from kernelbrain.templates import row_softmax_parts as parts_module
+from kernelbrain.templates.families import row_softmax as rs
+from kernelbrain.templates.families.row_softmax import parts as parts_module
 from tests.parts_check import assert_composed_of_parts, reachable_knobs
 from tests.runs import run_interpreted
 
@@ -146,7 +146,7 @@ def test_split_row_prefetch_loads_the_next_chunk_before_waiting():
 PHASE0 = """
 import json, sys, torch
 from kernelbrain.child.loading import load_module
-from kernelbrain.templates import row_softmax as rs
+from kernelbrain.templates.families import row_softmax as rs
 
 knobs, grid = json.loads(sys.argv[1]), int(sys.argv[2])
 log = knobs["strategy"] == "deferred"  # each strategy through one of the two forms

@@ -18,7 +18,7 @@ from kernelbrain.child.graph import capture
 from kernelbrain.core.events import GatePassed
 from kernelbrain.core.graph import Graph
 from kernelbrain.core.protocol import GateRequest
-from kernelbrain.templates import pointwise, scan
+from kernelbrain.templates.families import pointwise, scan
 from tests.composed import Lambda, graph_of, load
 from tests.runs import QUICK_RUNGS, run_checks, run_inprocess
 

@@ -13,7 +13,7 @@ import torch
 from kernelbrain.child.analysis import parameter_texts
 from kernelbrain.child.loading import load_module
 from kernelbrain.core.protocol import AnalyseRequest, GateRequest
-from kernelbrain.templates import row_softmax as rs
+from kernelbrain.templates.families import row_softmax as rs
 
 # (the reference's parameters after self, the defaults ModelNew gets where they differ)
 TABLE = [

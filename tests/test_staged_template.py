@@ -16,7 +16,7 @@ from kernelbrain.child.analysis import analyse
 from kernelbrain.core.events import GatePassed
 from kernelbrain.core.graph import Graph
 from kernelbrain.core.protocol import GateRequest
-from kernelbrain.templates import staged
+from kernelbrain.templates.families import staged
 from tests.composed import graph_of, load
 from tests.runs import QUICK_RUNGS, run_checks, run_inprocess
 

@@ -24,7 +24,8 @@ from kernelbrain.child.analysis import analyse
 from kernelbrain.core.events import GatePassed
 from kernelbrain.core.graph import INPUT, Graph
 from kernelbrain.core.protocol import GateRequest
-from kernelbrain.templates import contraction, conv, conv_transpose, tail
+from kernelbrain.templates.compose import tail
+from kernelbrain.templates.families import contraction, conv, conv_transpose
 from kernelbrain.templates.render import renamed
 from tests.composed import graph_of, load
 from tests.runs import QUICK_RUNGS, run_checks, run_inprocess

@@ -1,5 +1,5 @@
-"""What the template package shares: the one Family contract, kernels only in `*_parts` modules, and the
-tuning-variant rule the GPU tools in tools/ apply to --knobs."""
+"""What the template package shares: the one Family contract, kernels only in the families' `parts`
+modules, and the tuning-variant rule the GPU tools in tools/ apply to --knobs."""
 
 from __future__ import annotations
 
@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 
 from kernelbrain import templates
-from kernelbrain.templates import FAMILIES, attention, knobs_with, row_softmax
-from kernelbrain.templates.family import Family, Refining
+from kernelbrain.templates import FAMILIES, knobs_with
+from kernelbrain.templates.base import Family, Refining
+from kernelbrain.templates.families import attention, row_softmax
 
 
 def test_knobs_with_lays_overrides_on_the_first_round0_set_of_that_strategy():
@@ -58,16 +59,22 @@ def test_every_family_keeps_the_one_contract():
 
 
 def test_no_family_keeps_kernel_text_in_strings():
-    """Kernels are real functions in `*_parts` modules: no family module (nor a shared helper of theirs)
+    """Kernels are real functions in `parts` modules: no family module (nor a shared helper of theirs)
     holds a kernel's Triton source in a string (the one generated text is render.chain's elementwise
     function of a traced graph's ops), and every parts module defines jit functions ruff and tests see."""
     folder = Path(templates.__file__).parent
-    for path in folder.glob("*.py"):
+    seen = {"parts": 0, "other": 0}
+    for path in folder.rglob("*.py"):
         text = path.read_text()
-        if path.stem.endswith("_parts"):
-            assert re.search(r"^@triton\.jit\b", text, re.M), path.name
+        name = str(path.relative_to(folder))
+        if path.stem == "parts":
+            assert re.search(r"^@triton\.jit\b", text, re.M), name
+            seen["parts"] += 1
             continue
+        seen["other"] += 1
         strings = [n.value for n in ast.walk(ast.parse(text)) if isinstance(n, ast.Constant)]
         kernel = [s for s in strings if isinstance(s, str) and re.search(r"tl\.(load|store|program_id)\(", s)]
-        assert not kernel, (path.name, kernel[0][:80])
-        assert not re.search(r"@[A-Z_]{3,}@", text), path.name
+        assert not kernel, (name, kernel[0][:80])
+        assert not re.search(r"@[A-Z_]{3,}@", text), name
+    # every family folder's kernels were read, and every module beside them
+    assert seen["parts"] >= 15 and seen["other"] >= 25, seen

@@ -39,8 +39,8 @@ from pydantic import BaseModel  # noqa: E402
 
 from kernelbrain.child import loading, timing  # noqa: E402
 from kernelbrain.core.problem import shape_label  # noqa: E402
-from kernelbrain.templates import attention as at  # noqa: E402
 from kernelbrain.templates import knobs_with  # noqa: E402
+from kernelbrain.templates.families import attention as at  # noqa: E402
 from tools.gpu_setup import Log, compare, device_name, device_ok, sync, trace  # noqa: E402
 
 DEFAULT_PROBLEM = ROOT / "benchmarks" / "problems" / "sdp_attn.py"

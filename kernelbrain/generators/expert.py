@@ -7,9 +7,10 @@ from typing import Any
 from kernelbrain.core import torch_ops
 from kernelbrain.core.events import ProblemAnalysed
 from kernelbrain.generators.base import GenerationError, Generator, Proposal
-from kernelbrain.templates import FAMILIES, partial
+from kernelbrain.templates import FAMILIES
+from kernelbrain.templates.base import Family, Refining
+from kernelbrain.templates.compose import partial
 from kernelbrain.templates.decompose import expand
-from kernelbrain.templates.family import Family, Refining
 
 
 def _describe(ops: list[dict]) -> str:

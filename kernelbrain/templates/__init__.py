@@ -1,11 +1,11 @@
-"""Parametrised Triton templates, one module per op family.
+"""Parametrised Triton templates, one folder per op family (families/<family>/).
 
-Each family satisfies `family.Family`: `FAMILY`, `matches(ops, graph)` (the spec it extracts from the
+Each family satisfies `base.Family`: `FAMILY`, `matches(ops, graph)` (the spec it extracts from the
 traced reference, or None), `ROUND0` (knob sets spreading over its strategy axes), `MUTATIONS`
 (bottleneck label -> knob moves), `mutate(knobs, move)`, `feasible(spec, knobs)` and
-`render(spec, knobs, signature) -> str` (a standalone module defining ModelNew); a `family.Refining`
+`render(spec, knobs, signature) -> str` (a standalone module defining ModelNew); a `base.Refining`
 one also reads what the trace cannot show from the problem's source (`refine`). Every family's kernels
-are real `@triton.jit` functions in its `*_parts` module, copied into the candidate by `render`.
+are real `@triton.jit` functions in its folder's `parts` module, copied into the candidate by `render`.
 
 `cross_entropy` composes negative log-likelihood losses from the graph (`aten._log_softmax` then
 `aten.nll_loss_forward`, as `F.cross_entropy` traces), with class weights, ignore_index and every
@@ -18,14 +18,18 @@ accumulator tile; it comes after gemm_epilogue and gemv, so they keep the cases 
 with or without bias) with the elementwise chain after them into one implicit-GEMM kernel;
 `conv_transpose` the transposed ones (1-D to 3-D, output padding too) the same way, by stride phases.
 
-Shared, not families: `row_norm` (the strategies and knobs layernorm and l2norm share), `model_source`
-(what a template reads from the problem's source), `render` (the one renderer) and `decompose` (ATen
-ops split before the composed families read the graph).
+Shared, not families: `families/row_norm` (the strategies and knobs layernorm and l2norm share),
+`model_source` (what a template reads from the problem's source), `render` (the one renderer),
+`decompose` (ATen ops split before the composed families read the graph), and `compose` (the stages
+around a compute-bound head: `compose.tail`, and `compose.partial`, the candidates that keep allowed
+torch ops; `partial` is kept under this package's name too).
 """
 
 from typing import Any
 
-from kernelbrain.templates import (
+from kernelbrain.templates.base import Family
+from kernelbrain.templates.compose import partial as partial
+from kernelbrain.templates.families import (
     attention,
     contraction,
     conv,
@@ -45,7 +49,6 @@ from kernelbrain.templates import (
     scan,
     staged,
 )
-from kernelbrain.templates.family import Family
 
 # each matcher wants its own op sequence, so the order only breaks ties; gemv late: it takes any lone
 # matmul of a vector or a few columns; pointwise, from the graph, any chain of elementwise ops

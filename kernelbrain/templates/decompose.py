@@ -1,6 +1,6 @@
 """ATen ops that are an elementwise map and a reduction in one (the losses: `smooth_l1_loss(x, y,
 reduction=1)`), rewritten as the two before the composed families read the graph: an elementwise
-`kb.<loss>` node (an expression of templates/pointwise's) then `aten.mean` or `aten.sum` as the
+`kb.<loss>` node (an expression of families/pointwise's) then `aten.mean` or `aten.sum` as the
 reduction mode says (none: the map alone). Plain data in, plain data out, like core/graph."""
 
 from __future__ import annotations

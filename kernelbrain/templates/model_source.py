@@ -207,3 +207,13 @@ def init_args(signature: dict[str, list[str]], fallback: str) -> str:
     else the family's own `fallback` from the names alone (a run analysed before they were recorded)."""
     params = signature.get("params")
     return "".join(f", {p}" for p in params) if params else fallback
+
+
+def with_constructor(spec: dict, problem_source: str | None) -> dict | None:
+    """The spec with Model's constructor (its parameters and body, `init_params`, `init_body`), which
+    ModelNew then runs so that its parameters are Model's; None where the source is absent or its
+    constructor uses what a candidate lacks."""
+    ctor = constructor(problem_source) if problem_source is not None else None
+    if ctor is None:
+        return None
+    return {**spec, "init_params": ctor.params, "init_body": ctor.body}

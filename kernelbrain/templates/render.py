@@ -11,6 +11,8 @@ from collections.abc import Iterable
 from functools import cache
 from typing import Any
 
+from kernelbrain.templates.model_source import init_args
+
 HEADER = "import torch\nimport torch.nn as nn\nimport triton\nimport triton.language as tl\n"
 
 
@@ -72,3 +74,57 @@ def renamed(text: str, suffix: str, names: Iterable[str]) -> str:
         return text
     pattern = re.compile(r"\b(" + "|".join(re.escape(w) for w in words) + r")\b")
     return pattern.sub(lambda m: m.group(1) + suffix, text)
+
+
+def knob_text(knobs: dict[str, Any]) -> str:
+    """A knob set as a candidate's docstring names it: `strategy=tile, block=1024`."""
+    return ", ".join(f"{k}={v}" for k, v in knobs.items())
+
+
+SUPER = "        super().__init__()\n"  # the body of a constructor that holds nothing of Model's
+
+
+def model_class(init: str, body: str, forward: str, lines: str) -> str:
+    """ModelNew's text: `__init__(<init>)` running `body`, then `forward(self, <forward>)` running
+    `lines` (both lines indented for a method, each ending in a newline)."""
+    head = f"class ModelNew(nn.Module):\n    def __init__({init}):\n{body}"
+    return f"{head}\n    def forward(self, {forward}):\n{lines}"
+
+
+def plain_init(signature: dict[str, list[str]], default: str = "=None") -> str:
+    """`self, <Model.__init__'s parameters>` for a ModelNew that holds nothing of Model's: as declared
+    where the analysis recorded them (model_source.init_args), else each name with `default`."""
+    return "self" + init_args(signature, "".join(f", {a}{default}" for a in signature["init"]))
+
+
+def plain_model(signature: dict[str, list[str]], lines: str, default: str = "=None") -> str:
+    """ModelNew holding nothing of Model's (`plain_init`), its forward Model's parameters running `lines`."""
+    return model_class(plain_init(signature, default), SUPER, ", ".join(signature["forward"]), lines)
+
+
+def constructor_lines(spec: dict, signature: dict[str, list[str]]) -> tuple[str, str]:
+    """ModelNew's `__init__` parameters and body: Model's own where the spec holds them
+    (model_source.with_constructor), else `plain_init`'s and a bare super().__init__()."""
+    if "init_body" not in spec:
+        return plain_init(signature), SUPER
+    params = f"self, {spec['init_params']}" if spec["init_params"] else "self"
+    return params, "".join(f"        {line}\n" for line in spec["init_body"].splitlines())
+
+
+def refined_model(spec: dict, signature: dict[str, list[str]], lines: str) -> str:
+    """ModelNew running Model's constructor where the spec holds it (`constructor_lines`), its forward
+    Model's parameters running `lines`."""
+    return model_class(*constructor_lines(spec, signature), ", ".join(signature["forward"]), lines)
+
+
+def init_with(signature: dict[str, list[str]], defaults: dict[str, str]) -> str:
+    """`self, <Model.__init__'s parameters>` where the analysis did not record them: the names, those in
+    `defaults` given that default, and every one after them None (a default needs defaults after it)."""
+    out, defaulted = [], False
+    for a in signature["init"]:
+        if a in defaults:
+            out.append(f"{a}={defaults[a]}")
+            defaulted = True
+        else:
+            out.append(f"{a}=None" if defaulted else a)
+    return "self" + init_args(signature, "".join(f", {a}" for a in out))
