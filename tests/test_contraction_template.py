@@ -2,7 +2,7 @@
 torch.matmul, F.linear and einsum decompose into (transposed operands, a batch of 3-D and 4-D broadcast
 inputs) and a pointwise epilogue on the accumulator (a bias, a scale, leaky ReLU, a residual forward
 input, a clamp, swish, a parameter) and a tail after it as a second launch (a row sum, a logsumexp, a
-centring, reductions in sequence: templates/tail), against torch through the interpreter on round-0
+centring, reductions in sequence: templates/compose), against torch through the interpreter on round-0
 knob sets at sizes no tile divides; fp16 operands; what it refuses, by name; candidates through
 the real gate; a whole `kb run`."""
 
@@ -21,7 +21,7 @@ from kernelbrain.child.analysis import analyse
 from kernelbrain.core.events import GatePassed
 from kernelbrain.core.graph import Graph
 from kernelbrain.core.protocol import GateRequest
-from kernelbrain.templates import FAMILIES
+from kernelbrain.templates import FAMILIES, compose
 from kernelbrain.templates.families import contraction, gemm_epilogue, pointwise
 from tests.composed import graph_of, load
 from tests.parts_check import assert_composed_of_parts, reachable_knobs
@@ -336,12 +336,12 @@ def _triangle_case(name: str, folder: Path) -> None:
     """Against eager, and the K steps the GEMM ran (`_dot_tile`'s calls): those of the tiles where the
     output moves with the product, fewer than all (these cases' bands are exact: no tile runs in vain)."""
     fn, shapes, knobs = TRIANGLES[name]
-    spec = contraction.compose(graph_of(fn, *shapes))
+    spec = compose.contraction.compose(graph_of(fn, *shapes))
     signature = {"init": [], "forward": NAMES[: len(shapes)], "params": []}
     torch.manual_seed(0)
     xs = [torch.randn(s) for s in shapes]
     want = fn(*(x.double() for x in xs))
-    new = load(contraction.render(spec, knobs, signature), folder, f"t_{abs(hash(name))}")
+    new = load(compose.contraction.render(spec, knobs, signature), folder, f"t_{abs(hash(name))}")
     new._dot_tile = steps = _Calls(new._dot_tile)
     got = new.ModelNew()(*xs)
     torch.testing.assert_close(got.double(), want, rtol=1e-4, atol=1e-4, msg=f"{name} {knobs}")
@@ -365,13 +365,13 @@ class _Launches:
 
 def _split_k_case(name: str, folder: Path) -> None:
     fn, shapes, knob_list = SPLIT_K[name]
-    spec = contraction.compose(graph_of(fn, *shapes))
+    spec = compose.contraction.compose(graph_of(fn, *shapes))
     signature = {"init": [], "forward": NAMES[: len(shapes)], "params": []}
     torch.manual_seed(0)
     xs = [torch.randn(s) for s in shapes]
     want = fn(*(x.double() for x in xs))
     for i, knobs in enumerate(knob_list):
-        new = load(contraction.render(spec, knobs, signature), folder, f"s{i}_{abs(hash(name))}")
+        new = load(compose.contraction.render(spec, knobs, signature), folder, f"s{i}_{abs(hash(name))}")
         new._contraction_kernel = gemm = _Launches(new._contraction_kernel)
         new._split_k_sum = summed = _Launches(new._split_k_sum)
         got = new.ModelNew()(*xs)
@@ -381,13 +381,13 @@ def _split_k_case(name: str, folder: Path) -> None:
 
 def _fn_case(name: str, dtype: torch.dtype, knob_sets: list[dict], folder: Path) -> None:
     fn, shapes = FUNCTIONS[name]
-    spec = contraction.compose(graph_of(fn, *shapes))
+    spec = compose.contraction.compose(graph_of(fn, *shapes))
     signature = {"init": [], "forward": NAMES[: len(shapes)], "params": []}
     torch.manual_seed(0)
     xs = [torch.randn(s).to(dtype) for s in shapes]
     want = fn(*(x.double() for x in xs))
     for i, knobs in enumerate(knob_sets):
-        new = load(contraction.render(spec, knobs, signature), folder, f"c{i}_{abs(hash(name))}")
+        new = load(compose.contraction.render(spec, knobs, signature), folder, f"c{i}_{abs(hash(name))}")
         got = new.ModelNew()(*xs)
         assert got.dtype == dtype and got.shape == want.shape, (got.dtype, got.shape)
         tol = 1e-4 if dtype == torch.float32 else 2e-2
@@ -398,14 +398,16 @@ def _model_case(name: str, knob_sets: list[dict], folder: Path) -> None:
     cls, shapes = MODELS[name]
     with torch.device("meta"):
         traced = cls()
-    spec = contraction.compose(graph_of(traced, *shapes))
+    spec = compose.contraction.compose(graph_of(traced, *shapes))
     spec = {**spec, "init_params": "", "init_body": cls.INIT}
     signature = {"init": [], "forward": ["x"], "params": []}
     torch.manual_seed(0)
     ref = cls().double()
     x = torch.randn(shapes[0], dtype=torch.float64)
     for i, knobs in enumerate(knob_sets):
-        new = load(contraction.render(spec, knobs, signature), folder, f"m{i}_{abs(hash(name))}").ModelNew()
+        new = load(
+            compose.contraction.render(spec, knobs, signature), folder, f"m{i}_{abs(hash(name))}"
+        ).ModelNew()
         new.load_state_dict({k: v.float() for k, v in ref.state_dict().items()})
         got = new(x.float())
         torch.testing.assert_close(got.double(), ref(x), rtol=1e-4, atol=1e-4, msg=f"{name} {knobs}")
@@ -465,7 +467,7 @@ def test_every_case_on_its_round0_knob_sets(interpreted, name):
 )
 def test_what_it_refuses_is_named(fn, shapes, why):
     with pytest.raises(contraction.NotContraction, match=why):
-        contraction.compose(graph_of(fn, *shapes))
+        compose.contraction.compose(graph_of(fn, *shapes))
 
 
 @pytest.mark.parametrize(
@@ -479,23 +481,23 @@ def test_what_it_refuses_is_named(fn, shapes, why):
     ],
 )
 def test_a_triangle_bands_the_diagonals_whose_tiles_run_the_k_loop(fn, diagonals):
-    spec = contraction.compose(graph_of(lambda a, b: fn(a @ b), (5, 4), (4, 6)))
+    spec = compose.contraction.compose(graph_of(lambda a, b: fn(a @ b), (5, 4), (4, 6)))
     assert spec["triangle"] == {"rows": [[0, 0]], "diagonals": diagonals}
 
 
 def test_a_batch_norm_in_training_mode_after_it_is_a_moments_tail_counting_its_batch():
     with torch.device("meta"):
         model = nn.Sequential(nn.Linear(4, 6), nn.BatchNorm1d(6))
-    rest = contraction.compose(graph_of(model, (5, 4)))["tail"]
+    rest = compose.contraction.compose(graph_of(model, (5, 4)))["tail"]
     assert rest["family"] == "moments" and rest["spec"]["count"] == "1.num_batches_tracked"
 
 
 def test_every_reachable_knob_set_renders_from_its_parts():
     fn, shapes = FUNCTIONS["linear with bias, scale, leaky relu, residual, clamp"]
-    spec = contraction.compose(graph_of(fn, *shapes))
+    spec = compose.contraction.compose(graph_of(fn, *shapes))
     signature = {"init": [], "forward": NAMES, "params": []}
     for knobs in reachable_knobs(contraction):
-        source = contraction.render(spec, knobs, signature)
+        source = compose.contraction.render(spec, knobs, signature)
         # the one generated function, the traced chain, apart; all else is the parts module's
         traced = contraction.epilogue(spec)
         assert not spec["helpers"] and traced in source
@@ -508,17 +510,17 @@ def test_every_reachable_knob_set_renders_from_its_parts():
 def test_round0_is_feasible_at_the_traced_shapes_and_large_tiles_are_not():
     spec = {"m": 4096, "n": 4096, "k": 4096, "batch": 1, "extras": [[], [], []]}
     assert len(contraction.ROUND0) <= 6
-    assert [k for k in contraction.ROUND0 if contraction.feasible(spec, k)] == UNSPLIT
+    assert [k for k in contraction.ROUND0 if compose.contraction.feasible(spec, k)] == UNSPLIT
     huge = {**UNSPLIT[0], "block_m": 256, "block_n": 256, "num_warps": 4}
-    assert not contraction.feasible(spec, huge)
+    assert not compose.contraction.feasible(spec, huge)
 
 
 def test_split_k_only_where_few_output_tiles_meet_a_long_k():
     long_k = {"m": 256, "n": 256, "k": 524288, "batch": 1, "extras": []}  # level 1's 6
     split = [k for k in contraction.ROUND0 if k["split_k"] > 1]
-    assert split and all(contraction.feasible(long_k, k) for k in split)
+    assert split and all(compose.contraction.feasible(long_k, k) for k in split)
     for shape in ({"k": 4096}, {"m": 4096, "n": 4096}, {"batch": 128}):  # short K; many tiles
-        assert not any(contraction.feasible({**long_k, **shape}, k) for k in split), shape
+        assert not any(compose.contraction.feasible({**long_k, **shape}, k) for k in split), shape
 
 
 def test_gemm_epilogue_keeps_the_linear_relu_divide_it_was_measured_on():
@@ -531,12 +533,12 @@ def test_gemm_epilogue_keeps_the_linear_relu_divide_it_was_measured_on():
 def test_every_round0_candidate_of_a_linear_chain_passes_the_gate(box):
     source = LINEAR_CHAIN.read_text()
     analysis = analyse(source, "cpu")
-    spec = contraction.matches(analysis["ops"], Graph.model_validate(analysis["graph"]))
+    spec = compose.contraction.matches(analysis["ops"], Graph.model_validate(analysis["graph"]))
     assert spec is not None and len(spec["extras"]) == 3  # the bias, the scale, the residual
-    spec = contraction.refine(spec, source)
+    spec = compose.contraction.refine(spec, source)
     assert spec is not None
     for knobs in UNSPLIT:
-        new_source = contraction.render(spec, knobs, analysis["signature"])
+        new_source = compose.contraction.render(spec, knobs, analysis["signature"])
         request = GateRequest(problem_source=source, cand_source=new_source, device="cpu", seeds=3)
         reply = box.call(request, timeout_s=120)[0]
         assert reply.passed, (knobs, reply)
@@ -552,12 +554,12 @@ def test_kb_run_on_a_linear_chain_no_hand_written_family_covers(tmp_path):
 def test_every_round0_candidate_of_a_divide_sum_tail_passes_the_gate(box):
     source = DIVIDE_SUM.read_text()
     analysis = analyse(source, "cpu")
-    spec = contraction.matches(analysis["ops"], Graph.model_validate(analysis["graph"]))
+    spec = compose.contraction.matches(analysis["ops"], Graph.model_validate(analysis["graph"]))
     assert spec is not None and spec["tail"]["family"] == "reduce"
-    spec = contraction.refine(spec, source)
+    spec = compose.contraction.refine(spec, source)
     assert spec is not None
     for knobs in UNSPLIT:
-        new_source = contraction.render(spec, knobs, analysis["signature"])
+        new_source = compose.contraction.render(spec, knobs, analysis["signature"])
         request = GateRequest(problem_source=source, cand_source=new_source, device="cpu", seeds=3)
         reply = box.call(request, timeout_s=120)[0]
         assert reply.passed, (knobs, reply)
@@ -573,13 +575,13 @@ def test_kb_run_on_a_divide_sum_tail(tmp_path):
 def test_every_round0_candidate_of_a_group_norm_tail_passes_the_gate(box):
     source = GROUPNORM.read_text()
     analysis = analyse(source, "cpu")
-    spec = contraction.matches(analysis["ops"], Graph.model_validate(analysis["graph"]))
+    spec = compose.contraction.matches(analysis["ops"], Graph.model_validate(analysis["graph"]))
     assert spec is not None and spec["tail"]["family"] == "moments"
     assert spec["tail"]["then"]["family"] == "pointwise"
-    spec = contraction.refine(spec, source)
+    spec = compose.contraction.refine(spec, source)
     assert spec is not None and "init_body" in spec
     for knobs in UNSPLIT:
-        new_source = contraction.render(spec, knobs, analysis["signature"])
+        new_source = compose.contraction.render(spec, knobs, analysis["signature"])
         assert "self.get_parameter('group_norm.weight')" in new_source
         request = GateRequest(problem_source=source, cand_source=new_source, device="cpu", seeds=3)
         reply = box.call(request, timeout_s=120)[0]

@@ -21,8 +21,9 @@ from kernelbrain.child.analysis import analyse
 from kernelbrain.core.events import GatePassed
 from kernelbrain.core.graph import Graph
 from kernelbrain.core.protocol import GateRequest
+from kernelbrain.templates import compose
 from kernelbrain.templates.families import conv, pointwise
-from kernelbrain.templates.render import chain, parts
+from kernelbrain.templates.render import chain, parts_of
 from tests.composed import graph_of, load
 from tests.parts_check import assert_composed_of_parts, reachable_knobs
 from tests.runs import QUICK_RUNGS, run_checks, run_inprocess, run_interpreted
@@ -133,7 +134,7 @@ CASES = [
 ]
 
 
-# the same, a tail after the chain (templates/tail.py: a second launch over the chain's value)
+# the same, a tail after the chain (templates/compose: a second launch over the chain's value)
 TAIL_CASES = [
     (
         "2-D, scaled, min over the channels kept (reduce tail)",
@@ -222,13 +223,13 @@ def check_case(make: str, chain: str, bias_shape, shapes, residual: bool, tmp_pa
         traced = Net(make, chain, bias_shape)
         # a residual input has the convolution's output shape
         traced_shapes = [shapes[0]] + ([tuple(traced.conv(torch.empty(shapes[0])).shape)] if residual else [])
-    spec = conv.compose(graph_of(traced, *traced_shapes))
+    spec = compose.conv.compose(graph_of(traced, *traced_shapes))
     spec = {**spec, "init_params": "", "init_body": init_body(make, bias_shape)}
     torch.manual_seed(0)
     ref = Net(make, chain, bias_shape)
     ref64 = copy.deepcopy(ref).double()
     for knobs in conv.ROUND0:
-        source = conv.render(spec, knobs, RESIDUAL if residual else SIGNATURE)
+        source = compose.conv.render(spec, knobs, RESIDUAL if residual else SIGNATURE)
         new = load(source, tmp_path, f"c_{abs(hash(make + chain + str(knobs)))}")
         new = new.ModelNew()
         new.load_state_dict(ref.state_dict())
@@ -250,11 +251,11 @@ def check_tail_case(
     with torch.device("meta"):
         traced = Net(make, chain, bias_shape)
     try:
-        spec = conv.compose(graph_of(traced, shapes[0]))
+        spec = compose.conv.compose(graph_of(traced, shapes[0]))
     except conv.NotConv as e:
         assert refusal is not None and refusal in str(e), e
         return
-    assert spec["tail"] is not None and all(conv.feasible(spec, k) for k in conv.ROUND0)
+    assert spec["tail"] is not None and all(compose.conv.feasible(spec, k) for k in conv.ROUND0)
     check_case(make, chain, bias_shape, shapes, residual, tmp_path)
 
 
@@ -262,7 +263,7 @@ def check_half_and_channels_last(tmp_path: Path) -> None:
     make = "nn.Conv2d(5, 18, 3, padding=1, stride=2)"
     with torch.device("meta"):
         traced = Net(make, "F.relu(y)").half()
-    spec = conv.compose(capture_half(traced, (2, 5, 9, 8)))
+    spec = compose.conv.compose(capture_half(traced, (2, 5, 9, 8)))
     assert spec["dtype"] == "float16"
     spec = {**spec, "init_params": "", "init_body": init_body(make, None)}
     torch.manual_seed(0)
@@ -270,8 +271,10 @@ def check_half_and_channels_last(tmp_path: Path) -> None:
     x = torch.randn(2, 5, 9, 8)
     with torch.no_grad():
         truth = copy.deepcopy(ref).double()(x.double())
-    for knobs in [k for k in conv.ROUND0 if conv.feasible(spec, k)]:
-        new = load(conv.render(spec, knobs, SIGNATURE), tmp_path, f"h_{abs(hash(str(knobs)))}").ModelNew()
+    for knobs in [k for k in conv.ROUND0 if compose.conv.feasible(spec, k)]:
+        new = load(
+            compose.conv.render(spec, knobs, SIGNATURE), tmp_path, f"h_{abs(hash(str(knobs)))}"
+        ).ModelNew()
         new.load_state_dict(ref.state_dict())
         new.half()
         with torch.no_grad():
@@ -385,22 +388,22 @@ def test_what_it_refuses_is_named(make, chain, why):
     with torch.device("meta"):
         model = Two(make, chain)
     with pytest.raises(conv.NotConv, match=why):
-        conv.compose(graph_of(model, (2, 4, 8, 8)))
+        compose.conv.compose(graph_of(model, (2, 4, 8, 8)))
 
 
 def test_every_reachable_knob_set_renders_the_parts():
     """Every function a candidate defines is conv_parts' own, but the chain traced from the graph and the
     pointwise helpers it calls (pointwise_parts' own)."""
     make, chain_text, bias = CASES[0][1], CASES[0][2], CASES[0][3]
-    spec = conv.compose(graph_of(Net(make, chain_text, bias).to("meta"), CASES[0][4]))
+    spec = compose.conv.compose(graph_of(Net(make, chain_text, bias).to("meta"), CASES[0][4]))
     spec = {**spec, "init_params": "", "init_body": init_body(make, bias)}
     assert spec["helpers"] == ["_tanh", "_log1p", "_softplus", "_mish"]
     traced = chain("_epilogue", spec["epilogue"], spec["epilogue_result"])
-    helpers = parts(pointwise.PARTS, *spec["helpers"])
+    helpers = parts_of(pointwise.PARTS, *spec["helpers"])
     sets = reachable_knobs(conv)
     assert {k["strategy"] for k in sets} == set(conv.STRATEGIES)
     for knobs in sets:
-        source = conv.render(spec, knobs, SIGNATURE)
+        source = compose.conv.render(spec, knobs, SIGNATURE)
         assert traced in source and helpers in source, knobs
         found = assert_composed_of_parts(source.replace(traced, ""), conv.PARTS, knobs, (pointwise.PARTS,))
         assert found.kernels - set(spec["helpers"]) == {"_mma", "_extra", "_conv_kernel"}, knobs
@@ -412,12 +415,14 @@ def test_mutations_cover_every_label_and_stay_feasible():
     assert set(conv.MUTATIONS) == set(LABELS)
     spec = {"c_out_g": 64, "dtype": "float32"}
     depthwise = {"c_out_g": 1, "dtype": "float32"}
-    assert all(conv.feasible(spec, k) for k in conv.ROUND0)
+    assert all(compose.conv.feasible(spec, k) for k in conv.ROUND0)
     # narrow groups: only the direct form, which round 0 has
-    assert [k["strategy"] for k in conv.ROUND0 if conv.feasible(depthwise, k)] == ["direct", "direct"]
+    assert [k["strategy"] for k in conv.ROUND0 if compose.conv.feasible(depthwise, k)] == ["direct", "direct"]
     # one TF32 pass and its ~fp32 form both in round 0 (the gate keeps what meets the reference's error)
     assert {conv.fp32_dot(k) for k in conv.ROUND0 if k["strategy"] != "direct"} == {"tf32", "tf32x3"}
-    assert not conv.feasible(spec, {**conv.ROUND0[-1], "channels_last": True})  # the direct form's no dot
+    assert not compose.conv.feasible(
+        spec, {**conv.ROUND0[-1], "channels_last": True}
+    )  # the direct form's no dot
     as_given = next(k for k in conv.ROUND0 if k.get("channels_last") is False)
     assert conv.mutate(as_given, "channels_last")["channels_last"] is True
     assert conv.mutate(conv.ROUND0[0], "ieee_dot")["fp32_dot"] == "ieee"
@@ -427,11 +432,13 @@ def test_mutations_cover_every_label_and_stay_feasible():
 def test_every_round0_candidate_of_a_grouped_conv_passes_the_gate(box):
     source = GROUPED.read_text()
     analysis = analyse(source, "cpu")
-    spec = conv.refine(conv.matches(analysis["ops"], Graph.model_validate(analysis["graph"])), source)
+    spec = compose.conv.refine(
+        compose.conv.matches(analysis["ops"], Graph.model_validate(analysis["graph"])), source
+    )
     assert spec is not None and spec["groups"] == 2 and spec["extras"] == [["param", "bias"]]
     for knobs in conv.ROUND0:
-        assert conv.feasible(spec, knobs), knobs
-        new_source = conv.render(spec, knobs, analysis["signature"])
+        assert compose.conv.feasible(spec, knobs), knobs
+        new_source = compose.conv.render(spec, knobs, analysis["signature"])
         request = GateRequest(problem_source=source, cand_source=new_source, device="cpu", seeds=3)
         reply = box.call(request, timeout_s=300)[0]
         assert reply.passed, (knobs, reply)
@@ -444,12 +451,12 @@ def test_a_depthwise_convs_groups_follow_its_channels_through_the_gate(box):
     analysis = analyse(source, "cpu")
     graph = Graph.model_validate(analysis["graph"])
     assert [s.arg for s in graph.sized] == ["groups"]
-    spec = conv.refine(conv.matches(analysis["ops"], graph), source)
+    spec = compose.conv.refine(compose.conv.matches(analysis["ops"], graph), source)
     assert spec is not None and spec["spatial"] == 1 and spec["c_in_g"] == spec["c_out_g"] == 1
-    feasible = [k for k in conv.ROUND0 if conv.feasible(spec, k)]
+    feasible = [k for k in conv.ROUND0 if compose.conv.feasible(spec, k)]
     assert {k["strategy"] for k in feasible} == {"direct"}
     for knobs in feasible:
-        new_source = conv.render(spec, knobs, analysis["signature"])
+        new_source = compose.conv.render(spec, knobs, analysis["signature"])
         request = GateRequest(problem_source=source, cand_source=new_source, device="cpu", seeds=3)
         reply = box.call(request, timeout_s=300)[0]
         assert reply.passed, (knobs, reply)
@@ -465,11 +472,13 @@ def test_kb_run_on_a_convolution_no_hand_written_family_covers(tmp_path):
 def test_every_round0_candidate_of_a_scale_min_tail_passes_the_gate(box):
     source = SCALE_MIN.read_text()
     analysis = analyse(source, "cpu")
-    spec = conv.refine(conv.matches(analysis["ops"], Graph.model_validate(analysis["graph"])), source)
+    spec = compose.conv.refine(
+        compose.conv.matches(analysis["ops"], Graph.model_validate(analysis["graph"])), source
+    )
     assert spec is not None and spec["tail"]["family"] == "reduce"
     for knobs in conv.ROUND0:
-        assert conv.feasible(spec, knobs), knobs
-        new_source = conv.render(spec, knobs, analysis["signature"])
+        assert compose.conv.feasible(spec, knobs), knobs
+        new_source = compose.conv.render(spec, knobs, analysis["signature"])
         request = GateRequest(problem_source=source, cand_source=new_source, device="cpu", seeds=3)
         reply = box.call(request, timeout_s=300)[0]
         assert reply.passed, (knobs, reply)

@@ -25,6 +25,7 @@ from kernelbrain.core.events import GatePassed
 from kernelbrain.core.graph import Graph
 from kernelbrain.core.protocol import GateRequest
 from kernelbrain.runtime.runner import DEFAULT_RUNGS
+from kernelbrain.templates import compose
 from kernelbrain.templates.decompose import expand
 from kernelbrain.templates.families import conv, pointwise
 from kernelbrain.templates.families import conv_transpose as ct
@@ -84,8 +85,8 @@ def problem_variants() -> dict[str, str]:
 
 def spec_of(analysis: dict, source: str) -> dict | None:
     """The family's spec as the expert generator makes it: matched on the expanded graph, refined."""
-    spec = ct.matches(analysis["ops"], expand(Graph.model_validate(analysis["graph"])))
-    return None if spec is None else ct.refine(spec, source)
+    spec = compose.conv_transpose.matches(analysis["ops"], expand(Graph.model_validate(analysis["graph"])))
+    return None if spec is None else compose.conv_transpose.refine(spec, source)
 
 
 class Net(nn.Module):
@@ -105,7 +106,7 @@ class Net(nn.Module):
 def net_spec(make: str, chain: str, bias_shape: tuple | None, shape: tuple) -> dict:
     """Net's spec, traced on the meta device, with Net's constructor as a ModelNew runs it."""
     with torch.device("meta"):
-        spec = ct.compose(graph_of(Net(make, chain, bias_shape), shape))
+        spec = compose.conv_transpose.compose(graph_of(Net(make, chain, bias_shape), shape))
     extra = f"\nself.b = nn.Parameter(torch.randn({bias_shape}))" if bias_shape else ""
     return {**spec, "init_params": "", "init_body": f"super().__init__()\nself.conv = {make}{extra}"}
 
@@ -114,13 +115,15 @@ def check_case(make: str, chain: str, bias_shape, shapes, knob_sets, tmp_path: P
     """Every knob set of `knob_sets` (None: every feasible round-0 set) against torch in float64, at the
     traced shape and, for the first set, a second shape."""
     spec = net_spec(make, chain, bias_shape, shapes[0])
-    sets = [k for k in ct.ROUND0 if ct.feasible(spec, k)] if knob_sets is None else knob_sets
-    assert sets and all(ct.feasible(spec, k) for k in sets), sets
+    sets = (
+        [k for k in ct.ROUND0 if compose.conv_transpose.feasible(spec, k)] if knob_sets is None else knob_sets
+    )
+    assert sets and all(compose.conv_transpose.feasible(spec, k) for k in sets), sets
     torch.manual_seed(0)
     ref = Net(make, chain, bias_shape)
     ref64 = copy.deepcopy(ref).double()
     for i, knobs in enumerate(sets):
-        new = load(ct.render(spec, knobs, SIGNATURE), tmp_path, f"c{i}").ModelNew()
+        new = load(compose.conv_transpose.render(spec, knobs, SIGNATURE), tmp_path, f"c{i}").ModelNew()
         new.load_state_dict(ref.state_dict())
         for shape in shapes if i == 0 else shapes[:1]:
             x = torch.randn(shape) * 4
@@ -249,7 +252,9 @@ def check_half(tmp_path: Path) -> None:
     make = "nn.ConvTranspose3d(4, 16, 3, stride=2, padding=1, output_padding=1)"
     with torch.device("meta"):
         traced = Net(make, "torch.relu(y)").half()
-    spec = ct.compose(capture(traced, [torch.empty((2, 4, 2, 3, 3), device="meta", dtype=torch.float16)]))
+    spec = compose.conv_transpose.compose(
+        capture(traced, [torch.empty((2, 4, 2, 3, 3), device="meta", dtype=torch.float16)])
+    )
     assert spec["dtype"] == "float16"
     spec = {**spec, "init_params": "", "init_body": f"super().__init__()\nself.conv = {make}"}
     torch.manual_seed(0)
@@ -257,7 +262,7 @@ def check_half(tmp_path: Path) -> None:
     x = torch.randn(2, 4, 2, 3, 3)
     truth = copy.deepcopy(ref).double()(x.double())
     for i, knobs in enumerate((ct.ROUND0_ND[3][0], ct.ROUND0_ND[3][3])):
-        new = load(ct.render(spec, knobs, SIGNATURE), tmp_path, f"h{i}").ModelNew()
+        new = load(compose.conv_transpose.render(spec, knobs, SIGNATURE), tmp_path, f"h{i}").ModelNew()
         new.load_state_dict(ref.state_dict())
         with torch.no_grad():
             got = new.half()(x.half())
@@ -317,7 +322,7 @@ def test_matches_the_transposed_convolution_and_nothing_else(analyses, problems)
 def test_render_reads_the_models_tensors_and_calls_no_torch_conv(analyses, problems):
     spec = spec_of(analyses["seed"], problems["seed"])
     for knobs in (ct.ROUND0_2D[0], ct.ROUND0_ND[2][0]):
-        src = ct.render(spec, knobs, analyses["seed"]["signature"])
+        src = compose.conv_transpose.render(spec, knobs, analyses["seed"]["signature"])
         assert "(\n            x, " in src or "(x, " in src, knobs
         assert "_model_tensor(self, 'conv_transpose2d.weight'), None, " in src, knobs
         assert "STRIDE, PADDING, DILATION, OUTPUT_PADDING, GROUPS" in src, knobs
@@ -341,13 +346,13 @@ def test_every_render_is_composed_from_the_parts_module():
     for knobs in sets:
         if knobs["strategy"] in ct.STRATEGIES_2D:
             found = assert_composed_of_parts(
-                ct.render(plain, knobs, SIGNATURE), ct.PARTS, knobs, (pointwise.PARTS,)
+                compose.conv_transpose.render(plain, knobs, SIGNATURE), ct.PARTS, knobs, (pointwise.PARTS,)
             )
             assert found.kernels == set(ct.KERNEL_PARTS), knobs
             assert found.functions == {*ct.KERNEL_PARTS, *ct.HOST_PARTS, "_model_tensor"}, knobs
             continue
         for spec in (chained, {**plain, "spatial": knobs["dims"]}):
-            src = ct.render(spec, knobs, SIGNATURE)
+            src = compose.conv_transpose.render(spec, knobs, SIGNATURE)
             traced = chain("_epilogue", spec["epilogue"], spec["epilogue_result"])
             assert traced in src, knobs
             found = assert_composed_of_parts(
@@ -368,10 +373,12 @@ def test_round0_candidates_pass_the_gate(box, problems, analyses, variant):
     (the nd sets' own correctness: test_every_dimensionality_with_its_chain_matches_torch)."""
     analysis = analyses[variant]
     spec = spec_of(analysis, problems[variant])
-    nd = [k for k in ct.ROUND0_ND[2] if ct.feasible(spec, k)]  # the irregular one's 3-channel groups: FMA
-    assert nd and [k for k in ct.ROUND0 if ct.feasible(spec, k)] == ct.ROUND0_2D + nd
+    nd = [
+        k for k in ct.ROUND0_ND[2] if compose.conv_transpose.feasible(spec, k)
+    ]  # the irregular one's 3-channel groups: FMA
+    assert nd and [k for k in ct.ROUND0 if compose.conv_transpose.feasible(spec, k)] == ct.ROUND0_2D + nd
     for knobs in ct.ROUND0_2D + (nd[:1] if variant == "irregular" else []):
-        source = ct.render(spec, knobs, analysis["signature"])
+        source = compose.conv_transpose.render(spec, knobs, analysis["signature"])
         args = {"problem_source": problems[variant], "cand_source": source, "device": "cpu", "seeds": 3}
         r = box.call(GateRequest(**args), timeout_s=300)[0].model_dump()
         assert r["passed"] is True, (knobs, r)
@@ -412,7 +419,7 @@ def test_what_it_refuses_is_named(make, chain_text, why):
     with torch.device("meta"):
         model = Two(make, chain_text)
     with pytest.raises(ct.NotConvTranspose, match=why):
-        ct.compose(graph_of(model, (2, 4, 8, 8)))
+        compose.conv_transpose.compose(graph_of(model, (2, 4, 8, 8)))
 
 
 def _first(strategy: str) -> dict:
@@ -462,25 +469,37 @@ def test_mutations_move_knobs_and_feasibility_refuses_tiles_that_do_not_fit():
 
     # a plain 2-D spec: every 2-D set and the 2-D nd sets; with a chain, only the nd sets
     plain = net_spec("nn.ConvTranspose2d(32, 64, (3, 5), stride=(2, 3), groups=4)", "y", None, (2, 32, 8, 8))
-    assert [k for k in ct.ROUND0 if ct.feasible(plain, k)] == ct.ROUND0_2D + ct.ROUND0_ND[2]
+    assert [k for k in ct.ROUND0 if compose.conv_transpose.feasible(plain, k)] == ct.ROUND0_2D + ct.ROUND0_ND[
+        2
+    ]
     fused = {**plain, "epilogue": ["v4 = v0 * 2.0"], "epilogue_result": "v4"}
-    assert [k for k in ct.ROUND0 if ct.feasible(fused, k)] == ct.ROUND0_ND[2]
+    assert [k for k in ct.ROUND0 if compose.conv_transpose.feasible(fused, k)] == ct.ROUND0_ND[2]
     for dims in (1, 3):  # the sets of the spec's own dimensionality only
-        assert [k for k in ct.ROUND0 if ct.feasible({**plain, "spatial": dims}, k)] == ct.ROUND0_ND[dims]
+        assert [
+            k for k in ct.ROUND0 if compose.conv_transpose.feasible({**plain, "spatial": dims}, k)
+        ] == ct.ROUND0_ND[dims]
     narrow = {**plain, "spatial": 3, "c_out_g": 4}  # narrow groups: the FMA form only
-    assert {k["strategy"] for k in ct.ROUND0 if ct.feasible(narrow, k)} == {"nd_fma"}
+    assert {k["strategy"] for k in ct.ROUND0 if compose.conv_transpose.feasible(narrow, k)} == {"nd_fma"}
     dot = _first("phase_dot")
-    assert not ct.feasible(plain, {**dot, "block_k": 8})  # tl.dot needs >= 16
-    assert not ct.feasible(plain, {**dot, "block_p": 48})  # not a power of two
-    assert not ct.feasible(plain, {**dot, "block_p": 512, "block_c": 128, "num_warps": 4})  # 512 acc/thread
-    assert not ct.feasible(plain, {**direct, "block_k": 64, "num_warps": 4})  # the K x C x P product spills
-    assert not ct.feasible(plain, {**direct, "strategy": "winograd"})
-    assert not ct.feasible(plain, {**dense, "fp32_dot": "tf32"})  # plain TF32 misses 1e-4
-    assert not ct.feasible(plain, {**direct, "prepack": True})  # nothing to pack
+    assert not compose.conv_transpose.feasible(plain, {**dot, "block_k": 8})  # tl.dot needs >= 16
+    assert not compose.conv_transpose.feasible(plain, {**dot, "block_p": 48})  # not a power of two
+    assert not compose.conv_transpose.feasible(
+        plain, {**dot, "block_p": 512, "block_c": 128, "num_warps": 4}
+    )  # 512 acc/thread
+    assert not compose.conv_transpose.feasible(
+        plain, {**direct, "block_k": 64, "num_warps": 4}
+    )  # the K x C x P product spills
+    assert not compose.conv_transpose.feasible(plain, {**direct, "strategy": "winograd"})
+    assert not compose.conv_transpose.feasible(plain, {**dense, "fp32_dot": "tf32"})  # plain TF32 misses 1e-4
+    assert not compose.conv_transpose.feasible(plain, {**direct, "prepack": True})  # nothing to pack
     nd2 = ct.ROUND0_ND[2][0]
-    assert not ct.feasible(plain, {**nd2, "block_m": 512, "block_n": 128})  # the accumulator spills
-    assert not ct.feasible(plain, {**nd2, "block_k": 8})  # tl.dot needs >= 16
-    assert not ct.feasible(plain, {**nd2, "num_stages": 8, "block_k": 128})  # past shared memory
+    assert not compose.conv_transpose.feasible(
+        plain, {**nd2, "block_m": 512, "block_n": 128}
+    )  # the accumulator spills
+    assert not compose.conv_transpose.feasible(plain, {**nd2, "block_k": 8})  # tl.dot needs >= 16
+    assert not compose.conv_transpose.feasible(
+        plain, {**nd2, "num_stages": 8, "block_k": 128}
+    )  # past shared memory
 
 
 @pytest.mark.long

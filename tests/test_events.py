@@ -11,6 +11,7 @@ import pytest
 from kernelbrain.store import EventStore, NewEvent, StoredEvent
 
 from kernelbrain.core.events import (
+    CandidateProposed,
     EventError,
     GateFailed,
     GatePassed,
@@ -98,6 +99,43 @@ def test_a_malformed_payload_names_the_field(type_: str, payload: dict, field: s
     msg = str(e.value)
     assert field in msg and type_ in msg and "#99" in msg
     assert len(msg.splitlines()) == 1
+
+
+PROPOSED = {
+    "candidate": "c1",
+    "source": "b1",
+    "parent": None,
+    "generator": "expert",
+    "family": "conv",
+    "strategy": "gemm",
+    "knobs": {"strategy": "gemm", "block_m": 128},
+    "round": 0,
+    "hint": "strategy axis gemm",
+}
+
+
+def test_a_candidates_plan_round_trips_and_an_older_log_without_one_decodes() -> None:
+    """CandidateProposed.plan: each launch's stage, family, knobs, what it reads and writes; a log written
+    before the field existed decodes with an empty plan."""
+    plan = [
+        {"stage": "prelude", "family": "pool", "knobs": {"block": 512}, "reads": ["x"], "writes": "kb_x"},
+        {"stage": "head", "family": "conv", "knobs": {"block_m": 128}, "reads": ["kb_x", "self.conv.weight"],
+         "writes": "kb_h"},
+        {"stage": "tail", "family": "reduce", "knobs": {"split": 1}, "reads": ["kb_h"], "writes": "kb_h"},
+    ]  # fmt: skip
+    event = decode(stored("CandidateProposed", {**PROPOSED, "plan": plan}))
+    assert isinstance(event, CandidateProposed)
+    assert [(launch.stage, launch.family, launch.writes) for launch in event.plan] == [
+        ("prelude", "pool", "kb_x"),
+        ("head", "conv", "kb_h"),
+        ("tail", "reduce", "kb_h"),
+    ]
+    new = event.to_new("r-test", "k", "test")
+    assert decode(stored(new.type, new.payload)) == event
+    older = decode(stored("CandidateProposed", PROPOSED))
+    assert isinstance(older, CandidateProposed) and older.plan == []
+    with pytest.raises(EventError, match=r"plan\.0\.stage"):
+        decode(stored("CandidateProposed", {**PROPOSED, "plan": [{**plan[0], "stage": "middle"}]}))
 
 
 def test_versions_up_to_the_current_one_decode() -> None:

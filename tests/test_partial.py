@@ -1,7 +1,7 @@
 """Partial kernels, labelled (`kb run --allow-torch`): the classes of torch ops (core/torch_ops.py), the
-graph cut at them (templates/partial.py), the expert generator's labelled proposals, the gate admitting
-exactly the allowed ATen ops (a labelled candidate that also runs torch.matmul, or registers its own
-kernel for an allowed op, is refused; the same candidate unlabelled is refused), the GPU launch check's
+graph cut at them (templates/compose/partial.py), the expert generator's labelled proposals, the gate
+admitting exactly the allowed ATen ops (a labelled candidate that also runs torch.matmul, or registers its
+own kernel for an allowed op, is refused; the same candidate unlabelled is refused), the GPU launch check's
 attribution of kernels to the allowed ops (from profiler records), and the sweep's table."""
 
 from __future__ import annotations
@@ -368,11 +368,22 @@ def test_kb_run_allow_torch_reaches_a_labelled_gate_passing_candidate(tmp_path: 
     assert started["payload"]["config"]["allow_torch"] == ["conv"]  # recorded: kb resume keeps it
     (proposed,) = [e for e in events if e["type"] == "CandidateProposed"]
     assert proposed["payload"]["torch_ops"] == ["conv"] and proposed["payload"]["family"] == "partial"
+    # its plan: the torch head, then the tail's launches, the last writing what forward returns
+    plan = proposed["payload"]["plan"]
+    assert [(p["stage"], p["family"]) for p in plan] == [
+        ("head", "torch"),
+        ("tail", "moments"),
+        ("tail", "pointwise"),
+    ]
+    assert plan[0]["reads"][:2] == ["x", "self.conv.weight"] and plan[1]["reads"][0] == plan[0]["writes"]
+    assert plan[-1]["writes"] == "kb_h"
     assert any(e["type"] == "GatePassed" for e in events)
     audit = kb("audit", run_id, "--db", db, env=env).stdout
     assert (
         "torch allowed for conv (--allow-torch)" in audit and "Runs in torch: conv (a partial kernel" in audit
     )
+    assert "Plan: 3 launches" in audit and "  head: torch (torch=conv) reads x, self.conv.weight" in audit
+    assert "  tail: pointwise (strategy=tile" in audit and "-> kb_h" in audit
     out = tmp_path / "kernel.py"
     assert kb("export", run_id, "--db", db, "-o", str(out), env=env).returncode == 0
     head = out.read_text().split('"""', 1)[0]

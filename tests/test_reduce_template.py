@@ -20,7 +20,7 @@ from kernelbrain.core.graph import Graph
 from kernelbrain.core.protocol import GateRequest
 from kernelbrain.templates.decompose import expand
 from kernelbrain.templates.families import pointwise, reduce
-from kernelbrain.templates.families.reduce.plan import MAX_SERIAL, plan_reduction
+from kernelbrain.templates.families.reduce.planner import MAX_SERIAL, plan_reduction
 from tests.composed import graph_of, load
 from tests.runs import QUICK_RUNGS, run_checks, run_inprocess
 

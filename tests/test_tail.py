@@ -1,17 +1,18 @@
-"""templates/tail: where a compute-bound op's pointwise chain ends, the tail graph after it (its INPUT 0
-the chain's value, its further inputs forward's tensors and parameters), the family that composes it
-and the renamed parts that let it sit beside the head's in one module; softmax and log-softmax over any
-dim (a logsumexp and its map), a batch norm in training mode (its running statistics and batch count
-updated as torch updates them), a layer norm over the trailing dims, an instance norm of unsqueezed
-rows (the chain's trailing views moved to the tail), a softmax over flattened dims, a pooling before a
-convolution (its prelude), and a later launch reading the head's value again, against PyTorch through
-the interpreter at odd sizes; dropout in training mode refused by name; round-0 candidates through the
-real gate; a whole `kb run`."""
+"""templates/compose (cut, stages, render): where a compute-bound op's pointwise chain ends, the tail
+graph after it (its INPUT 0 the chain's value, its further inputs forward's tensors and parameters), the
+family that composes it and the renamed parts that let it sit beside the head's in one module; softmax
+and log-softmax over any dim (a logsumexp and its map), a batch norm in training mode (its running
+statistics and batch count updated as torch updates them), a layer norm over the trailing dims, an
+instance norm of unsqueezed rows (the chain's trailing views moved to the tail), a softmax over
+flattened dims, a pooling before a convolution (its prelude), and a later launch reading the head's
+value again, against PyTorch through the interpreter at odd sizes; dropout in training mode refused by
+name; round-0 candidates through the real gate; a whole `kb run`."""
 
 from __future__ import annotations
 
 import ast
 import copy
+import itertools
 from functools import partial
 from pathlib import Path
 
@@ -24,8 +25,11 @@ from kernelbrain.child.analysis import analyse
 from kernelbrain.core.events import GatePassed
 from kernelbrain.core.graph import INPUT, Graph
 from kernelbrain.core.protocol import GateRequest
-from kernelbrain.templates.compose import tail
-from kernelbrain.templates.families import contraction, conv, conv_transpose
+from kernelbrain.templates import compose
+from kernelbrain.templates.compose import render as stage_render
+from kernelbrain.templates.compose import stages
+from kernelbrain.templates.compose.cut import NotTail, split
+from kernelbrain.templates.families import contraction
 from kernelbrain.templates.render import renamed
 from tests.composed import graph_of, load
 from tests.runs import QUICK_RUNGS, run_checks, run_inprocess
@@ -36,17 +40,17 @@ BATCHNORM_SOFTMAX = ROOT / "tests" / "problems" / "contraction_batchnorm_softmax
 # problem -> (the family of its head, the families of its prelude's and its tail's launches in order),
 # each gated at round 0
 GATED = {
-    "conv_transpose_layernorm_gelu.py": (conv_transpose, [], ["layernorm", "pointwise"]),
-    "contraction_instancenorm_residual.py": (contraction, [], ["moments", "pointwise"]),
-    "pool_conv_transpose_softmax.py": (conv_transpose, ["pool"], ["normalize"]),
-    "conv_depthwise_separable.py": (conv, ["conv"], []),
+    "conv_transpose_layernorm_gelu.py": (compose.conv_transpose, [], ["layernorm", "pointwise"]),
+    "contraction_instancenorm_residual.py": (compose.contraction, [], ["moments", "pointwise"]),
+    "pool_conv_transpose_softmax.py": (compose.conv_transpose, ["pool"], ["normalize"]),
+    "conv_depthwise_separable.py": (compose.conv, ["conv"], []),
 }
 
 
 def _split(fn, *shapes):
     graph = graph_of(fn, *shapes)
     at = next(i for i, n in enumerate(graph.nodes) if n.op in contraction.CONTRACTIONS)
-    return tail.split(graph, at, contraction.VIEWS)
+    return split(graph, at, contraction.VIEWS)
 
 
 def test_renamed_suffixes_whole_words_only():
@@ -69,7 +73,7 @@ def test_the_tail_reads_the_chain_value_first_then_forward_tensors():
     assert head.outputs == [list(h)] and head.nodes[h[0]].op == "aten.div.Tensor"
     inputs = [n for n in rest["graph"].nodes if n.op == INPUT]
     assert inputs[0].outs[0].shape == [5, 6] and rest["sources"] == [["input", 2]]
-    composed = tail.compose(rest, "contraction", contraction.VIEWS)
+    composed = stages.compose(rest, "contraction", contraction.VIEWS)
     assert composed["family"] == "normalize" and composed["then"] is None
 
 
@@ -77,36 +81,36 @@ def test_a_tail_no_family_takes_whole_is_composed_in_segments():
     fn = lambda x, w: F.gelu((lambda s: s - s.mean())(F.linear(x, w).sum(dim=1)))  # noqa: E731
     cut = _split(fn, (5, 4), (6, 4))
     assert cut is not None
-    composed = tail.compose(cut[2], "contraction", contraction.VIEWS)
+    composed = stages.compose(cut[2], "contraction", contraction.VIEWS)
     assert composed["family"] == "reduce" and composed["then"]["family"] == "normalize"
-    text = tail.render_parts(composed)
+    text = stage_render.render_parts(composed)
     names = [n.name for n in ast.parse(text).body if isinstance(n, ast.FunctionDef)]
     assert len(names) == len(set(names)) and all(n.endswith(("_tail", "_tail2")) for n in names)
-    lines = tail.call(composed, ["kb_h"], "kb_h")
+    lines = stage_render.call(composed, ["kb_h"], "kb_h")
     assert "_reduce_launch_tail(" in lines and "_launch_tail2(" in lines
 
 
 def test_an_op_no_family_takes_is_named():
     cut = _split(lambda a, b: torch.cumsum(a @ b, 1), (5, 4), (4, 6))
     assert cut is not None
-    with pytest.raises(tail.NotTail, match=r"aten\.cumsum\.default after the contraction"):
-        tail.compose(cut[2], "contraction", contraction.VIEWS)
+    with pytest.raises(NotTail, match=r"aten\.cumsum\.default after the contraction"):
+        stages.compose(cut[2], "contraction", contraction.VIEWS)
 
 
 def test_dropout_in_training_mode_is_refused_as_random_and_identity_dropout_composes():
     fn = lambda x, w: torch.softmax(F.dropout(F.linear(x, w), 0.25, training=True), 1)  # noqa: E731
     with pytest.raises(contraction.NotContraction, match=r"bernoulli.*dropout in training mode"):
-        contraction.compose(graph_of(fn, (5, 4), (6, 4)))
+        compose.contraction.compose(graph_of(fn, (5, 4), (6, 4)))
     for p, training in ((0.0, True), (0.25, False)):
         fn = lambda x, w, p=p, t=training: torch.softmax(F.dropout(F.linear(x, w), p, training=t), 1)  # noqa: E731
-        assert contraction.compose(graph_of(fn, (5, 4), (6, 4)))["tail"]["family"] == "normalize"
+        assert compose.contraction.compose(graph_of(fn, (5, 4), (6, 4)))["tail"]["family"] == "normalize"
 
 
 def test_a_softmax_is_a_logsumexp_and_its_map_over_any_dim():
     for op, dim in ((torch.softmax, 1), (torch.log_softmax, 0), (torch.softmax, -1)):
         cut = _split(lambda a, b: op(a @ b, dim), (5, 4), (4, 6))  # noqa: B023
         assert cut is not None
-        composed = tail.compose(cut[2], "contraction", contraction.VIEWS)
+        composed = stages.compose(cut[2], "contraction", contraction.VIEWS)
         assert composed["family"] == "normalize" and composed["then"] is None
         assert composed["spec"]["stat"]["dims"] == [dim % 2] and composed["spec"]["stat"]["op"] == 6
 
@@ -115,21 +119,21 @@ def test_a_softmax_over_flattened_dims_viewed_back_is_one_over_those_dims():
     def composed(fn):
         graph = graph_of(fn, (2, 3, 4, 6), (6, 5))
         at = next(i for i, n in enumerate(graph.nodes) if n.op in contraction.CONTRACTIONS)
-        return tail.head_and_tail(graph, at, contraction.VIEWS, "contraction")[1]
+        return stages.head_and_tail(graph, at, contraction.VIEWS, "contraction")[1]
 
     rest = composed(lambda a, b: torch.softmax((a @ b).view(2, 3, -1), 2).view(2, 3, 4, 5) * 2)
     assert rest is not None and rest["family"] == "normalize" and rest["spec"]["stat"]["dims"] == [2, 3]
-    with pytest.raises(tail.NotTail):  # its value stays flat: no view takes it back
+    with pytest.raises(NotTail):  # its value stays flat: no view takes it back
         composed(lambda a, b: torch.softmax((a @ b).view(2, 3, -1), 2) * (a @ b).sum())
 
 
 def test_a_later_launch_reads_the_head_value_again():
     with torch.device("meta"):
         traced = Residual()
-    rest = conv.compose(graph_of(traced, (2, 3, 7, 6)))["tail"]
+    rest = compose.conv.compose(graph_of(traced, (2, 3, 7, 6)))["tail"]
     assert rest["family"] == "moments" and rest["then"]["family"] == "normalize"
-    assert [tail.VALUE, 0] in rest["then"]["sources"]
-    lines = tail.call(rest, ["kb_h", *("x" for _ in rest["sources"])], "kb_h").splitlines()
+    assert [stages.VALUE, 0] in rest["then"]["sources"]
+    lines = stage_render.call(rest, ["kb_h", *("x" for _ in rest["sources"])], "kb_h").splitlines()
     # the norm sets a name of its own; the softmax reads it and kb_h, and sets kb_h last
     assert lines[0].startswith("        kb_v1_tail = _moments_launch_tail(kb_h,")
     assert [i for i, line in enumerate(lines) if line.lstrip().startswith("kb_h =")] == [len(lines) - 1]
@@ -139,7 +143,7 @@ def test_a_later_launch_reads_the_head_value_again():
 def test_a_batch_norm_in_training_mode_counts_its_batch_in_its_modules_counter():
     with torch.device("meta"):
         model = nn.Sequential(nn.Linear(4, 6), nn.BatchNorm1d(6)).train()
-    rest = contraction.compose(graph_of(model, (5, 4)))["tail"]
+    rest = compose.contraction.compose(graph_of(model, (5, 4)))["tail"]
     assert rest["family"] == "moments" and rest["spec"]["mode"] == "batch"
     assert rest["spec"]["running"] == ["1.running_mean", "1.running_var"]
     assert rest["spec"]["count"] == "1.num_batches_tracked"
@@ -162,13 +166,15 @@ def test_a_norm_is_a_moments_stage_reading_its_weights_by_name():
         model = torch.nn.Sequential(torch.nn.Linear(4, 6), torch.nn.GroupNorm(2, 6), torch.nn.Hardtanh())
     cut = _split(model, (5, 4))
     assert cut is not None
-    composed = tail.compose(cut[2], "contraction", contraction.VIEWS)
+    composed = stages.compose(cut[2], "contraction", contraction.VIEWS)
     assert composed["family"] == "moments" and composed["then"]["family"] == "pointwise"
     assert composed["spec"]["mode"] == "group" and composed["spec"]["weight"] == "1.weight"
-    lines = tail.call(composed, ["kb_h", *("x" for _ in composed["sources"])], "kb_h")
+    lines = stage_render.call(composed, ["kb_h", *("x" for _ in composed["sources"])], "kb_h")
     assert "_moments_launch_tail(kb_h, 'group', 2, self.get_parameter('1.weight')" in lines
     assert "_launch_tail2(" in lines
-    names = [n.name for n in ast.parse(tail.render_parts(composed)).body if isinstance(n, ast.FunctionDef)]
+    names = [
+        n.name for n in ast.parse(stage_render.render_parts(composed)).body if isinstance(n, ast.FunctionDef)
+    ]
     assert len(names) == len(set(names)) and all(n.endswith(("_tail", "_tail2")) for n in names)
 
 
@@ -176,11 +182,11 @@ def test_views_that_end_the_chain_go_to_the_tail_where_it_cannot_start_viewed():
     fn = lambda x, w, y: (_instance_norm_of_rows(F.linear(x, w)) + y) * y  # noqa: E731
     graph = graph_of(fn, (5, 4), (6, 4), (5, 6))
     at = next(i for i, n in enumerate(graph.nodes) if n.op in contraction.CONTRACTIONS)
-    viewed = tail.split(graph, at, contraction.VIEWS)
+    viewed = split(graph, at, contraction.VIEWS)
     assert viewed is not None and graph.nodes[viewed[0][0]].op == "aten.view.default"
-    with pytest.raises(tail.NotTail):  # h viewed [1, 5, 1, 6]: nothing takes the view back
-        tail.compose(viewed[2], "contraction", contraction.VIEWS)
-    head, composed = tail.head_and_tail(graph, at, contraction.VIEWS, "contraction")
+    with pytest.raises(NotTail):  # h viewed [1, 5, 1, 6]: nothing takes the view back
+        stages.compose(viewed[2], "contraction", contraction.VIEWS)
+    head, composed = stages.head_and_tail(graph, at, contraction.VIEWS, "contraction")
     assert head.meta(tuple(head.outputs[0])).shape == [5, 1, 1, 6]  # the latest view moved, no more
     assert composed is not None and composed["family"] == "moments"
     assert composed["spec"]["mode"] == "instance" and composed["then"]["family"] == "pointwise"
@@ -191,7 +197,7 @@ def test_a_pooling_is_cut_after_its_squeezes_and_the_chain_goes_to_the_next_stag
     fn = lambda x, w: F.gelu(F.avg_pool1d(F.linear(x, w).unsqueeze(1), 2).squeeze(1)).amax(1)  # noqa: E731
     cut = _split(fn, (5, 4), (6, 4))
     assert cut is not None
-    composed = tail.compose(cut[2], "contraction", contraction.VIEWS)
+    composed = stages.compose(cut[2], "contraction", contraction.VIEWS)
     assert composed["family"] == "pool" and composed["spec"]["post"] == [["squeeze", -2], ["squeeze", 1]]
     assert composed["then"]["family"] == "reduce"
 
@@ -344,31 +350,39 @@ class DepthwiseSeparable(nn.Module):
 MODELS: dict[str, tuple[type[nn.Module], object, list[tuple[int, ...]]]] = {
     "conv, group norm, tanh, hardswish, the conv added back, softmax over channels": (
         Residual,
-        conv,
+        compose.conv,
         [(2, 3, 7, 6), (1, 3, 5, 9)],
     ),
     "conv, group norm, tanh, hardswish, the conv added back, logsumexp (level 2's 92)": (
         ResidualLogsumexp,
-        conv,
+        compose.conv,
         [(2, 3, 7, 6)],
     ),
-    "conv, softmax over channels, two max pools": (SoftmaxPools, conv, [(2, 3, 11, 10)]),
-    "conv, batch norm in training mode, hardtanh": (ConvBatchNorm, conv, [(3, 3, 7, 6), (2, 3, 5, 9)]),
-    "linear, batch norm in training mode, scale, softmax": (LinearBatchNormSoftmax, contraction, [(7, 11)]),
+    "conv, softmax over channels, two max pools": (SoftmaxPools, compose.conv, [(2, 3, 11, 10)]),
+    "conv, batch norm in training mode, hardtanh": (
+        ConvBatchNorm,
+        compose.conv,
+        [(3, 3, 7, 6), (2, 3, 5, 9)],
+    ),
+    "linear, batch norm in training mode, scale, softmax": (
+        LinearBatchNormSoftmax,
+        compose.contraction,
+        [(7, 11)],
+    ),
     "3-D transposed conv, layer norm over the last dim, gelu, scale (level 2's 34)": (
         ConvTransposeLayerNorm,
-        conv_transpose,
+        compose.conv_transpose,
         [(2, 3, 3, 2, 3), (1, 3, 2, 3, 3)],
     ),
     "avg pool, 3-D transposed conv, clamp, softmax over flattened dims, scale (level 2's 38)": (
         PooledConvTransposeSoftmax,
-        conv_transpose,
+        compose.conv_transpose,
         [(2, 3, 4, 6, 5), (1, 3, 5, 4, 6)],
     ),
-    "max pool, relu, conv, tanh": (PooledConv, conv, [(2, 3, 11, 10), (1, 3, 9, 13)]),
+    "max pool, relu, conv, tanh": (PooledConv, compose.conv, [(2, 3, 11, 10), (1, 3, 9, 13)]),
     "depthwise conv, pointwise conv, relu, 1x1 conv (level 1's 86, one more)": (
         DepthwiseSeparable,
-        conv,
+        compose.conv,
         [(2, 4, 7, 5), (1, 4, 6, 9)],
     ),
 }
@@ -436,12 +450,14 @@ def _model_case(name: str, folder: Path) -> None:
 
 def _fn_case(name: str, folder: Path) -> None:
     fn, shapes = FUNCTIONS[name]
-    spec = contraction.compose(graph_of(fn, *shapes))
+    spec = compose.contraction.compose(graph_of(fn, *shapes))
     assert spec["tail"] is not None
     signature = {"init": [], "forward": ["a", "b", "c", "d"][: len(shapes)], "params": []}
     torch.manual_seed(0)
     xs = [torch.randn(s) * 2 for s in shapes]
-    new = load(contraction.render(spec, contraction.ROUND0[1], signature), folder, f"f_{abs(hash(name))}")
+    new = load(
+        compose.contraction.render(spec, contraction.ROUND0[1], signature), folder, f"f_{abs(hash(name))}"
+    )
     torch.testing.assert_close(
         new.ModelNew()(*xs).double(), fn(*(x.double() for x in xs)), rtol=1e-4, atol=1e-4, msg=name
     )
@@ -474,12 +490,12 @@ def test_kb_run_on_a_softmax_of_a_residual_after_a_norm(tmp_path):
 def test_a_batch_norm_and_softmax_tail_passes_the_gate(box):
     source = BATCHNORM_SOFTMAX.read_text()
     analysis = analyse(source, "cpu")
-    spec = contraction.matches(analysis["ops"], Graph.model_validate(analysis["graph"]))
-    assert spec is not None and tail.describe(spec["tail"]).startswith("moments")
+    spec = compose.contraction.matches(analysis["ops"], Graph.model_validate(analysis["graph"]))
+    assert spec is not None and stages.describe(spec["tail"]).startswith("moments")
     assert spec["tail"]["then"]["family"] == "normalize" and spec["tail"]["spec"]["mode"] == "batch"
-    spec = contraction.refine(spec, source)
+    spec = compose.contraction.refine(spec, source)
     assert spec is not None
-    new_source = contraction.render(spec, contraction.ROUND0[1], analysis["signature"])
+    new_source = compose.contraction.render(spec, contraction.ROUND0[1], analysis["signature"])
     request = GateRequest(problem_source=source, cand_source=new_source, device="cpu", seeds=3)
     reply = box.call(request, timeout_s=120)[0]
     assert reply.passed, reply
@@ -502,6 +518,12 @@ def test_the_round0_candidate_passes_the_gate(box, name):
     assert spec is not None
     knobs = next(k for k in family.ROUND0 if family.feasible(spec, k))
     new_source = family.render(spec, knobs, analysis["signature"])
+    # its plan: the prelude's launches, the head's, the tail's, each reading what one before it wrote
+    plan = family.plan(spec, knobs, analysis["signature"])
+    assert [p.family for p in plan] == [*before, family.FAMILY, *after]
+    assert [p.stage for p in plan] == ["prelude"] * len(before) + ["head"] + ["tail"] * len(after)
+    assert plan[-1].writes == "kb_h" and all(p.writes in new_source for p in plan)
+    assert all(later.reads[0] == earlier.writes for earlier, later in itertools.pairwise(plan))
     request = GateRequest(problem_source=source, cand_source=new_source, device="cpu", seeds=3)
     reply = box.call(request, timeout_s=120)[0]
     assert reply.passed, reply

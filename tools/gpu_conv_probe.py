@@ -38,7 +38,7 @@ import torch  # noqa: E402
 from kernelbrain.child import loading, timing  # noqa: E402
 from kernelbrain.core.problem import shape_label  # noqa: E402
 from kernelbrain.templates import knobs_with  # noqa: E402
-from kernelbrain.templates.families import conv_transpose as ct  # noqa: E402
+from kernelbrain.templates.compose import conv_transpose as ct  # noqa: E402
 from tools.gpu_setup import Log, compare, device_name, device_ok, match_family, sync, trace  # noqa: E402
 
 DEFAULT_PROBLEM = ROOT / "benchmarks" / "problems" / "group_conv.py"

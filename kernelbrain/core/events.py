@@ -154,6 +154,19 @@ class ProblemFailed(Event):
 OWN_CODE_GENERATORS = frozenset({"expert"})
 
 
+class Launch(BaseModel):
+    """One launch of a candidate's plan (templates/compose): the family that renders it, the stage it is
+    (a prelude making the head's input, the head, a tail after it), its knobs, and the tensors it reads
+    and writes as the candidate's forward names them ("self.<name>": a parameter or buffer of Model's)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    stage: Literal["prelude", "head", "tail"]  # making the head's input, the head, or after it
+    family: str  # the template family that renders it ("torch": a partial kernel's PyTorch ops)
+    knobs: dict[str, Any]  # the knob set it runs at
+    reads: list[str]  # the tensors it reads, as forward names them
+    writes: str  # the name forward gives its value (the last launch's is returned)
+
+
 class CandidateProposed(Event):
     TYPE = "CandidateProposed"
     candidate: str  # hash of the source
@@ -170,6 +183,7 @@ class CandidateProposed(Event):
     reply: str | None = None  # blob hash (llm generator)
     # the gate admits exactly these classes' ATen ops (core/torch_ops.py) beside its Triton kernels
     torch_ops: list[str] = []  # classes of torch ops it keeps in PyTorch, within --allow-torch; [] all Triton
+    plan: list[Launch] = []  # its launches in order (expert generator, newer); [] not recorded
 
     @property
     def own_code(self) -> bool:

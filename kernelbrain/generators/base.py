@@ -7,7 +7,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from kernelbrain.core.events import ProblemAnalysed
+from kernelbrain.core.events import Launch, ProblemAnalysed
 
 
 class GenerationError(Exception):
@@ -31,6 +31,7 @@ class Proposal(BaseModel):
     reply: str | None = None
     tokens: int = 0
     torch_ops: list[str] = []  # the classes of torch ops it keeps in PyTorch (core/torch_ops.py)
+    plan: list[Launch] = []  # its launches in order (templates/compose), where the generator knows them
 
 
 class Generator(abc.ABC):

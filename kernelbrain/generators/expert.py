@@ -9,7 +9,7 @@ from kernelbrain.core.events import ProblemAnalysed
 from kernelbrain.generators.base import GenerationError, Generator, Proposal
 from kernelbrain.templates import FAMILIES
 from kernelbrain.templates.base import Family, Refining
-from kernelbrain.templates.compose import partial
+from kernelbrain.templates.compose import partial, plan_of
 from kernelbrain.templates.decompose import expand
 
 
@@ -20,7 +20,8 @@ def _describe(ops: list[dict]) -> str:
 class ExpertGenerator(Generator):
     """Candidates all in Triton from the first family that matches; and, where the user allowed classes
     of torch ops (`allow_torch`, core/torch_ops.py), partial candidates that keep those ops in PyTorch
-    and compose the rest (templates/partial.py), labelled with the classes they keep."""
+    and compose the rest (templates/compose/partial.py), labelled with the classes they keep. Each
+    proposal carries its plan of launches (templates/compose.plan_of)."""
 
     name = "expert"
 
@@ -55,22 +56,21 @@ class ExpertGenerator(Generator):
         graph = expand(analysis.graph) if analysis.graph is not None else None
         return [spec, family.matches(analysis.primary_ops, graph)]
 
+    @staticmethod
     def _proposal(
-        self,
-        family: Family,
-        spec: dict,
-        knobs: dict,
-        analysis: ProblemAnalysed,
-        hint: str,
-        diagnosis: list[str] | None = None,
+        family: Any, spec: dict, knobs: dict, analysis: ProblemAnalysed, hint: str, diagnosis: list[str]
     ) -> Proposal:
+        """The proposal of a family's render (or the partial candidates', which keep the torch ops their
+        spec names), with its plan."""
         return Proposal(
             source=family.render(spec, knobs, analysis.signature),
             family=family.FAMILY,
             strategy=knobs["strategy"],
             knobs=knobs,
             hint=hint,
-            diagnosis=diagnosis or [],
+            diagnosis=diagnosis,
+            torch_ops=spec["classes"] if family is partial else [],
+            plan=plan_of(family, spec, knobs, analysis.signature),
         )
 
     def partial_spec(self, analysis: ProblemAnalysed, problem_source: str | None) -> dict:
@@ -91,19 +91,6 @@ class ExpertGenerator(Generator):
             raise GenerationError("a partial kernel needs Model's constructor, which a candidate cannot hold")
         return refined
 
-    def _partial(
-        self, spec: dict, knobs: dict, analysis: ProblemAnalysed, hint: str, diagnosis: list[str]
-    ) -> Proposal:
-        return Proposal(
-            source=partial.render(spec, knobs, analysis.signature),
-            family=partial.FAMILY,
-            strategy=knobs["strategy"],
-            knobs=knobs,
-            hint=hint,
-            diagnosis=diagnosis,
-            torch_ops=spec["classes"],
-        )
-
     def first_round(self, analysis: ProblemAnalysed, *, problem_source: str | None = None) -> list[Proposal]:
         """The matching family's round 0, all Triton; where torch ops are allowed, partial candidates first
         (up to partial.ROUND0_MAX), then those. GenerationError only where neither can be had."""
@@ -116,9 +103,10 @@ class ExpertGenerator(Generator):
                 why.append(str(e))
             else:
                 torch = ", ".join(spec["classes"])
+                hint = "torch for {}, tail {}: {}"
                 out += [
-                    self._partial(
-                        spec, k, analysis, f"torch for {torch}, tail {k['tail']}: {k['strategy']}", []
+                    self._proposal(
+                        partial, spec, k, analysis, hint.format(torch, k["tail"], k["strategy"]), []
                     )
                     for k in partial.round0(spec)
                 ]
@@ -130,7 +118,7 @@ class ExpertGenerator(Generator):
             return out
         checked = self.checked_specs(family, spec, analysis)
         return out + [
-            self._proposal(family, spec, knobs, analysis, f"strategy axis {knobs['strategy']}")
+            self._proposal(family, spec, knobs, analysis, f"strategy axis {knobs['strategy']}", [])
             for knobs in family.ROUND0
             if all(family.feasible(s, knobs) for s in checked)
         ]
@@ -149,7 +137,7 @@ class ExpertGenerator(Generator):
         if family_name == partial.FAMILY:
             spec = self.partial_spec(analysis, problem_source)
             return [
-                self._partial(spec, knobs, analysis, f"{label} -> {move}: {why}", [label])
+                self._proposal(partial, spec, knobs, analysis, f"{label} -> {move}: {why}", [label])
                 for label in labels
                 for knobs, move, why in partial.mutations(spec, parent_knobs, label)
             ]

@@ -17,23 +17,24 @@ accumulator tile; it comes after gemm_epilogue and gemv, so they keep the cases 
 `conv` composes forward convolutions (1-D to 3-D; strided, zero-padded, dilated, grouped and depthwise,
 with or without bias) with the elementwise chain after them into one implicit-GEMM kernel;
 `conv_transpose` the transposed ones (1-D to 3-D, output padding too) the same way, by stride phases.
+These three are heads (`base.Head`): FAMILIES holds them as `compose` wraps them, with the launches the
+composer cuts off and composes before and after them.
 
-Shared, not families: `families/row_norm` (the strategies and knobs layernorm and l2norm share),
-`model_source` (what a template reads from the problem's source), `render` (the one renderer),
-`decompose` (ATen ops split before the composed families read the graph), and `compose` (the stages
-around a compute-bound head: `compose.tail`, and `compose.partial`, the candidates that keep allowed
-torch ops; `partial` is kept under this package's name too).
+Shared, not families: `base` (the contracts and the helpers every family uses), `sizing` (powers of
+two, blocks, warps), `limits` (the device limits by compute capability), `render` (the one renderer),
+`rewrite` (graph rewriting), `model_source` (what a template reads from the problem's source),
+`decompose` (ATen ops split before the composed families read the graph), `families/row_norm` (the
+strategies and knobs layernorm and l2norm share), and `compose` (the composer above the families;
+`compose.partial`, the candidates that keep allowed torch ops, is kept under this package's name too).
 """
 
 from typing import Any
 
 from kernelbrain.templates.base import Family
+from kernelbrain.templates.compose import contraction, conv, conv_transpose
 from kernelbrain.templates.compose import partial as partial
 from kernelbrain.templates.families import (
     attention,
-    contraction,
-    conv,
-    conv_transpose,
     cross_entropy,
     gemm_epilogue,
     gemv,

@@ -1,9 +1,11 @@
 """The small base every op family stands on: the one contract the expert generator asks of each entry of
-FAMILIES (`Family`, `Refining`), the refusal a composed family raises (`Refusal`), the one `matches` of
-the families composed from the traced graph (`matches_by`), and the mutation table of the families with
-one tile axis (`tile_mutations`). A family is a module (its kernels real `@triton.jit` functions in its
-folder's `parts`, copied by `render`); tests/test_templates.py checks every entry of FAMILIES against
-these names and signatures. Not a registry: FAMILIES lists the families in match order."""
+FAMILIES (`Family`, `Refining`), the contract of a compute-bound family the composer builds candidates
+around (`Head`), the refusal a composed family raises (`Refusal`), the one `matches` of the families
+composed from the traced graph (`matches_by`), the mutation table of the families with one tile axis
+(`tile_mutations`), and the checks every compose starts with (`one_output`, `the_one`, `unsized`). A
+family is a module (its kernels real `@triton.jit` functions in its folder's `parts`, copied by
+`render`); tests/test_templates.py checks every entry of FAMILIES against these names and signatures.
+Not a registry: FAMILIES lists the families in match order."""
 
 from __future__ import annotations
 
@@ -49,6 +51,53 @@ class Refining(Family, Protocol):
     def refine(self, spec: dict, problem_source: str | None) -> dict | None:
         """The spec completed from the problem's source, or None where the source shows what the family
         cannot reproduce."""
+        ...
+
+
+class Head(Protocol):
+    """A compute-bound family that heads a composed candidate (conv, conv_transpose, contraction): the
+    composer (compose/) cuts its op and the chain after it out of the traced graph, composes what comes
+    before and after as stages of other families, and renders the candidate around the stage this family
+    renders (`sections`, `launch`). Its own spec, feasibility and refinement are the head's alone."""
+
+    FAMILY: str
+    ROUND0: list[Knobs]
+    MUTATIONS: dict[str, Moves]
+    HEAD: str  # what its op is called in a refusal ("convolution")
+    CHAIN: Collection[str]  # the ops its chain may hold besides elementwise ones (views)
+    INPUT_ARG: str | None  # the op's argument a prelude may make (None: it has no prelude)
+    REFUSAL: type[Refusal]  # what it raises, a stage's refusal included
+    TAIL_NOTE: str  # how its docstring introduces the tail
+    STAGE_ORDER: tuple[str, ...]  # where the stages' parts go after its own ("prelude", "tail")
+
+    def head(self, graph: Graph) -> int:
+        """The node of its op in the traced graph, or its refusal."""
+        ...
+
+    def compose(self, graph: Graph) -> dict:
+        """The spec of a graph the composer cut: its op and the chain after it, up to the output."""
+        ...
+
+    def feasible(self, spec: dict, knobs: Knobs) -> bool: ...
+
+    def mutate(self, knobs: Knobs, move: str) -> Knobs | None: ...
+
+    def refine(self, spec: dict, problem_source: str | None) -> dict | None: ...
+
+    def reads(self, spec: dict) -> list[list]:
+        """The tensors its launch reads: ["input", index] and ["param", state-dict name] sources."""
+        ...
+
+    def title(self, spec: dict, knobs: Knobs) -> str:
+        """The candidate's docstring, as far as the head goes."""
+        ...
+
+    def sections(self, spec: dict, knobs: Knobs) -> list[str]:
+        """Its part of the candidate module: constants, chains and parts."""
+        ...
+
+    def launch(self, spec: dict, knobs: Knobs, names: list[str]) -> str:
+        """The lines of forward setting kb_h, `names` the tensors it may read by input index."""
         ...
 
 

@@ -39,7 +39,7 @@ def _top_level(module: str) -> dict[str, str]:
     return out
 
 
-def parts(module: str, *names: str) -> str:
+def parts_of(module: str, *names: str) -> str:
     """The named parts of `module`, in the order given, a blank line apart."""
     found = _top_level(module)
     missing = [n for n in names if n not in found]
@@ -128,3 +128,29 @@ def init_with(signature: dict[str, list[str]], defaults: dict[str, str]) -> str:
         else:
             out.append(f"{a}=None" if defaulted else a)
     return "self" + init_args(signature, "".join(f", {a}" for a in out))
+
+
+def tensor(what: list | None, names: list[str]) -> str:
+    """The expression of forward that reads a tensor a spec names: ["input", i] by its name among
+    `names` (forward's parameters), ["param", state-dict name] from ModelNew (`_model_tensor`, a part of
+    pointwise's), None as None."""
+    if what is None:
+        return "None"
+    return names[what[1]] if what[0] == "input" else f"_model_tensor(self, {what[1]!r})"
+
+
+def graph_doc(what: str, family: str, spec: dict, knobs: dict[str, Any], how: str) -> str:
+    """The docstring of a candidate composed from the traced graph: what it computes, the reference's
+    ops, the family and its knobs, then how it computes it."""
+    head = f"{what}: {', '.join(spec['ops'])}: kernelbrain {family} family ({knob_text(knobs)})."
+    return f"{head}\n\n{how}, composed from the reference's ATen graph.\n"
+
+
+# the dtype of a candidate's output where its inputs `xs` set it: theirs where they agree, else fp32 (in
+# Python: torch.promote_types is an ATen call, which a candidate may not make)
+PROMOTED = "xs[0].dtype if all(x.dtype == xs[0].dtype for x in xs) else torch.float32"
+
+
+def dtype_of(dtype: str | None, otherwise: str) -> str:
+    """A spec's dtype as the candidate writes it (torch.<dtype>), else the expression `otherwise`."""
+    return f"torch.{dtype}" if dtype is not None else otherwise

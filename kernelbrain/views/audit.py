@@ -42,6 +42,7 @@ def audit(state: RunState, candidate: str | None = None) -> str:
     role = "Winner" if state.finished and state.finished.winner == cid else "Candidate"
     lines.append(f"{role}: {cid} ({c.proposal.family}/{c.proposal.strategy}: {knobs_text(c)})")
     lines.append(f"Runs in torch: {_torch_note(c)}")
+    lines += _plan(c)
 
     lines.append("\nLineage (root first):")
     for depth, a in enumerate(_lineage(state, c)):
@@ -109,6 +110,20 @@ def audit(state: RunState, candidate: str | None = None) -> str:
         labelled = f" [{torch_ops.label(o.proposal.torch_ops)}]" if o.proposal.torch_ops else ""
         lines.append(f"  {o.id} ({o.proposal.strategy}: {knobs_text(o)}){labelled}: {_beaten_by(c, o)}")
     return "\n".join(lines)
+
+
+def _plan(c: Candidate) -> list[str]:
+    """The candidate's launches in order (its plan), one a line: stage, family, knobs, what it reads and
+    writes; nothing where its generator recorded none."""
+    if not c.proposal.plan:
+        return []
+    out = [f"Plan: {len(c.proposal.plan)} launch{'es' if len(c.proposal.plan) > 1 else ''}"]
+    for launch in c.proposal.plan:
+        knobs = ", ".join(f"{k}={v}" for k, v in launch.knobs.items())
+        out.append(
+            f"  {launch.stage}: {launch.family} ({knobs}) reads {', '.join(launch.reads)} -> {launch.writes}"
+        )
+    return out
 
 
 def _torch_note(c: Candidate) -> str:

@@ -142,6 +142,7 @@ class GeneratorRole(Role):
                 reply=self.store.put_blob(p.reply) if p.reply else None,
                 # never more than the user allowed: what else it runs in torch fails the gate
                 torch_ops=[c for c in p.torch_ops if c in cfg.allow_torch],
+                plan=p.plan,
             )
             out.append(event.to_new(state.run_id, f"{state.run_id}/propose/{cid}", self.actor, subject=cid))
         out.append(

@@ -3,13 +3,13 @@ core/torch_ops.py) kept as PyTorch calls, the rest of the traced graph composed 
 families as Triton launches:
 
     h = aten_op(x, weight, ...)           the head: PyTorch, reading ModelNew's own parameters
-    y = tail(h, t1, t2, ...)              compose/tail.py's composition of what follows, in Triton
+    y = tail(h, t1, t2, ...)              compose/stages.py's composition of what follows, in Triton
 
 The graph is cut at the allowed ops: the head is every allowed op and what it reads, which may be only
 forward inputs, the model's parameters and views that carry no size (`t`, `permute`, `detach`); each head
 node is written as the ATen call the trace recorded (`torch.ops.aten.convolution.default(...)`), its
 arguments as traced. The rest (every node the output needs that the head did not make) is a tail graph
-whose INPUT 0 is the head's last value read after it, given to `tail.compose`. ModelNew runs the
+whose INPUT 0 is the head's last value read after it, given to `stages.compose`. ModelNew runs the
 problem's own constructor, so the parameters are Model's under the same names.
 
 The candidate is labelled with the classes its head uses (`CandidateProposed.torch_ops`); the gate then
@@ -22,22 +22,26 @@ from __future__ import annotations
 from typing import Any
 
 from kernelbrain.core import torch_ops
-from kernelbrain.core.graph import INPUT, PARAM, Graph, Meta, Node
+from kernelbrain.core.events import Launch
+from kernelbrain.core.graph import INPUT, PARAM, Graph
 from kernelbrain.templates import model_source
-from kernelbrain.templates.compose import tail
+from kernelbrain.templates.base import Refusal
+from kernelbrain.templates.compose import plan, stages
+from kernelbrain.templates.compose.cut import NotTail, tail_graph
+from kernelbrain.templates.compose.render import HEAD, SUFFIX, call, render_parts
 from kernelbrain.templates.families import conv, pointwise
-from kernelbrain.templates.render import constants, module, parts
+from kernelbrain.templates.render import constants, module, parts_of, refined_model, tensor
 
 FAMILY = "partial"
 ROUND0_MAX = 3  # partial candidates in a first round: tail knob sets, the tail family's first feasible ones
 # views a head may hold between forward inputs or parameters and an allowed op: none carries a size
 # (a size traced at one shape would be wrong at the gate's and the ladder's others); all are glue to the gate
 HEAD_VIEWS = frozenset({"t", "transpose", "permute", "unsqueeze", "squeeze", "detach", "clone", "alias"})
-TAILS = {f.FAMILY: f for f in (*tail.FAMILIES, *tail.STAGES, conv)}  # a convolution may be a launch
+TAILS = {f.FAMILY: f for f in (*stages.FAMILIES, *stages.STAGES, conv)}  # a convolution may be a launch
 _EXTRA_KNOBS = ("torch", "tail")  # the knobs this family adds to the tail family's
 
 
-class NotPartial(ValueError):
+class NotPartial(Refusal):
     """Why the graph cannot be cut at the allowed ops into a torch head and a composed tail."""
 
 
@@ -71,9 +75,9 @@ def _head(graph: Graph, allowed: tuple[str, ...]) -> tuple[set[int], list[str]]:
 
 
 def _rest(graph: Graph, head: set[int]) -> tuple[tuple[int, int], dict]:
-    """The graph after the head: (h, {"graph", "sources"}) as tail.compose takes it. INPUT 0 is h (the
-    head's last value read after it); a further INPUT is a forward input ["input", i], a parameter
-    ["param", name] or another head value ["torch", node, out]."""
+    """The graph after the head: (h, {"graph", "sources"}) as stages.compose takes it. INPUT 0 is h (the
+    head's last value read after it); a further INPUT is another head value ["torch", node, out], a
+    forward input ["input", i] or a parameter ["param", name]."""
     wanted = {tuple(o) for o in graph.outputs}
     keep: list[int] = []
     read: set[tuple[int, int]] = set()
@@ -92,48 +96,8 @@ def _rest(graph: Graph, head: set[int]) -> tuple[tuple[int, int], dict]:
     if not read:
         raise NotPartial("nothing after the torch ops reads them")
     h = max(read)
-    nodes = [Node(op=INPUT, args={"index": 0}, outs=[graph.meta(h)])]
-    where: dict[tuple[int, int], list[int]] = {h: [0, 0]}
-    sources: list[list[Any]] = []
-    by_source: dict[str, list[int]] = {}
-
-    def source(key: list[Any], meta: Meta) -> list[int]:
-        if repr(key) not in by_source:
-            sources.append(key)
-            nodes.append(Node(op=INPUT, args={"index": len(sources)}, outs=[meta]))
-            by_source[repr(key)] = [len(nodes) - 1, 0]
-        return by_source[repr(key)]
-
-    for r in sorted(read - {h}):
-        where[r] = source(["torch", r[0], r[1]], graph.meta(r))
-
-    def moved(value: Any) -> Any:
-        if isinstance(value, list):
-            return [moved(v) for v in value]
-        ref = graph.ref(value)
-        return {"ref": where[ref]} if ref is not None else value
-
-    inputs = {int(n.args["index"]): n.outs[0] for n in graph.nodes if n.op == INPUT}
-    for j in sorted(keep):
-        n = graph.nodes[j]
-        if n.op in (INPUT, PARAM):
-            key = ["input", int(n.args["index"])] if n.op == INPUT else ["param", str(n.args["name"])]
-            where[(j, 0)] = source(key, n.outs[0])
-            continue
-        nodes.append(Node(op=n.op, args={k: moved(v) for k, v in n.args.items()}, outs=n.outs))
-        for k in range(len(n.outs)):
-            where[(j, k)] = [len(nodes) - 1, k]
-    sized = []
-    for s in graph.sized:
-        if (s.node, 0) not in where:
-            continue
-        index = -1
-        if s.input >= 0:
-            index = nodes[source(["input", s.input], inputs[s.input])[0]].args["index"]
-        sized.append(s.model_copy(update={"node": where[(s.node, 0)][0], "input": index}))
-    outputs = [where[tuple(o)] for o in graph.outputs]
-    rest = Graph(nodes=nodes, outputs=outputs, constants=graph.constants, sized=sized)
-    return h, {"graph": rest, "sources": sources}
+    also = [(r, ["torch", r[0], r[1]]) for r in sorted(read - {h})]
+    return h, tail_graph(graph, h, sorted(keep), also)
 
 
 def compose(graph: Graph, allowed: tuple[str, ...]) -> dict:
@@ -145,8 +109,8 @@ def compose(graph: Graph, allowed: tuple[str, ...]) -> dict:
     h, rest = _rest(graph, head)
     after = graph.nodes[h[0]].op.split(".")[1] if "." in graph.nodes[h[0]].op else graph.nodes[h[0]].op
     try:
-        composed = tail.compose(rest, after, pointwise.PASS_THROUGH)
-    except tail.NotTail as e:
+        composed = stages.compose(rest, after, pointwise.PASS_THROUGH)
+    except NotTail as e:
         raise NotPartial(str(e)) from None
     return {
         "head": sorted(j for j in head if graph.nodes[j].op not in (INPUT, PARAM)),
@@ -159,10 +123,7 @@ def compose(graph: Graph, allowed: tuple[str, ...]) -> dict:
 
 def refine(spec: dict, problem_source: str | None) -> dict | None:
     """The problem's constructor, run by ModelNew so that its parameters are Model's."""
-    ctor = model_source.constructor(problem_source) if problem_source is not None else None
-    if ctor is None:
-        return None
-    return {**spec, "init_params": ctor.params, "init_body": ctor.body}
+    return model_source.with_constructor(spec, problem_source)
 
 
 def knobs_of(spec: dict, tail_knobs: dict[str, Any]) -> dict[str, Any]:
@@ -177,7 +138,7 @@ def _tail_with(spec: dict, knobs: dict[str, Any]) -> dict:
 def round0(spec: dict) -> list[dict[str, Any]]:
     """Knob sets spread over the tail family's round 0: its first ROUND0_MAX feasible ones."""
     family = TAILS[spec["tail"]["family"]]
-    sets = [k for k in family.ROUND0 if tail.feasible({**spec["tail"], "knobs": k})]
+    sets = [k for k in family.ROUND0 if stages.feasible({**spec["tail"], "knobs": k})]
     return [knobs_of(spec, k) for k in sets[:ROUND0_MAX]]
 
 
@@ -188,7 +149,7 @@ def mutations(spec: dict, knobs: dict[str, Any], label: str) -> list[tuple[dict[
     out = []
     for move, why in family.MUTATIONS.get(label, []):
         moved = family.mutate(base, move)
-        if moved is not None and tail.feasible({**spec["tail"], "knobs": moved}):
+        if moved is not None and stages.feasible({**spec["tail"], "knobs": moved}):
             out.append((knobs_of(spec, moved), move, why))
     return out
 
@@ -232,45 +193,52 @@ def head_lines(spec: dict, forward: list[str]) -> tuple[list[str], str]:
     return lines, names[(int(spec["h"][0]), int(spec["h"][1]))]
 
 
-def _source(what: list[Any], forward: list[str], spec: dict) -> str:
-    if what[0] == "input":
-        return forward[int(what[1])]
-    if what[0] == "param":
-        return f"_model_tensor(self, {str(what[1])!r})"
+def _value(what: list[Any], graph: Graph) -> str:
+    """A head value the tail reads, ["torch", node, out], by the name head_lines gives it."""
     node, out = int(what[1]), int(what[2])
-    outs = len(Graph.model_validate(spec["graph"]).nodes[node].outs)
-    return f"kb_v{node}" if outs == 1 else f"kb_v{node}[{out}]"
+    return f"kb_v{node}" if len(graph.nodes[node].outs) == 1 else f"kb_v{node}[{out}]"
 
 
 def render(spec: dict, knobs: dict[str, Any], signature: dict[str, list[str]]) -> str:
+    """The candidate: ModelNew running the head's torch ops, then the tail's launches at `knobs`."""
     forward = signature["forward"]
     rest = _tail_with(spec, knobs)
     lines, h = head_lines(spec, forward)
-    if "init_body" in spec:
-        params = f"self, {spec['init_params']}" if spec["init_params"] else "self"
-        body = "".join(f"        {line}\n" for line in spec["init_body"].splitlines())
-    else:
-        params = "self" + model_source.init_args(signature, "".join(f", {a}=None" for a in signature["init"]))
-        body = "        super().__init__()\n"
-    args = [h, *(_source(s, forward, spec) for s in rest["sources"])]
-    classes = ", ".join(spec["classes"])
     graph = Graph.model_validate(spec["graph"])
+    args = [h, *(_value(s, graph) if s[0] == "torch" else tensor(s, forward) for s in rest["sources"])]
+    classes = ", ".join(spec["classes"])
     in_torch = ", ".join(dict.fromkeys(graph.nodes[j].op for j in spec["head"]))
     doc = (
         f"Partial kernel, labelled torch: {classes}. PyTorch runs {in_torch} (allowed by --allow-torch), "
         f"reading the model's own parameters;\nthe rest is composed from the reference's ATen graph by "
-        f"kernelbrain's memory-bound families: {tail.describe(rest)}.\n"
+        f"kernelbrain's memory-bound families: {stages.describe(rest)}.\n"
     )
-    model = f"""class ModelNew(nn.Module):
-    def __init__({params}):
-{body}
-    def forward(self, {", ".join(forward)}):
-{"".join(lines)}{tail.call(rest, args, "kb_h")}        return kb_h
-"""
+    forward_lines = "".join(lines) + call(rest, args, HEAD) + f"        return {HEAD}\n"
     return module(
         doc,
         constants(TORCH_OPS=spec["classes"]),
-        parts(pointwise.PARTS, "_model_tensor"),
-        tail.render_parts(rest),
-        model,
+        parts_of(pointwise.PARTS, "_model_tensor"),
+        render_parts(rest),
+        refined_model(spec, signature, forward_lines),
     )
+
+
+def launches(spec: dict, knobs: dict[str, Any], signature: dict[str, list[str]]) -> list[Launch]:
+    """The candidate's plan: its head's torch ops (one launch of family "torch", reading the forward
+    inputs and parameters they read), then the tail's launches."""
+    forward = signature["forward"]
+    rest = _tail_with(spec, knobs)
+    graph = Graph.model_validate(spec["graph"])
+    read = sorted({r[0] for j in spec["head"] for v in graph.nodes[j].args.values() for r in graph.refs(v)})
+    sources = [_source_of(graph.nodes[i]) for i in read if graph.nodes[i].op in (INPUT, PARAM)]
+    _, h = head_lines(spec, forward)
+    reads = [plan.name(s, forward) for s in sources]
+    head = Launch(
+        stage="head", family="torch", knobs={"torch": ",".join(spec["classes"])}, reads=reads, writes=h
+    )
+    args = [h, *(_value(s, graph) if s[0] == "torch" else plan.name(s, forward) for s in rest["sources"])]
+    return [head, *plan.stage(rest, "tail", args, HEAD, SUFFIX)]
+
+
+def _source_of(node: Any) -> list[Any]:
+    return ["input", int(node.args["index"])] if node.op == INPUT else ["param", str(node.args["name"])]

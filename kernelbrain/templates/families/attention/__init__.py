@@ -55,10 +55,11 @@ from typing import Any
 from kernelbrain.core.graph import Graph
 from kernelbrain.templates import limits, sizing
 from kernelbrain.templates.base import FLOATS
-from kernelbrain.templates.render import constants, knob_text, module, parts, plain_model
+from kernelbrain.templates.render import constants, knob_text, module, parts_of, plain_model
 
 FAMILY = "attention"
 PARTS = f"{__name__}.parts"
+FLOAT_DTYPES = FLOATS  # the dtypes it serves (tools/attn_check.py checks each)
 # what every candidate copies of PARTS, in order: the kernels, then the host code that picks and launches
 # them at run time (by strategy, dtype and head width)
 KERNEL_PARTS = ("_dot16", "_qk", "_pv", "_attn_full_d", "_attn_d_tiled", "_scores", "_finite", "_tf32")
@@ -96,101 +97,34 @@ SHORT16_FAST = {
 # 16-bit tiles for heads that fit full_d
 NARROW16_FAST = _tiles16("narrow16", m=64, n=64, warps=4, stages=3)
 
+
 # round 0 spreads pv32 over its three values (the search keeps the faster) and the strategies over the
 # head widths; why these tiles: docs/templates.md, "attention"
+def _set(strategy: str, m: int, n: int, warps: int, stages: int, pv32: str, **more: Any) -> dict[str, Any]:
+    """A round-0 knob set: `m` x `n` score tiles, fp64 scores at fp32 (qk32), split 16-bit P V (p16);
+    `more`'s head-dim tiles (block_d, block_dv, block_k) before the warps, its 16-bit ones after."""
+    tiles = {k: more.pop(k) for k in ("block_d", "block_dv", "block_k") if k in more}
+    knobs = {"strategy": strategy, "block_m": m, "block_n": n, **tiles, "num_warps": warps}
+    return knobs | {"num_stages": stages, "qk32": "fp64", "pv32": pv32, "p16": "split", **more}
+
+
 ROUND0: list[dict[str, Any]] = [
-    # materialized, 128 x 64 score tiles; presplit P V steps 32 keys (two planes of both operands per stage)
-    {
-        "strategy": "materialized",
-        "block_m": 128,
-        "block_n": 64,
-        "block_d": 16,
-        "block_dv": 128,
-        "block_k": 32,
-        "num_warps": 8,
-        "num_stages": 3,
-        "qk32": "fp64",
-        "pv32": "presplit",
-        "p16": "split",
-        # 16-bit: wide heads (sdp_attn's fp16 rung, D = 1024) through short16 (one kernel); heads that fit
-        # full_d (its bf16 rung, D = 128) through full_d on NARROW16_FAST
-        **SHORT16_FAST,
-        **NARROW16_FAST,
-    },
-    {
-        "strategy": "materialized",
-        "block_m": 128,
-        "block_n": 64,
-        "block_d": 16,
-        "block_dv": 128,
-        "num_warps": 8,
-        "num_stages": 3,
-        "qk32": "fp64",
-        "pv32": "ieee",
-        "p16": "split",
-        # 16-bit: wide heads through the three kernels on WIDE16_FAST; heads that fit full_d on a second
-        # narrow16 set (2 stages)
-        **WIDE16_FAST,
-        **_tiles16("narrow16", m=64, n=64, warps=4, stages=2),
-    },
-    {
-        "strategy": "full_d",
-        "block_m": 64,
-        "block_n": 32,
-        "num_warps": 4,
-        "num_stages": 2,
-        "qk32": "fp64",
-        "pv32": "tf32x3",
-        "p16": "split",
-    },
-    {
-        "strategy": "full_d",
-        "block_m": 128,
-        "block_n": 64,
-        "num_warps": 8,
-        "num_stages": 2,
-        "qk32": "fp64",
-        "pv32": "ieee",
-        "p16": "split",
-    },
+    # materialized, 128 x 64 score tiles; presplit P V steps 32 keys (two planes of both operands per stage);
+    # 16-bit: wide heads (sdp_attn's fp16 rung, D = 1024) through short16 (one kernel), heads that fit full_d
+    # (its bf16 rung, D = 128) through full_d on NARROW16_FAST
+    _set("materialized", 128, 64, 8, 3, "presplit", block_d=16, block_dv=128, block_k=32, **SHORT16_FAST,
+         **NARROW16_FAST),
+    # 16-bit: wide heads through the three kernels on WIDE16_FAST; heads that fit full_d on a second narrow16
+    # set (2 stages)
+    _set("materialized", 128, 64, 8, 3, "ieee", block_d=16, block_dv=128, **WIDE16_FAST,
+         **_tiles16("narrow16", m=64, n=64, warps=4, stages=2)),
+    _set("full_d", 64, 32, 4, 2, "tf32x3"),
+    _set("full_d", 128, 64, 8, 2, "ieee"),
     # d_tiled: tiles that compile without spills at fp32 (fp64 scores, either P V) and fp16
-    {
-        "strategy": "d_tiled",
-        "block_m": 64,
-        "block_n": 64,
-        "block_d": 32,
-        "block_dv": 128,
-        "num_warps": 8,
-        "num_stages": 2,
-        "qk32": "fp64",
-        "pv32": "ieee",
-        "p16": "split",
-    },
-    {
-        "strategy": "d_tiled",
-        "block_m": 128,
-        "block_n": 32,
-        "block_d": 16,
-        "block_dv": 128,
-        "num_warps": 8,
-        "num_stages": 3,
-        "qk32": "fp64",
-        "pv32": "tf32x3",
-        "p16": "split",
-    },
-    {
-        "strategy": "d_tiled",
-        "block_m": 64,
-        "block_n": 32,
-        "block_d": 16,
-        "block_dv": 256,
-        "num_warps": 8,
-        "num_stages": 2,
-        "qk32": "fp64",
-        "pv32": "ieee",
-        "p16": "split",
-    },
-]
+    _set("d_tiled", 64, 64, 8, 2, "ieee", block_d=32, block_dv=128),
+    _set("d_tiled", 128, 32, 8, 3, "tf32x3", block_d=16, block_dv=128),
+    _set("d_tiled", 64, 32, 8, 2, "ieee", block_d=16, block_dv=256),
+]  # fmt: skip
 
 # bottleneck label -> (move, why); a move maps the parent's knobs to the child's
 MUTATIONS: dict[str, list[tuple[str, str]]] = {
@@ -460,6 +394,6 @@ def render(spec: dict, knobs: dict[str, Any], signature: dict[str, list[str]]) -
         doc,
         "import math\nimport os\n",
         knob_constants,
-        parts(PARTS, "LOG2E", *KERNEL_PARTS, *HOST_PARTS),
+        parts_of(PARTS, "LOG2E", *KERNEL_PARTS, *HOST_PARTS),
         plain_model(signature, lines, default=""),
     )

@@ -21,10 +21,10 @@ A triu/tril in the chain (on the contraction's rows and columns) is a mask on ea
 (its column less its row); the tiles where the output does not read the product (the chain's band of
 diagonals) skip the K loop and run the chain on zeros.
 
-What follows the chain when it is not pointwise (a row sum, a logsumexp, x - max(x), reductions in
-sequence) is the tail (compose/tail.py): the chain's value h is written once in its traced dtype and
-the reduce, normalize or staged family composes the rest over h and forward's tensors as a second launch
-in the same candidate, its knobs that family's first feasible round-0 set.
+The family is the head of a composed candidate (base.Head): what follows the chain when it is not
+pointwise (a row sum, a logsumexp, x - max(x), reductions in sequence) is the tail, which the composer
+(compose/) cuts off: the chain's value h is written once in its traced dtype and the memory-bound
+families compose the rest over h and forward's tensors as further launches in the same candidate.
 
 Precision: fp32 operands take an exact "ieee" dot, "tf32x3" (three TF32 dots of hi/lo splits made in
 registers, see families/gemm_epilogue) or "presplit" (the same three dots of hi/lo planes the launcher
@@ -45,9 +45,8 @@ import math
 from typing import Any
 
 from kernelbrain.core.graph import INPUT, PARAM, Graph, Meta, Node
-from kernelbrain.templates import limits, model_source, sizing
-from kernelbrain.templates.base import matches_by
-from kernelbrain.templates.compose import tail
+from kernelbrain.templates import limits, model_source, render, sizing
+from kernelbrain.templates.base import unsized
 from kernelbrain.templates.families import gemm_epilogue, pointwise
 from kernelbrain.templates.families.contraction.axes import (
     SAME,
@@ -61,7 +60,8 @@ from kernelbrain.templates.families.contraction.axes import (
     operand_plan,
     view_axes,
 )
-from kernelbrain.templates.render import chain, constants, module, parts
+from kernelbrain.templates.render import chain, constants, dtype_of, graph_doc, parts_of
+from kernelbrain.templates.rewrite import readers
 
 FAMILY = "contraction"
 PARTS = f"{__name__}.parts"
@@ -187,9 +187,7 @@ def feasible(spec: dict, knobs: dict[str, Any]) -> bool:
     warps = knobs["num_warps"]
     fits = sizing.fits(in_loop, warps, limits.ACC_PER_THREAD)
     fits = fits and sizing.fits(in_epilogue, warps, 2 * limits.ACC_PER_THREAD)
-    rest = spec.get("tail")
-    in_smem = smem_bytes(spec, knobs) <= limits.TARGET.smem_per_block
-    return in_smem and fits and (rest is None or tail.feasible(rest))
+    return smem_bytes(spec, knobs) <= limits.TARGET.smem_per_block and fits
 
 
 # --- the graph ---------------------------------------------------------------------------------------
@@ -201,27 +199,31 @@ TRIANGLES = {"aten.triu.default": True, "aten.triu_.default": True, "aten.tril.d
              "aten.tril_.default": False}  # fmt: skip
 
 
-def compose(graph: Graph) -> dict:
-    """The spec of a graph that is one contraction of two (viewed) tensors and a pointwise epilogue.
-    Raises NotContraction (or pointwise.NotPointwise) naming what is not."""
+# the head of a composed candidate (base.Head): what the composer needs to cut its tail off (it has no
+# prelude: its operands are read through views)
+HEAD, CHAIN, INPUT_ARG, REFUSAL = "contraction", VIEWS | set(TRIANGLES), None, NotContraction
+TAIL_NOTE = "Then the tail over its value, composed by the memory-bound families"
+STAGE_ORDER = ("tail",)
+
+
+def head(graph: Graph) -> int:
+    """The one contraction the output needs. Raises NotContraction naming how many there are."""
     if len(graph.outputs) != 1:
         raise NotContraction(f"{len(graph.outputs)} outputs")
     wanted = {n for n, _ in graph.needed()}
     found = [i for i, n in enumerate(graph.nodes) if n.op in CONTRACTIONS and i in wanted]
     if len(found) != 1:
         raise NotContraction(f"{len(found)} contractions")
-    at = found[0]
+    return found[0]
+
+
+def compose(graph: Graph) -> dict:
+    """The spec of a graph that is one contraction of two (viewed) tensors and a pointwise epilogue, up
+    to the output: the head the composer cut (compose/stages.with_stages). Raises NotContraction (or
+    pointwise.NotPointwise) naming what is not."""
+    at = head(graph)
     node = graph.nodes[at]
-    ops = graph.ops()
-    try:  # what is not elementwise after the chain: the tail, further launches over the chain's value
-        graph, rest = tail.head_and_tail(graph, at, VIEWS | set(TRIANGLES), "contraction")
-    except tail.NotTail as e:
-        raise NotContraction(str(e)) from None
-    view_sizes = {(i, "size") for i, n in enumerate(graph.nodes) if n.op in VIEWS}
-    try:
-        graph.unsized(view_sizes)
-    except ValueError as e:
-        raise NotContraction(str(e)) from None
+    unsized(graph, NotContraction, {(i, "size") for i, n in enumerate(graph.nodes) if n.op in VIEWS})
     sizes = Atoms(graph)
     sources: dict[int, int] = {}
     first, second = ("mat1", "mat2") if node.op == "aten.addmm.default" else ("self", "mat2")
@@ -258,8 +260,7 @@ def compose(graph: Graph) -> dict:
         "k": sizes.axis(a[-1]),
         "batch": math.prod(sizes.axis(p[0] if p[0][0][0] >= 0 else p[1]) for p in pieces),
         "triangle": epi["triangle"],
-        "tail": rest,
-        "ops": ops,
+        "ops": graph.ops(),
     }
 
 
@@ -372,14 +373,8 @@ def _epilogue(
         add = {"self": {"ref": [0, 0]}, "other": {"ref": bias}, "alpha": 1}
         nodes.append(Node(op="aten.add.Tensor", args=add, outs=[nodes[0].outs[0]]))
         moved[(at, 0)] = [len(nodes) - 1, 0]
-    wanted = graph.needed()
-    for j in range(at + 1, len(graph.nodes)):
-        n = graph.nodes[j]
-        if not any((j, k) in wanted for k in range(len(n.outs))):
-            continue
-        mine = [r for v in n.args.values() for r in graph.refs(v) if r in moved]
-        if not mine:
-            continue  # a view of an extra tensor, read where it is used
+    # a node that reads nothing the chain made: a view of an extra tensor, read where it is used
+    for j, n, mine in readers(graph, at, moved):
         first = mine[0]
         if n.op in VIEWS:
             axes = view_axes(sizes, n, axes_of[first])
@@ -458,26 +453,16 @@ def _epilogue(
     }
 
 
-matches = matches_by(compose)
+def reads(spec: dict) -> list[list]:
+    """The tensors the head's launch reads: the operands' sources and the epilogue's tensors."""
+    return [*spec["sources"], *(e[0] for e in spec["extras"])]
 
 
 def refine(spec: dict, problem_source: str | None) -> dict | None:
     """The problem's constructor, run by ModelNew so that the parameters it reads are Model's."""
-    tail_sources = spec["tail"]["sources"] if spec.get("tail") else []
-    uses_params = any(
-        s[0] == "param" for s in spec["sources"] + [e[0] for e in spec["extras"]] + tail_sources
-    )
-    if not uses_params:
+    if not any(s[0] == "param" for s in reads(spec)):
         return spec
-    ctor = model_source.constructor(problem_source) if problem_source is not None else None
-    if ctor is None:
-        return None
-    return {**spec, "init_params": ctor.params, "init_body": ctor.body}
-
-
-def _tensor(source: list[Any], forward: list[str]) -> str:
-    kind, what = source
-    return forward[what] if kind == "input" else f"_model_tensor(self, {what!r})"
+    return model_source.with_constructor(spec, problem_source)
 
 
 def epilogue(spec: dict) -> str:
@@ -486,46 +471,16 @@ def epilogue(spec: dict) -> str:
     return chain("_epilogue", spec["epilogue"], spec["epilogue_result"], "v0, v1, v2, v3, kb_d")
 
 
-def render(spec: dict, knobs: dict[str, Any], signature: dict[str, list[str]]) -> str:
-    forward = signature["forward"]
-    if "init_body" in spec:
-        params = f"self, {spec['init_params']}" if spec["init_params"] else "self"
-        body = "".join(f"        {line}\n" for line in spec["init_body"].splitlines())
-    else:
-        fallback = "".join(f", {a}=None" for a in signature["init"])
-        params = "self" + model_source.init_args(signature, fallback)
-        body = "        super().__init__()\n"
-    srcs = ", ".join(_tensor(s, forward) for s in spec["sources"])
-    extras = ", ".join(f"({_tensor(e[0], forward)}, EXTRA_AXES[{i}])" for i, e in enumerate(spec["extras"]))
-    knob_text = ", ".join(f"{k}={v}" for k, v in knobs.items())
-    dtype = f"torch.{spec['dtype']}" if spec["dtype"] else "None"
-    doc = (
-        f"Contraction with its epilogue: {', '.join(spec['ops'])}: kernelbrain contraction family "
-        f"({knob_text}).\n\nOne tiled dot, the epilogue on the fp32 accumulator, composed from the "
-        "reference's ATen graph.\n"
-    )
-    rest = spec.get("tail")
-    tail_call, tail_parts = "", ""
-    if rest is not None:  # the second launch: the tail over the contraction's value
-        args = ["kb_h", *(_tensor(s, forward) for s in rest["sources"])]
-        tail_call, tail_parts = tail.call(rest, args, "kb_h"), tail.render_parts(rest)
-        doc += (
-            f"\nThen the tail over its value, composed by the memory-bound families: {tail.describe(rest)}.\n"
-        )
-    model = f"""class ModelNew(nn.Module):
-    def __init__({params}):
-{body}
-    def forward(self, {", ".join(forward)}):
-        srcs = [{srcs}]
-        extras = [{extras}]
-        kb_h = _contraction_launch(srcs, A_PLAN, B_PLAN, OUT_AXES, extras, TRIANGLE, {dtype}, PRECISION,
-                                   LAYOUT, SPLIT_K, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, NUM_WARPS,
-                                   NUM_STAGES)
-{tail_call}        return kb_h
-"""
+def title(spec: dict, knobs: dict[str, Any]) -> str:
+    """The candidate's docstring, as far as the head goes."""
+    how = "One tiled dot, the epilogue on the fp32 accumulator"
+    return graph_doc("Contraction with its epilogue", FAMILY, spec, knobs, how)
+
+
+def sections(spec: dict, knobs: dict[str, Any]) -> list[str]:
+    """The head's part of the candidate module: knobs and operand plans as constants, the chain, its parts."""
     launcher = ("_split_planes", "_operand", "_size", "_padded", "_laid_out", "_contraction_launch")
-    return module(
-        doc,
+    return [
         constants(PRECISION=knobs["strategy"], BLOCK_M=knobs["block_m"], BLOCK_N=knobs["block_n"]),
         constants(BLOCK_K=knobs["block_k"], GROUP_M=knobs["group_m"], NUM_WARPS=knobs["num_warps"]),
         constants(NUM_STAGES=knobs["num_stages"], LAYOUT=knobs.get("layout", "strided")),
@@ -533,10 +488,25 @@ def render(spec: dict, knobs: dict[str, Any], signature: dict[str, list[str]]) -
         constants(A_PLAN=spec["a"], B_PLAN=spec["b"], OUT_AXES=spec["out_axes"]),
         constants(EXTRA_AXES=[e[1] for e in spec["extras"]], TRIANGLE=spec.get("triangle")),
         "import math\n",
-        parts(pointwise.PARTS, *spec["helpers"], "_model_tensor"),
+        parts_of(pointwise.PARTS, *spec["helpers"], "_model_tensor"),
         epilogue(spec),
-        parts(PARTS, "_dot_tile", "_extra", "_finish", "_meets_band", "_contraction_kernel", "_split_k_sum"),
-        parts(PARTS, *launcher),
-        tail_parts,
-        model,
-    )
+        parts_of(
+            PARTS, "_dot_tile", "_extra", "_finish", "_meets_band", "_contraction_kernel", "_split_k_sum"
+        ),
+        parts_of(PARTS, *launcher),
+    ]
+
+
+def launch(spec: dict, knobs: dict[str, Any], names: list[str]) -> str:
+    """The lines of forward setting kb_h: `names` the forward tensors by input index."""
+    srcs = ", ".join(render.tensor(s, names) for s in spec["sources"])
+    tensors = [render.tensor(e[0], names) for e in spec["extras"]]
+    extras = ", ".join(f"({t}, EXTRA_AXES[{i}])" for i, t in enumerate(tensors))
+    dtype = dtype_of(spec["dtype"], "None")
+    return f"""\
+        srcs = [{srcs}]
+        extras = [{extras}]
+        kb_h = _contraction_launch(srcs, A_PLAN, B_PLAN, OUT_AXES, extras, TRIANGLE, {dtype}, PRECISION,
+                                   LAYOUT, SPLIT_K, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, NUM_WARPS,
+                                   NUM_STAGES)
+"""

@@ -10,14 +10,13 @@ bias and the chain's parameters by those names; stride, padding and dilation are
 trace, the groups x's channels over the weight's input channels at each call. The kernel is in
 families/conv/parts.py, the chain is families/pointwise's.
 
-What follows the chain when it is not elementwise (a min over the channels, a spatial sum, a
-logsumexp, a softmax, reductions in sequence) is the tail (compose/tail.py): the chain's value h is
-written once in its traced dtype and the reduce, normalize or staged family composes the rest over h and
-forward's tensors as a second launch in the same candidate, its knobs that family's first feasible
-round-0 set. Where the convolution's input is no forward input (a pooling or an activation of one), what
-makes it is the prelude (`tail.prelude`): launches composed the same way from forward's tensors before
-the convolution, which reads their value as it would a forward input. Of several convolutions the head
-is the one of the most multiply-adds; the others are launches of its prelude or tail (`stage_parts`,
+The family is the head of a composed candidate (base.Head): the composer (compose/) cuts off what
+follows the chain when it is not elementwise (a min over the channels, a spatial sum, a logsumexp, a
+softmax, reductions in sequence: the tail, whose launches read the chain's value h, written once in its
+traced dtype) and what makes the convolution's input where no forward input is it (a pooling or an
+activation of one: the prelude, whose value the convolution reads as it would a forward input), and
+renders this family's stage (`sections`, `launch`) between theirs. Of several convolutions the head is
+the one of the most multiply-adds; the others are launches of its prelude or tail (`stage_parts`,
 `stage_call`: this family's kernel at its first feasible round-0 knobs).
 
 Strategy axes (conv_parts' docstring has the detail): "taps" (a tl.dot per tap and channel step, in
@@ -47,11 +46,10 @@ import math
 from typing import Any
 
 from kernelbrain.core.graph import INPUT, PARAM, Graph, Node
-from kernelbrain.templates import limits, model_source, sizing
-from kernelbrain.templates.base import FLOATS, Refusal, matches_by
-from kernelbrain.templates.compose import tail
+from kernelbrain.templates import limits, model_source, render, sizing
+from kernelbrain.templates.base import FLOATS, Refusal, unsized
 from kernelbrain.templates.families import pointwise
-from kernelbrain.templates.render import chain, constants, module, parts
+from kernelbrain.templates.render import chain, constants, dtype_of, graph_doc, parts_of
 
 FAMILY = "conv"
 PARTS = f"{__name__}.parts"
@@ -59,26 +57,29 @@ STRATEGIES = ("taps", "gemm", "direct")
 DOT_STRATEGIES = ("taps", "gemm")
 FP32_DOTS = ("tf32x3", "ieee", "tf32")  # the first: a knob set's without one
 
+
+def _dot(strategy: str, block_n: int, fp32_dot: str, channels_last: bool) -> dict[str, Any]:
+    """A round-0 set of a dot form: 128 positions by block_n channels, 32 of K a step, 3 stages, warps
+    as the tile is large."""
+    warps = 8 if block_n == 128 else 4
+    return {"strategy": strategy, "block_m": 128, "block_n": block_n, "block_k": 32, "num_warps": warps,
+            "num_stages": 3, "fp32_dot": fp32_dot, "channels_last": channels_last}  # fmt: skip
+
+
 ROUND0: list[dict[str, Any]] = [
     # fp32's accuracy first: at the gate's shapes cuDNN ran the reference in full fp32 on both problems
     # the H200 gated (benchmarks/results/probes/2026-12-04/round0-conv-mm), failing every "tf32" set
-    {"strategy": "gemm", "block_m": 128, "block_n": 64, "block_k": 32, "num_warps": 4, "num_stages": 3,
-     "fp32_dot": "tf32x3", "channels_last": True},
+    _dot("gemm", 64, "tf32x3", True),
     # one TF32 pass, where the reference is TF32 too (see above), in the order the H200 ranked them: the
     # channels-last implicit GEMM, then taps
-    {"strategy": "gemm", "block_m": 128, "block_n": 128, "block_k": 32, "num_warps": 8, "num_stages": 3,
-     "fp32_dot": "tf32", "channels_last": True},
-    {"strategy": "taps", "block_m": 128, "block_n": 128, "block_k": 32, "num_warps": 8, "num_stages": 3,
-     "fp32_dot": "tf32", "channels_last": True},
-    {"strategy": "gemm", "block_m": 128, "block_n": 64, "block_k": 32, "num_warps": 4, "num_stages": 3,
-     "fp32_dot": "tf32", "channels_last": False},
-    {"strategy": "taps", "block_m": 128, "block_n": 128, "block_k": 32, "num_warps": 8, "num_stages": 3,
-     "fp32_dot": "tf32", "channels_last": False},
-    {"strategy": "taps", "block_m": 128, "block_n": 64, "block_k": 32, "num_warps": 4, "num_stages": 3,
-     "fp32_dot": "tf32x3", "channels_last": False},
+    _dot("gemm", 128, "tf32", True),
+    _dot("taps", 128, "tf32", True),
+    _dot("gemm", 64, "tf32", False),
+    _dot("taps", 128, "tf32", False),
+    _dot("taps", 64, "tf32x3", False),
     {"strategy": "direct", "block_m": 256, "block_n": 4, "block_k": 1, "num_warps": 4, "num_stages": 1},
     {"strategy": "direct", "block_m": 128, "block_n": 16, "block_k": 1, "num_warps": 4, "num_stages": 1},
-]  # fmt: skip
+]
 MUTATIONS: dict[str, list[tuple[str, str]]] = {
     "compute-bound": [
         ("tf32_dot", "fp32 dots as one TF32 pass, the precision of the reference's own cuDNN conv"),
@@ -120,10 +121,17 @@ MAX_EXTRAS = 3  # the chain's tensors besides the convolution's value (the kerne
 SHARED_BYTES = limits.TARGET.smem_per_block - 27 * 1024
 BLOCKS = (16, 32, 64, 128, 256, 512)
 VIEWS = pointwise.PASS_THROUGH  # what the chain may hold besides elementwise ops, for the tail's cut
+# the head of a composed candidate (base.Head): what the composer needs to cut its stages off
+HEAD, CHAIN, INPUT_ARG = "convolution", VIEWS, "input"
+TAIL_NOTE = "Then the tail over its value, composed by memory-bound families"
+STAGE_ORDER = ("prelude", "tail")  # where its stages' parts go after its own, as its candidates have them
 
 
 class NotConv(Refusal):
     """What the graph holds that this family cannot compose."""
+
+
+REFUSAL = NotConv
 
 
 def fp32_dot(knobs: dict[str, Any]) -> str:
@@ -173,8 +181,6 @@ def feasible(spec: dict, knobs: dict[str, Any]) -> bool:
     if not sizing.pow2(bm, bn, bk) or warps not in sizing.WARPS or knobs["num_stages"] < 1:
         return False
     if not sizing.fits(bm * bn, warps, limits.ACC_PER_THREAD):
-        return False
-    if any(t is not None and not tail.feasible(t) for t in (spec.get("tail"), spec.get("prelude"))):
         return False
     if strategy == "direct":
         return bm >= 16
@@ -251,6 +257,25 @@ def epilogue(graph: Graph, at: int) -> tuple[dict | None, list[list]]:
     return spec, [extras[i - 1] for i in spec["inputs"][1:]]
 
 
+PER_DIM = {"stride": 1, "padding": 0, "dilation": 1, "output_padding": 0}  # and each one's default
+
+
+def per_dim(args: dict[str, Any], key: str, spatial: int) -> list[int]:
+    """A convolution's argument of each spatial dim (PER_DIM's): one value stands for all."""
+    v = args.get(key, PER_DIM[key])
+    v = v if isinstance(v, list) else [v]
+    return [int(e) for e in v] * (spatial if len(v) == 1 else 1)
+
+
+def chain_fields(after: dict | None) -> dict[str, Any]:
+    """The spec's fields of the chain after the convolution (`epilogue`'s pointwise spec, or None)."""
+    return {
+        "epilogue": after["body"] if after else [],
+        "epilogue_result": after["result"] if after else "v0",
+        "helpers": after["helpers"] if after else [],
+    }
+
+
 def _work(graph: Graph, at: int) -> int:
     """Multiply-adds of the convolution at node `at`: its outputs times a weight's taps and channels."""
     w = graph.meta(graph.ref(graph.nodes[at].args["weight"])).shape
@@ -258,12 +283,10 @@ def _work(graph: Graph, at: int) -> int:
     return math.prod(graph.nodes[at].outs[0].shape) * taps
 
 
-def compose(graph: Graph) -> dict:
-    """The spec of a graph that is one forward convolution, then an elementwise chain, with launches
-    before it that make its input where that is no forward input (its prelude) and after it where the
-    chain does not reach the output (its tail). Of several convolutions the head (the kernel the search
-    tunes) is the one of the most multiply-adds (the latest of equals); the others are launches of the
-    prelude or the tail, at their first feasible round-0 knobs. Raises NotConv naming what is not."""
+def head(graph: Graph) -> int:
+    """The convolution the search tunes, a forward one: of several, the one of the most multiply-adds
+    (the latest of equals); the others are launches of its prelude or tail (compose/stages.py). Raises
+    NotConv naming what is not."""
     if len(graph.outputs) != 1:
         raise NotConv(f"{len(graph.outputs)} outputs")
     wanted = {n for n, _ in graph.needed()}
@@ -274,81 +297,68 @@ def compose(graph: Graph) -> dict:
     if not forward:
         raise NotConv("a transposed convolution")
     at = max(forward, key=lambda i: (_work(graph, i), i))
-    node = graph.nodes[at]
-    if node.op not in CONVS:
-        raise NotConv(node.op)
-    ops = graph.ops()
-    try:  # what is not elementwise after the chain: the tail, further launches over the chain's value
-        graph, rest = tail.head_and_tail(graph, at, VIEWS, "convolution")
-    except tail.NotTail as e:
-        raise NotConv(str(e)) from None
-    a = node.args
-    if a.get("transposed"):
-        raise NotConv("a transposed convolution")
+    a = graph.nodes[at].args
+    if graph.nodes[at].op not in CONVS:
+        raise NotConv(graph.nodes[at].op)
     if isinstance(a.get("padding"), str):
         raise NotConv(f"padding {a['padding']!r} as a string")
-    try:  # launches that make the input, where no forward input or parameter is it
-        graph, src, before = tail.input_prelude(graph, a["input"], VIEWS, "convolution")
-    except tail.NotTail as e:
-        raise NotConv(str(e)) from None
-    try:  # the groups are read from the shapes at each call (a depthwise conv's follow its channels)
-        graph.unsized({(at, "groups")})
-    except ValueError as e:
-        raise NotConv(str(e)) from None
-    if src is None or graph.nodes[src[0]].op != INPUT:
-        made = graph.nodes[src[0]].op if src is not None else "no tensor"
-        raise NotConv(f"a convolution of {made}, not of a forward input")
-    x = ["input", int(graph.nodes[src[0]].args["index"])]
-    weight = tensor(graph, a["weight"], "weight")
-    bias = tensor(graph, a.get("bias"), "bias")
-    w_meta = graph.meta(graph.ref(a["weight"]))
-    x_meta = graph.meta(graph.ref(a["input"]))
-    spatial = len(w_meta.shape) - 2
-    if not 1 <= spatial <= 3 or len(x_meta.shape) != spatial + 2:
-        raise NotConv(f"a convolution of a {len(x_meta.shape)}-D input by a {len(w_meta.shape)}-D weight")
-    if x_meta.dtype not in FLOATS or w_meta.dtype != x_meta.dtype:
-        raise NotConv(f"a convolution of {x_meta.dtype} by {w_meta.dtype}")
+    return at
 
-    def listed(key: str, default: int) -> list[int]:
-        v = a.get(key, default)
-        v = v if isinstance(v, list) else [v]
-        return [int(e) for e in v] * (spatial if len(v) == 1 else 1)
 
-    stride, padding, dilation = listed("stride", 1), listed("padding", 0), listed("dilation", 1)
-    if any(p < 0 for p in padding) or any(s < 1 for s in stride) or any(d < 1 for d in dilation):
-        raise NotConv(f"stride {stride}, padding {padding}, dilation {dilation}")
+def compose(graph: Graph) -> dict:
+    """The spec of a graph that is one forward convolution of a forward input (or of a prelude's value,
+    an INPUT past forward's) and the elementwise chain after it, up to the output: the head the composer
+    cut (compose/stages.with_stages). Raises NotConv naming what is not."""
+    at = head(graph)
+    a = graph.nodes[at].args
+    # the groups are read from the shapes at each call (a depthwise conv's follow its channels)
+    unsized(graph, NotConv, {(at, "groups")})
+    spec = common(graph, at, "convolution", NotConv)
+    dims = {k: per_dim(a, k, spec["spatial"]) for k in ("stride", "padding", "dilation")}
+    if any(p < 0 for p in dims["padding"]) or min(dims["stride"]) < 1 or min(dims["dilation"]) < 1:
+        raise NotConv(f"stride {dims['stride']}, padding {dims['padding']}, dilation {dims['dilation']}")
     if any(o != 0 for o in a.get("output_padding") or []):
         raise NotConv("an output padding")
-    groups = int(a.get("groups", 1))
-    if len(graph.outputs) != 1 or graph.meta(tuple(graph.outputs[0])).dtype not in FLOATS:
-        raise NotConv("an output that is not floating point")
-    after, extras = epilogue(graph, at)
+    w = graph.meta(graph.ref(a["weight"])).shape
+    return {**spec, **dims, "c_in_g": int(w[1]), "c_out_g": int(w[0]) // max(spec["groups"], 1)}
+
+
+def common(graph: Graph, at: int, what: str, refusal: type[Refusal]) -> dict[str, Any]:
+    """What the spec of a convolution (`what`: "convolution", "transposed convolution") holds whatever its
+    kind: the forward input it reads, its weight and bias, the chain after it, its spatial dims, groups,
+    dtypes and ops; the refusal (`refusal`) names `what`."""
+    a = graph.nodes[at].args
+    src = pointwise.through(graph, graph.ref(a["input"]))
+    if src is None or graph.nodes[src[0]].op != INPUT:
+        made = graph.nodes[src[0]].op if src is not None else "no tensor"
+        raise refusal(f"a {what} of {made}, not of a forward input")
+    try:
+        weight, bias = tensor(graph, a["weight"], "weight"), tensor(graph, a.get("bias"), "bias")
+        after, extras = epilogue(graph, at)
+    except NotConv as e:
+        raise refusal(str(e).replace("convolution", what)) from None
+    w_meta, x_meta = graph.meta(graph.ref(a["weight"])), graph.meta(graph.ref(a["input"]))
+    spatial = len(w_meta.shape) - 2
+    if not 1 <= spatial <= 3 or len(x_meta.shape) != spatial + 2:
+        raise refusal(f"a {what} of a {len(x_meta.shape)}-D input by a {len(w_meta.shape)}-D weight")
+    if x_meta.dtype not in FLOATS or w_meta.dtype != x_meta.dtype:
+        raise refusal(f"a {what} of {x_meta.dtype} by {w_meta.dtype}")
     out_dtype = graph.meta(tuple(graph.outputs[0])).dtype
+    if out_dtype not in FLOATS:
+        raise refusal("an output that is not floating point")
     return {
-        "input": x[1],
+        "input": int(graph.nodes[src[0]].args["index"]),
         "weight": weight,
         "bias": bias,
         "extras": extras,
-        "epilogue": after["body"] if after else [],
-        "epilogue_result": after["result"] if after else "v0",
-        "helpers": after["helpers"] if after else [],
+        **chain_fields(after),
         "spatial": spatial,
-        "stride": stride,
-        "padding": padding,
-        "dilation": dilation,
-        "groups": groups,
-        "c_in_g": int(w_meta.shape[1]),
-        "c_out_g": int(w_meta.shape[0]) // max(groups, 1),
+        "groups": int(a.get("groups", 1)),
         "taps": [int(k) for k in w_meta.shape[2:]],
         "dtype": x_meta.dtype,
         "out_dtype": None if out_dtype == x_meta.dtype else out_dtype,
-        "tail": rest,
-        "prelude": before,
-        "ops": ops,
+        "ops": graph.ops(),
     }
-
-
-matches = matches_by(compose)
 
 
 def refine(spec: dict, problem_source: str | None) -> dict | None:
@@ -357,18 +367,11 @@ def refine(spec: dict, problem_source: str | None) -> dict | None:
     return model_source.with_constructor(spec, problem_source)
 
 
-def read(what: list | None, forward: list[str]) -> str:
-    """The expression of forward that reads a tensor `tensor` named (conv_transpose renders it too)."""
-    if what is None:
-        return "None"
-    return forward[what[1]] if what[0] == "input" else f"_model_tensor(self, {what[1]!r})"
-
-
 def stage_parts(spec: dict) -> str:
     """What a convolution that is one launch of another head's prelude or tail copies: its chain and
-    the kernel (compose/tail.py suffixes every name)."""
-    helpers = parts(pointwise.PARTS, *spec["helpers"]) if spec["helpers"] else ""
-    kernel = parts(PARTS, "_mma", "_extra", "_conv_kernel", "_conv_launch")
+    the kernel (compose/render.py suffixes every name)."""
+    helpers = parts_of(pointwise.PARTS, *spec["helpers"]) if spec["helpers"] else ""
+    kernel = parts_of(PARTS, "_mma", "_extra", "_conv_kernel", "_conv_launch")
     return "\n\n".join(
         t for t in (helpers, chain("_epilogue", spec["epilogue"], spec["epilogue_result"]), kernel) if t
     )
@@ -377,9 +380,9 @@ def stage_parts(spec: dict) -> str:
 def stage_call(spec: dict, knobs: dict[str, Any], args: list[str], out: str, suffix: str) -> str:
     """The line of forward (indented for a method) setting `out` to the convolution as one launch of a
     prelude or a tail: `args` the expressions of its graph's inputs, its knobs as literals."""
-    dtype = f"torch.{spec['out_dtype']}" if spec["out_dtype"] else "None"
-    tensors = [read(spec[k], args) for k in ("weight", "bias")]
-    extras = ", ".join(read(e, args) for e in spec["extras"])
+    dtype = dtype_of(spec["out_dtype"], "None")
+    tensors = [render.tensor(spec[k], args) for k in ("weight", "bias")]
+    extras = ", ".join(render.tensor(e, args) for e in spec["extras"])
     how = [repr(spec[k]) for k in ("stride", "padding", "dilation")]
     how += [dtype, repr(knobs["strategy"]), repr(fp32_dot(knobs)), repr(channels_last(knobs))]
     how += [str(knobs[k]) for k in ("block_m", "block_n", "block_k", "num_warps", "num_stages")]
@@ -387,58 +390,40 @@ def stage_call(spec: dict, knobs: dict[str, Any], args: list[str], out: str, suf
     return f"        {out} = _conv_launch{suffix}({x}, {', '.join(tensors)}, [{extras}], {', '.join(how)})\n"
 
 
-def render(spec: dict, knobs: dict[str, Any], signature: dict[str, list[str]]) -> str:
-    forward = signature["forward"]
-    if "init_body" in spec:
-        params = f"self, {spec['init_params']}" if spec["init_params"] else "self"
-        body = "".join(f"        {line}\n" for line in spec["init_body"].splitlines())
-    else:  # no parameter of the model's is read: the problem's constructor is not needed
-        params = "self" + model_source.init_args(signature, "".join(f", {a}=None" for a in signature["init"]))
-        body = "        super().__init__()\n"
-    before = spec.get("prelude")
-    names = tail.reading(forward, before)  # the prelude's value among forward's tensors
-    extras = ", ".join(read(e, names) for e in spec["extras"])
-    dtype = f"torch.{spec['out_dtype']}" if spec["out_dtype"] else "None"
-    knob_text = ", ".join(f"{k}={v}" for k, v in knobs.items())
-    doc = (
-        f"{spec['spatial']}-D convolution with its chain: {', '.join(spec['ops'])}: kernelbrain conv family "
-        f"({knob_text}).\n\nAn implicit GEMM accumulated in fp32, the chain applied before the one store, "
-        "composed from the reference's ATen graph.\n"
-    )
-    rest = spec.get("tail")
-    tail_call, tail_parts = "", ""
-    if rest is not None:  # the second launch: the tail over the convolution's chain's value
-        args = ["kb_h", *(read(s, forward) for s in rest["sources"])]
-        tail_call, tail_parts = tail.call(rest, args, "kb_h"), tail.render_parts(rest)
-        doc += f"\nThen the tail over its value, composed by memory-bound families: {tail.describe(rest)}.\n"
-    prelude_call, prelude_parts = "", ""
-    if before is not None:  # launches before: what makes the convolution's input
-        prelude_call, prelude_parts = (
-            tail.prelude_call(before, forward, read),
-            tail.render_parts(before, tail.PRE),
-        )
-        doc += f"\nIts input made first, by launches of their own: {tail.describe(before)}.\n"
-    model = f"""class ModelNew(nn.Module):
-    def __init__({params}):
-{body}
-    def forward(self, {", ".join(forward)}):
-{prelude_call}        kb_h = _conv_launch(
-            {names[spec["input"]]}, {read(spec["weight"], names)}, {read(spec["bias"], names)},
-            [{extras}], STRIDE, PADDING, DILATION, {dtype}, STRATEGY, FP32_DOT, CHANNELS_LAST, BLOCK_M,
-            BLOCK_N, BLOCK_K, NUM_WARPS, NUM_STAGES,
-        )
-{tail_call}        return kb_h
-"""
-    return module(
-        doc,
+def reads(spec: dict) -> list[list]:
+    """The tensors the head's launch reads: its input, weight and bias, and the chain's tensors."""
+    tensors = (["input", spec["input"]], spec["weight"], spec["bias"], *spec["extras"])
+    return [t for t in tensors if t is not None]
+
+
+def title(spec: dict, knobs: dict[str, Any]) -> str:
+    """The candidate's docstring, as far as the head goes."""
+    how = "An implicit GEMM accumulated in fp32, the chain applied before the one store"
+    return graph_doc(f"{spec['spatial']}-D convolution with its chain", FAMILY, spec, knobs, how)
+
+
+def sections(spec: dict, knobs: dict[str, Any]) -> list[str]:
+    """The head's part of the candidate module: its knobs and geometry as constants, the chain, its parts."""
+    return [
         constants(STRATEGY=knobs["strategy"], FP32_DOT=fp32_dot(knobs), BLOCK_M=knobs["block_m"]),
         constants(BLOCK_N=knobs["block_n"], BLOCK_K=knobs["block_k"], NUM_WARPS=knobs["num_warps"]),
         constants(NUM_STAGES=knobs["num_stages"], CHANNELS_LAST=channels_last(knobs)),
         constants(STRIDE=spec["stride"], PADDING=spec["padding"], DILATION=spec["dilation"]),
-        parts(pointwise.PARTS, *spec["helpers"], "_model_tensor"),
+        parts_of(pointwise.PARTS, *spec["helpers"], "_model_tensor"),
         chain("_epilogue", spec["epilogue"], spec["epilogue_result"]),
-        parts(PARTS, "_mma", "_extra", "_conv_kernel", "_conv_launch"),
-        prelude_parts,
-        tail_parts,
-        model,
-    )
+        parts_of(PARTS, "_mma", "_extra", "_conv_kernel", "_conv_launch"),
+    ]
+
+
+def launch(spec: dict, knobs: dict[str, Any], names: list[str]) -> str:
+    """The lines of forward setting kb_h: `names` the tensors by input index (a prelude's value too)."""
+    w, b = render.tensor(spec["weight"], names), render.tensor(spec["bias"], names)
+    extras = ", ".join(render.tensor(e, names) for e in spec["extras"])
+    dtype = dtype_of(spec["out_dtype"], "None")
+    return f"""\
+        kb_h = _conv_launch(
+            {names[spec["input"]]}, {w}, {b},
+            [{extras}], STRIDE, PADDING, DILATION, {dtype}, STRATEGY, FP32_DOT, CHANNELS_LAST, BLOCK_M,
+            BLOCK_N, BLOCK_K, NUM_WARPS, NUM_STAGES,
+        )
+"""

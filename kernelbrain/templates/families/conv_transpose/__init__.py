@@ -13,10 +13,10 @@ and the gather form of the transposed convolution (input channel c in group g = 
 
 a tap contributing only when every division is exact and 0 <= i < I. Accumulation is in fp32; the
 chain after the convolution (a bias parameter, a residual input, activations: families/pointwise's)
-is applied to the fp32 tile before the one store, and what follows the chain when it is not
-elementwise (a reduction, a softmax, a norm, a pooling) is the tail (compose/tail.py), a second
-launch over the chain's value, as in families/conv; what makes its input where that is no forward
-input (a pooling of one) is its prelude (`tail.prelude`), launches before it, as there.
+is applied to the fp32 tile before the one store. As conv's, the family is the head of a composed
+candidate (base.Head): what follows the chain when it is not elementwise (a reduction, a softmax, a
+norm, a pooling: the tail) and what makes its input where that is no forward input (a pooling of one:
+the prelude) are launches the composer (compose/) cuts off and composes.
 
 ModelNew runs the problem's own constructor (`refine`), so its parameters are Model's under the same
 names and the gate's state-dict copy makes them identical; forward reads the convolution's weight and
@@ -87,12 +87,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from kernelbrain.core.graph import INPUT, Graph
-from kernelbrain.templates import limits, model_source, sizing
-from kernelbrain.templates.base import FLOATS, Refusal, matches_by
-from kernelbrain.templates.compose import tail
+from kernelbrain.core.graph import Graph
+from kernelbrain.templates import limits, render, sizing
+from kernelbrain.templates.base import Refusal, unsized
 from kernelbrain.templates.families import conv, pointwise
-from kernelbrain.templates.render import chain, constants, module, parts
+from kernelbrain.templates.render import chain, constants, dtype_of, graph_doc, parts_of
 
 FAMILY = "conv_transpose"
 PARTS = f"{__name__}.parts"
@@ -115,6 +114,10 @@ CONVS = {"aten.convolution.default", "aten._convolution.default"}
 CONVS |= {f"aten.conv_transpose{d}d.{o}" for d in (1, 2, 3) for o in ("default", "input")}
 MAX_EXTRAS = conv.MAX_EXTRAS
 VIEWS = pointwise.PASS_THROUGH  # what the chain may hold besides elementwise ops, for the tail's cut
+# the head of a composed candidate (base.Head), as conv's; its stages' parts go after its own the other
+# way round (its candidates have always had them so)
+HEAD, CHAIN, INPUT_ARG, TAIL_NOTE = "transposed convolution", VIEWS, "input", conv.TAIL_NOTE
+STAGE_ORDER = ("tail", "prelude")
 
 TF32_DENSE = {
     "strategy": "rows_dense",
@@ -229,6 +232,9 @@ class NotConvTranspose(Refusal):
     """What the graph holds that this family cannot compose."""
 
 
+REFUSAL = NotConvTranspose
+
+
 def plain_2d(spec: dict) -> bool:
     """A 2-D transposed convolution with no chain fused into it: what the 2-D strategies serve."""
     return spec["spatial"] == 2 and not spec["epilogue"] and not spec["extras"] and not spec["out_dtype"]
@@ -272,8 +278,8 @@ def _feasible_nd(spec: dict, knobs: dict[str, Any]) -> bool:
 
 def feasible(spec: dict, knobs: dict[str, Any]) -> bool:
     """Known knobs; a 2-D strategy only for a plain 2-D transposed convolution (`plain_2d`), an nd set
-    only at the dimensionality it was chosen for; the tiles as `_feasible_2d`/`_feasible_nd` say; the
-    tail's own knobs feasible."""
+    only at the dimensionality it was chosen for; the tiles as `_feasible_2d`/`_feasible_nd` say (the
+    stages' own knobs are the composer's to check)."""
     strategy = knobs.get("strategy")
     if strategy not in STRATEGIES:
         return False
@@ -281,13 +287,30 @@ def feasible(spec: dict, knobs: dict[str, Any]) -> bool:
         fp32_dot(knobs)
     except ValueError:
         return False
-    if any(t is not None and not tail.feasible(t) for t in (spec.get("tail"), spec.get("prelude"))):
-        return False
     if strategy in STRATEGIES_2D:
         return plain_2d(spec) and _feasible_2d(knobs)
     if knobs.get("dims", spec["spatial"]) != spec["spatial"]:
         return False
     return _feasible_nd(spec, knobs)
+
+
+TILE_MOVES = ("wider_channels", "larger_tiles", "smaller_tiles", "more_warps", "longer_k")
+
+
+def _tiles(
+    k: dict[str, Any], move: str, channels: str, positions: str, most_c: int, most_k: int
+) -> dict | None:
+    """The tile moves both forms make, each on its own knobs: the output channels a program (up to
+    most_c), its output positions (16 to 512), its warps, its K step (up to most_k)."""
+    if move == "wider_channels":
+        return sizing.doubled(k, channels, most_c)
+    if move == "larger_tiles":
+        return sizing.doubled(k, positions, 512)
+    if move == "smaller_tiles":
+        return sizing.halved(k, positions, 16)
+    if move == "more_warps":
+        return sizing.warps(k, move)
+    return sizing.doubled(k, "block_k", most_k)
 
 
 def _mutate_nd(k: dict[str, Any], move: str) -> dict[str, Any] | None:
@@ -304,16 +327,8 @@ def _mutate_nd(k: dict[str, Any], move: str) -> dict[str, Any] | None:
     if move in {"tf32x3_dot", "ieee_dot"}:
         v = move.removesuffix("_dot")
         return {**k, "fp32_dot": v} if dot and fp32_dot(k) != v else None
-    if move == "wider_channels":
-        return sizing.doubled(k, "block_n", 256)
-    if move == "longer_k":
-        return sizing.doubled(k, "block_k", 128) if dot else None
-    if move == "larger_tiles":
-        return sizing.doubled(k, "block_m", 512)
-    if move == "smaller_tiles":
-        return sizing.halved(k, "block_m", 16)
-    if move == "more_warps":
-        return sizing.warps(k, move)
+    if move in TILE_MOVES:
+        return _tiles(k, move, "block_n", "block_m", 256, 128) if dot or move != "longer_k" else None
     if move == "more_stages":
         return sizing.stages(k, move) if dot else None
     if move == "fewer_stages":
@@ -349,105 +364,42 @@ def mutate(knobs: dict[str, Any], move: str) -> dict[str, Any] | None:
         v = move.removesuffix("_dot")
         ok = k["strategy"] in DOT_STRATEGIES and fp32_dot(k) != v
         return {**k, "fp32_dot": v} if ok else None
-    if move == "wider_channels":
-        return sizing.doubled(k, "block_c", 128)
-    if move == "larger_tiles":
-        return sizing.doubled(k, "block_p", 512)
-    if move == "smaller_tiles":
-        return sizing.halved(k, "block_p", 16)
-    if move == "more_warps":
-        return sizing.warps(k, move)
-    if move == "longer_k":
-        return sizing.doubled(k, "block_k", 64)
+    if move in TILE_MOVES:
+        return _tiles(k, move, "block_c", "block_p", 128, 64)
     raise ValueError(f"unknown move {move!r}")
 
 
-def compose(graph: Graph) -> dict:
-    """The spec of a graph that is one transposed convolution of a forward input, then an elementwise
-    chain, then (optionally) a tail. Raises NotConvTranspose naming what is not."""
+def head(graph: Graph) -> int:
+    """The one transposed convolution. Raises NotConvTranspose naming what is not."""
     if len(graph.outputs) != 1:
         raise NotConvTranspose(f"{len(graph.outputs)} outputs")
     found = [i for i, n in enumerate(graph.nodes) if n.op in CONVS or "conv" in n.op]
     if len(found) != 1:
         raise NotConvTranspose(f"{len(found)} convolutions")
-    at = found[0]
-    node = graph.nodes[at]
-    a = node.args
-    if node.op not in CONVS or ("convolution" in node.op and not a.get("transposed")):
+    node = graph.nodes[found[0]]
+    if node.op not in CONVS or ("convolution" in node.op and not node.args.get("transposed")):
         raise NotConvTranspose(f"{node.op}, not a transposed convolution")
-    ops = graph.ops()
-    try:  # what is not elementwise after the chain: the tail, further launches over the chain's value
-        graph, rest = tail.head_and_tail(graph, at, VIEWS, "transposed convolution")
-    except tail.NotTail as e:
-        raise NotConvTranspose(str(e)) from None
-    try:  # launches that make the input, where no forward input or parameter is it
-        graph, src, before = tail.input_prelude(graph, a["input"], VIEWS, "transposed convolution")
-    except tail.NotTail as e:
-        raise NotConvTranspose(str(e)) from None
-    try:  # groups, stride, ... are kept as constants: none may have been computed from a size
-        graph.unsized()
-    except ValueError as e:
-        raise NotConvTranspose(str(e)) from None
-    if src is None or graph.nodes[src[0]].op != INPUT:
-        made = graph.nodes[src[0]].op if src is not None else "no tensor"
-        raise NotConvTranspose(f"a transposed convolution of {made}, not of a forward input")
-    try:
-        weight = conv.tensor(graph, a["weight"], "weight")
-        bias = conv.tensor(graph, a.get("bias"), "bias")
-        after_chain, extras = conv.epilogue(graph, at)
-    except conv.NotConv as e:
-        raise NotConvTranspose(str(e).replace("convolution", "transposed convolution")) from None
-    w_meta = graph.meta(graph.ref(a["weight"]))
-    x_meta = graph.meta(graph.ref(a["input"]))
-    spatial = len(w_meta.shape) - 2
-    if not 1 <= spatial <= 3 or len(x_meta.shape) != spatial + 2:
-        raise NotConvTranspose(
-            f"a transposed convolution of a {len(x_meta.shape)}-D input by a {len(w_meta.shape)}-D weight"
-        )
-    if x_meta.dtype not in FLOATS or w_meta.dtype != x_meta.dtype:
-        raise NotConvTranspose(f"a transposed convolution of {x_meta.dtype} by {w_meta.dtype}")
+    return found[0]
 
-    def listed(key: str, default: int) -> list[int]:
-        v = a.get(key, default)
-        v = v if isinstance(v, list) else [v]
-        return [int(e) for e in v] * (spatial if len(v) == 1 else 1)
 
-    stride, padding, dilation = listed("stride", 1), listed("padding", 0), listed("dilation", 1)
-    output_padding = listed("output_padding", 0)
-    if any(p < 0 for p in padding + output_padding) or any(s < 1 for s in stride) or min(dilation) < 1:
+def compose(graph: Graph) -> dict:
+    """The spec of a graph that is one transposed convolution of a forward input (or of a prelude's
+    value) and the elementwise chain after it, up to the output: the head the composer cut
+    (compose/stages.with_stages). Raises NotConvTranspose naming what is not."""
+    at = head(graph)
+    a = graph.nodes[at].args
+    # groups, stride, ... are kept as constants: none may have been computed from a size
+    unsized(graph, NotConvTranspose)
+    spec = conv.common(graph, at, "transposed convolution", NotConvTranspose)
+    dims = {k: conv.per_dim(a, k, spec["spatial"]) for k in conv.PER_DIM}
+    negative = min(dims["padding"] + dims["output_padding"]) < 0
+    if negative or min(dims["stride"]) < 1 or min(dims["dilation"]) < 1:
+        stride, padding, dilation, output_padding = (dims[k] for k in conv.PER_DIM)
         raise NotConvTranspose(
             f"stride {stride}, padding {padding}, output padding {output_padding}, dilation {dilation}"
         )
-    groups = int(a.get("groups", 1))
-    out_dtype = graph.meta(tuple(graph.outputs[0])).dtype
-    if out_dtype not in FLOATS:
-        raise NotConvTranspose("an output that is not floating point")
-    return {
-        "input": int(graph.nodes[src[0]].args["index"]),
-        "weight": weight,
-        "bias": bias,
-        "extras": extras,
-        "epilogue": after_chain["body"] if after_chain else [],
-        "epilogue_result": after_chain["result"] if after_chain else "v0",
-        "helpers": after_chain["helpers"] if after_chain else [],
-        "spatial": spatial,
-        "stride": stride,
-        "padding": padding,
-        "output_padding": output_padding,
-        "dilation": dilation,
-        "groups": groups,
-        "c_in_g": int(w_meta.shape[0]) // max(groups, 1),
-        "c_out_g": int(w_meta.shape[1]),
-        "taps": [int(k) for k in w_meta.shape[2:]],
-        "dtype": x_meta.dtype,
-        "out_dtype": None if out_dtype == x_meta.dtype else out_dtype,
-        "tail": rest,
-        "prelude": before,
-        "ops": ops,
-    }
-
-
-matches = matches_by(compose)
+    w = graph.meta(graph.ref(a["weight"])).shape
+    return {**spec, **dims, "c_in_g": int(w[0]) // max(spec["groups"], 1), "c_out_g": int(w[1])}
 
 
 def refine(spec: dict, problem_source: str | None) -> dict | None:
@@ -455,33 +407,27 @@ def refine(spec: dict, problem_source: str | None) -> dict | None:
     return conv.refine(spec, problem_source)
 
 
-def render(spec: dict, knobs: dict[str, Any], signature: dict[str, list[str]]) -> str:
-    forward = signature["forward"]
-    if "init_body" in spec:
-        params = f"self, {spec['init_params']}" if spec["init_params"] else "self"
-        body = "".join(f"        {line}\n" for line in spec["init_body"].splitlines())
-    else:  # no parameter of the model's is read: the problem's constructor is not needed
-        params = "self" + model_source.init_args(signature, "".join(f", {a}=None" for a in signature["init"]))
-        body = "        super().__init__()\n"
-    before = spec.get("prelude")
-    names = tail.reading(forward, before)  # the prelude's value among forward's tensors
-    x, w, b = names[spec["input"]], conv.read(spec["weight"], names), conv.read(spec["bias"], names)
-    geometry = "STRIDE, PADDING, DILATION, OUTPUT_PADDING, GROUPS"
+def reads(spec: dict) -> list[list]:
+    """The tensors the head's launch reads: its input, weight and bias, and the chain's tensors."""
+    return conv.reads(spec)
+
+
+def title(spec: dict, knobs: dict[str, Any]) -> str:
+    """The candidate's docstring, as far as the head goes."""
+    how = "Accumulated in fp32" + (", the chain applied before the one store" if spec["epilogue"] else "")
+    return graph_doc(f"{spec['spatial']}-D transposed convolution with its chain", FAMILY, spec, knobs, how)
+
+
+def sections(spec: dict, knobs: dict[str, Any]) -> list[str]:
+    """The head's part of the candidate module: the geometry and knobs as constants, the strategy's parts
+    (an nd strategy's with conv's dot and the chain)."""
     strategy = knobs["strategy"]
-    knob_text = ", ".join(f"{k}={v}" for k, v in knobs.items())
-    doc = (
-        f"{spec['spatial']}-D transposed convolution with its chain: {', '.join(spec['ops'])}: kernelbrain "
-        f"conv_transpose family ({knob_text}).\n\nAccumulated in fp32"
-        + (", the chain applied before the one store" if spec["epilogue"] else "")
-        + ", composed from the reference's ATen graph.\n"
-    )
-    sections = [
+    out = [
         constants(STRIDE=spec["stride"], PADDING=spec["padding"], DILATION=spec["dilation"]),
         constants(OUTPUT_PADDING=spec["output_padding"], GROUPS=spec["groups"]),
     ]
     if strategy in STRATEGIES_2D:
-        call = f"_launch({x}, {w}, {b}, {geometry})"
-        sections += [
+        out += [
             constants(
                 PHASE=strategy in ("phase", "phase_dot"),
                 DOT=strategy == "phase_dot",
@@ -494,42 +440,30 @@ def render(spec: dict, knobs: dict[str, Any], signature: dict[str, list[str]]) -
                 FP32_DOT=fp32_dot(knobs),
                 PREPACK=bool(knobs.get("prepack", False)),
             ),
-            parts(PARTS, *KERNEL_PARTS, *HOST_PARTS),
+            parts_of(PARTS, *KERNEL_PARTS, *HOST_PARTS),
         ]
     else:
-        dtype = f"torch.{spec['out_dtype']}" if spec["out_dtype"] else "None"
-        extras = ", ".join(conv.read(e, names) for e in spec["extras"])
-        call = (
-            f"_convt_nd_launch(\n            {x}, {w}, {b}, [{extras}], {geometry}, {dtype},\n"
-            "            DOT, PHASE_W, FP32_DOT, BLOCK_M, BLOCK_N, BLOCK_K, NUM_WARPS, NUM_STAGES,\n        )"
-        )
-        sections += [
+        out += [
             constants(DOT=strategy == "nd_dot", PHASE_W=bool(knobs["phase_w"]), FP32_DOT=fp32_dot(knobs)),
             constants(BLOCK_M=knobs["block_m"], BLOCK_N=knobs["block_n"], BLOCK_K=knobs["block_k"]),
             constants(NUM_WARPS=knobs["num_warps"], NUM_STAGES=knobs["num_stages"]),
-            parts(pointwise.PARTS, *spec["helpers"]) if spec["helpers"] else "",
+            pointwise.helper_parts(spec),
             chain("_epilogue", spec["epilogue"], spec["epilogue_result"]),
-            parts(conv.PARTS, *CONV_PARTS),
-            parts(PARTS, *ND_PARTS),
+            parts_of(conv.PARTS, *CONV_PARTS),
+            parts_of(PARTS, *ND_PARTS),
         ]
-    sections.append(parts(pointwise.PARTS, "_model_tensor"))
-    rest = spec.get("tail")
-    tail_call = ""
-    if rest is not None:  # the second launch: the tail over the convolution's chain's value
-        args = ["kb_h", *(conv.read(s, forward) for s in rest["sources"])]
-        tail_call = tail.call(rest, args, "kb_h")
-        sections.append(tail.render_parts(rest))
-        doc += f"\nThen the tail over its value, composed by memory-bound families: {tail.describe(rest)}.\n"
-    prelude_call = ""
-    if before is not None:  # launches before: what makes the convolution's input
-        prelude_call = tail.prelude_call(before, forward, conv.read)
-        sections.append(tail.render_parts(before, tail.PRE))
-        doc += f"\nIts input made first, by launches of their own: {tail.describe(before)}.\n"
-    model = f"""class ModelNew(nn.Module):
-    def __init__({params}):
-{body}
-    def forward(self, {", ".join(forward)}):
-{prelude_call}        kb_h = {call}
-{tail_call}        return kb_h
-"""
-    return module(doc, *sections, model)
+    return [*out, parts_of(pointwise.PARTS, "_model_tensor")]
+
+
+def launch(spec: dict, knobs: dict[str, Any], names: list[str]) -> str:
+    """The line of forward setting kb_h: `names` the tensors by input index (a prelude's value too)."""
+    x, w, b = names[spec["input"]], render.tensor(spec["weight"], names), render.tensor(spec["bias"], names)
+    geometry = "STRIDE, PADDING, DILATION, OUTPUT_PADDING, GROUPS"
+    if knobs["strategy"] in STRATEGIES_2D:
+        return f"        kb_h = _launch({x}, {w}, {b}, {geometry})\n"
+    dtype = dtype_of(spec["out_dtype"], "None")
+    extras = ", ".join(render.tensor(e, names) for e in spec["extras"])
+    return (
+        f"        kb_h = _convt_nd_launch(\n            {x}, {w}, {b}, [{extras}], {geometry}, {dtype},\n"
+        "            DOT, PHASE_W, FP32_DOT, BLOCK_M, BLOCK_N, BLOCK_K, NUM_WARPS, NUM_STAGES,\n        )\n"
+    )

@@ -21,18 +21,16 @@ from __future__ import annotations
 from typing import Any
 
 from kernelbrain.core.graph import INPUT, PARAM, Graph, Node
-from kernelbrain.templates import model_source, sizing
-from kernelbrain.templates.base import (
-    FLOATS,
-    MORE_WARPS,
-    Refusal,
-    matches_by,
-    one_output,
-    tile_mutations,
-    unsized,
-)
+from kernelbrain.templates import base, model_source, sizing
 from kernelbrain.templates.families import pointwise, reduce
-from kernelbrain.templates.render import chain, constants, knob_text, module, parts, refined_model
+from kernelbrain.templates.render import (
+    constants,
+    dtype_of,
+    graph_doc,
+    module,
+    parts_of,
+    refined_model,
+)
 
 FAMILY = "cross_entropy"
 PARTS = f"{__name__}.parts"
@@ -50,9 +48,9 @@ BLOCKS = (256, 512, 1024, 2048, 4096, 8192, 16384)
 MAX_ROWS = 256
 MAX_PER_THREAD = 64  # tile elements a thread holds: past this the fp32 tile and its exp spill
 
-MUTATIONS = tile_mutations(
+MUTATIONS = base.tile_mutations(
     near_peak=[("larger_tiles", "more bytes in flight a program, fewer chunk reductions")],
-    latency=[MORE_WARPS, ("fewer_rows", "fewer rows a program: more programs where rows are few")],
+    latency=[base.MORE_WARPS, ("fewer_rows", "fewer rows a program: more programs where rows are few")],
     launch=[("more_rows", "fewer, fatter programs: several short rows each")],
     spills=[("smaller_tiles", "a smaller tile, the row streamed in more chunks")],
     compute=[("fewer_warps", "fewer warps, more registers each for the exp")],
@@ -74,7 +72,7 @@ _OF_ROWS = {
 TARGETS = {"int64", "int32", "int16", "uint8"}
 
 
-class NotCrossEntropy(Refusal):
+class NotCrossEntropy(base.Refusal):
     """What the graph holds that this family cannot compose."""
 
 
@@ -112,7 +110,7 @@ def _weight(graph: Graph, value: Any, n_cls: int) -> dict | None:
         raise NotCrossEntropy("class weights that are a tensor attribute, neither parameter nor buffer")
     node = _input(graph, value, "class weight")
     meta = node.outs[0]
-    if meta.shape != [n_cls] or meta.dtype not in FLOATS:
+    if meta.shape != [n_cls] or meta.dtype not in base.FLOATS:
         raise NotCrossEntropy(f"class weights of {meta.dtype} and shape {meta.shape}")
     if node.op == PARAM:
         return {"param": str(node.args["name"])}
@@ -123,8 +121,8 @@ def compose(graph: Graph) -> dict:
     """The spec of a graph that is one NLL loss (of a log-softmax, or of log-probabilities) of an
     elementwise chain, with a chain on its value. Raises NotCrossEntropy (or pointwise.NotPointwise)
     naming what is not."""
-    one_output(graph, NotCrossEntropy)
-    unsized(graph, NotCrossEntropy)
+    base.one_output(graph, NotCrossEntropy)
+    base.unsized(graph, NotCrossEntropy)
     for node in graph.nodes:
         if node.op in _OTHER_NLL:
             raise NotCrossEntropy(_OTHER_NLL[node.op])
@@ -221,7 +219,7 @@ def _after(graph: Graph, at: int, mode: int) -> dict:
     return {**mapped, "mode": mode}
 
 
-matches = matches_by(compose)
+matches = base.matches_by(compose)
 
 
 def refine(spec: dict, problem_source: str | None) -> dict | None:
@@ -243,14 +241,9 @@ def render(spec: dict, knobs: dict[str, Any], signature: dict[str, list[str]]) -
         weight_text = f"_named(self, {weight['param']!r})"
     else:
         weight_text = forward[weight["input"]]
-    lp_dtype = "floats[0] if len(set(floats)) == 1 else torch.float32"
-    if spec["chain_dtype"] is not None:
-        lp_dtype = f"torch.{spec['chain_dtype']}"
-    out_dtype = f"torch.{spec['dtype']}" if spec["dtype"] is not None else "lp_dtype"
-    doc = (
-        f"Cross entropy: {', '.join(spec['ops'])}: kernelbrain cross_entropy family ({knob_text(knobs)}).\n\n"
-        "The logits read once, each row's loss in fp32, composed from the reference's ATen graph.\n"
-    )
+    lp_dtype = dtype_of(spec["chain_dtype"], "floats[0] if len(set(floats)) == 1 else torch.float32")
+    out_dtype = dtype_of(spec["dtype"], "lp_dtype")
+    doc = graph_doc("Cross entropy", FAMILY, spec, knobs, "The logits read once, each row's loss in fp32")
     lines = f"""\
         xs = [{xs}]
         floats = [x.dtype for x in xs if x.dtype != torch.bool]
@@ -264,9 +257,8 @@ def render(spec: dict, knobs: dict[str, Any], signature: dict[str, list[str]]) -
         constants(IGNORE_INDEX=spec["ignore_index"], MODE=spec["mode"], LOG_SOFTMAX=spec["log_softmax"])
         + constants(PROLOGUE=bool(spec["prologue"])),
         pointwise.helper_parts(spec),
-        chain("_prologue", spec["prologue"], spec["prologue_result"]),
-        chain("_epilogue", spec["epilogue"], spec["epilogue_result"]),
-        parts(
+        *pointwise.chains(spec),
+        parts_of(
             PARTS, "_rounded", "_logits", "_row_losses", "_ce_kernel", "_named", "MAX_PROGRAMS", "_ce_launch"
         ),
         refined_model(spec, signature, lines),

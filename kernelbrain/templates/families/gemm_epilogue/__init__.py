@@ -34,7 +34,7 @@ from typing import Any
 from kernelbrain.core.graph import Graph
 from kernelbrain.templates import limits, sizing
 from kernelbrain.templates.base import FLOATS
-from kernelbrain.templates.render import constants, init_with, knob_text, model_class, module, parts
+from kernelbrain.templates.render import constants, init_with, knob_text, model_class, module, parts_of
 
 FAMILY = "gemm_epilogue"
 PARTS = f"{__name__}.parts"
@@ -292,6 +292,6 @@ def render(spec: dict, knobs: dict[str, Any], signature: dict[str, list[str]]) -
         constants(BLOCK_M=knobs["block_m"], BLOCK_N=knobs["block_n"], BLOCK_K=knobs["block_k"]),
         constants(GROUP_M=knobs["group_m"], NUM_WARPS=knobs["num_warps"], NUM_STAGES=knobs["num_stages"]),
         constants(DIVISOR=spec.get("divisor")),
-        parts(PARTS, "_epilogue_op", "_gemm_kernel", "_gemm_launch"),
+        parts_of(PARTS, "_epilogue_op", "_gemm_kernel", "_gemm_launch"),
         model_class(init_with(signature, defaults), body, ", ".join(signature["forward"]), lines),
     )

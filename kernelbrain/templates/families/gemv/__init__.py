@@ -33,7 +33,7 @@ from typing import Any
 from kernelbrain.core.graph import Graph
 from kernelbrain.templates import limits, sizing
 from kernelbrain.templates.base import FLOATS
-from kernelbrain.templates.render import constants, knob_text, module, parts, plain_model
+from kernelbrain.templates.render import constants, knob_text, module, parts_of, plain_model
 
 FAMILY = "gemv"
 PARTS = f"{__name__}.parts"
@@ -180,6 +180,6 @@ def render(spec: dict, knobs: dict[str, Any], signature: dict[str, list[str]]) -
         doc,
         constants(BLOCK_M=knobs["block_m"], BLOCK_K=knobs["block_k"]),
         constants(SPLIT_K=knobs.get("split_k", 1) if split else 1, NUM_WARPS=knobs["num_warps"], CHUNK=CHUNK),
-        parts(PARTS, "_gemv_kernel", "_sum_splits_kernel", "_gemv_launch", "_matvec"),
+        parts_of(PARTS, "_gemv_kernel", "_sum_splits_kernel", "_gemv_launch", "_matvec"),
         plain_model(signature, f"        return {call}\n"),
     )

@@ -13,7 +13,7 @@ copy makes them identical), and its forward passes the same normalized_shape, we
 expressions Model's forward does (for `self.<ln>(x)`: that module's own attributes), evaluated at
 run time. A constructor or forward it cannot reproduce is no match.
 
-After a compute-bound op the layer norm is a stage of its tail (compose/tail.py), composed from the
+After a compute-bound op the layer norm is a stage of its tail (compose/stages.py), composed from the
 ATen graph instead (`compose`): there `aten.native_layer_norm` records normalized_shape, eps and which
 tensors are the weight and bias, inputs of the tail's graph like the value it normalises.
 """

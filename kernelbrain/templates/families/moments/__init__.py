@@ -18,19 +18,9 @@ from __future__ import annotations
 from typing import Any
 
 from kernelbrain.core.graph import INPUT, PARAM, Graph
-from kernelbrain.templates import model_source, sizing
-from kernelbrain.templates.base import (
-    FLOATS,
-    MORE_WARPS,
-    Refusal,
-    matches_by,
-    one_output,
-    the_one,
-    tile_mutations,
-    unsized,
-)
+from kernelbrain.templates import base, model_source, sizing
 from kernelbrain.templates.families import pointwise
-from kernelbrain.templates.render import constants, knob_text, module, parts, refined_model
+from kernelbrain.templates.render import constants, graph_doc, module, parts_of, refined_model
 
 FAMILY = "moments"
 PARTS = f"{__name__}.parts"
@@ -41,14 +31,14 @@ ROUND0: list[dict[str, Any]] = [
     for b, s, w in ((1024, 64, 4), (2048, 16, 8), (4096, 128, 8), (512, 8, 4))
 ]
 BLOCKS = (256, 512, 1024, 2048, 4096, 8192)
-MUTATIONS = tile_mutations(
-    latency=[("more_split", "more programs on each statistic keep more SMs reading"), MORE_WARPS]
+MUTATIONS = base.tile_mutations(
+    latency=[("more_split", "more programs on each statistic keep more SMs reading"), base.MORE_WARPS]
 )
 NORMS = {"aten.native_batch_norm.default", "aten.native_group_norm.default"}
 _VIEWS = {"aten.view.default", "aten._unsafe_view.default", "aten.reshape.default"}
 
 
-class NotMoments(Refusal):
+class NotMoments(base.Refusal):
     """What the graph holds that this family cannot compose."""
 
 
@@ -80,10 +70,10 @@ def _param(graph: Graph, value: Any, repeated: bool = False) -> str | None:
 
 def compose(graph: Graph) -> dict:
     """The spec of a graph that is one batch-statistics normalisation of a forward input."""
-    one_output(graph, NotMoments)
-    at = the_one(graph, NORMS, NotMoments, "batch-statistics norms")
+    base.one_output(graph, NotMoments)
+    at = base.the_one(graph, NORMS, NotMoments, "batch-statistics norms")
     # a group norm's sizes are its input's, read from it at each call
-    unsized(graph, NotMoments, {(at, "N"), (at, "C"), (at, "HxW")})
+    base.unsized(graph, NotMoments, {(at, "N"), (at, "C"), (at, "HxW")})
     node = graph.nodes[at]
     a = node.args
     src = graph.ref(a["input"])
@@ -93,7 +83,7 @@ def compose(graph: Graph) -> dict:
     if start is None or graph.nodes[start[0]].op != INPUT:
         raise NotMoments("a norm of what is not a forward input")
     x_meta = graph.meta(fed)
-    if len(x_meta.shape) < 2 or x_meta.dtype not in FLOATS:
+    if len(x_meta.shape) < 2 or x_meta.dtype not in base.FLOATS:
         raise NotMoments(f"a norm of a {x_meta.dtype} tensor of shape {x_meta.shape}")
     post = _after(graph, (at, 0), x_meta.shape if viewed else None)
     spec: dict[str, Any] = {
@@ -198,7 +188,7 @@ def counters(graph: Graph) -> list[str]:
     ]
 
 
-matches = matches_by(compose)
+matches = base.matches_by(compose)
 
 
 def refine(spec: dict, problem_source: str | None) -> dict | None:
@@ -217,12 +207,8 @@ def state(name: str | None, buffer: bool) -> str:
 def render(spec: dict, knobs: dict[str, Any], signature: dict[str, list[str]]) -> str:
     forward = signature["forward"]
     running = spec["running"] or [None, None]
-    doc = (
-        f"{spec['mode'].capitalize()} norm: {', '.join(spec['ops'])}: kernelbrain moments family "
-        f"({knob_text(knobs)}).\n\n"
-        "Statistics of the batch in fp32 from one read, then one map, composed from the reference's ATen "
-        "graph.\n"
-    )
+    how = "Statistics of the batch in fp32 from one read, then one map"
+    doc = graph_doc(f"{spec['mode'].capitalize()} norm", FAMILY, spec, knobs, how)
     lines = f"""\
         return _moments_launch(
             {forward[spec["input"]]}{spec.get("pre", "")}, MODE, GROUP,
@@ -235,6 +221,6 @@ def render(spec: dict, knobs: dict[str, Any], signature: dict[str, list[str]]) -
         doc,
         constants(BLOCK=knobs["block"], SPLIT=knobs["split"], NUM_WARPS=knobs["num_warps"]),
         constants(MODE=spec["mode"], GROUP=spec["group"], EPS=spec["eps"], MOMENTUM=spec["momentum"]),
-        parts(PARTS, "_moments_kernel", "_moments_finish", "_moments_map", "_moments_launch"),
+        parts_of(PARTS, "_moments_kernel", "_moments_finish", "_moments_map", "_moments_launch"),
         refined_model(spec, signature, lines),
     )

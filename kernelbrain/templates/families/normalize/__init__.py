@@ -18,7 +18,7 @@ from typing import Any
 from kernelbrain.core.graph import INPUT, Graph, Node
 from kernelbrain.templates.base import Refusal, matches_by, the_one, unsized
 from kernelbrain.templates.families import pointwise, reduce
-from kernelbrain.templates.render import chain, constants, knob_text, module, parts, plain_model
+from kernelbrain.templates.render import chain, constants, dtype_of, graph_doc, module, parts_of, plain_model
 
 FAMILY = "normalize"
 
@@ -108,12 +108,9 @@ def render(spec: dict, knobs: dict[str, Any], signature: dict[str, list[str]]) -
     stat_xs = ", ".join(forward[i] for i in stat["inputs"])
     # the statistic's slot comes after forward's inputs (named so that no parameter of forward is it)
     map_xs = ", ".join(forward[i] if i < spec["n_forward"] else "kb_stat" for i in mapped["inputs"])
-    dtype = f"torch.{mapped['dtype']}" if mapped["dtype"] is not None else "None"
-    doc = (
-        f"Normalisation: {', '.join(spec['ops'])}: kernelbrain normalize family ({knob_text(knobs)}).\n\n"
-        "A statistic per reduced row, then the elementwise map with it, in fp32, composed from the "
-        "reference's ATen graph.\n"
-    )
+    dtype = dtype_of(mapped["dtype"], "None")
+    how = "A statistic per reduced row, then the elementwise map with it, in fp32"
+    doc = graph_doc("Normalisation", FAMILY, spec, knobs, how)
     lines = f"""\
         kb_stat = _reduce_launch([{stat_xs}], DIMS, True if DIMS else False, torch.float32, OP, PRE, POST,
                               BLOCK_K, BLOCK_R, SPLIT, NUM_WARPS)
@@ -131,12 +128,11 @@ def render(spec: dict, knobs: dict[str, Any], signature: dict[str, list[str]]) -
         constants(DIMS=stat["dims"], OP=stat["op"], PRE=stat["pre"], POST=stat["post"])
         + f"OUT_DTYPE = {dtype}\n",
         pointwise.helper_parts(stat, mapped),
-        chain("_prologue", stat["prologue"], stat["prologue_result"]),
-        chain("_epilogue", stat["epilogue"], stat["epilogue_result"]),
+        *pointwise.chains(stat),
         chain("_body", mapped["body"], mapped["result"]),
         reduce.shared_parts(),
-        parts(reduce.PARTS, "_reduce_kernel", "_reduce_launch"),
-        parts(pointwise.PARTS, "_load", "_flat_tile", "_flat_kernel", "_flat_persistent_kernel"),
-        parts(pointwise.PARTS, "_strided_offset", "_strided_kernel", "MAX_DIMS", "_collapsed", "_launch"),
+        parts_of(reduce.PARTS, "_reduce_kernel", "_reduce_launch"),
+        parts_of(pointwise.PARTS, "_load", "_flat_tile", "_flat_kernel", "_flat_persistent_kernel"),
+        parts_of(pointwise.PARTS, "_strided_offset", "_strided_kernel", "MAX_DIMS", "_collapsed", "_launch"),
         plain_model(signature, lines),
     )

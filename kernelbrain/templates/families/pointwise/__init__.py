@@ -23,7 +23,16 @@ from typing import Any
 from kernelbrain.core.graph import INPUT, PARAM, Graph, Meta, Node
 from kernelbrain.templates import sizing
 from kernelbrain.templates.base import FLOATS, MORE_WARPS, Refusal, matches_by, tile_mutations
-from kernelbrain.templates.render import chain, constants, knob_text, module, parts, plain_model
+from kernelbrain.templates.render import (
+    PROMOTED,
+    chain,
+    constants,
+    dtype_of,
+    knob_text,
+    module,
+    parts_of,
+    plain_model,
+)
 
 FAMILY = "pointwise"
 PARTS = f"{__name__}.parts"
@@ -419,6 +428,13 @@ def compose(graph: Graph, views: bool = False) -> dict:
     }
 
 
+def through(graph: Graph, ref: tuple[int, int] | None) -> tuple[int, int] | None:
+    """`ref` followed back past the ops that hand their input on (PASS_THROUGH: detach, clone, alias)."""
+    while ref is not None and graph.nodes[ref[0]].op in PASS_THROUGH:
+        ref = graph.ref(graph.nodes[ref[0]].args.get("self"))
+    return ref
+
+
 def carry(graph: Graph, j: int, moved: dict[tuple[int, int], list[int]], nodes: list[Node]) -> None:
     """Node j of `graph` appended to `nodes`, a chain being built apart from it: its references renumbered
     by `moved` (each a value already carried), and where its value now is recorded there."""
@@ -443,10 +459,19 @@ def around(before: dict, after: dict | None) -> dict:
     }
 
 
+def chains(spec: dict, params: str = "v0, v1, v2, v3") -> list[str]:
+    """A spec's prologue and epilogue (`around`'s fields) as the candidate's `_prologue` and `_epilogue`
+    functions of `params`, two sections of its module."""
+    return [
+        chain("_prologue", spec["prologue"], spec["prologue_result"], params),
+        chain("_epilogue", spec["epilogue"], spec["epilogue_result"], params),
+    ]
+
+
 def helper_parts(*specs: dict) -> str:
     """The helpers of PARTS that the specs' chains call, each once in HELPERS' order ("" where none)."""
     used = [h for h in HELPERS if any(h in s["helpers"] for s in specs)]
-    return parts(PARTS, *used) if used else ""
+    return parts_of(PARTS, *used) if used else ""
 
 
 def _check_broadcast(shape: list[int], out: list[int], what: str) -> None:
@@ -466,11 +491,7 @@ def render(spec: dict, knobs: dict[str, Any], signature: dict[str, list[str]]) -
     forward = signature["forward"]
     views = spec.get("views") or [""] * len(spec["inputs"])  # a spec recorded before views had none
     xs = ", ".join(forward[i] + view for i, view in zip(spec["inputs"], views, strict=True))
-    # float inputs of one dtype keep it, mixed ones promote to float32 (in Python: torch.promote_types
-    # is an ATen call, which a candidate may not make)
-    dtype = "xs[0].dtype if all(x.dtype == xs[0].dtype for x in xs) else torch.float32"
-    if spec["dtype"] is not None:
-        dtype = f"torch.{spec['dtype']}"
+    dtype = dtype_of(spec["dtype"], PROMOTED)
     ctas = knobs.get("ctas_per_sm", 0) if knobs["strategy"] == "persistent" else 0
     doc = (
         f"Elementwise chain of {', '.join(spec['ops'])}: kernelbrain pointwise family "
@@ -488,9 +509,9 @@ def render(spec: dict, knobs: dict[str, Any], signature: dict[str, list[str]]) -
     return module(
         doc,
         constants(BLOCK=knobs["block"], NUM_WARPS=knobs["num_warps"], CTAS_PER_SM=ctas),
-        parts(PARTS, *spec["helpers"]) if spec["helpers"] else "",
+        parts_of(PARTS, *spec["helpers"]) if spec["helpers"] else "",
         chain("_body", spec["body"], spec["result"]),
-        parts(PARTS, *kernels, "_strided_kernel"),
-        parts(PARTS, *launcher),
+        parts_of(PARTS, *kernels, "_strided_kernel"),
+        parts_of(PARTS, *launcher),
         plain_model(signature, lines),
     )

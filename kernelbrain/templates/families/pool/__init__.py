@@ -18,7 +18,7 @@ from kernelbrain.core.graph import INPUT, Graph, Node
 from kernelbrain.templates import sizing
 from kernelbrain.templates.base import Refusal, matches_by, one_output, the_one, tile_mutations, unsized
 from kernelbrain.templates.families import pointwise
-from kernelbrain.templates.render import chain, constants, knob_text, module, parts, plain_model
+from kernelbrain.templates.render import constants, dtype_of, graph_doc, module, parts_of, plain_model
 
 FAMILY = "pool"
 PARTS = f"{__name__}.parts"
@@ -144,12 +144,9 @@ matches = matches_by(compose)
 def render(spec: dict, knobs: dict[str, Any], signature: dict[str, list[str]]) -> str:
     x = signature["forward"][spec["inputs"][0]]
     kind = "max" if spec["max"] else "average"
-    dtype = f"torch.{spec['dtype']}" if spec["dtype"] else f"{x}.dtype"
-    doc = (
-        f"{spec['spatial']}-D {kind} pooling with its chains: {', '.join(spec['ops'])}: kernelbrain pool "
-        f"family ({knob_text(knobs)}).\n\nEach output written once, the window in fp32, composed from the "
-        "reference's ATen graph.\n"
-    )
+    dtype = dtype_of(spec["dtype"], f"{x}.dtype")
+    how = "Each output written once, the window in fp32"
+    doc = graph_doc(f"{spec['spatial']}-D {kind} pooling with its chains", FAMILY, spec, knobs, how)
     lines = f"""\
         return _pool_launch({x}, PRE, POST, SPATIAL, KERNEL, STRIDE, PADDING, DILATION, CEIL, MAX, COUNT_PAD,
                             DIVISOR, {dtype}, BLOCK, NUM_WARPS)
@@ -161,8 +158,7 @@ def render(spec: dict, knobs: dict[str, Any], signature: dict[str, list[str]]) -
         constants(PADDING=spec["padding"], DILATION=spec["dilation"], CEIL=spec["ceil"], MAX=spec["max"]),
         constants(COUNT_PAD=spec["count_pad"], DIVISOR=spec["divisor"], PRE=spec["pre"], POST=spec["post"]),
         pointwise.helper_parts(spec),
-        chain("_prologue", spec["prologue"], spec["prologue_result"], "v0"),
-        chain("_epilogue", spec["epilogue"], spec["epilogue_result"], "v0"),
-        parts(PARTS, "_pool_kernel", "_out_size", "_pool_launch"),
+        *pointwise.chains(spec, "v0"),
+        parts_of(PARTS, "_pool_kernel", "_out_size", "_pool_launch"),
         plain_model(signature, lines),
     )

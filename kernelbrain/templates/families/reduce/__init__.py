@@ -23,12 +23,20 @@ from kernelbrain.core.graph import INPUT, Graph, Node
 from kernelbrain.templates import sizing
 from kernelbrain.templates.base import MORE_WARPS, Refusal, matches_by, tile_mutations
 from kernelbrain.templates.families import pointwise
-from kernelbrain.templates.families.reduce.plan import MAX_SERIAL, plan_reduction
-from kernelbrain.templates.render import chain, constants, knob_text, module, parts, plain_model
+from kernelbrain.templates.families.reduce.planner import MAX_SERIAL, plan_reduction
+from kernelbrain.templates.render import (
+    PROMOTED,
+    constants,
+    dtype_of,
+    graph_doc,
+    module,
+    parts_of,
+    plain_model,
+)
 
 FAMILY = "reduce"
 PARTS = f"{__name__}.parts"
-PLAN = f"{__name__}.plan"  # the launcher's plan, plain Python
+PLAN = f"{__name__}.planner"  # the launcher's plan, plain Python
 
 
 def shared_parts() -> str:
@@ -46,22 +54,26 @@ def shared_parts() -> str:
         "_last",
     )
     kernel_parts = ("_identity", "_times", "_infinite", "_finish", "_prod")
-    return parts(PLAN, *plan_parts, "plan_reduction") + "\n" + parts(PARTS, *kernel_parts)
+    return parts_of(PLAN, *plan_parts, "plan_reduction") + "\n" + parts_of(PARTS, *kernel_parts)
 
 
 # block_k x block_r: kept positions x reduced elements a step, for a reduction along the last axis;
 # along a middle axis (neighbouring kept positions neighbours in memory) the launcher tiles block_r
 # kept positions (fewer when inner is narrower) x the rest of the tile's elements along R
+# (block_k, block_r, split, num_warps) of each set: "split" where R is split, else "loop"
 ROUND0: list[dict[str, Any]] = [
-    {"strategy": "loop", "block_k": 1, "block_r": 1024, "split": 1, "num_warps": 4},
-    {"strategy": "loop", "block_k": 32, "block_r": 256, "split": 1, "num_warps": 8},
-    {"strategy": "split", "block_k": 1, "block_r": 2048, "split": 64, "num_warps": 8},
-    {"strategy": "loop", "block_k": 4, "block_r": 512, "split": 1, "num_warps": 4},
-    {"strategy": "loop", "block_k": 1, "block_r": 4096, "split": 1, "num_warps": 8},
-    {"strategy": "split", "block_k": 1, "block_r": 1024, "split": 16, "num_warps": 4},
-    # a full reduction of a large tensor (a loss): ~1024 programs fill an H200's 132 SMs, each lane's
-    # serial terms stay far inside MAX_SERIAL
-    {"strategy": "split", "block_k": 1, "block_r": 2048, "split": 1024, "num_warps": 8},
+    {"strategy": "split" if split > 1 else "loop", "block_k": k, "block_r": r, "split": split, "num_warps": w}
+    for k, r, split, w in (
+        (1, 1024, 1, 4),
+        (32, 256, 1, 8),
+        (1, 2048, 64, 8),
+        (4, 512, 1, 4),
+        (1, 4096, 1, 8),
+        (1, 1024, 16, 4),
+        # a full reduction of a large tensor (a loss): ~1024 programs fill an H200's 132 SMs, each lane's
+        # serial terms stay far inside MAX_SERIAL
+        (1, 2048, 1024, 8),
+    )
 ]
 BLOCKS = (128, 256, 512, 1024, 2048, 4096, 8192)
 MAX_SPLIT = 4096  # more_split's last parent: up to 16384 chunks of R
@@ -269,16 +281,13 @@ matches = matches_by(compose)
 def render(spec: dict, knobs: dict[str, Any], signature: dict[str, list[str]]) -> str:
     forward = signature["forward"]
     xs = ", ".join(forward[i] for i in spec["inputs"])
-    dtype = "xs[0].dtype if all(x.dtype == xs[0].dtype for x in xs) else torch.float32"
-    if spec["dtype"] is not None:
-        dtype = f"torch.{spec['dtype']}"
+    dtype = dtype_of(spec["dtype"], PROMOTED)
     divisor = "0"
     if spec.get("divide_by"):  # a size of an input's, read from its shape at each call
         index, start, end = spec["divide_by"]
         divisor = f"_prod({forward[index]}.shape[{start}:{end}])"
-    doc = (
-        f"Reduction with its elementwise chains: {', '.join(spec['ops'])}: kernelbrain reduce family "
-        f"({knob_text(knobs)}).\n\nThe input read once, in fp32, composed from the reference's ATen graph.\n"
+    doc = graph_doc(
+        "Reduction with its elementwise chains", FAMILY, spec, knobs, "The input read once, in fp32"
     )
     lines = f"""\
         xs = [{xs}]
@@ -292,10 +301,9 @@ def render(spec: dict, knobs: dict[str, Any], signature: dict[str, list[str]]) -
         constants(**knob_constants, NUM_WARPS=knobs["num_warps"]),
         constants(DIMS=spec["dims"], KEEPDIM=spec["keepdim"]),
         constants(OP=spec["op"], PRE=spec["pre"], POST=spec["post"]),
-        parts(pointwise.PARTS, *spec["helpers"]) if spec["helpers"] else "",
-        chain("_prologue", spec["prologue"], spec["prologue_result"]),
-        chain("_epilogue", spec["epilogue"], spec["epilogue_result"]),
+        parts_of(pointwise.PARTS, *spec["helpers"]) if spec["helpers"] else "",
+        *pointwise.chains(spec),
         shared_parts(),
-        parts(PARTS, "_reduce_kernel", "_reduce_launch"),
+        parts_of(PARTS, "_reduce_kernel", "_reduce_launch"),
         plain_model(signature, lines),
     )

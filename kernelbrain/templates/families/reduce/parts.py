@@ -19,7 +19,7 @@ import triton.language as tl
 from kernelbrain.templates.families.pointwise.parts import chain_stub
 
 # a candidate holds its own copy of the plan (reduce.PLAN)
-from kernelbrain.templates.families.reduce.plan import plan_reduction
+from kernelbrain.templates.families.reduce.planner import plan_reduction
 
 # the candidate's own chains replace these (render.chain)
 _prologue = _epilogue = chain_stub

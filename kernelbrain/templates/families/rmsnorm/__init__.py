@@ -30,7 +30,7 @@ from typing import Any
 from kernelbrain.core.graph import Graph
 from kernelbrain.templates import sizing
 from kernelbrain.templates.base import FLOATS, op_name
-from kernelbrain.templates.render import constants, init_with, knob_text, model_class, module, parts
+from kernelbrain.templates.render import constants, init_with, knob_text, model_class, module, parts_of
 
 FAMILY = "rmsnorm"
 PARTS = f"{__name__}.parts"  # the kernels and launchers, one of each per strategy
@@ -196,7 +196,7 @@ def render(spec: dict, knobs: dict[str, Any], signature: dict[str, list[str]]) -
     return module(
         doc,
         constants(**knob_consts) + constants(DIM=spec["dim"], EPS=float(spec["eps"])),
-        parts(PARTS, f"_rmsnorm_{strategy}_kernel", f"_launch_{strategy}"),
+        parts_of(PARTS, f"_rmsnorm_{strategy}_kernel", f"_launch_{strategy}"),
         model_class(
             init_with(signature, {eps_name: "EPS"} if eps_name else {}),
             body,

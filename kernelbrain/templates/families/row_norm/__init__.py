@@ -30,7 +30,7 @@ from __future__ import annotations
 from typing import Any
 
 from kernelbrain.templates import limits, sizing
-from kernelbrain.templates.render import constants, parts
+from kernelbrain.templates.render import constants, parts_of
 
 PARTS = f"{__name__}.parts"  # the kernels and launchers, one of each per strategy
 
@@ -135,7 +135,7 @@ def kernels(knobs: dict[str, Any], *extra: str) -> str:
     values = {"NUM_WARPS": knobs["num_warps"], "MAX_BLOCK": MAX_BLOCK}
     values |= {name.upper(): knobs[name] for name in ("rows", "block_n", "split") if name in knobs}
     names, _ = STRATEGIES[knobs["strategy"]]
-    return constants(**values) + "\n\n" + parts(PARTS, *names, *extra)
+    return constants(**values) + "\n\n" + parts_of(PARTS, *names, *extra)
 
 
 def launcher(knobs: dict[str, Any]) -> str:

@@ -31,7 +31,7 @@ from typing import Any
 
 from kernelbrain.core.graph import Graph
 from kernelbrain.templates import sizing
-from kernelbrain.templates.render import constants, knob_text, module, parts, plain_model
+from kernelbrain.templates.render import constants, knob_text, module, parts_of, plain_model
 
 FAMILY = "row_softmax"
 PARTS = f"{__name__}.parts"  # the kernels and launchers, one of each per strategy
@@ -185,9 +185,9 @@ def render(spec: dict, knobs: dict[str, Any], signature: dict[str, list[str]]) -
     return module(
         f"{title}: kernelbrain row_softmax template ({knob_text(knobs)}).",
         constants(**consts) + constants(DIM=spec["dim"]),
-        parts(PARTS, *_PARTS[strategy]),
+        parts_of(PARTS, *_PARTS[strategy]),
         # the split launcher warms up and launches `_softmax_kernel`: deferred's kernel under that name
         "_softmax_kernel = _softmax_kernel_deferred\n" if strategy == "deferred" else "",
-        parts(PARTS, *_SPLIT_LAUNCH) if split else "",
+        parts_of(PARTS, *_SPLIT_LAUNCH) if split else "",
         model,
     )

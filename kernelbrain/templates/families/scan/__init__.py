@@ -18,7 +18,7 @@ from kernelbrain.core.graph import INPUT, Graph, Node
 from kernelbrain.templates import sizing
 from kernelbrain.templates.base import Refusal, matches_by, one_output, the_one, tile_mutations, unsized
 from kernelbrain.templates.families import pointwise
-from kernelbrain.templates.render import chain, constants, knob_text, module, parts, plain_model
+from kernelbrain.templates.render import constants, dtype_of, graph_doc, module, parts_of, plain_model
 
 FAMILY = "scan"
 PARTS = f"{__name__}.parts"
@@ -47,13 +47,6 @@ def feasible(spec: dict, knobs: dict[str, Any]) -> bool:
     return 32 * knobs["num_warps"] <= knobs["block_k"] * knobs["block_r"] <= 8192
 
 
-def _through(graph: Graph, ref: tuple[int, int] | None) -> tuple[int, int] | None:
-    """`ref` past detach/clone/alias nodes."""
-    while ref is not None and graph.nodes[ref[0]].op in pointwise.PASS_THROUGH:
-        ref = graph.ref(graph.nodes[ref[0]].args.get("self"))
-    return ref
-
-
 def _bound(value: int, size: int) -> list[int]:
     """A traced slice bound as the launcher reads it: [0, v] for v itself, [1, v] for the axis's size plus
     v, whichever is nearer (the trace has `x.size(d) - 1` as a number; at another shape it is another)."""
@@ -63,7 +56,7 @@ def _bound(value: int, size: int) -> list[int]:
 
 def _fill_of(graph: Graph, ref: tuple[int, int] | None, dim: int) -> tuple[int, float]:
     """The length along `dim` and the value of a constant-filled tensor (zeros_like, ...)."""
-    ref = _through(graph, ref)
+    ref = pointwise.through(graph, ref)
     if ref is None:
         raise NotScan("a concatenation of no tensor")
     node = graph.nodes[ref[0]]
@@ -186,15 +179,10 @@ matches = matches_by(compose)
 def render(spec: dict, knobs: dict[str, Any], signature: dict[str, list[str]]) -> str:
     forward = signature["forward"]
     xs = ", ".join(forward[i] for i in spec["inputs"])
-    dtype = "floats[0] if len(set(floats)) == 1 else torch.float32"
-    if spec["dtype"] is not None:
-        dtype = f"torch.{spec['dtype']}"
+    dtype = dtype_of(spec["dtype"], "floats[0] if len(set(floats)) == 1 else torch.float32")
     kind = "cumulative product" if spec["op"] else "cumulative sum"
-    doc = (
-        f"Scan ({kind}) with its chains: {', '.join(spec['ops'])}: kernelbrain scan family "
-        f"({knob_text(knobs)}).\n\n"
-        "Each element read and written once, in fp32, composed from the reference's ATen graph.\n"
-    )
+    how = "Each element read and written once, in fp32"
+    doc = graph_doc(f"Scan ({kind}) with its chains", FAMILY, spec, knobs, how)
     lines = f"""\
         xs = [{xs}]
         floats = [x.dtype for x in xs if x.dtype != torch.bool]
@@ -207,8 +195,7 @@ def render(spec: dict, knobs: dict[str, Any], signature: dict[str, list[str]]) -
         constants(DIM=spec["dim"], OP=spec["op"], SLICES=spec["slices"]),
         constants(BEFORE=spec["before"], AFTER=spec["after"]),
         pointwise.helper_parts(spec),
-        chain("_prologue", spec["prologue"], spec["prologue_result"]),
-        chain("_epilogue", spec["epilogue"], spec["epilogue_result"]),
-        parts(PARTS, "_scan_kernel", "_at", "_back", "_scan_launch"),
+        *pointwise.chains(spec),
+        parts_of(PARTS, "_scan_kernel", "_at", "_back", "_scan_launch"),
         plain_model(signature, lines),
     )

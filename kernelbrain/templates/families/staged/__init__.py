@@ -15,9 +15,9 @@ from __future__ import annotations
 from typing import Any
 
 from kernelbrain.core.graph import INPUT, Graph, Node
+from kernelbrain.templates import render as rendering
 from kernelbrain.templates.base import Refusal, matches_by, one_output, unsized
 from kernelbrain.templates.families import pointwise, reduce
-from kernelbrain.templates.render import chain, constants, knob_text, module, parts, plain_model, renamed
 
 FAMILY = "staged"
 ROUND0 = reduce.ROUND0
@@ -70,19 +70,18 @@ def stage_parts(spec: dict) -> list[str]:
     """Each stage's chains and reduce kernel and launcher, its names suffixed with its index."""
     out = []
     for k, stage in enumerate(spec["stages"]):
-        chains = chain("_prologue", stage["prologue"], stage["prologue_result"])
-        chains += "\n\n" + chain("_epilogue", stage["epilogue"], stage["epilogue_result"])
-        text = chains + "\n\n" + parts(reduce.PARTS, "_reduce_kernel", "_reduce_launch")
-        out.append(renamed(text, f"_{k}", _PER_STAGE))
+        chains = rendering.chain("_prologue", stage["prologue"], stage["prologue_result"])
+        chains += "\n\n" + rendering.chain("_epilogue", stage["epilogue"], stage["epilogue_result"])
+        text = chains + "\n\n" + rendering.parts_of(reduce.PARTS, "_reduce_kernel", "_reduce_launch")
+        out.append(rendering.renamed(text, f"_{k}", _PER_STAGE))
     return out
 
 
 def render(spec: dict, knobs: dict[str, Any], signature: dict[str, list[str]]) -> str:
     forward = signature["forward"]
     stages = spec["stages"]
-    doc = (
-        f"{len(stages)} reductions in sequence: {', '.join(spec['ops'])}: kernelbrain staged family "
-        f"({knob_text(knobs)}).\n\nEach stage one launch in fp32, composed from the reference's ATen graph.\n"
+    doc = rendering.graph_doc(
+        f"{len(stages)} reductions in sequence", FAMILY, spec, knobs, "Each stage one launch in fp32"
     )
 
     def name(i: int) -> str:  # a forward input, or an earlier stage's value
@@ -95,19 +94,19 @@ def render(spec: dict, knobs: dict[str, Any], signature: dict[str, list[str]]) -
         if stage.get("divide_by"):
             index, start, end = stage["divide_by"]
             divisor = f"_prod({forward[index]}.shape[{start}:{end}])"
-        dtype = f"torch.{stage['dtype']}" if stage["dtype"] else f"{forward[0]}.dtype"
+        dtype = rendering.dtype_of(stage["dtype"], f"{forward[0]}.dtype")
         calls.append(f"        xs = [{xs}]\n")
         how = [repr(stage["dims"]), repr(stage["keepdim"]), dtype]
         how += [str(stage[x]) for x in ("op", "pre", "post")]
         knobs_at = "BLOCK_K, BLOCK_R, SPLIT, NUM_WARPS"
         calls.append(f"        kb_s{k} = _reduce_launch_{k}(xs, {', '.join(how)}, {knobs_at}, {divisor})\n")
     lines = "".join(calls) + f"        return kb_s{len(stages) - 1}\n"
-    return module(
+    return rendering.module(
         doc,
-        constants(BLOCK_K=knobs["block_k"], BLOCK_R=knobs["block_r"], SPLIT=knobs["split"]),
-        constants(NUM_WARPS=knobs["num_warps"]),
+        rendering.constants(BLOCK_K=knobs["block_k"], BLOCK_R=knobs["block_r"], SPLIT=knobs["split"]),
+        rendering.constants(NUM_WARPS=knobs["num_warps"]),
         pointwise.helper_parts(*stages),
         reduce.shared_parts(),
         *stage_parts(spec),
-        plain_model(signature, lines),
+        rendering.plain_model(signature, lines),
     )
