@@ -27,11 +27,11 @@ class Family(Protocol):
     # a profile's bottleneck label -> (move, why): what mutate may do about it
     MUTATIONS: dict[str, Moves]
 
-    def matches(self, ops: list[dict], graph: Graph | None = None) -> dict | None:
+    def matches(self, ops: list[dict[str, Any]], graph: Graph | None = None) -> dict[str, Any] | None:
         """The spec extracted from the traced reference (its op list and ATen graph), or None."""
         ...
 
-    def feasible(self, spec: dict, knobs: Knobs) -> bool:
+    def feasible(self, spec: dict[str, Any], knobs: Knobs) -> bool:
         """Whether a knob set can serve the spec's shape (registers, shared memory, grid limits)."""
         ...
 
@@ -39,7 +39,7 @@ class Family(Protocol):
         """The knobs a move makes of a parent's, or None where the move does not apply."""
         ...
 
-    def render(self, spec: dict, knobs: Knobs, signature: dict[str, list[str]]) -> str:
+    def render(self, spec: dict[str, Any], knobs: Knobs, signature: dict[str, list[str]]) -> str:
         """A standalone candidate module defining ModelNew."""
         ...
 
@@ -48,7 +48,7 @@ class Family(Protocol):
 class Refining(Family, Protocol):
     """A family that needs what the trace cannot show (parameter names, normalised dims)."""
 
-    def refine(self, spec: dict, problem_source: str | None) -> dict | None:
+    def refine(self, spec: dict[str, Any], problem_source: str | None) -> dict[str, Any] | None:
         """The spec completed from the problem's source, or None where the source shows what the family
         cannot reproduce."""
         ...
@@ -74,29 +74,29 @@ class Head(Protocol):
         """The node of its op in the traced graph, or its refusal."""
         ...
 
-    def compose(self, graph: Graph) -> dict:
+    def compose(self, graph: Graph) -> dict[str, Any]:
         """The spec of a graph the composer cut: its op and the chain after it, up to the output."""
         ...
 
-    def feasible(self, spec: dict, knobs: Knobs) -> bool: ...
+    def feasible(self, spec: dict[str, Any], knobs: Knobs) -> bool: ...
 
     def mutate(self, knobs: Knobs, move: str) -> Knobs | None: ...
 
-    def refine(self, spec: dict, problem_source: str | None) -> dict | None: ...
+    def refine(self, spec: dict[str, Any], problem_source: str | None) -> dict[str, Any] | None: ...
 
-    def reads(self, spec: dict) -> list[list]:
+    def reads(self, spec: dict[str, Any]) -> list[list]:
         """The tensors its launch reads: ["input", index] and ["param", state-dict name] sources."""
         ...
 
-    def title(self, spec: dict, knobs: Knobs) -> str:
+    def title(self, spec: dict[str, Any], knobs: Knobs) -> str:
         """The candidate's docstring, as far as the head goes."""
         ...
 
-    def sections(self, spec: dict, knobs: Knobs) -> list[str]:
+    def sections(self, spec: dict[str, Any], knobs: Knobs) -> list[str]:
         """Its part of the candidate module: constants, chains and parts."""
         ...
 
-    def launch(self, spec: dict, knobs: Knobs, names: list[str]) -> str:
+    def launch(self, spec: dict[str, Any], knobs: Knobs, names: list[str]) -> str:
         """The lines of forward setting kb_h, `names` the tensors it may read by input index."""
         ...
 
@@ -107,18 +107,20 @@ class Refusal(ValueError):
     one."""
 
 
-def op_name(op: dict) -> str:
+def op_name(op: dict[str, Any]) -> str:
     """A recorded op's name (the trace's op list, not the graph's) with its dunder spelling folded onto
     the plain one: "__truediv__" -> "div"."""
     name = str(op["op"]).strip("_")
     return {"truediv": "div", "true_divide": "div"}.get(name, name)
 
 
-def matches_by(compose: Callable[[Graph], dict]) -> Callable[[list[dict], Graph | None], dict | None]:
+def matches_by(
+    compose: Callable[[Graph], dict[str, Any]],
+) -> Callable[[list[dict[str, Any]], Graph | None], dict[str, Any] | None]:
     """The `matches` of a family composed from the traced graph: its `compose` of the graph, None where
     no graph was captured or the family refuses it."""
 
-    def matches(ops: list[dict], graph: Graph | None = None) -> dict | None:
+    def matches(ops: list[dict[str, Any]], graph: Graph | None = None) -> dict[str, Any] | None:
         if graph is None:
             return None
         try:

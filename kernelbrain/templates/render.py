@@ -102,7 +102,7 @@ def plain_model(signature: dict[str, list[str]], lines: str, default: str = "=No
     return model_class(plain_init(signature, default), SUPER, ", ".join(signature["forward"]), lines)
 
 
-def constructor_lines(spec: dict, signature: dict[str, list[str]]) -> tuple[str, str]:
+def constructor_lines(spec: dict[str, Any], signature: dict[str, list[str]]) -> tuple[str, str]:
     """ModelNew's `__init__` parameters and body: Model's own where the spec holds them
     (model_source.with_constructor), else `plain_init`'s and a bare super().__init__()."""
     if "init_body" not in spec:
@@ -111,7 +111,7 @@ def constructor_lines(spec: dict, signature: dict[str, list[str]]) -> tuple[str,
     return params, "".join(f"        {line}\n" for line in spec["init_body"].splitlines())
 
 
-def refined_model(spec: dict, signature: dict[str, list[str]], lines: str) -> str:
+def refined_model(spec: dict[str, Any], signature: dict[str, list[str]], lines: str) -> str:
     """ModelNew running Model's constructor where the spec holds it (`constructor_lines`), its forward
     Model's parameters running `lines`."""
     return model_class(*constructor_lines(spec, signature), ", ".join(signature["forward"]), lines)
@@ -139,7 +139,7 @@ def tensor(what: list | None, names: list[str]) -> str:
     return names[what[1]] if what[0] == "input" else f"_model_tensor(self, {what[1]!r})"
 
 
-def graph_doc(what: str, family: str, spec: dict, knobs: dict[str, Any], how: str) -> str:
+def graph_doc(what: str, family: str, spec: dict[str, Any], knobs: dict[str, Any], how: str) -> str:
     """The docstring of a candidate composed from the traced graph: what it computes, the reference's
     ops, the family and its knobs, then how it computes it."""
     head = f"{what}: {', '.join(spec['ops'])}: kernelbrain {family} family ({knob_text(knobs)})."

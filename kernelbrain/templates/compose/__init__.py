@@ -24,7 +24,9 @@ conv_transpose = Composed(conv_transpose_head)
 contraction = Composed(contraction_head)
 
 
-def plan_of(family: Any, spec: dict, knobs: dict[str, Any], signature: dict[str, list[str]]) -> list[Launch]:
+def plan_of(
+    family: Any, spec: dict[str, Any], knobs: dict[str, Any], signature: dict[str, list[str]]
+) -> list[Launch]:
     """A candidate's plan: a composed family's launches (Composed.plan), a partial candidate's
     (partial.launches), or the one launch of a family that composes the whole graph itself."""
     if isinstance(family, Composed):

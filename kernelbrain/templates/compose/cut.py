@@ -28,7 +28,7 @@ def elementwise(op: str) -> bool:
 
 def split(
     graph: Graph, at: int, views: Collection[str], trailing: int = 0
-) -> tuple[Value, Graph, dict] | None:
+) -> tuple[Value, Graph, dict[str, Any]] | None:
     """Where the chain after node `at` (its views and same-shape elementwise ops) ends: None where it
     reaches the output; else (h, the head graph with h as its output, the tail: {"graph", "sources",
     "counted"}, sources naming the tail's inputs 1.. as ["input", position] or ["param", state-dict
@@ -69,7 +69,7 @@ def _without_trailing_views(
     return kept
 
 
-def _earlier(graph: Graph, reached: set[Value], head: str) -> tuple[Value, Graph, dict]:
+def _earlier(graph: Graph, reached: set[Value], head: str) -> tuple[Value, Graph, dict[str, Any]]:
     """The chain cut at its latest value h that every value the tail reads derives from (the tail
     computing the rest of the chain again from h), as `cut_after` gives it."""
     for value in sorted(reached, reverse=True):
@@ -83,7 +83,7 @@ def _earlier(graph: Graph, reached: set[Value], head: str) -> tuple[Value, Graph
     return cut_after(graph, reached, head)  # raises NotTail naming how many values the tail reads
 
 
-def cut_after(graph: Graph, reached: set[Value], head: str) -> tuple[Value, Graph, dict]:
+def cut_after(graph: Graph, reached: set[Value], head: str) -> tuple[Value, Graph, dict[str, Any]]:
     """The graph cut after the values `reached`: (h, the one of them the rest reads, the head graph with
     h as its output, the rest over h as `tail_graph` gives it). `head` names what precedes the cut in
     the refusal where the rest reads more than one value."""
@@ -108,7 +108,9 @@ def cut_after(graph: Graph, reached: set[Value], head: str) -> tuple[Value, Grap
     return h, cut_head, tail_graph(graph, h, sorted(keep))
 
 
-def tail_graph(graph: Graph, h: Value, keep: list[int], also: Iterable[tuple[Value, list[Any]]] = ()) -> dict:
+def tail_graph(
+    graph: Graph, h: Value, keep: list[int], also: Iterable[tuple[Value, list[Any]]] = ()
+) -> dict[str, Any]:
     """{"graph", "sources"}: the nodes `keep` of `graph` renumbered into a stage graph whose INPUT 0 is h,
     each value of `also` (with the source that names it) an INPUT after it, then each forward input or
     parameter it reads (a forward input whose size a kept node computed a number from, too: a family

@@ -18,7 +18,7 @@ STAGE_KEYS = ("tail", "prelude")  # what the composer adds to the head family's 
 PRELUDE_NOTE = "Its input made first, by launches of their own"
 
 
-def head_spec(spec: dict) -> dict:
+def head_spec(spec: dict[str, Any]) -> dict[str, Any]:
     """The head family's part of a composed spec."""
     return {k: v for k, v in spec.items() if k not in STAGE_KEYS}
 
@@ -41,22 +41,22 @@ class Composed:
             raise AttributeError(name)
         return getattr(self.family, name)
 
-    def compose(self, graph: Graph) -> dict:
+    def compose(self, graph: Graph) -> dict[str, Any]:
         """The head family's spec of the head with "ops" (the whole graph's), "tail" and "prelude"."""
         return stages.with_stages(self.family, graph)
 
-    def matches(self, ops: list[dict], graph: Graph | None = None) -> dict | None:
+    def matches(self, ops: list[dict[str, Any]], graph: Graph | None = None) -> dict[str, Any] | None:
         return matches_by(self.compose)(ops, graph)
 
     def mutate(self, knobs: Knobs, move: str) -> Knobs | None:
         return self.family.mutate(knobs, move)
 
-    def feasible(self, spec: dict, knobs: Knobs) -> bool:
+    def feasible(self, spec: dict[str, Any], knobs: Knobs) -> bool:
         """The head's knobs fit it, and every stage's launches fit theirs."""
         fits = self.family.feasible(head_spec(spec), knobs)
         return fits and all(stages.feasible(s) for s in (spec.get("tail"), spec.get("prelude")) if s)
 
-    def refine(self, spec: dict, problem_source: str | None) -> dict | None:
+    def refine(self, spec: dict[str, Any], problem_source: str | None) -> dict[str, Any] | None:
         """The head family's refinement, and Model's constructor where a stage reads its parameters."""
         refined = self.family.refine(spec, problem_source)
         if refined is None or "init_body" in refined:
@@ -66,7 +66,7 @@ class Composed:
             return model_source.with_constructor(refined, problem_source)
         return refined
 
-    def render(self, spec: dict, knobs: Knobs, signature: dict[str, list[str]]) -> str:
+    def render(self, spec: dict[str, Any], knobs: Knobs, signature: dict[str, list[str]]) -> str:
         """The candidate: the head's docstring and parts, its stages' after them, and ModelNew running the
         prelude's launches, the head's and the tail's."""
         f, head = self.family, head_spec(spec)
@@ -92,7 +92,7 @@ class Composed:
         stage_parts = [parts_of[s] for s in f.STAGE_ORDER]
         return module(doc, *f.sections(head, knobs), *stage_parts, refined_model(spec, signature, lines))
 
-    def plan(self, spec: dict, knobs: Knobs, signature: dict[str, list[str]]) -> list[Launch]:
+    def plan(self, spec: dict[str, Any], knobs: Knobs, signature: dict[str, list[str]]) -> list[Launch]:
         """The candidate's launches: the prelude's, the head's, the tail's."""
         forward = signature["forward"]
         before, rest = spec.get("prelude"), spec.get("tail")

@@ -74,7 +74,7 @@ def _head(graph: Graph, allowed: tuple[str, ...]) -> tuple[set[int], list[str]]:
     return head, classes
 
 
-def _rest(graph: Graph, head: set[int]) -> tuple[tuple[int, int], dict]:
+def _rest(graph: Graph, head: set[int]) -> tuple[tuple[int, int], dict[str, Any]]:
     """The graph after the head: (h, {"graph", "sources"}) as stages.compose takes it. INPUT 0 is h (the
     head's last value read after it); a further INPUT is another head value ["torch", node, out], a
     forward input ["input", i] or a parameter ["param", name]."""
@@ -100,7 +100,7 @@ def _rest(graph: Graph, head: set[int]) -> tuple[tuple[int, int], dict]:
     return h, tail_graph(graph, h, sorted(keep), also)
 
 
-def compose(graph: Graph, allowed: tuple[str, ...]) -> dict:
+def compose(graph: Graph, allowed: tuple[str, ...]) -> dict[str, Any]:
     """The spec of a partial candidate: the head's nodes, the classes it uses, and the tail composed (at
     its family's first feasible round-0 knobs). Raises NotPartial naming what stands in the way."""
     if len(graph.outputs) != 1:
@@ -121,28 +121,30 @@ def compose(graph: Graph, allowed: tuple[str, ...]) -> dict:
     }
 
 
-def refine(spec: dict, problem_source: str | None) -> dict | None:
+def refine(spec: dict[str, Any], problem_source: str | None) -> dict[str, Any] | None:
     """The problem's constructor, run by ModelNew so that its parameters are Model's."""
     return model_source.with_constructor(spec, problem_source)
 
 
-def knobs_of(spec: dict, tail_knobs: dict[str, Any]) -> dict[str, Any]:
+def knobs_of(spec: dict[str, Any], tail_knobs: dict[str, Any]) -> dict[str, Any]:
     """A candidate's knobs: the tail family's, and what the head keeps in torch."""
     return {**tail_knobs, "torch": ",".join(spec["classes"]), "tail": spec["tail"]["family"]}
 
 
-def _tail_with(spec: dict, knobs: dict[str, Any]) -> dict:
+def _tail_with(spec: dict[str, Any], knobs: dict[str, Any]) -> dict[str, Any]:
     return {**spec["tail"], "knobs": {k: v for k, v in knobs.items() if k not in _EXTRA_KNOBS}}
 
 
-def round0(spec: dict) -> list[dict[str, Any]]:
+def round0(spec: dict[str, Any]) -> list[dict[str, Any]]:
     """Knob sets spread over the tail family's round 0: its first ROUND0_MAX feasible ones."""
     family = TAILS[spec["tail"]["family"]]
     sets = [k for k in family.ROUND0 if stages.feasible({**spec["tail"], "knobs": k})]
     return [knobs_of(spec, k) for k in sets[:ROUND0_MAX]]
 
 
-def mutations(spec: dict, knobs: dict[str, Any], label: str) -> list[tuple[dict[str, Any], str, str]]:
+def mutations(
+    spec: dict[str, Any], knobs: dict[str, Any], label: str
+) -> list[tuple[dict[str, Any], str, str]]:
     """(knobs, move, why) for each move of the tail family's MUTATIONS under a profile's label."""
     family = TAILS[spec["tail"]["family"]]
     base = {k: v for k, v in knobs.items() if k not in _EXTRA_KNOBS}
@@ -166,7 +168,7 @@ def _literal(key: str, value: Any) -> str:
     return repr(value)
 
 
-def head_lines(spec: dict, forward: list[str]) -> tuple[list[str], str]:
+def head_lines(spec: dict[str, Any], forward: list[str]) -> tuple[list[str], str]:
     """The lines of forward (indented for a method) that run the head in torch, each node's value named
     kb_v<node>, and the expression of h (the value the tail reads as its INPUT 0)."""
     graph = Graph.model_validate(spec["graph"])
@@ -199,7 +201,7 @@ def _value(what: list[Any], graph: Graph) -> str:
     return f"kb_v{node}" if len(graph.nodes[node].outs) == 1 else f"kb_v{node}[{out}]"
 
 
-def render(spec: dict, knobs: dict[str, Any], signature: dict[str, list[str]]) -> str:
+def render(spec: dict[str, Any], knobs: dict[str, Any], signature: dict[str, list[str]]) -> str:
     """The candidate: ModelNew running the head's torch ops, then the tail's launches at `knobs`."""
     forward = signature["forward"]
     rest = _tail_with(spec, knobs)
@@ -223,7 +225,7 @@ def render(spec: dict, knobs: dict[str, Any], signature: dict[str, list[str]]) -
     )
 
 
-def launches(spec: dict, knobs: dict[str, Any], signature: dict[str, list[str]]) -> list[Launch]:
+def launches(spec: dict[str, Any], knobs: dict[str, Any], signature: dict[str, list[str]]) -> list[Launch]:
     """The candidate's plan: its head's torch ops (one launch of family "torch", reading the forward
     inputs and parameters they read), then the tail's launches."""
     forward = signature["forward"]

@@ -23,7 +23,7 @@ def name(what: list[Any] | None, names: list[str]) -> str:
     return names[int(what[1])] if what[0] == "input" else f"self.{what[1]}"
 
 
-def stage(composed: dict, role: Stage, args: list[str], out: str, suffix: str) -> list[Launch]:
+def stage(composed: dict[str, Any], role: Stage, args: list[str], out: str, suffix: str) -> list[Launch]:
     """The launches of a composed stage (compose/stages.py) in order: args[0] names its value 0, args[i]
     its source i; its last launch sets `out`."""
     return [

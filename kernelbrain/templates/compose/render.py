@@ -5,6 +5,7 @@ forward that launch them, each launch of a chain reading the values before it by
 from __future__ import annotations
 
 import ast
+from typing import Any
 
 from kernelbrain.templates.compose.cut import NotTail
 from kernelbrain.templates.compose.stages import VALUE
@@ -21,7 +22,7 @@ _MOMENTS_PARTS = ("_moments_kernel", "_moments_finish", "_moments_map", "_moment
 _POOL_PARTS = ("_pool_kernel", "_out_size", "_pool_launch")
 
 
-def reading(forward: list[str], before: dict | None) -> list[str]:
+def reading(forward: list[str], before: dict[str, Any] | None) -> list[str]:
     """The names of the tensors a head with a prelude (or None) reads by input index: forward's, and the
     prelude's value at its index."""
     if before is None:
@@ -31,7 +32,7 @@ def reading(forward: list[str], before: dict | None) -> list[str]:
     return names
 
 
-def _chains(spec: dict) -> str:
+def _chains(spec: dict[str, Any]) -> str:
     return (
         chain("_prologue", spec["prologue"], spec["prologue_result"])
         + "\n\n"
@@ -49,7 +50,7 @@ def _top_names(text: str) -> list[str]:
     return out
 
 
-def _sections(stage: dict) -> list[str]:
+def _sections(stage: dict[str, Any]) -> list[str]:
     """One launch's kernels, launchers and chains, as its family renders them for a stage."""
     family, spec = stage["family"], stage["spec"]
     reduction = parts_of(reduce.PARTS, "_reduce_kernel", "_reduce_launch")
@@ -85,7 +86,7 @@ def _sections(stage: dict) -> list[str]:
     raise NotTail(f"a tail of family {family}")
 
 
-def render_parts(stage: dict, suffix: str = SUFFIX) -> str:
+def render_parts(stage: dict[str, Any], suffix: str = SUFFIX) -> str:
     """The stage's kernels, launchers and chains, every top-level name suffixed (each later launch of its
     chain with one more "2")."""
     text = "\n\n".join(s.strip("\n") for s in _sections(stage) if s.strip()) + "\n"
@@ -94,8 +95,8 @@ def render_parts(stage: dict, suffix: str = SUFFIX) -> str:
 
 
 def links(
-    stage: dict, args: list[str], out: str, suffix: str = SUFFIX
-) -> list[tuple[dict, list[str], str, str]]:
+    stage: dict[str, Any], args: list[str], out: str, suffix: str = SUFFIX
+) -> list[tuple[dict[str, Any], list[str], str, str]]:
     """The launches of a stage's chain in order, each (its link of the chain, the names of what it reads:
     the value before it, then its sources; the name it sets, its parts' suffix): `args[0]` names the
     stage's value 0 (h, or the prelude's input), args[i] its source i. Each launch but the last sets a
@@ -112,13 +113,15 @@ def links(
     return out_links
 
 
-def call(stage: dict, args: list[str], out: str, suffix: str = SUFFIX) -> str:
+def call(stage: dict[str, Any], args: list[str], out: str, suffix: str = SUFFIX) -> str:
     """Lines of forward (indented for a method) setting `out` to the stage of `args` (as `links` reads
     them: args[0] the value it starts from, args[i] the expression of its source i)."""
     return "".join(_call(at, here, target, sfx) for at, here, target, sfx in links(stage, args, out, suffix))
 
 
-def _reduce_call(spec: dict, args: list[str], out: str, suffix: str, knobs: dict, launch: str = "") -> str:
+def _reduce_call(
+    spec: dict[str, Any], args: list[str], out: str, suffix: str, knobs: dict[str, Any], launch: str = ""
+) -> str:
     xs = ", ".join(args[i] for i in spec["inputs"])
     dtype = dtype_of(spec["dtype"], f"{args[0]}.dtype")
     divisor = "0"
@@ -130,7 +133,7 @@ def _reduce_call(spec: dict, args: list[str], out: str, suffix: str, knobs: dict
     return f"        {out} = _reduce_launch{launch}{suffix}([{xs}], {', '.join(how)}, {divisor})\n"
 
 
-def _call(stage: dict, args: list[str], out: str, suffix: str) -> str:
+def _call(stage: dict[str, Any], args: list[str], out: str, suffix: str) -> str:
     family, spec, knobs = stage["family"], stage["spec"], stage["knobs"]
     if family == "reduce":
         return _reduce_call(spec, args, out, suffix, knobs)
@@ -154,7 +157,9 @@ def _call(stage: dict, args: list[str], out: str, suffix: str) -> str:
     return _normalize_call(spec, args, out, suffix, knobs)
 
 
-def _normalize_call(spec: dict, args: list[str], out: str, suffix: str, knobs: dict) -> str:
+def _normalize_call(
+    spec: dict[str, Any], args: list[str], out: str, suffix: str, knobs: dict[str, Any]
+) -> str:
     stat, mapped = spec["stat"], spec["map"]
     stat_xs = ", ".join(args[i] for i in stat["inputs"])
     map_xs = ", ".join(args[i] if i < spec["n_forward"] else "kb_stat" for i in mapped["inputs"])
@@ -175,7 +180,7 @@ def _normalize_call(spec: dict, args: list[str], out: str, suffix: str, knobs: d
     )
 
 
-def _moments_call(spec: dict, args: list[str], out: str, suffix: str, knobs: dict) -> str:
+def _moments_call(spec: dict[str, Any], args: list[str], out: str, suffix: str, knobs: dict[str, Any]) -> str:
     running = spec["running"] or [None, None]
     tensors = [moments.state(spec["weight"], False), moments.state(spec["bias"], False)]
     tensors += [moments.state(running[0], True), moments.state(running[1], True)]
@@ -186,7 +191,9 @@ def _moments_call(spec: dict, args: list[str], out: str, suffix: str, knobs: dic
     return f"        {out} = _moments_launch{suffix}({x}, {', '.join(how)}){spec.get('post', '')}\n"
 
 
-def _layernorm_call(spec: dict, args: list[str], out: str, suffix: str, knobs: dict) -> str:
+def _layernorm_call(
+    spec: dict[str, Any], args: list[str], out: str, suffix: str, knobs: dict[str, Any]
+) -> str:
     x, k = args[spec["input"]], spec["norm_dims"]
     weight, bias = (args[spec[key]] if spec[key] is not None else "None" for key in ("weight", "bias"))
     launch = f"{row_norm.launcher(knobs)}{suffix}"
@@ -195,7 +202,7 @@ def _layernorm_call(spec: dict, args: list[str], out: str, suffix: str, knobs: d
     return f"        {out} = _layer_norm{suffix}({x}, {x}.shape[{x}.dim() - {k} :], {how})\n"
 
 
-def _pool_call(spec: dict, args: list[str], out: str, suffix: str, knobs: dict) -> str:
+def _pool_call(spec: dict[str, Any], args: list[str], out: str, suffix: str, knobs: dict[str, Any]) -> str:
     x = args[spec["inputs"][0]]
     dtype = dtype_of(spec["dtype"], f"{x}.dtype")
     keys = ("pre", "post", "spatial", "kernel", "stride", "padding", "dilation", "ceil", "max", "count_pad")
@@ -203,7 +210,9 @@ def _pool_call(spec: dict, args: list[str], out: str, suffix: str, knobs: dict) 
     return f"        {out} = _pool_launch{suffix}({x}, {', '.join(how)})\n"
 
 
-def _pointwise_call(spec: dict, args: list[str], out: str, suffix: str, knobs: dict) -> str:
+def _pointwise_call(
+    spec: dict[str, Any], args: list[str], out: str, suffix: str, knobs: dict[str, Any]
+) -> str:
     views = spec.get("views") or [""] * len(spec["inputs"])
     xs = ", ".join(args[i] + view for i, view in zip(spec["inputs"], views, strict=True))
     dtype = dtype_of(spec["dtype"], "None")

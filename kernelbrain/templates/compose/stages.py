@@ -68,7 +68,7 @@ RANDOM = {
 _RESHAPES = {"aten.view.default", "aten._unsafe_view.default", "aten.reshape.default"}
 
 
-def with_stages(family: Any, graph: Graph) -> dict:
+def with_stages(family: Any, graph: Graph) -> dict[str, Any]:
     """A head family's spec of the graph (base.Head): the head cut out (its op `family.head` finds and the
     chain after it) and composed by the family, beside it "ops" (the whole graph's), "tail" and
     "prelude" (stages composed here, or None). Raises the family's refusal."""
@@ -85,7 +85,9 @@ def with_stages(family: Any, graph: Graph) -> dict:
     return {**family.compose(graph), "ops": ops, "tail": rest, "prelude": before}
 
 
-def head_and_tail(graph: Graph, at: int, views: Collection[str], head: str) -> tuple[Graph, dict | None]:
+def head_and_tail(
+    graph: Graph, at: int, views: Collection[str], head: str
+) -> tuple[Graph, dict[str, Any] | None]:
     """The head graph (the op at `at` and its chain, as `split` cuts it) and its tail composed (None
     where the chain reaches the output). Where the tail cannot be composed from h viewed as the chain's
     trailing views leave it, those views are tried as the tail's first ops, the latest first, one more
@@ -111,7 +113,9 @@ def head_and_tail(graph: Graph, at: int, views: Collection[str], head: str) -> t
             continue
 
 
-def prelude(graph: Graph, value: tuple[int, int], views: Collection[str], head: str) -> tuple[Graph, dict]:
+def prelude(
+    graph: Graph, value: tuple[int, int], views: Collection[str], head: str
+) -> tuple[Graph, dict[str, Any]]:
     """The launches that make `value`, an operand of a compute-bound op that no forward input is (a
     pooling of one), composed as a tail is: its INPUT 0 the first forward input it reads ("input": that
     input's position), its sources forward's other tensors and parameters. With it, the graph in which
@@ -136,7 +140,7 @@ def prelude(graph: Graph, value: tuple[int, int], views: Collection[str], head: 
 
 def input_prelude(
     graph: Graph, value: Any, views: Collection[str], head: str
-) -> tuple[Graph, tuple[int, int] | None, dict | None]:
+) -> tuple[Graph, tuple[int, int] | None, dict[str, Any] | None]:
     """A compute-bound op's input `value` followed back through pass-through views to what makes it:
     (the graph, that source, None) where a forward input or a parameter does, else the source made an
     INPUT of the graph by `prelude`, with the prelude's launches. Raises NotTail."""
@@ -248,7 +252,7 @@ def with_params(graph: Graph, sources: list[list[Any]]) -> Graph:
     return graph.model_copy(update={"nodes": nodes})
 
 
-def _spec(family: Any, graph: Graph, sources: list[list[Any]]) -> dict:
+def _spec(family: Any, graph: Graph, sources: list[list[Any]]) -> dict[str, Any]:
     """The family's spec of a stage graph: a head family's where it needs no stages of its own."""
     if family is conv_stage:
         spec = with_stages(conv_stage, graph)
@@ -260,7 +264,7 @@ def _spec(family: Any, graph: Graph, sources: list[list[Any]]) -> dict:
 
 def _whole(
     graph: Graph, sources: list[list[Any]], families: tuple, why: list[str], counted: Collection[str] | None
-) -> dict | None:
+) -> dict[str, Any] | None:
     """The stage as the first of `families` composes it at its first feasible round-0 knob set (what
     each refused, appended to `why`). A batch norm in training mode counts its batch in the counter of
     its module among `counted` (the whole graph's: the stage holds no add_ that nothing reads); None:
@@ -301,7 +305,9 @@ def _stages(graph: Graph) -> tuple:
     return () if ops & _STAGE_OPS else (pointwise,)
 
 
-def compose(tail: dict, head: str, views: Collection[str] = (), place: str = "after") -> dict:
+def compose(
+    tail: dict[str, Any], head: str, views: Collection[str] = (), place: str = "after"
+) -> dict[str, Any]:
     """The stage ({"graph", "sources", "counted"} from cut.split; without "counted" a batch norm in
     training mode with running statistics is refused) as the first family of FAMILIES composes it, with
     the knobs it runs at; else as the first of STAGES does; else as a chain of launches ("then"): a
@@ -323,7 +329,7 @@ def compose(tail: dict, head: str, views: Collection[str] = (), place: str = "af
 
 def _compose(
     graph: Graph, sources: list[list[Any]], depth: int, counted: Collection[str] | None, why: list[str]
-) -> dict | None:
+) -> dict[str, Any] | None:
     """`compose` over a graph whose INPUT 0 is the chain's value `depth`, its sources absolute (forward
     inputs, parameters, earlier values of the chain); None where nothing takes it (why appended)."""
     whole = _whole(graph, sources, FAMILIES + _stages(graph), why, counted)
@@ -356,14 +362,14 @@ def _compose(
     return None
 
 
-def feasible(stage: dict) -> bool:
+def feasible(stage: dict[str, Any]) -> bool:
     """Whether every launch of a stage fits at its knobs."""
     family = next(f for f in (*FAMILIES, *STAGES, conv_stage) if stage["family"] == f.FAMILY)
     fits = family.feasible(stage["spec"], stage["knobs"])
     return fits and (stage["then"] is None or feasible(stage["then"]))
 
 
-def describe(stage: dict) -> str:
+def describe(stage: dict[str, Any]) -> str:
     """The stage's families and knobs, in launch order, for a candidate's docstring."""
     here = f"{stage['family']} ({knob_text(stage['knobs'])})"
     return here if stage["then"] is None else f"{here}, then {describe(stage['then'])}"
