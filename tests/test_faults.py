@@ -5,11 +5,26 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from pathlib import Path
 
-from kernelbrain.store import EventStore
+from kernelbrain.store import EventStore, open_store
 
 from tests.kbcli import kb_env
+
+QUICK = ["--device", "cpu", "--max-candidates", "3", "--ladder", "smallest:2:0,primary:2:0", "--quiet"]
+
+
+def wait_for(
+    db: str, run_id: str, types: tuple[str, ...], proc: subprocess.Popen, timeout: float = 240
+) -> None:
+    """Until the run's log holds an event of `types` (the run must still be going)."""
+    deadline = time.monotonic() + timeout
+    with open_store(db, readonly=True) as store:
+        while not any(store.count(run_id=run_id, type=t) for t in types):
+            assert proc.poll() is None, f"kb ended ({proc.returncode}) before {types}: {proc.communicate()}"
+            assert time.monotonic() < deadline, f"no {types} within {timeout} s"
+            time.sleep(0.1)
 
 
 def chattr(flag: str, *paths: Path) -> None:
