@@ -1,17 +1,25 @@
-"""A SQLite database whose files turn read-only under an open store (chattr +i, as the tests run as root):
-one line instead of a SIGBUS."""
+"""Faults from outside kb, each with real processes and a real database: a SQLite database whose files
+turn read-only under an open store (chattr +i, as the tests run as root), and an event a newer kb wrote.
+Each ends with one line saying what is wrong and whose fault it is."""
 
 from __future__ import annotations
 
+import json
+import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-from kernelbrain.store import EventStore, open_store
+import orjson
+from kernelbrain.store import EventStore, NewEvent, open_store
 
-from tests.kbcli import kb_env
+from kernelbrain.core.events import EVENT_TYPES, RunConfig
+from kernelbrain.runtime.runner import DEFAULT_RUNGS, start_run
+from tests.kbcli import SOFTMAX, kb, kb_env
 
+ROOT = Path(__file__).resolve().parents[1]
+FIXTURE = ROOT / "tests" / "fixtures" / "softmax_run.db"
 QUICK = ["--device", "cpu", "--max-candidates", "3", "--ladder", "smallest:2:0,primary:2:0", "--quiet"]
 
 
@@ -75,3 +83,74 @@ def test_a_store_closed_after_its_files_turned_immutable_does_not_sigbus(tmp_pat
     assert said[1:] == ["1", "closed"]
     with EventStore(db) as store:
         assert [e.key for e in store.read()] == ["one"]
+
+
+def _copy_with_a_newer_event(src: Path, db: Path) -> tuple[str, str, int]:
+    """The fixture's finished run, and a copy of it under another id in which one gate verdict (midway)
+    was written by a newer kb (its schema version one past this kb's); the two ids and that event's seq."""
+    shutil.copyfile(src, db)
+    with EventStore(db) as store:
+        (old,) = store.run_ids()
+        events = store.read(run_id=old)
+        new = "r-newer-kb"
+        gate = next(i for i, e in enumerate(events) if e.type == "GatePassed")
+        copied = []
+        for i, e in enumerate(events):
+            payload = orjson_replace(e.payload, old, new)
+            version = EVENT_TYPES[e.type].VERSION + 1 if i == gate else e.version
+            key = e.key.replace(old, new)
+            copied.append(NewEvent(new, e.type, version, key, payload, e.actor, e.subject, e.stage))
+        stored = store.append(copied)
+        return old, new, stored[gate].seq
+
+
+def orjson_replace(payload: dict, old: str, new: str) -> dict:
+    return orjson.loads(orjson.dumps(payload).replace(old.encode(), new.encode()))
+
+
+def test_an_event_of_a_newer_kb_stops_replay_at_it_and_ls_lists_the_rest(tmp_path: Path) -> None:
+    """One GatePassed of a newer schema version midway through a run: `kb replay` says so in one line and
+    checks nothing past it (no spurious divergences after it), exit 1; `kb ls` lists the other run as
+    before and marks this one unreadable, saying why, exit 0."""
+    db = tmp_path / "kb.db"
+    old, new, seq = _copy_with_a_newer_event(FIXTURE, db)
+    r = kb("replay", new, "--db", str(db))
+    assert r.returncode == 1, (r.stdout, r.stderr)
+    assert r.stderr == ""
+    (line,) = r.stdout.splitlines()
+    why = "has schema version 2, newer than this kb's 1; upgrade kernelbrain to read it ("
+    assert line.startswith(f"replay stopped: event #{seq} (GatePassed) {why}"), line
+    assert "decisions before it agree with policy" in line, line
+    assert kb("replay", old, "--db", str(db)).returncode == 0
+
+    r = kb("ls", "--db", str(db))
+    assert r.returncode == 0, r.stderr
+    header, *rows = r.stdout.splitlines()
+    assert header.split() == ["RUN", "PROBLEM", "STATE", "CANDIDATES", "BEST", "SCORE", "WINNER"]
+    assert rows[0].startswith(old) and " finished " in rows[0]
+    assert (
+        rows[1].startswith(new) and f"unreadable: event #{seq} (GatePassed) has schema version 2" in rows[1]
+    )
+    listed = json.loads(kb("ls", "--db", str(db), "--json").stdout)
+    assert [r["state"] for r in listed] == ["finished", "unreadable"]
+    assert listed[1]["problem"] == listed[0]["problem"] and "upgrade kernelbrain" in listed[1]["error"]
+
+
+def test_ls_columns_stay_apart_on_long_names(tmp_path: Path) -> None:
+    """A problem name longer than any fixed column: every column still starts where its header does,
+    two spaces at least after the one before."""
+    db = tmp_path / "kb.db"
+    shutil.copyfile(FIXTURE, db)
+    long_name = "a_problem_name_far_longer_than_twenty_characters_" * 2
+    problem = tmp_path / f"{long_name}.py"
+    shutil.copyfile(SOFTMAX, problem)
+    with EventStore(db) as store:
+        start_run(store, str(problem), RunConfig(device="cpu", rungs=DEFAULT_RUNGS["cpu"]))
+    r = kb("ls", "--db", str(db))
+    assert r.returncode == 0, r.stderr
+    header, *rows = r.stdout.splitlines()
+    starts = [header.index(name) for name in ("PROBLEM", "STATE", "CANDIDATES", "BEST SCORE", "WINNER")]
+    assert len(rows) == 2 and long_name in rows[1]
+    for row in rows:
+        for at in starts:
+            assert row[at - 2 : at] == "  " and row[at] != " ", (row, at)
