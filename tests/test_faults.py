@@ -1,6 +1,7 @@
-"""Faults from outside kb, each with real processes and a real database: a SQLite database whose files
-turn read-only under an open store (chattr +i, as the tests run as root), and an event a newer kb wrote.
-Each ends with one line saying what is wrong and whose fault it is."""
+"""Faults from outside kb, each with real processes and a real database: a SQLite database made read-only
+under a live run (chattr +i, as the tests run as root), and an event a newer kb wrote. Each ends with one
+line saying what is wrong and whose fault it is, the exit code README documents, and nothing recorded
+lost."""
 
 from __future__ import annotations
 
@@ -16,7 +17,9 @@ from kernelbrain.store import EventStore, NewEvent, open_store
 
 from kernelbrain.core.events import EVENT_TYPES, RunConfig
 from kernelbrain.runtime.runner import DEFAULT_RUNGS, start_run
-from tests.kbcli import SOFTMAX, kb, kb_env
+from kernelbrain.views.ending import EXIT_STORE
+from tests.invariants import check_run
+from tests.kbcli import SOFTMAX, kb, kb_env, kb_start
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURE = ROOT / "tests" / "fixtures" / "softmax_run.db"
@@ -83,6 +86,39 @@ def test_a_store_closed_after_its_files_turned_immutable_does_not_sigbus(tmp_pat
     assert said[1:] == ["1", "closed"]
     with EventStore(db) as store:
         assert [e.key for e in store.read()] == ["one"]
+
+
+def test_a_database_made_read_only_mid_run_ends_it_in_one_line(tmp_path: Path) -> None:
+    """The database, its -wal and -shm and its folder made immutable while the run's workers write:
+    `kb run` ends with one line naming the database and exit 6 (no SIGBUS, no worker blamed); made
+    writable again, `kb resume` finishes the run with everything recorded before kept."""
+    folder = tmp_path / "db"
+    folder.mkdir()
+    db = folder / "kb.db"
+    env = kb_env(KB_EXEC_LOG=str(tmp_path / "exec.log"))
+    proc, run_id = kb_start(["run", str(SOFTMAX), "--db", str(db), *QUICK], env)
+    frozen = [db, Path(f"{db}-wal"), Path(f"{db}-shm"), folder]
+    try:
+        wait_for(str(db), run_id, ("GatePassed", "GateFailed"), proc)
+        with open_store(str(db), readonly=True) as store:
+            before = [e.key for e in store.read(run_id=run_id)]
+        chattr("+i", *frozen)
+        out, err = proc.communicate(timeout=240)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        chattr("-i", *frozen)
+    assert proc.returncode == EXIT_STORE, (proc.returncode, out, err)
+    assert "Traceback" not in err and "Error:" not in err, err
+    last = err.strip().splitlines()[-1]
+    assert last.startswith(f"kb: run {run_id} stopped: its database failed ({db} cannot be written"), err
+    assert last.endswith(f"once it is fixed: kb resume {run_id} (exit {EXIT_STORE})"), last
+    r = kb("resume", run_id, "--db", str(db), "--quiet", env=env)
+    assert r.returncode == 0, (r.stdout, r.stderr)
+    state = check_run(db, run_id)
+    with open_store(str(db), readonly=True) as store:
+        after = [e.key for e in store.read(run_id=run_id)]
+    assert after[: len(before)] == before and state.resumes
 
 
 def _copy_with_a_newer_event(src: Path, db: Path) -> tuple[str, str, int]:

@@ -1,18 +1,110 @@
-"""The scratch folders SIGKILLed kb processes leave (a sandbox child's folder, the gate's draws and its
-outbox in /dev/shm): swept by the next kb command, a live process's kept; with real kills."""
+"""Faults around the processes that drive a run, each with real `kb` processes and real signals: a second
+live `kb resume` of a run (refused through the run's lease, on SQLite and PostgreSQL; a dead holder's
+lease does not block), `kb resume` of a finished run (exit 0), and the scratch folders SIGKILLed
+processes leave (swept by the next kb command, a live process's kept)."""
 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import pytest
+from kernelbrain.store import EventStore, open_store
+
 from kernelbrain.runtime import processes, scratch
+from kernelbrain.views.ending import EXIT_BUSY, EXIT_INTERRUPTED
 from tests.kbcli import SOFTMAX, kb, kb_env, kb_start
-from tests.test_faults import QUICK, wait_for
+from tests.test_faults import FIXTURE, QUICK, wait_for
+
+IDLE = ["--device", "cpu", "--external-workers", "--quiet"]  # holds the run, starts nothing
+
+
+def resumed(args: list[str], env: dict[str, str]) -> subprocess.Popen:
+    """`kb resume ...` started in its own process group, once it says it resumed the run."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "kernelbrain", "resume", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        start_new_session=True,
+    )
+    assert proc.stdout is not None
+    first = proc.stdout.readline()
+    assert " resumed at event #" in first, (first, proc.stderr.read() if proc.stderr else "")
+    return proc
+
+
+def stop(proc: subprocess.Popen, sig: int = signal.SIGINT) -> tuple[int, str]:
+    """Send `sig` to the process group; its exit code and stderr."""
+    os.killpg(proc.pid, sig)
+    _, err = proc.communicate(timeout=120)
+    return proc.returncode, err
+
+
+@pytest.mark.parametrize("where", ["sqlite", "postgres"])
+def test_a_second_live_resume_is_refused_and_a_dead_holder_does_not_block(
+    request: pytest.FixtureRequest, tmp_path: Path, where: str
+) -> None:
+    """The run's lease: while `kb run` drives the run, `kb resume` of it is one line and exit 7, naming
+    the holder; SIGKILLed (its zombie not yet reaped), the holder blocks nothing; the resume that took the
+    run refuses a second resume in turn, and lets go when Ctrl-C stops it."""
+    db = request.getfixturevalue("pg_url") if where == "postgres" else str(tmp_path / "kb.db")
+    env = kb_env(KB_DB=db)
+    holder, run_id = kb_start(["run", str(SOFTMAX), *IDLE], env)
+    try:
+        r = kb("resume", run_id, env=env)  # (kb run claims the run's lease before it prints its id)
+        assert r.returncode == EXIT_BUSY, (r.stdout, r.stderr)
+        assert r.stdout == ""
+        (line,) = r.stderr.splitlines()
+        assert line.startswith(
+            f"Error: run {run_id} is being driven already, by `kb run` (pid {holder.pid} on "
+        )
+        assert line.endswith(f"then `kb resume {run_id}`"), line
+        holder.kill()  # SIGKILL: its lease stays, held by a dead process (a zombie until reaped)
+        time.sleep(0.2)
+        first = resumed([run_id, "--quiet"], env)
+        try:
+            r = kb("resume", run_id, env=env)
+            assert r.returncode == EXIT_BUSY, (r.stdout, r.stderr)
+            assert f"by `kb resume` (pid {first.pid} on " in r.stderr, r.stderr
+        finally:
+            code, err = stop(first)
+        assert code == EXIT_INTERRUPTED, err
+        with open_store(db, readonly=True) as store:
+            assert store.count(run_id=run_id, type="RunResumed") == 1  # the refused ones recorded nothing
+            lease = store.lease(run_id)
+        assert lease is not None and lease.deadline == 0  # released: the next resume takes it at once
+    finally:
+        if holder.poll() is None:
+            holder.kill()
+        holder.wait()
+
+
+@pytest.mark.parametrize("as_json", [False, True], ids=["text", "json"])
+def test_resuming_a_finished_run_exits_0_saying_so(tmp_path: Path, as_json: bool) -> None:
+    db = tmp_path / "kb.db"
+    shutil.copyfile(FIXTURE, db)
+    with EventStore(db, readonly=True) as store:
+        (run_id,) = store.run_ids()
+        events = store.count()
+    r = kb("resume", run_id, "--db", str(db), *(["--json"] if as_json else []))
+    assert r.returncode == 0, (r.stdout, r.stderr)
+    assert r.stderr == ""
+    (line,) = r.stdout.splitlines()
+    if as_json:
+        assert '"finished":true' in line.replace(" ", "") and run_id in line, line
+    else:
+        assert line.startswith(f"run {run_id} finished already: ") and line.endswith("Nothing to resume"), (
+            line
+        )
+    with EventStore(db, readonly=True) as store:
+        assert store.count() == events  # no RunResumed, nothing else
 
 
 def _group(pgid: int) -> list[int]:

@@ -1,8 +1,10 @@
 """How a run ended, as its last lines and the exit code of `kb run` and `kb resume` (README): 0 with a
 winner, EXIT_NO_KERNEL when it finished with none, EXIT_PROBLEM when the problem cannot be evaluated,
 EXIT_WAITING when it stopped unfinished on a passing fault (the generator's service, or a worker that
-kept dying on a task) with nothing else left to do (resumable),
-EXIT_INTERRUPTED when it was stopped before finishing (resumable)."""
+kept dying on a task) with nothing else left to do (resumable), EXIT_STORE when its database failed
+under it (it cannot be written, or stayed unreachable; resumable once fixed), EXIT_BUSY when another
+live process drives the run (nothing done), EXIT_INTERRUPTED when it was stopped before finishing
+(resumable)."""
 
 from __future__ import annotations
 
@@ -15,6 +17,8 @@ from kernelbrain.core.state import RunState
 EXIT_NO_KERNEL = 3
 EXIT_PROBLEM = 4
 EXIT_WAITING = 5
+EXIT_STORE = 6
+EXIT_BUSY = 7
 EXIT_INTERRUPTED = 130
 
 
@@ -58,6 +62,31 @@ def report(run_id: str, state: RunState, finished: RunFinished | None, as_json: 
     else:
         click.echo(f"no candidate passed the gate and the ladder: no kernel (exit {EXIT_NO_KERNEL})")
     return code
+
+
+def already_finished(run_id: str, state: RunState, as_json: bool) -> None:
+    """What `kb resume` of a finished run says (it exits 0: the run is done, nothing to resume)."""
+    from kernelbrain.views import progress
+
+    assert state.finished is not None
+    if as_json:
+        click.echo(progress.json_line(progress.result(state, state.finished).model_dump(mode="json")))
+        return
+    click.echo(
+        f"run {run_id} finished already: {state.finished.reason}; winner {state.finished.winner or 'none'}. "
+        "Nothing to resume"
+    )
+
+
+def store_failed(run_id: str, error: Exception) -> int:
+    """The line of a run whose database failed under it (the database's fault, not the run's); its code."""
+    why = (str(error).splitlines() or [type(error).__name__])[0]
+    click.echo(
+        f"kb: run {run_id} stopped: its database failed ({why}). Everything recorded is kept; once it is "
+        f"fixed: kb resume {run_id} (exit {EXIT_STORE})",
+        err=True,
+    )
+    return EXIT_STORE
 
 
 def _waiting(run_id: str, state: RunState) -> str:
