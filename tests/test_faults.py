@@ -1,7 +1,7 @@
 """Faults from outside kb, each with real processes and a real database: a SQLite database made read-only
-under a live run (chattr +i, as the tests run as root), and an event a newer kb wrote. Each ends with one
-line saying what is wrong and whose fault it is, the exit code README documents, and nothing recorded
-lost."""
+under a live run (chattr +i, as the tests run as root), a PostgreSQL server stopped mid-run and started
+again, and an event a newer kb wrote. Each ends with one line saying what is wrong and whose fault it is,
+the exit code README documents, and nothing recorded lost."""
 
 from __future__ import annotations
 
@@ -119,6 +119,46 @@ def test_a_database_made_read_only_mid_run_ends_it_in_one_line(tmp_path: Path) -
     with open_store(str(db), readonly=True) as store:
         after = [e.key for e in store.read(run_id=run_id)]
     assert after[: len(before)] == before and state.resumes
+
+
+def _restart_later(server, down_s: float) -> float:
+    """Stop the server (a fast shutdown: every connection cut), wait, start it again on its port; the
+    seconds it was down."""
+    pg_ctl = str(server.bin / "pg_ctl")
+    server._run(pg_ctl, "-D", str(server.data), "-w", "-m", "fast", "stop")
+    t0 = time.monotonic()
+    time.sleep(down_s)
+    settings = " ".join(f"-c {k}={v}" for k, v in server.settings.items())
+    opts = f"-p {server.port} -k {server.dir} -c listen_addresses=127.0.0.1 {settings}"
+    server._run(pg_ctl, "-D", str(server.data), "-l", str(server.log), "-w", "-o", opts, "start")
+    return time.monotonic() - t0
+
+
+def test_a_postgres_server_stopped_mid_run_is_one_line_each_way(pg_server, pg_url: str, tmp_path) -> None:
+    """The server stopped for 8 s under a live `kb run` (its five workers included): the run rides it out
+    and finishes; stderr says "the database is unavailable ...; trying again" once and "the database is
+    back" once, and none of the connection pool's warnings (one a reconnection attempt)."""
+    env = kb_env(KB_DB=pg_url, KB_EXEC_LOG=str(tmp_path / "exec.log"))
+    proc, run_id = kb_start(["run", str(SOFTMAX), *QUICK], env)
+    try:
+        wait_for(pg_url, run_id, ("GatePassed", "GateFailed"), proc)
+        down = _restart_later(pg_server, 8.0)
+        out, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert down >= 8.0
+    assert proc.returncode == 0, (out, err)
+    lines = err.splitlines()
+    lost = [line for line in lines if "the database is unavailable" in line]
+    back = [line for line in lines if "the database is back after" in line]
+    assert len(lost) == 1 and lost[0].startswith("kb: the database is unavailable ("), err
+    assert lost[0].endswith("; trying again"), lost
+    assert len(back) == 1 and back[0].startswith("kb: the database is back after "), err
+    assert lines.index(lost[0]) < lines.index(back[0])
+    assert not [line for line in lines if "psycopg" in line or "error connecting" in line], err
+    assert pg_server.password not in err
+    check_run(pg_url, run_id, tmp_path / "exec.log")
 
 
 def _copy_with_a_newer_event(src: Path, db: Path) -> tuple[str, str, int]:

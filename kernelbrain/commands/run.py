@@ -19,7 +19,7 @@ from kernelbrain.commands.options import (
 )
 from kernelbrain.core import torch_ops
 from kernelbrain.core.events import RunConfig
-from kernelbrain.runtime import isolation, run_lease
+from kernelbrain.runtime import isolation, reconnect, run_lease
 from kernelbrain.runtime.environment import without_secrets
 from kernelbrain.runtime.roles import ROLES
 from kernelbrain.runtime.run_lease import RunLease
@@ -294,8 +294,8 @@ def resume(run_id: str, db: str, gpu: int | None, inprocess: bool, quiet: bool, 
     default=None,
     help="Exit after this long with nothing to do.",
 )
-# started by `kb run`: this worker exits EXIT_STORE, quietly, on a database that fails it (its supervisor
-# checks the database and says why)
+# started by `kb run`, which says for the run when the database is lost: this worker says nothing of it,
+# and exits EXIT_STORE, quietly, on a database that fails it (its supervisor checks and says why)
 @click.option("--supervised", is_flag=True, hidden=True)
 @user_errors
 def worker(
@@ -307,6 +307,7 @@ def worker(
         # start again without them (only the generator talks to the LLM)
         argv = [sys.executable, "-m", "kernelbrain", *sys.argv[1:]]
         os.execve(sys.executable, argv, without_secrets(dict(os.environ)))
+    reconnect.speak_as(f"{role} worker", quiet=supervised)
     try:
         if run_id is not None:
             with open_store(db) as store:

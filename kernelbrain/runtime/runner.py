@@ -168,7 +168,7 @@ def _spawn(db: str, role: str, run_id: str, gpu: int | None) -> subprocess.Popen
     # only), never on the command line (/proc/PID/cmdline, readable by every user)
     url = is_url(db)
     where = [] if url else ["--db", db]
-    # --supervised: a worker the database fails exits quietly; this process checks it and says why
+    # --supervised: the worker leaves it to this process to say that the database is lost, or failed
     cmd = [sys.executable, "-m", "kernelbrain", "worker", role, *where, "--run", run_id, "--supervised"]
     if gpu is not None:
         cmd += ["--gpu", str(gpu)]

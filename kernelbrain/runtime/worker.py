@@ -25,7 +25,7 @@ from typing import Any
 
 from kernelbrain.core.events import LeaseExpired, TaskClaimed, TaskFaulted, TaskParked
 from kernelbrain.core.state import RunState, lease_lost
-from kernelbrain.runtime.reconnect import retrying
+from kernelbrain.runtime.reconnect import OUTAGE, retrying
 from kernelbrain.runtime.role import Task, owner_alive
 from kernelbrain.runtime.roles import ROLE_CLASSES, SchedulerRole
 from kernelbrain.runtime.sandbox import Sandbox
@@ -63,11 +63,12 @@ class Heartbeat(threading.Thread):
                 try:
                     store = store or open_store(self.db, create=False)
                     self.lease = store.renew(self.lease, self.ttl_s)
+                    OUTAGE.ended()
                 except StaleLease as e:
                     self.lost = e
                     return
                 except StoreUnavailable as e:
-                    log.warning("lease %s not renewed, the database is unavailable: %s", self.lease.task, e)
+                    OUTAGE.began(e)  # said once a process, with the line that it is back
                 except StoreError as e:
                     self.failed = e
                     return
