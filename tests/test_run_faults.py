@@ -1,7 +1,8 @@
 """Faults around the processes that drive a run, each with real `kb` processes and real signals: a second
 live `kb resume` of a run (refused through the run's lease, on SQLite and PostgreSQL; a dead holder's
-lease does not block), `kb resume` of a finished run (exit 0), and the scratch folders SIGKILLed
-processes leave (swept by the next kb command, a live process's kept)."""
+lease does not block), `kb resume` of a finished run (exit 0), the scratch folders SIGKILLed processes
+leave (swept by the next kb command, a live process's kept), and Ctrl-C while `kb run` is piped through
+tee (exit 130, the resume hint kept)."""
 
 from __future__ import annotations
 
@@ -182,6 +183,36 @@ def test_the_next_kb_command_sweeps_what_sigkilled_processes_left(tmp_path: Path
     assert all(p.is_dir() for p in kept)  # its process is gone: no clean exit removed them
     kb("ls", "--db", db, env=env)
     assert not any(p.exists() for p in kept)
+
+
+def test_ctrl_c_while_piped_through_tee_exits_130_with_the_resume_hint(tmp_path: Path) -> None:
+    """`kb run ... | tee log` and a Ctrl-C (SIGINT to the whole group: tee stops at once, stdout's reader
+    gone): kb still stops its workers, says how to resume on stderr, and exits 130."""
+    db = tmp_path / "kb.db"
+    kb_cmd = " ".join(
+        [sys.executable, "-m", "kernelbrain", "run", str(SOFTMAX), "--db", str(db), *QUICK[:-1]]
+    )
+    script = f'{kb_cmd} 2> {tmp_path}/err | tee {tmp_path}/log; echo "${{PIPESTATUS[0]}}" > {tmp_path}/code'
+    shell = subprocess.Popen(
+        ["bash", "-c", script], env=kb_env(), start_new_session=True, stdout=subprocess.DEVNULL
+    )
+    try:
+        deadline = time.monotonic() + 240
+        while not (tmp_path / "log").exists() or " gate passed " not in (tmp_path / "log").read_text():
+            assert shell.poll() is None and time.monotonic() < deadline, (tmp_path / "err").read_text()
+            time.sleep(0.1)
+        os.killpg(shell.pid, signal.SIGINT)
+        shell.wait(timeout=120)
+    finally:
+        if shell.poll() is None:
+            os.killpg(shell.pid, signal.SIGKILL)
+    err = (tmp_path / "err").read_text()
+    assert (tmp_path / "code").read_text().strip() == str(EXIT_INTERRUPTED), err
+    run_id = (tmp_path / "log").read_text().split()[1]
+    assert err.strip().splitlines()[-1] == (
+        f"kb: run {run_id} interrupted; everything recorded is kept. Continue with: kb resume {run_id}"
+    ), err
+    assert "Traceback" not in err and "BrokenPipe" not in err, err
 
 
 HOLD_LOCK = (

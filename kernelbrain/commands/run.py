@@ -34,6 +34,7 @@ from kernelbrain.runtime.runner import (
 )
 from kernelbrain.runtime.worker import Worker
 from kernelbrain.store import StoreError
+from kernelbrain.views import lines
 from kernelbrain.views.ending import EXIT_STORE
 
 
@@ -203,8 +204,8 @@ def run(
         run_id = start_run(store, problem, config)
     with run_lease.held(db, run_id, "run") as lease:  # held before anyone is told the run's id
         if not as_json:  # JSON readers find the id on every line, RunStarted first
-            click.echo(f"run {run_id}")
-        sys.stdout.flush()
+            lines.echo(f"run {run_id}")
+        lines.flush()
         drive(db, run_id, gpu, inprocess, quiet, as_json, lease, external_workers)
 
 
@@ -275,11 +276,11 @@ def resume(run_id: str, db: str, gpu: int | None, inprocess: bool, quiet: bool, 
             ending.already_finished(run_id, state, as_json)
             return
         if not as_json:
-            click.echo(
+            lines.echo(
                 f"run {run_id} resumed at event #{state.position}: {len(state.candidates)} candidates, "
                 f"{len(state.live())} unfinished"
             )
-        sys.stdout.flush()
+        lines.flush()
         drive(db, run_id, gpu, inprocess, quiet, as_json, lease, after=before)
 
 
