@@ -199,6 +199,8 @@ def run(
         analysis_timeout_s=env_seconds("KB_ANALYSIS_TIMEOUT_S", 60.0),
         allow_torch=allow_torch,
     )
+    if generator == "llm" and not (llm_model or os.environ.get("KB_LLM_MODEL")):
+        raise click.UsageError("--generator llm needs a model: pass --llm-model or set KB_LLM_MODEL")
     generators.get(generator, **config.generator_options())  # a misconfigured generator fails here
     with open_store(db, create=True) as store:
         run_id = start_run(store, problem, config)
