@@ -196,7 +196,7 @@ class EventStore(Store):
         read-only and writes nothing. Writes are refused meanwhile, with one line (_write)."""
         if self._path == MEMORY or self._conn.in_transaction:
             return
-        blocked = self._unwritable() is not None
+        blocked = self._unwritable(self._path + "-shm") is not None  # the file it maps: one call
         if blocked == self._fallen_back:
             return
         old = self._conn
@@ -281,10 +281,10 @@ class EventStore(Store):
             no_checkpoint_on_close(self._conn, self._path)
         self._conn.close()
 
-    def _unwritable(self) -> str | None:
-        """The first of the database's files (itself, its -wal and -shm) that exists and cannot be
-        written (a read-only mount, an immutable file, its mode), else None."""
-        for name in (self._path, self._path + "-wal", self._path + "-shm"):
+    def _unwritable(self, *names: str) -> str | None:
+        """The first of `names` (default: the database's files, itself, its -wal and -shm) that exists
+        and cannot be written (a read-only mount, an immutable file, its mode), else None."""
+        for name in names or (self._path, self._path + "-wal", self._path + "-shm"):
             if not os.access(name, os.W_OK) and os.path.exists(name):  # (access first: one call a file)
                 return name
         return None
