@@ -25,6 +25,7 @@ from kernelbrain.runtime.roles import ROLES
 from kernelbrain.runtime.run_lease import RunLease
 from kernelbrain.runtime.runner import (
     DEFAULT_RUNGS,
+    WORKER_STORE_EXIT,
     load_state,
     parse_ladder,
     prepare_resume,
@@ -35,7 +36,6 @@ from kernelbrain.runtime.runner import (
 from kernelbrain.runtime.worker import Worker
 from kernelbrain.store import StoreError
 from kernelbrain.views import lines
-from kernelbrain.views.ending import EXIT_STORE
 
 
 def drive(
@@ -298,7 +298,7 @@ def resume(run_id: str, db: str, gpu: int | None, inprocess: bool, quiet: bool, 
     help="Exit after this long with nothing to do.",
 )
 # started by `kb run`, which says for the run when the database is lost: this worker says nothing of it,
-# and exits EXIT_STORE, quietly, on a database that fails it (its supervisor checks and says why)
+# and exits WORKER_STORE_EXIT, quietly, on a database that fails it at work (kb run checks it, says why)
 @click.option("--supervised", is_flag=True, hidden=True)
 @user_errors
 def worker(
@@ -311,14 +311,14 @@ def worker(
         argv = [sys.executable, "-m", "kernelbrain", *sys.argv[1:]]
         os.execve(sys.executable, argv, without_secrets(dict(os.environ)))
     reconnect.speak_as(f"{role} worker", quiet=supervised)
+    if run_id is not None:
+        with open_store(db) as store:
+            require_run(store, run_id)  # a worker for a run that is not there would idle forever
+    w = Worker(db, role, run_id, gpu=gpu)  # (one that cannot start says why, supervised or not)
+    w.install_signal_handlers()
     try:
-        if run_id is not None:
-            with open_store(db) as store:
-                require_run(store, run_id)  # a worker for a run that is not there would idle forever
-        w = Worker(db, role, run_id, gpu=gpu)
-        w.install_signal_handlers()
         w.run(idle_exit_s=idle_exit_s)
     except StoreError:
         if supervised:
-            sys.exit(EXIT_STORE)
+            sys.exit(WORKER_STORE_EXIT)
         raise

@@ -11,6 +11,7 @@ be written (`probe`)."""
 from __future__ import annotations
 
 import contextlib
+import socket
 from collections.abc import Iterator
 
 from kernelbrain.core.errors import RunError
@@ -29,12 +30,16 @@ def lease_name(run_id: str) -> str:
     return run_id
 
 
-def holder(owner: str) -> str:
-    """A lease owner id (`resume@host:pid:start`) as a person reads it."""
+def holder(owner: str, ttl_s: float) -> str:
+    """A lease owner id (`resume@host:pid:start`) as a person reads it; one on another host may have
+    died unseen, so when its lease lapses is said too."""
     role, _, where = owner.partition("@")
     host, _, rest = where.partition(":")
     pid = rest.partition(":")[0]
-    return f"`kb {role}` (pid {pid} on {host})" if pid else owner
+    if not pid:
+        return owner
+    elsewhere = f"; if it died, its lease lapses within {ttl_s:g} s" if host != socket.gethostname() else ""
+    return f"`kb {role}` (pid {pid} on {host}{elsewhere})"
 
 
 class RunLease:
@@ -52,7 +57,7 @@ class RunLease:
             )
             if claimed is None:
                 held = self.store.lease(name)
-                by = holder(held.owner) if held is not None else "another process"
+                by = holder(held.owner, ttl_s) if held is not None else "another process"
                 raise RunHeld(
                     f"run {run_id} is being driven already, by {by}; a second driver would run its "
                     f"workers twice. Let that one finish, or stop it, then `kb resume {run_id}`"

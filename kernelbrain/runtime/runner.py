@@ -40,6 +40,9 @@ from kernelbrain.store import Store, open_store
 from kernelbrain.store.urls import is_url
 
 MAX_RESTARTS = 5
+# what a worker `kb run` started exits with when its database fails it at work (kb worker --supervised);
+# the supervisor then checks the database itself (a write: its lease's renewal)
+WORKER_STORE_EXIT = 6
 
 DEFAULT_RUNGS = {
     # the interpreter is slow: few repeats, and every rung measures the smoke shape
@@ -267,7 +270,8 @@ def _supervise_processes(
                         f"see its output above, fix, then `kb resume {run_id}`"
                     )
                 restarts[role] += 1
-                print(f"kb: {role} worker exited with {code}; restarting it", file=sys.stderr)
+                why = " (its database failed it, and answers again)" if code == WORKER_STORE_EXIT else ""
+                print(f"kb: {role} worker exited with {code}{why}; restarting it", file=sys.stderr)
                 procs[role] = _spawn(db, role, run_id, gpu)
             time.sleep(0.2)
         return None
