@@ -6,6 +6,10 @@ by several connections (SQLite 3.7.0-3.51.2); the stdlib module is the fallback 
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import os
+import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, TypeVar
 
@@ -19,7 +23,7 @@ else:
     except ImportError:  # pragma: no cover - exercised only where the wheel is missing
         import sqlite3
 
-__all__ = ["is_busy", "retry_busy", "sqlite3"]
+__all__ = ["is_busy", "no_checkpoint_on_close", "retry_busy", "sqlite3"]
 
 T = TypeVar("T")
 
@@ -56,3 +60,36 @@ def retry_busy(fn: Callable[[], T], attempts: int = 5) -> T:
         with attempt:
             return fn()
     raise AssertionError("unreachable: Retrying re-raises the last error")  # pragma: no cover
+
+
+_NO_CKPT_ON_CLOSE = 1006  # SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE (sqlite3.h)
+
+
+def no_checkpoint_on_close(conn: sqlite3.Connection, path: str) -> bool:
+    """Tell SQLite not to checkpoint the WAL when `conn` (open on `path`) closes; True when it took.
+
+    The last connection to close checkpoints and writes the -shm file, which it maps. Where that file
+    can no longer be written (an immutable file, a read-only mount), a write to a mapped page is a
+    SIGBUS, which no Python code can catch. Neither sqlite3 module (before Python 3.12) exposes
+    sqlite3_db_config, so it is called through ctypes on the connection's handle: the first field
+    after the object header in both modules' Connection structs. The handle is used only once SQLite
+    itself names `path` as its main file, so a layout this does not know is never written to."""
+    module = sys.modules.get("pysqlite3._sqlite3" if sqlite3.__name__.startswith("pysqlite3") else "_sqlite3")
+    if module is None or module.__file__ is None:
+        return False
+    with contextlib.suppress(OSError, AttributeError, ValueError):
+        lib = ctypes.CDLL(module.__file__)
+        lib.sqlite3_db_filename.restype = ctypes.c_char_p
+        lib.sqlite3_db_filename.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
+        lib.sqlite3_db_config.restype = ctypes.c_int
+        lib.sqlite3_db_config.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p]
+        handle = ctypes.c_void_p.from_address(id(conn) + object.__basicsize__).value
+        if not handle:
+            return False
+        name = lib.sqlite3_db_filename(handle, b"main")
+        if not name or os.path.realpath(os.fsdecode(name)) != os.path.realpath(path):
+            return False
+        took = ctypes.c_int(0)
+        ok = lib.sqlite3_db_config(handle, _NO_CKPT_ON_CLOSE, 1, ctypes.byref(took))
+        return bool(ok == 0 and took.value == 1)
+    return False

@@ -9,7 +9,7 @@ import os
 import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 import orjson
 from kernelbrain.store import migrate
@@ -27,7 +27,7 @@ from kernelbrain.store.base import (
     stale_lease,
     stored_from_insert,
 )
-from kernelbrain.store.driver import retry_busy, sqlite3
+from kernelbrain.store.driver import no_checkpoint_on_close, retry_busy, sqlite3
 from kernelbrain.store.errors import BlobMissing, CorruptDatabase, StoreError
 from kernelbrain.store.projection import Projection
 from kernelbrain.store.records import Lease, NewEvent, StoredEvent
@@ -86,6 +86,11 @@ def _translate(e: sqlite3.Error, path: str, busy_timeout_s: float) -> StoreError
             f"{path} stayed locked by another writer past the {busy_timeout_s:g} s busy timeout ({text});"
             " stop the process holding it or raise the timeout"
         )
+    if name.startswith("SQLITE_IOERR") or "disk i/o error" in low:
+        return StoreError(
+            f"{path} could not be written ({text}); check that its disk has room and that the file, its "
+            "-wal and -shm and its folder are writable"
+        )
     if name.startswith("SQLITE_READONLY") or "readonly" in low:
         return StoreError(f"{path} cannot be written ({text}); check file permissions or open it read-only")
     if name.startswith("SQLITE_CANTOPEN") or "unable to open" in low:
@@ -97,7 +102,20 @@ def _translate(e: sqlite3.Error, path: str, busy_timeout_s: float) -> StoreError
     return StoreError(f"{path}: SQLite error ({text})")
 
 
-_boundary = boundary(sqlite3.Error)
+_translated = boundary(sqlite3.Error)
+A = ParamSpec("A")
+
+
+def _boundary(fn: Callable[Concatenate[EventStore, A], T]) -> Callable[Concatenate[EventStore, A], T]:
+    """A public method: its sqlite3 errors become StoreErrors, and it runs on a read-only connection
+    while the database's files cannot be written (EventStore._follow_permissions)."""
+
+    @functools.wraps(fn)
+    def guarded(store: EventStore, /, *args: A.args, **kwargs: A.kwargs) -> T:
+        store._follow_permissions()
+        return fn(store, *args, **kwargs)
+
+    return _translated(guarded)
 
 
 class EventStore(Store):
@@ -146,21 +164,55 @@ class EventStore(Store):
         if not memory and not os.path.exists(self._path) and (not create or readonly):
             # Checked before connecting: sqlite3.connect would create the file.
             raise StoreError(f"no database at {self._path}")
-        try:
-            self._conn = sqlite3.connect(
-                self._path if memory else self._uri(),
-                uri=not memory,
-                isolation_level=None,  # we issue BEGIN IMMEDIATE / COMMIT ourselves
-                check_same_thread=False,
-                timeout=busy_timeout_s,
-            )
-        except sqlite3.Error as e:
-            raise _translate(e, self._path, busy_timeout_s) from e
+        if not memory and not readonly and (blocked := self._unwritable()):
+            raise self._read_only(blocked)
+        self._fallen_back = False  # on a mode=ro connection: the files turned read-only under it
+        self._conn = self._connect(self._path if memory else self._uri())
         try:
             self._open()
         except BaseException:
             self._conn.close()
             raise
+
+    def _connect(self, target: str) -> sqlite3.Connection:
+        try:
+            return sqlite3.connect(
+                target,
+                uri=self._path != MEMORY,
+                isolation_level=None,  # we issue BEGIN IMMEDIATE / COMMIT ourselves
+                check_same_thread=False,
+                timeout=self._busy_timeout_s,
+            )
+        except sqlite3.Error as e:
+            raise _translate(e, self._path, self._busy_timeout_s) from e
+
+    def _follow_permissions(self) -> None:
+        """Where the database's files cannot be written any more (a read-only remount, chattr +i), go on
+        reading through a mode=ro connection, and back to the usual one once they can.
+
+        A connection that mapped the -shm while it was writable writes there when a read moves its read
+        mark, and when it closes last (the checkpoint); on a file that can no longer be written, such a
+        write to a mapped page is a SIGBUS, which kills the process. A mode=ro connection maps the -shm
+        read-only and writes nothing. Writes are refused meanwhile, with one line (_write)."""
+        if self._path == MEMORY or self._conn.in_transaction:
+            return
+        blocked = self._unwritable(self._path + "-shm") is not None  # the file it maps: one call
+        if blocked == self._fallen_back:
+            return
+        old = self._conn
+        if blocked:
+            no_checkpoint_on_close(old, self._path)
+            target = f"{Path(self._path).absolute().as_uri()}?mode=ro"
+        else:
+            target = self._uri()
+        self._conn = self._connect(target)
+        self._conn.execute(f"PRAGMA busy_timeout = {int(self._busy_timeout_s * 1000)}")
+        if self._readonly:
+            self._conn.execute("PRAGMA query_only = ON")
+        elif not blocked:
+            self._conn.execute("PRAGMA synchronous = FULL")
+        self._fallen_back = blocked
+        old.close()
 
     def _uri(self) -> str:
         # mode=rw never creates the file (closing the exists/connect race); a read never creates it.
@@ -224,7 +276,24 @@ class EventStore(Store):
         return self._path
 
     def close(self) -> None:
+        if self._path != MEMORY and self._unwritable():
+            # the last connection's close checkpoints, writing the -shm it maps: a SIGBUS there now
+            no_checkpoint_on_close(self._conn, self._path)
         self._conn.close()
+
+    def _unwritable(self, *names: str) -> str | None:
+        """The first of `names` (default: the database's files, itself, its -wal and -shm) that exists
+        and cannot be written (a read-only mount, an immutable file, its mode), else None."""
+        for name in names or (self._path, self._path + "-wal", self._path + "-shm"):
+            if not os.access(name, os.W_OK) and os.path.exists(name):  # (access first: one call a file)
+                return name
+        return None
+
+    def _read_only(self, blocked: str) -> StoreError:
+        return StoreError(
+            f"{self._path} cannot be written: {blocked} is read-only (a read-only mount, an immutable "
+            "file or its mode); make it writable"
+        )
 
     def translate_error(self, e: BaseException) -> StoreError:
         assert isinstance(e, sqlite3.Error)
@@ -246,6 +315,10 @@ class EventStore(Store):
         if self._readonly:
             raise StoreError(f"{self._path} is open read-only; open it without read-only to write")
         c = self._conn
+        if self._path != MEMORY and not c.in_transaction and (blocked := self._unwritable()):
+            # refused before SQLite writes: it would map the -shm and write there, a SIGBUS where that
+            # file has become read-only since it was mapped
+            raise self._read_only(blocked)
         if c.in_transaction:
             # Called from inside our own transaction (e.g. on_claim stores a blob): join it, so the
             # nested write commits or rolls back with the outer one.

@@ -346,10 +346,14 @@ def test_an_unknown_run_id_is_named(kb_db: tuple[Path, str], tmp_path: Path, arg
     assert not (tmp_path / "kernel.py").exists()
 
 
-def test_resuming_a_finished_run_is_refused(kb_db: tuple[Path, str], tmp_path: Path) -> None:
+def test_resuming_a_finished_run_says_so_and_changes_nothing(kb_db: tuple[Path, str], tmp_path: Path) -> None:
+    """Nothing to resume is no error: exit 0 (a resume-until-done loop needs no words parsed), one line."""
     db, run_id = kb_db
     snap = Snapshot(db, kb_db=True)
-    assert_user_error(kb("resume", run_id, "--db", db, cwd=tmp_path), run_id, "finished")
+    r = kb("resume", run_id, "--db", db, cwd=tmp_path)
+    assert (r.returncode, r.stderr) == (0, ""), (r.stdout, r.stderr)
+    (line,) = r.stdout.splitlines()
+    assert line.startswith(f"run {run_id} finished already: ") and line.endswith("Nothing to resume"), line
     snap.assert_unchanged()
 
 

@@ -138,10 +138,13 @@ def test_garbage_replies_leave_the_run_waiting(tmp_path):
 
 
 def test_no_model_configured_fails_before_anything_is_written(tmp_path):
+    """A usage error (exit 2): the command line, or KB_LLM_MODEL, lacks what --generator llm needs."""
     db = tmp_path / "kb.db"
     r = kb("run", str(SOFTMAX), "--db", str(db), "--generator", "llm", env=kb_env(KB_LLM_MODEL=""))
-    assert r.returncode == 1
-    assert r.stderr.strip() == "Error: no LLM model configured: set KB_LLM_MODEL (or pass --llm-model)"
+    assert r.returncode == 2
+    assert r.stderr.strip() == (
+        "Error: --generator llm needs a model: pass --llm-model or set KB_LLM_MODEL (see `kb run --help`)"
+    )
     assert not db.exists()
 
 

@@ -16,12 +16,14 @@ from kernelbrain.core.errors import UserError
 from kernelbrain.core.events import EventError
 from kernelbrain.core.problem import ProblemError
 from kernelbrain.generators import GenerationError
+from kernelbrain.runtime import scratch
 from kernelbrain.runtime.check import CandidateFileError
 from kernelbrain.runtime.isolation import IsolationError
+from kernelbrain.runtime.run_lease import RunHeld
 from kernelbrain.runtime.runner import detect_device
 from kernelbrain.store import Store, StoreError
 from kernelbrain.store import open_store as open_db
-from kernelbrain.views.ending import EXIT_PROBLEM
+from kernelbrain.views.ending import EXIT_BUSY, EXIT_PROBLEM
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -45,6 +47,12 @@ class ProblemUnusable(click.ClickException):
     exit_code = EXIT_PROBLEM
 
 
+class RunBusy(click.ClickException):
+    """Another live process drives the run (it holds the run's lease): its own exit code."""
+
+    exit_code = EXIT_BUSY
+
+
 def db_option(f: F) -> F:
     return click.option(
         "--db",
@@ -61,14 +69,18 @@ def json_option(f: F) -> F:
 
 def user_errors(f: Callable[P, T]) -> Callable[P, T]:
     """Known failures become one clear line (click prints 'Error: ...') and exit 1, or EXIT_PROBLEM where
-    the problem file is at fault."""
+    the problem file is at fault, EXIT_BUSY where another process drives the run. First, the scratch
+    folders that killed kb processes left on this machine are swept (runtime/scratch.py)."""
 
     @functools.wraps(f)
     def wrapper(*args: P.args, **kwargs: P.kwargs) -> T:
+        scratch.sweep()
         try:
             return f(*args, **kwargs)
         except ProblemError as e:
             raise ProblemUnusable(str(e).splitlines()[0]) from e
+        except RunHeld as e:
+            raise RunBusy(str(e).splitlines()[0]) from e
         except USER_ERRORS as e:
             raise click.ClickException(str(e).splitlines()[0]) from e
 

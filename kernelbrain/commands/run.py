@@ -19,11 +19,13 @@ from kernelbrain.commands.options import (
 )
 from kernelbrain.core import torch_ops
 from kernelbrain.core.events import RunConfig
-from kernelbrain.runtime import isolation
+from kernelbrain.runtime import isolation, reconnect, run_lease
 from kernelbrain.runtime.environment import without_secrets
 from kernelbrain.runtime.roles import ROLES
+from kernelbrain.runtime.run_lease import RunLease
 from kernelbrain.runtime.runner import (
     DEFAULT_RUNGS,
+    WORKER_STORE_EXIT,
     load_state,
     parse_ladder,
     prepare_resume,
@@ -32,6 +34,8 @@ from kernelbrain.runtime.runner import (
     supervise,
 )
 from kernelbrain.runtime.worker import Worker
+from kernelbrain.store import StoreError
+from kernelbrain.views import lines
 
 
 def drive(
@@ -41,10 +45,12 @@ def drive(
     inprocess: bool,
     quiet: bool,
     as_json: bool,
+    lease: RunLease,
     external: bool = False,
     after: int = 0,
 ) -> None:
-    """Supervise the run, showing it live (kernelbrain.views.progress), then say how it ended."""
+    """Supervise the run, showing it live (kernelbrain.views.progress), then say how it ended; a database
+    that fails under the run ends it with one line and EXIT_STORE."""
     from kernelbrain.views import ending, progress
 
     level = isolation.chosen()
@@ -58,8 +64,12 @@ def drive(
     reader = open_store(db)
     try:
         with progress.make_view(reader, run_id, after=after, as_json=as_json, quiet=quiet) as view:
-            finished = supervise(db, run_id, gpu=gpu, inprocess=inprocess, external=external, progress=view)
+            finished = supervise(
+                db, run_id, gpu=gpu, inprocess=inprocess, external=external, progress=view, lease=lease
+            )
         state = load_state(reader, run_id)
+    except StoreError as e:
+        sys.exit(ending.store_failed(run_id, e))
     finally:
         reader.close()
     code = ending.report(run_id, state, finished, as_json)
@@ -189,13 +199,16 @@ def run(
         analysis_timeout_s=env_seconds("KB_ANALYSIS_TIMEOUT_S", 60.0),
         allow_torch=allow_torch,
     )
+    if generator == "llm" and not (llm_model or os.environ.get("KB_LLM_MODEL")):
+        raise click.UsageError("--generator llm needs a model: pass --llm-model or set KB_LLM_MODEL")
     generators.get(generator, **config.generator_options())  # a misconfigured generator fails here
     with open_store(db, create=True) as store:
         run_id = start_run(store, problem, config)
-    if not as_json:  # JSON readers find the id on every line, RunStarted first
-        click.echo(f"run {run_id}")
-    sys.stdout.flush()
-    drive(db, run_id, gpu, inprocess, quiet, as_json, external_workers)
+    with run_lease.held(db, run_id, "run") as lease:  # held before anyone is told the run's id
+        if not as_json:  # JSON readers find the id on every line, RunStarted first
+            lines.echo(f"run {run_id}")
+        lines.flush()
+        drive(db, run_id, gpu, inprocess, quiet, as_json, lease, external_workers)
 
 
 @click.command()
@@ -249,17 +262,28 @@ def check(
 @json_option
 @user_errors
 def resume(run_id: str, db: str, gpu: int | None, inprocess: bool, quiet: bool, as_json: bool) -> None:
-    """Continue an interrupted run from its log."""
+    """Continue an interrupted run from its log (a finished one: say so, exit 0)."""
+    from kernelbrain.views import ending
+
     with open_store(db) as store:
-        before = store.last_seq(run_id) or 0  # this session shows what it adds, from RunResumed on
-        state = prepare_resume(store, run_id)
-    if not as_json:
-        click.echo(
-            f"run {run_id} resumed at event #{state.position}: {len(state.candidates)} candidates, "
-            f"{len(state.live())} unfinished"
-        )
-    sys.stdout.flush()
-    drive(db, run_id, gpu, inprocess, quiet, as_json, after=before)
+        state = load_state(store, run_id)
+    if state.finished is not None:  # nothing to drive: no lease needed
+        ending.already_finished(run_id, state, as_json)
+        return
+    with run_lease.held(db, run_id, "resume") as lease:  # a second live resume is refused here
+        with open_store(db) as store:
+            before = store.last_seq(run_id) or 0  # this session shows what it adds, from RunResumed on
+            state = prepare_resume(store, run_id)  # (finished meanwhile, by the holder it waited for)
+        if state.finished is not None:
+            ending.already_finished(run_id, state, as_json)
+            return
+        if not as_json:
+            lines.echo(
+                f"run {run_id} resumed at event #{state.position}: {len(state.candidates)} candidates, "
+                f"{len(state.live())} unfinished"
+            )
+        lines.flush()
+        drive(db, run_id, gpu, inprocess, quiet, as_json, lease, after=before)
 
 
 @click.command()
@@ -273,17 +297,28 @@ def resume(run_id: str, db: str, gpu: int | None, inprocess: bool, quiet: bool, 
     default=None,
     help="Exit after this long with nothing to do.",
 )
+# started by `kb run`, which says for the run when the database is lost: this worker says nothing of it,
+# and exits WORKER_STORE_EXIT, quietly, on a database that fails it at work (kb run checks it, says why)
+@click.option("--supervised", is_flag=True, hidden=True)
 @user_errors
-def worker(role: str, db: str, run_id: str | None, gpu: int | None, idle_exit_s: float | None) -> None:
+def worker(
+    role: str, db: str, run_id: str | None, gpu: int | None, idle_exit_s: float | None, supervised: bool
+) -> None:
     """Run one worker process (kb run starts all five for you)."""
     if role != "generator" and without_secrets(dict(os.environ)) != dict(os.environ):
         # started by hand with the keys in its environment, which its children could read in /proc:
         # start again without them (only the generator talks to the LLM)
         argv = [sys.executable, "-m", "kernelbrain", *sys.argv[1:]]
         os.execve(sys.executable, argv, without_secrets(dict(os.environ)))
+    reconnect.speak_as(f"{role} worker", quiet=supervised)
     if run_id is not None:
         with open_store(db) as store:
             require_run(store, run_id)  # a worker for a run that is not there would idle forever
-    w = Worker(db, role, run_id, gpu=gpu)
+    w = Worker(db, role, run_id, gpu=gpu)  # (one that cannot start says why, supervised or not)
     w.install_signal_handlers()
-    w.run(idle_exit_s=idle_exit_s)
+    try:
+        w.run(idle_exit_s=idle_exit_s)
+    except StoreError:
+        if supervised:
+            sys.exit(WORKER_STORE_EXIT)
+        raise

@@ -50,21 +50,18 @@ def doctor(
 @user_errors
 def ls(db: str, as_json: bool) -> None:
     """List the runs in the database."""
-    from kernelbrain.views.describe import status_dict
+    from kernelbrain.views.describe import listing, listing_rows
 
     with read_store(db) as store:
-        rows = [status_dict(load_state(store, rid)) for rid in store.run_ids()]
+        rows = listing_rows(store)
     if as_json:
         echo_json(rows)
         return
     if not rows:
         click.echo(f"no runs in {mask(db)}")
-    for r in rows:
-        best = f"{r['leader_score']:.4g}" if r["leader_score"] is not None else "-"
-        click.echo(
-            f"{r['run_id']}  {r['problem']:<20} {r['state']:<24} candidates {r['candidates']['proposed']:<3} "
-            f"best score {best}  winner {r['winner'] or '-'}"
-        )
+        return
+    for line in listing(rows):
+        click.echo(line)
 
 
 @click.command()
@@ -144,10 +141,17 @@ def replay(run_id: str, db: str, as_json: bool) -> None:
     else:
         for line in report.divergences:
             click.echo(f"DIVERGENCE {line}")
-        click.echo(
-            f"replayed {report.events} events, {report.candidates} candidates: {report.decisions} decisions "
-            f"{'agree with' if report.agrees else 'DIVERGE from'} policy v{report.policy_version}"
-        )
+        verdict = "DIVERGE from" if report.divergences else "agree with"
+        if report.stopped is not None:  # a newer kb's event: what follows it is not this kb's to check
+            click.echo(
+                f"replay stopped: {report.stopped}; the {report.decisions} decisions before it {verdict} "
+                f"policy v{report.policy_version}"
+            )
+        else:
+            click.echo(
+                f"replayed {report.events} events, {report.candidates} candidates: {report.decisions} "
+                f"decisions {verdict} policy v{report.policy_version}"
+            )
     if not report.agrees:
         sys.exit(1)
 

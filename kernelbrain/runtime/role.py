@@ -4,7 +4,6 @@ one path by which a role asks a child for work and records what that cost (`cons
 from __future__ import annotations
 
 import abc
-import os
 import socket
 import time
 from dataclasses import dataclass
@@ -13,34 +12,28 @@ from typing import Generic, TypeVar
 from kernelbrain.core.events import BudgetCharged, Event, GateCategory, ProblemFailed
 from kernelbrain.core.protocol import Fit, Message, Request
 from kernelbrain.core.state import RunState
+from kernelbrain.runtime import processes
 from kernelbrain.runtime.sandbox import ProblemFault, Sandbox, SandboxError, SandboxFault
 from kernelbrain.store import NewEvent, Store
 
 R = TypeVar("R", bound=Message)
 
 
-def _proc_start(pid: int) -> str | None:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[19]  # field 22: start time in clock ticks
-    except (OSError, IndexError):
-        return None
-
-
 def owner_id(role: str) -> str:
-    pid = os.getpid()
-    return f"{role}@{socket.gethostname()}:{pid}:{_proc_start(pid)}"
+    pid, start = processes.me()
+    return f"{role}@{socket.gethostname()}:{pid}:{start}"
 
 
 def owner_alive(owner: str) -> bool:
     """A lease held by a dead process on this host can be taken before its deadline."""
     try:
         host, pid, start = owner.rsplit("@", 1)[1].rsplit(":", 2)
-    except ValueError:
+        number = int(pid)
+    except (IndexError, ValueError):
         return True
     if host != socket.gethostname():
         return True  # cannot tell: wait for the deadline
-    return _proc_start(int(pid)) == start
+    return processes.alive(number, start)
 
 
 @dataclass(frozen=True)

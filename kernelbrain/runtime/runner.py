@@ -33,12 +33,16 @@ from kernelbrain.runtime import isolation
 from kernelbrain.runtime.environment import without_secrets
 from kernelbrain.runtime.reconnect import retrying
 from kernelbrain.runtime.roles import ROLES
+from kernelbrain.runtime.run_lease import RunLease
 from kernelbrain.runtime.sandbox import Sandbox
 from kernelbrain.runtime.worker import Worker
 from kernelbrain.store import Store, open_store
 from kernelbrain.store.urls import is_url
 
 MAX_RESTARTS = 5
+# what a worker `kb run` started exits with when its database fails it at work (kb worker --supervised);
+# the supervisor then checks the database itself (a write: its lease's renewal)
+WORKER_STORE_EXIT = 6
 
 DEFAULT_RUNGS = {
     # the interpreter is slow: few repeats, and every rung measures the smoke shape
@@ -147,12 +151,10 @@ def load_state(store: Store, run_id: str) -> RunState:
 
 
 def prepare_resume(store: Store, run_id: str) -> RunState:
+    """Record the next RunResumed; the run's state after it (a finished run's, with nothing recorded)."""
     state = load_state(store, run_id)
     if state.finished is not None:
-        raise RunError(
-            f"run {run_id} already finished ({state.finished.reason}); winner: "
-            f"{state.finished.winner or 'none'}. Nothing to resume"
-        )
+        return state
     attempt = len(state.resumes) + 1
     store.append(
         [
@@ -169,7 +171,8 @@ def _spawn(db: str, role: str, run_id: str, gpu: int | None) -> subprocess.Popen
     # only), never on the command line (/proc/PID/cmdline, readable by every user)
     url = is_url(db)
     where = [] if url else ["--db", db]
-    cmd = [sys.executable, "-m", "kernelbrain", "worker", role, *where, "--run", run_id]
+    # --supervised: the worker leaves it to this process to say that the database is lost, or failed
+    cmd = [sys.executable, "-m", "kernelbrain", "worker", role, *where, "--run", run_id, "--supervised"]
     if gpu is not None:
         cmd += ["--gpu", str(gpu)]
     # a process's first environment stays readable in /proc/PID/environ: the roles that start
@@ -188,12 +191,16 @@ def supervise(
     inprocess: bool = False,
     external: bool = False,
     progress: Callable[[RunState, int], None] | None = None,
+    lease: RunLease | None = None,
 ) -> RunFinished | None:
-    """Drive the run until RunFinished (returned) or a stop signal (returns None; the run is resumable)."""
+    """Drive the run until RunFinished (returned) or a stop signal (returns None; the run is resumable).
+
+    `lease`: this process's lease on the run. A StoreError stands where its renewal failed (the database
+    cannot be written), or RunHeld where another process took it."""
     if inprocess:
-        return _supervise_inprocess(db, run_id, gpu, progress)
+        return _supervise_inprocess(db, run_id, gpu, progress, lease)
     with _stop_signals() as stop:
-        return _supervise_processes(db, run_id, gpu, external, progress, stop)
+        return _supervise_processes(db, run_id, gpu, external, progress, stop, lease)
 
 
 @contextlib.contextmanager
@@ -220,6 +227,7 @@ def _supervise_processes(
     external: bool,
     progress: Callable[[RunState, int], None] | None,
     stop: list[int],
+    lease: RunLease | None,
 ) -> RunFinished | None:
     store = open_store(db, create=False)
     state = RunState(run_id)
@@ -244,10 +252,14 @@ def _supervise_processes(
                 return state.finished
             if stalled(state):  # only parked tasks are left: `kb resume` retries them
                 return None
+            if lease is not None:
+                lease.check()
             for role, proc in procs.items():
                 code = proc.poll()
                 if code is None:
                     continue
+                if lease is not None:  # a write: a worker that died of its database dies of it here too
+                    lease.probe()
                 if state.progress > progress_at_death[role]:
                     restarts[role] = 0
                 progress_at_death[role] = state.progress
@@ -258,7 +270,8 @@ def _supervise_processes(
                         f"see its output above, fix, then `kb resume {run_id}`"
                     )
                 restarts[role] += 1
-                print(f"kb: {role} worker exited with {code}; restarting it", file=sys.stderr)
+                why = " (its database failed it, and answers again)" if code == WORKER_STORE_EXIT else ""
+                print(f"kb: {role} worker exited with {code}{why}; restarting it", file=sys.stderr)
                 procs[role] = _spawn(db, role, run_id, gpu)
             time.sleep(0.2)
         return None
@@ -283,7 +296,11 @@ def _stop_workers(procs: dict[str, subprocess.Popen], grace_s: float = 60.0) -> 
 
 
 def _supervise_inprocess(
-    db: str, run_id: str, gpu: int | None, progress: Callable[[RunState, int], None] | None
+    db: str,
+    run_id: str,
+    gpu: int | None,
+    progress: Callable[[RunState, int], None] | None,
+    lease: RunLease | None,
 ) -> RunFinished | None:
     # the roles take turns in this process: one child runs every role's candidates and one judge serves
     # them all (the analysis included), rather than a pair a role (a torch import each)
@@ -304,6 +321,8 @@ def _supervise_inprocess(
                     return state.finished
                 if state is not None and stalled(state) and not did:
                     return None
+                if lease is not None:
+                    lease.check()
                 if not did and not stop:
                     time.sleep(0.05)
             return None

@@ -19,11 +19,9 @@ import ctypes
 import os
 import resource
 import select
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import IO, Any, TypeVar
@@ -48,7 +46,7 @@ from kernelbrain.core.protocol import (
     RooflineRequest,
     TrialRequest,
 )
-from kernelbrain.runtime import gate, gpu_lock, isolation, reference_retiming, triton_cache
+from kernelbrain.runtime import gate, gpu_lock, isolation, reference_retiming, scratch, triton_cache
 from kernelbrain.runtime.environment import child_env_allowed
 from kernelbrain.runtime.faults import ProblemFault, SandboxError, SandboxFault
 
@@ -76,13 +74,6 @@ def child_limits() -> None:
     resource.setrlimit(resource.RLIMIT_FSIZE, (FILE_CAP, FILE_CAP))
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-
-
-def _memory_folder() -> str | None:
-    """Where the gate's outputs go: a memory file system where there is one (a trial's outputs at a
-    full-size shape are gigabytes, written and read once a candidate), else the temporary folder."""
-    shm = Path("/dev/shm")
-    return str(shm) if shm.is_dir() and os.access(shm, os.W_OK) else None
 
 
 def _sources(request: Request[Any]) -> list[str]:
@@ -169,7 +160,7 @@ class Sandbox:
         self.isolation = isolation.chosen()
         self.own_code_only = True
         self.brought = set()
-        self.tmp = Path(tempfile.mkdtemp(prefix="kb-sandbox-"))
+        self.tmp = scratch.make("sandbox")
         self.stderr = open(self.tmp / "stderr.log", "wb")  # noqa: SIM115 - lives as long as the child
         writable = (*self.writable, *((str(self.outbox),) if self.outbox is not None else ()))
         if log := os.environ.get("KB_EXEC_LOG"):  # the tests' count of executed requests
@@ -253,8 +244,8 @@ class Sandbox:
         """Start the gate's judge ahead of a first gate (a torch import, a CUDA context), and the folders
         of its draws and of the trial's outputs; the judge."""
         if self.draws is None or self.outbox is None:
-            self.draws = Path(tempfile.mkdtemp(prefix="kb-draws-"))
-            self.outbox = Path(tempfile.mkdtemp(prefix="kb-outbox-", dir=_memory_folder()))
+            self.draws = scratch.make("draws")
+            self.outbox = scratch.make("outbox", scratch.memory_folder())
         if self.judge is None:
             self.judge = Sandbox(
                 self.device,
@@ -389,7 +380,7 @@ class Sandbox:
             self.judge = None
         for folder in (self.draws, self.outbox):
             if folder is not None:
-                shutil.rmtree(folder, ignore_errors=True)
+                scratch.remove(folder)
         self.draws = self.outbox = None
 
     def stop(self) -> None:
@@ -407,5 +398,5 @@ class Sandbox:
                 self.stderr.close()
             self.proc = None
         if self.tmp is not None:
-            shutil.rmtree(self.tmp, ignore_errors=True)
+            scratch.remove(self.tmp)
             self.tmp = None

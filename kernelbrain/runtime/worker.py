@@ -25,11 +25,11 @@ from typing import Any
 
 from kernelbrain.core.events import LeaseExpired, TaskClaimed, TaskFaulted, TaskParked
 from kernelbrain.core.state import RunState, lease_lost
-from kernelbrain.runtime.reconnect import retrying
+from kernelbrain.runtime.reconnect import OUTAGE, retrying
 from kernelbrain.runtime.role import Task, owner_alive
 from kernelbrain.runtime.roles import ROLE_CLASSES, SchedulerRole
 from kernelbrain.runtime.sandbox import Sandbox
-from kernelbrain.store import Lease, NewEvent, StaleLease, Store, StoreUnavailable, open_store
+from kernelbrain.store import Lease, NewEvent, StaleLease, Store, StoreError, StoreUnavailable, open_store
 
 log = logging.getLogger("kernelbrain.worker")
 
@@ -46,12 +46,15 @@ MAX_TASK_FAULTS = 3
 class Heartbeat(threading.Thread):
     """Renews a lease from its own connection while the task runs, so a slow task keeps its claim; while
     the database is unreachable it keeps trying (the lease may run out meanwhile: the fence then refuses
-    the task's result)."""
+    the task's result). It stops when another owner took the lease (`lost`) or the database refused the
+    renewal (`failed`: it cannot be written)."""
 
     def __init__(self, db: str, lease: Lease, ttl_s: float) -> None:
         super().__init__(daemon=True)
         self.db, self.lease, self.ttl_s = db, lease, ttl_s
         self.done = threading.Event()
+        self.lost: StaleLease | None = None
+        self.failed: StoreError | None = None
 
     def run(self) -> None:
         store: Store | None = None  # opened at the first renewal: a short task needs no connection
@@ -60,13 +63,19 @@ class Heartbeat(threading.Thread):
                 try:
                     store = store or open_store(self.db, create=False)
                     self.lease = store.renew(self.lease, self.ttl_s)
-                except StaleLease:
+                    OUTAGE.ended()
+                except StaleLease as e:
+                    self.lost = e
                     return
                 except StoreUnavailable as e:
-                    log.warning("lease %s not renewed, the database is unavailable: %s", self.lease.task, e)
+                    OUTAGE.began(e)  # said once a process, with the line that it is back
+                except StoreError as e:
+                    self.failed = e
+                    return
         finally:
             if store is not None:
-                store.close()
+                with contextlib.suppress(StoreError):
+                    store.close()
 
 
 class Worker:

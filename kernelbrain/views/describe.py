@@ -6,9 +6,10 @@ import time
 from typing import Any
 
 from kernelbrain.core import torch_ops
-from kernelbrain.core.events import Event, decode
+from kernelbrain.core.errors import UserError
+from kernelbrain.core.events import Event, EventError, decode
 from kernelbrain.core.state import Candidate, RunState
-from kernelbrain.store import StoredEvent
+from kernelbrain.store import Store, StoredEvent
 
 QUIET_TYPES = {"TaskClaimed", "BudgetCharged"}
 
@@ -156,3 +157,45 @@ def status_dict(state: RunState) -> dict:
         "events": state.event_count,
         "resumes": len(state.resumes),
     }
+
+
+UNREADABLE = "unreadable"  # `kb ls`'s state of a run this kb cannot fold (an event of a newer kb)
+
+
+def listing_rows(store: Store) -> list[dict[str, Any]]:
+    """`kb ls`'s rows: each run's status_dict. A run this kb cannot read (an event of a newer schema, a
+    damaged one) is listed with its state UNREADABLE and `error` saying why; the others are unaffected."""
+    rows = []
+    for rid in store.run_ids():
+        state = RunState(rid)
+        try:
+            store.fold(state, run_id=rid)
+            rows.append(status_dict(state))
+        except (EventError, UserError) as e:
+            problem = state.started.problem_name if state.started is not None else None
+            why = (str(e).splitlines() or [type(e).__name__])[0]
+            rows.append({"run_id": rid, "problem": problem, "state": UNREADABLE, "error": why})
+    return rows
+
+
+def listing(rows: list[dict[str, Any]]) -> list[str]:
+    """`kb ls`'s table: a header, then a row a run, each column as wide as its widest cell (two spaces
+    between columns, so long names never run together); an unreadable run's row ends with why."""
+    header = ["RUN", "PROBLEM", "STATE", "CANDIDATES", "BEST SCORE", "WINNER"]
+    table = []
+    for r in rows:
+        if r["state"] == UNREADABLE:
+            table.append([r["run_id"], r["problem"] or "-", f"{UNREADABLE}: {r['error']}", "", "", ""])
+            continue
+        best = f"{r['leader_score']:.4g}" if r["leader_score"] is not None else "-"
+        cells = [r["run_id"], r["problem"] or "-", r["state"], str(r["candidates"]["proposed"]), best]
+        table.append([*cells, r["winner"] or "-"])
+    readable = [row for row in table if not row[2].startswith(UNREADABLE)]
+    widths = [max(len(row[i]) for row in [header, *readable]) for i in range(len(header))]
+
+    def line(row: list[str]) -> str:
+        if row[2].startswith(UNREADABLE):  # its reason is as long as it is, at the end of the line
+            return "  ".join([row[0].ljust(widths[0]), row[1].ljust(widths[1]), row[2]])
+        return "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
+
+    return [line(header), *map(line, table)]

@@ -17,7 +17,6 @@ import time
 from collections.abc import Callable
 from typing import Any, Literal
 
-import click
 import orjson
 from pydantic import BaseModel
 from rich.console import Console, RenderableType
@@ -29,6 +28,7 @@ from rich.text import Text
 from kernelbrain.core.events import GatePassed, RunFinished, decode
 from kernelbrain.core.state import RunState
 from kernelbrain.store import Store, StoredEvent
+from kernelbrain.views import lines
 from kernelbrain.views.describe import QUIET_TYPES, summary
 
 PLAIN_SUMMARY_EVERY_S = 30.0  # a CI log of a long GPU run still says where it stands
@@ -299,7 +299,7 @@ class PlainView(View):
         reader: Store,
         run_id: str,
         after: int = 0,
-        write: Callable[[str], None] = click.echo,
+        write: Callable[[str], None] = lines.echo,
         every_s: float = PLAIN_SUMMARY_EVERY_S,
     ) -> None:
         super().__init__(reader, run_id, after)
@@ -323,7 +323,7 @@ class PlainView(View):
 
 class JsonView(View):
     def __init__(
-        self, reader: Store, run_id: str, after: int = 0, write: Callable[[str], None] = click.echo
+        self, reader: Store, run_id: str, after: int = 0, write: Callable[[str], None] = lines.echo
     ) -> None:
         super().__init__(reader, run_id, after)
         self.write = write

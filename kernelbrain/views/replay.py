@@ -21,7 +21,7 @@ from collections import defaultdict
 import orjson
 from pydantic import BaseModel
 
-from kernelbrain.core.events import DECISION_TYPES, Event, EventError, RunCopied, decode
+from kernelbrain.core.events import DECISION_TYPES, EVENT_TYPES, Event, EventError, RunCopied, decode
 from kernelbrain.core.policy import decision_key, policy_for
 from kernelbrain.core.state import RunState
 from kernelbrain.store import Store, StoredEvent
@@ -34,10 +34,34 @@ class ReplayReport(BaseModel):
     decisions: int
     policy_version: int
     divergences: list[str]
+    # the event replay stopped at, one this kb cannot read (a newer kb's type or schema version): why
+    stopped: str | None = None
 
     @property
     def agrees(self) -> bool:
-        return not self.divergences
+        return not self.divergences and self.stopped is None
+
+
+def _newer(raw: StoredEvent) -> bool:
+    """Whether a newer kb wrote the event: its type or its schema version is unknown to this one."""
+    cls = EVENT_TYPES.get(raw.type)
+    return cls is None or raw.version > cls.VERSION
+
+
+def _stop_at(events: list[StoredEvent]) -> tuple[list[StoredEvent], str | None]:
+    """The events up to the first one a newer kb wrote, and why replay stops there (None: it does not).
+    Whatever follows such an event rests on it, so checking on would report its consequences as
+    divergences of their own."""
+    for i, raw in enumerate(events):
+        if _newer(raw):
+            try:
+                decode(raw)
+            except EventError as e:
+                why = str(e)
+            else:  # pragma: no cover - decode refuses every event _newer names
+                why = f"event #{raw.seq} ({raw.type}) is a newer kb's"
+            return events[:i], f"{why} ({len(events) - i - 1} later events not replayed)"
+    return events, None
 
 
 def _copied_seqs(store: Store, raw: StoredEvent, before: int) -> list[int] | str:
@@ -77,7 +101,7 @@ def _basis_seqs(store: Store, events: list[StoredEvent], divergences: list[str])
 
 
 def replay(store: Store, run_id: str) -> ReplayReport:
-    events = store.read(run_id=run_id)
+    events, stopped = _stop_at(store.read(run_id=run_id))
     divergences: list[str] = []
     spaces = _basis_seqs(store, events, divergences)
     here = [e.seq for e in events]
@@ -137,7 +161,7 @@ def replay(store: Store, run_id: str) -> ReplayReport:
             state.apply(raw)
         except EventError as e:
             divergences.append(str(e))
-    if state.finished is not None and state.started is not None:
+    if state.finished is not None and state.started is not None and stopped is None:
         probe = copy.copy(state)  # decide() only reads: a shallow copy with RunFinished set aside
         probe.finished = None
         missing = policy_for(state.config.policy_version).decide(probe)
@@ -154,4 +178,5 @@ def replay(store: Store, run_id: str) -> ReplayReport:
         decisions=sum(len(v) for v in by_prefix.values()),
         policy_version=state.config.policy_version if state.started else 0,
         divergences=divergences,
+        stopped=stopped,
     )
