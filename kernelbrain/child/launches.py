@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import re
 import secrets
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from types import ModuleType
 from typing import Any
 
@@ -122,11 +122,23 @@ def _field(event: Any, attr: str, default: Any = None) -> Any:
     return value() if callable(value) else value
 
 
+def _work(events: Any) -> Iterator[Any]:
+    """The profiler's records of work on the GPU (kernels, copies), not annotations or host ranges."""
+    from torch.profiler import DeviceType
+
+    for e in events:
+        if _field(e, "device_type") != DeviceType.CUDA:
+            continue
+        if _field(e, "activity_type") in _NOT_WORK or _field(e, "is_user_annotation", False):
+            continue
+        yield e
+
+
 def record_kernels(fn: Callable[[], Any]) -> list[str]:
     """Run fn() once under the profiler on CUDA; the names of the kernels, memcpys and memsets the device
     ran, in start order. A device record of a kind not known to be bookkeeping is kept: a kernel is never
     dropped for being of a kind this code did not expect."""
-    from torch.profiler import DeviceType, ProfilerActivity, profile
+    from torch.profiler import ProfilerActivity, profile
 
     _SYNC()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
@@ -136,11 +148,7 @@ def record_kernels(fn: Callable[[], Any]) -> list[str]:
     results = getattr(prof.profiler, "kineto_results", None)
     events = results.events() if results is not None else prof.events()
     found = []
-    for e in events:
-        if _field(e, "device_type") != DeviceType.CUDA:
-            continue
-        if _field(e, "activity_type") in _NOT_WORK or _field(e, "is_user_annotation", False):
-            continue
+    for e in _work(events):
         start = _field(e, "start_ns", None)
         found.append((start if start is not None else _field(e, "start_us", 0) * 1000, _field(e, "name")))
     return [name for _, name in sorted(found, key=lambda x: x[0])]
@@ -181,11 +189,7 @@ def attribute(events: list[Any], secret: str) -> list[tuple[str, bool]]:
         if _field(e, "name") == secret:
             ranges.setdefault(_field(e, "start_thread_id", 0), []).append(span)
     found = []
-    for e in events:
-        if _field(e, "device_type") != DeviceType.CUDA:
-            continue
-        if _field(e, "activity_type") in _NOT_WORK or _field(e, "is_user_annotation", False):
-            continue
+    for e in _work(events):
         launched = host.get(_field(e, "linked_correlation_id", 0))
         inside = launched is not None and any(
             a <= launched[1][0] and launched[1][1] <= b for a, b in ranges.get(launched[0], [])

@@ -87,6 +87,11 @@ def user_errors(f: Callable[P, T]) -> Callable[P, T]:
     return wrapper
 
 
+def run_view(f: Callable[P, T]) -> Callable[P, T]:
+    """A view of one run: its RUN_ID argument, --db, --json, and user errors as one line."""
+    return click.argument("run_id")(db_option(json_option(user_errors(f))))
+
+
 def open_store(db: str, *, create: bool = False) -> Store:
     return open_db(db, create=create)
 

@@ -8,7 +8,14 @@ import time
 
 import click
 
-from kernelbrain.commands.options import db_option, echo_json, json_option, read_store, user_errors
+from kernelbrain.commands.options import (
+    db_option,
+    echo_json,
+    json_option,
+    read_store,
+    run_view,
+    user_errors,
+)
 from kernelbrain.runtime.runner import load_state, require_run
 from kernelbrain.store import mask
 
@@ -65,10 +72,7 @@ def ls(db: str, as_json: bool) -> None:
 
 
 @click.command()
-@click.argument("run_id")
-@db_option
-@json_option
-@user_errors
+@run_view
 def status(run_id: str, db: str, as_json: bool) -> None:
     """Where a run stands: candidates per state, the leader, budget spent."""
     from kernelbrain.views.describe import status_dict
@@ -125,10 +129,7 @@ def events(run_id: str, db: str, follow: bool, as_json: bool, show_all: bool) ->
 
 
 @click.command()
-@click.argument("run_id")
-@db_option
-@json_option
-@user_errors
+@run_view
 def replay(run_id: str, db: str, as_json: bool) -> None:
     """Recompute every scheduler decision from the log; exit 1 on any divergence."""
     from kernelbrain.views.replay import replay as do_replay
