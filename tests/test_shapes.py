@@ -263,6 +263,7 @@ def test_kb_run_on_a_full_size_file_checks_and_times_the_fitted_shape(tmp_path: 
     assert analysed["rung_shapes"] == [label]
     sizes = {"batch_size": 2, "dim": 12288}
     fit = {"shape": "default", "budget": shapes.CPU_BYTES, "rows": shapes.CPU_ROWS, "sizes": sizes}
+    fit["note"] = ""  # it fits: nothing to say
     assert analysed["fits"] == [fit]
     passed = [p for t, p in rows if t == "GatePassed"]
     assert passed and all(p["shapes"] == [label] for p in passed)
