@@ -7,6 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from kernelbrain.core.problem import shape_label
+from kernelbrain.core.protocol import Fit
+
 ROOT = Path(__file__).resolve().parent.parent
 PROBLEMS = sorted(
     [*(ROOT / "benchmarks" / "problems").glob("*.py"), *(ROOT / "tests" / "problems").glob("*.py")]
@@ -44,8 +47,12 @@ def test_meta_tracing_counts_what_a_real_run_counts(path: Path) -> None:
     source = path.read_text()
     result = analysis.analyse(source, "cpu")
     assert result["traced_on"] == "meta"
+    # as a run's later child: handed the analysis's fits (checked against the reference there)
+    loading.give_fits(source, [Fit(**f) for f in result["fits"]])
     problem = loading.Problem(source)
     shape = problem.ladder_shapes("cpu", "primary")[0]
+    loading.give_fits(source, [])
+    assert [shape_label(shape)] == result["rung_shapes"]
     ref, _ = loading.build(problem, None, shape, "cpu")
     assert result["ops"] == analysis.record_calls(ref, problem.inputs(shape, 0, "cpu"))
     flops, nbytes = analysis.count(problem, shape, "cpu")

@@ -263,6 +263,7 @@ def test_kb_run_on_a_full_size_file_checks_and_times_the_fitted_shape(tmp_path: 
     assert analysed["rung_shapes"] == [label]
     sizes = {"batch_size": 2, "dim": 12288}
     fit = {"shape": "default", "budget": shapes.CPU_BYTES, "rows": shapes.CPU_ROWS, "sizes": sizes}
+    fit["note"] = ""  # it fits: nothing to say
     assert analysed["fits"] == [fit]
     passed = [p for t, p in rows if t == "GatePassed"]
     assert passed and all(p["shapes"] == [label] for p in passed)
@@ -284,3 +285,158 @@ def test_kb_run_on_a_full_size_file_checks_and_times_the_fitted_shape(tmp_path: 
     )
     assert checked.returncode == 0, checked.stdout + checked.stderr
     assert f"PASS {label}" in checked.stdout, checked.stdout
+
+
+ROOT = Path(__file__).resolve().parent.parent
+WIDE_WEIGHT = ROOT / "tests" / "problems" / "gemm_wide_weight.py"
+ASSERTS = ROOT / "tests" / "problems" / "asserts_own_size.py"
+
+# a convolution whose window, stride, group and GroupNorm counts are sizes a fit could halve, were it
+# not for what they decide; its bias's shape derives from out_channels, as KernelBench's files write it
+CONV = """
+import torch
+import torch.nn as nn
+
+class Model(nn.Module):
+    def __init__(self, in_channels, out_channels, kernel_size, stride, groups, num_groups, bias_shape):
+        super().__init__()
+        self.conv = nn.Conv2d(in_channels, out_channels, kernel_size, stride=stride, groups=groups)
+        self.norm = nn.GroupNorm(num_groups, out_channels)
+        self.bias = nn.Parameter(torch.zeros(bias_shape))
+
+    def forward(self, x):
+        return self.norm(self.conv(x)) + self.bias
+
+batch_size = 32
+in_channels = 256
+out_channels = 512
+height = 96
+width = 96
+kernel_size = 9
+stride = 16
+groups = 16
+num_groups = 32
+bias_shape = (out_channels, 1, 1)
+
+def get_inputs():
+    return [torch.rand(batch_size, in_channels, height, width)]
+
+def get_init_inputs():
+    return [in_channels, out_channels, kernel_size, stride, groups, num_groups, bias_shape]
+"""
+
+# KernelBench level2/34's tie without its convolution: the norm's width is twice the input's last size,
+# so neither halves alone; the rows are literal, so only the two halved together fit
+TIED = """
+import torch
+import torch.nn as nn
+
+class Model(nn.Module):
+    def __init__(self, width):
+        super().__init__()
+        self.norm = nn.LayerNorm(width)
+
+    def forward(self, x):
+        return self.norm(x.repeat_interleave(2, dim=-1))
+
+half = 512
+width = 1024
+
+def get_inputs():
+    return [torch.rand(64, half)]
+
+def get_init_inputs():
+    return [width]
+"""
+
+
+def test_the_cpu_fit_counts_the_weights_and_halves_the_models_features() -> None:
+    problem = Problem(WIDE_WEIGHT.read_text())
+    problem.fit_outputs = problem.meta_outputs
+    # the GPU gate's fit, and the CPU's before, left the 256 MiB weight whole: only the rows shrank
+    assert shapes.fit(problem, {}, shapes.CPU_BYTES, shapes.CPU_ROWS, problem.meta_outputs) == {
+        "batch_size": 4
+    }
+    assert shapes.weights(problem, {}).nbytes == (8192 * 8192 + 8192) * 4
+    (cpu,) = problem.ladder_shapes("cpu", "all")
+    assert shapes.footprint(problem, cpu, problem.meta_outputs, with_weights=True) <= shapes.CPU_BYTES
+    # the weights first, to half the budget, then the rows: a GEMM of several tiles each way
+    assert cpu == {"batch_size": 128, "in_features": 128, "out_features": 128}
+    assert shape_label(cpu) == "batch_size=128,in_features=128,out_features=128"  # as the file lists them
+    assert problem.fits()[0].note == ""
+
+
+def test_the_cpu_fit_keeps_what_decides_a_strategy() -> None:
+    problem = Problem(CONV)
+    # a window, a stride and group counts shrink no weight's size (or only a window's): never halved
+    found = {k.name: k.kind for k in shapes.knobs(problem, {}, cpu=True)}
+    assert found == {
+        "batch_size": "batch",
+        "height": "free",
+        "width": "free",
+        "in_channels": "model",
+        "out_channels": "model",
+    }
+    # the GPU's fit reads get_inputs' sizes only, as before
+    assert {k.name for k in shapes.knobs(problem, {})} == {"batch_size", "in_channels", "height", "width"}
+    problem.fit_outputs = problem.meta_outputs
+    (cpu,) = problem.ladder_shapes("cpu", "all")
+    assert shapes.footprint(problem, cpu, problem.meta_outputs, with_weights=True) <= shapes.CPU_BYTES
+    assert cpu["out_channels"] < 512 and cpu["in_channels"] < 256
+    assert cpu["in_channels"] % 16 == cpu["out_channels"] % 32 == 0  # the groups still divide them
+    assert not {"kernel_size", "stride", "groups", "num_groups"} & set(cpu)
+    problem.use(cpu)  # the bias's shape follows out_channels, as the file computes it
+    assert problem.module.bias_shape == (cpu["out_channels"], 1, 1)
+    problem.use({})
+    assert problem.module.bias_shape == (512, 1, 1)
+
+
+def test_odd_sizes_stay_odd_and_tied_sizes_halve_together() -> None:
+    assert [shapes.half(n, cpu=True) for n in (8205, 4096, 96, 3)] == [4103, 2048, 48, 1]
+    assert shapes.half(8205) == 4102  # the GPU's fit, as before
+    odd = Problem(LINEAR.replace("4096", "4095"))
+    (cpu,) = odd.ladder_shapes("cpu", "all")
+    assert cpu["in_features"] % 2 == 1
+    tied = Problem(TIED)
+    tied.fit_outputs = tied.meta_outputs
+    (cpu,) = tied.ladder_shapes("cpu", "all")
+    assert cpu == {"half": 256, "width": 512}
+    assert tied.fits()[0].note == ""
+
+
+def test_a_reference_that_asserts_its_size_runs_at_it_and_says_so() -> None:
+    analysed = analyse(ASSERTS.read_text(), "cpu")
+    assert analysed["rung_shapes"] == ["default"]
+    (fitted,) = analysed["fits"]
+    assert fitted["sizes"] == {}
+    note = fitted["note"]
+    assert note.startswith(
+        "runs at the file's own size: the problem refuses a smaller batch_size (AssertionError"
+    )
+    assert "expected 128 x 1024 inputs" in note
+    # kb run's line for the analysis says so
+    from kernelbrain.core.events import ProblemAnalysed
+    from kernelbrain.views.describe import summary
+
+    assert summary(ProblemAnalysed(**analysed, families=[])).endswith(f"timed at default; {note}")
+    # a fit over its budget for want of sizes says that instead
+    literal = Problem(LOG_SOFTMAX.replace("batch_size, dim", "4096, 393216"))
+    assert literal.ladder_shapes("cpu", "all") == [{}]
+    assert literal.fits()[0].note == (
+        "runs at the file's own size: get_inputs and get_init_inputs read no size constant kb can halve"
+    )
+
+
+@pytest.mark.long
+def test_a_wide_weight_gets_its_first_cpu_gate_verdict_within_a_minute(tmp_path: Path) -> None:
+    db = tmp_path / "kb.db"
+    r = kb("run", str(WIDE_WEIGHT), "--db", str(db), "--device", "cpu", "--max-candidates", "1", timeout=600)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    with sqlite3.connect(f"{db.as_uri()}?mode=ro", uri=True) as con:
+        rows = list(con.execute("SELECT type, ts, payload FROM events ORDER BY seq"))
+    started = next(ts for t, ts, _ in rows if t == "RunStarted")
+    verdict = next((ts, t) for t, ts, _ in rows if t in ("GatePassed", "GateFailed"))
+    assert verdict[1] == "GatePassed"
+    assert verdict[0] - started < 60, f"first gate verdict after {verdict[0] - started:.0f} s"
+    analysed = json.loads(next(p for t, _, p in rows if t == "ProblemAnalysed"))
+    assert analysed["rung_shapes"] == ["batch_size=128,in_features=128,out_features=128"]

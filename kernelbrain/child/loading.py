@@ -3,6 +3,7 @@ the same way for reference and candidate, inputs drawn at a shape and seed."""
 
 from __future__ import annotations
 
+import ast
 import copy
 import hashlib
 import importlib.util
@@ -13,8 +14,8 @@ import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
-from types import ModuleType
-from typing import Any
+from types import CodeType, ModuleType
+from typing import Any, NamedTuple
 
 import torch
 
@@ -26,15 +27,43 @@ from kernelbrain.core.protocol import Fit
 _MODULES: dict[str, ModuleType] = {}
 _PRISTINE: dict[str, dict[str, Any]] = {}
 _BASE: dict[str, dict[str, Any]] = {}
+_DERIVED: dict[str, list[Derived]] = {}
 FitKey = tuple[str, int, int]  # a base shape's label, the byte budget, the row floor
-_GIVEN: dict[str, dict[FitKey, dict[str, int]]] = {}  # per problem (its source's hash): the analysis's fits
+_GIVEN: dict[str, dict[FitKey, Fit]] = {}  # per problem (its source's hash): the analysis's fits
 
 
 def give_fits(problem_source: str, fits: list[Fit]) -> None:
     """The fits the run's analysis made for this problem (where the reference could run), used by every
     Problem of this source in this child instead of fitting again without the reference."""
     digest = hashlib.sha256(problem_source.encode()).hexdigest()
-    _GIVEN[digest] = {(f.shape, f.budget, f.rows): f.sizes for f in fits}
+    _GIVEN[digest] = {(f.shape, f.budget, f.rows): f for f in fits}
+
+
+class Derived(NamedTuple):
+    name: str
+    code: CodeType  # the expression the file assigns it
+    reads: frozenset[str]  # the module globals that expression reads
+
+
+# what a derived constant's expression may hold: names, numbers and arithmetic on them, tuples, lists
+_PURE = (ast.Expression, ast.Tuple, ast.List, ast.BinOp, ast.UnaryOp, ast.Constant, ast.Name, ast.Load)
+_PURE_OPS = (ast.operator, ast.unaryop)
+
+
+def derived_constants(source: str) -> list[Derived]:
+    """The module-level constants the file computes from others (`bias_shape = (out_channels, 1, 1)`),
+    in source order: a shape that sets `out_channels` sets them too, as the file would."""
+    out = []
+    for node in ast.parse(source).body:
+        if not (
+            isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)
+        ):
+            continue
+        expr = ast.Expression(node.value)
+        reads = frozenset(n.id for n in ast.walk(expr) if isinstance(n, ast.Name))
+        if reads and all(isinstance(n, _PURE + _PURE_OPS) for n in ast.walk(expr)):
+            out.append(Derived(node.targets[0].id, compile(expr, "<derived>", "eval"), reads))
+    return out
 
 
 class CandidateFault(Exception):
@@ -98,15 +127,16 @@ class Problem:
         self.base_globals = _BASE.setdefault(
             m.__name__, {k: getattr(m, k) for k in dir(m) if not k.startswith("__")}
         )
-        shapes = getattr(m, "KB_SHAPES", None) or [{}]
-        self.shapes: list[dict] = [dict(s) for s in shapes]
+        self.derived = _DERIVED.setdefault(m.__name__, derived_constants(source))
+        declared = getattr(m, "KB_SHAPES", None) or [{}]
+        self.shapes: list[dict] = [dict(s) for s in declared]
         smoke = getattr(m, "KB_SMOKE_SHAPE", None)
         self.smoke: dict | None = dict(smoke) if smoke else None
         # shapes the GPU gate checks instead of the smallest of each dtype: a problem whose every
         # shape is huge (a float64 reference of 500M outputs, three seeds) names cheaper ones here
         self.gate: list[dict] | None = [dict(s) for s in getattr(m, "KB_GATE_SHAPES", None) or []] or None
         self.tolerance = {**DEFAULT_TOLERANCE, **(getattr(m, "KB_TOLERANCE", None) or {})}
-        self._fits: dict[FitKey, dict] = {}
+        self._fits: dict[FitKey, shapes.Fitted] = {}
         # where the reference may run (a child no guard watches: the analysis), each fit step is checked
         # against the reference's outputs on the meta device
         self.fit_outputs: shapes.Outputs | None = None
@@ -114,11 +144,16 @@ class Problem:
     def tolerance_of(self, dtype: torch.dtype) -> float:
         return self.tolerance.get(str(dtype).removeprefix("torch."), 1e-4)
 
-    def use(self, shape: dict) -> None:
+    def use(self, shape: dict[str, Any]) -> None:
         for k, v in self.base_globals.items():
             setattr(self.module, k, v)
         for k, v in shape.items():
             setattr(self.module, k, v)
+        changed = set(shape)
+        for d in self.derived:  # what the file computes from the shape's sizes follows them
+            if d.name not in shape and d.reads & changed:
+                setattr(self.module, d.name, eval(d.code, vars(self.module)))
+                changed.add(d.name)
 
     def inputs(self, shape: dict, seed: int, device: str = "cpu") -> list:
         """get_inputs() at a shape, drawn on the device itself: a GPU-sized tensor is never built on
@@ -138,7 +173,7 @@ class Problem:
         if device == "cpu":
             if self.smoke is not None:
                 return [self.smoke]
-            return [self._fitted(self.smallest(), shapes.CPU_BYTES, shapes.CPU_ROWS)]
+            return [self._fitted(self.smallest(), shapes.CPU_BYTES, shapes.CPU_ROWS, cpu=True)]
         if which == "primary":
             return [self.shapes[0]]
         if which == "smallest":
@@ -159,23 +194,26 @@ class Problem:
         budget = shapes.gate_budget(device)
         return [self._fitted(min(g, key=self._size), budget, shapes.GATE_ROWS) for g in groups.values()]
 
-    def _fitted(self, shape: dict, budget: int, rows: int) -> dict:
+    def _fitted(self, shape: dict[str, Any], budget: int, rows: int, cpu: bool = False) -> dict[str, Any]:
+        """`shape` fitted to the budget (shapes.fitted; `cpu`: the interpreter's, weights counted), or as
+        the analysis fitted it where it handed its fits over."""
         key = (shape_label(shape), budget, rows)
         if key not in self._fits:
             given = _GIVEN.get(self.hash, {}).get(key)
             if given is not None:
-                self._fits[key] = {**shape, **given}
+                self._fits[key] = shapes.Fitted({**shape, **given.sizes}, given.note)
             else:
-                self._fits[key] = shapes.fit(self, shape, budget, rows, self.fit_outputs)
-        return self._fits[key]
+                self._fits[key] = shapes.fitted(self, shape, budget, rows, self.fit_outputs, cpu)
+        return self._fits[key].sizes
 
     def fits(self) -> list[Fit]:
-        """The fits made (or given) in this Problem so far: the sizes each changed."""
+        """The fits made (or given) in this Problem so far: the sizes each changed, and why one stays
+        over its budget."""
         values = {**self.base_globals}
         out = []
-        for (label, budget, rows), fitted in self._fits.items():
+        for (label, budget, rows), (fitted, note) in self._fits.items():
             sizes = {k: v for k, v in fitted.items() if type(v) is int and v != values.get(k)}
-            out.append(Fit(shape=label, budget=budget, rows=rows, sizes=sizes))
+            out.append(Fit(shape=label, budget=budget, rows=rows, sizes=sizes, note=note))
         return out
 
     def meta_outputs(self, shape: dict) -> list[torch.Tensor]:

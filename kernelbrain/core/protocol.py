@@ -72,6 +72,7 @@ class Fit(Message):
     budget: int
     rows: int
     sizes: dict[str, int]
+    note: str = ""  # why it stays over the budget ("runs at the file's own size: ..."; newer)
 
 
 class AnalyseReply(Message):

@@ -45,6 +45,7 @@ def summary(e: Event) -> str:
                 return f"problem could not be analysed: {d.error}"
             ops = ", ".join(sorted({o["op"] for o in d.ops}))
             timed = f"; timed at {' | '.join(d.rung_shapes)}" if d.rung_shapes else ""
+            timed += "".join(f"; {f['note']}" for f in d.fits if f.get("note"))  # a fit over its budget
             return f"problem analysed: ops {ops}; families {', '.join(d.families) or 'none'}{timed}"
         case "CandidateProposed":
             knobs = ", ".join(f"{k}={v}" for k, v in d.knobs.items())
