@@ -349,6 +349,32 @@ def get_init_inputs():
     return [width]
 """
 
+# KernelBench level2/88's pattern: a GEMM whose 8192 features a GroupNorm splits into 256 groups
+GROUP_NORM = """
+import torch
+import torch.nn as nn
+
+class Model(nn.Module):
+    def __init__(self, in_features, out_features, num_groups):
+        super().__init__()
+        self.gemm = nn.Linear(in_features, out_features)
+        self.norm = nn.GroupNorm(num_groups, out_features)
+
+    def forward(self, x):
+        return torch.sigmoid(self.norm(self.gemm(x)))
+
+batch_size = 1024
+in_features = 512
+out_features = 8192
+num_groups = 256
+
+def get_inputs():
+    return [torch.rand(batch_size, in_features)]
+
+def get_init_inputs():
+    return [in_features, out_features, num_groups]
+"""
+
 
 def test_the_cpu_fit_counts_the_weights_and_halves_the_models_features() -> None:
     problem = Problem(WIDE_WEIGHT.read_text())
@@ -383,12 +409,24 @@ def test_the_cpu_fit_keeps_what_decides_a_strategy() -> None:
     (cpu,) = problem.ladder_shapes("cpu", "all")
     assert shapes.footprint(problem, cpu, problem.meta_outputs, with_weights=True) <= shapes.CPU_BYTES
     assert cpu["out_channels"] < 512 and cpu["in_channels"] < 256
-    assert cpu["in_channels"] % 16 == cpu["out_channels"] % 32 == 0  # the groups still divide them
-    assert not {"kernel_size", "stride", "groups", "num_groups"} & set(cpu)
+    assert not {"kernel_size", "stride"} & set(cpu)
+    # the groups keep the file's channels a group while there are two of them
+    assert cpu["groups"] == max(2, cpu["in_channels"] * 16 // 256)
+    assert cpu["num_groups"] == max(2, cpu["out_channels"] * 32 // 512)
     problem.use(cpu)  # the bias's shape follows out_channels, as the file computes it
     assert problem.module.bias_shape == (cpu["out_channels"], 1, 1)
     problem.use({})
     assert problem.module.bias_shape == (512, 1, 1)
+
+
+def test_a_group_norm_keeps_its_groups_size() -> None:
+    # 256 groups of 32 features; 256 groups of one feature each would be another norm (and 256 programs a
+    # row through the interpreter)
+    problem = Problem(GROUP_NORM)
+    problem.fit_outputs = problem.meta_outputs
+    assert not any(k.name == "num_groups" for k in shapes.knobs(problem, {}, cpu=True))  # not a size
+    (cpu,) = problem.ladder_shapes("cpu", "all")
+    assert cpu["out_features"] < 8192 and cpu["out_features"] // cpu["num_groups"] == 32
 
 
 def test_odd_sizes_stay_odd_and_tied_sizes_halve_together() -> None:
