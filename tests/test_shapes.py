@@ -476,3 +476,16 @@ def test_a_wide_weight_gets_its_first_cpu_gate_verdict_within_a_minute(tmp_path:
     assert verdict[0] - started < 60, f"first gate verdict after {verdict[0] - started:.0f} s"
     analysed = json.loads(next(p for t, _, p in rows if t == "ProblemAnalysed"))
     assert analysed["rung_shapes"] == ["batch_size=128,in_features=128,out_features=128"]
+
+
+def test_an_export_sets_derived_constants_as_the_child_does() -> None:
+    """A CPU export checks itself at the fitted sizes: its harness derives `bias_shape` from them too."""
+    from kernelbrain.views.export_harness import _kb_derived, _kb_load_reference, _KbProblem
+
+    child = Problem(CONV)
+    harness = _KbProblem(_kb_load_reference(CONV, "kb_reference_conv"), {}, 16.0, _kb_derived(CONV))
+    assert [d.name for d in child.derived] == [name for name, _, _ in harness.derived] == ["bias_shape"]
+    for shape in ({"out_channels": 64}, {}):
+        child.use(shape)
+        harness.use(shape)
+        assert harness.module.bias_shape == child.module.bias_shape == (shape.get("out_channels", 512), 1, 1)
