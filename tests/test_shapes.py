@@ -480,10 +480,14 @@ def test_a_wide_weight_gets_its_first_cpu_gate_verdict_within_a_minute(tmp_path:
 
 def test_an_export_sets_derived_constants_as_the_child_does() -> None:
     """A CPU export checks itself at the fitted sizes: its harness derives `bias_shape` from them too."""
-    from kernelbrain.views.export_harness import _kb_derived, _kb_load_reference, _KbProblem
+    from kernelbrain.views.export import HARNESS, HARNESS_START
 
+    text = HARNESS.read_text()
+    kb: dict = {}
+    exec(compile(text[text.index(HARNESS_START) :], "<harness>", "exec"), kb)  # as the exported file holds it
     child = Problem(CONV)
-    harness = _KbProblem(_kb_load_reference(CONV, "kb_reference_conv"), {}, 16.0, _kb_derived(CONV))
+    module = kb["_kb_load_reference"](CONV, "kb_reference_conv")
+    harness = kb["_KbProblem"](module, {}, 16.0, kb["_kb_derived"](CONV))
     assert [d.name for d in child.derived] == [name for name, _, _ in harness.derived] == ["bias_shape"]
     for shape in ({"out_channels": 64}, {}):
         child.use(shape)
