@@ -233,6 +233,7 @@ class _Fit:
         self.found: list[Knob] = []
         self.refused: dict[str, str] = {}
         self.dropped: list[Knob] = []  # constants the reference refused halved alone
+        self.checked = True  # whether each step's outputs come from the reference (where it may run)
         self._io: dict[str, int] = {}
         self._weights: dict[str, int] = {}  # by get_init_inputs' repr: the weights depend on nothing else
         self.counted = cpu  # whether the weights are counted: Model builds on the meta device
@@ -280,14 +281,11 @@ class _Fit:
         self.dropped = []
         return any("+" in k.name for k in self.found)
 
-    def halve(
-        self, kinds: tuple[Kind, ...], floors: dict[str, int], over: Callable[[int, int], bool]
-    ) -> None:
-        """Halve constants of `kinds`, the first kind's largest first, down to `floors`, while `over`
-        (inputs and outputs, weights) holds; where only the model's kind is halved, only a halving that
-        shrinks the weights is taken."""
+    def halve(self, kinds: tuple[Kind, ...], floors: dict[str, int], over: Callable[[Shape], bool]) -> None:
+        """Halve constants of `kinds`, the first kind's largest first, down to `floors`, while `over` the
+        shape; where only the model's kind is halved, only a halving that shrinks the weights is taken."""
         left = [k for k in self.found if k.kind in kinds]
-        while left and over(self.io(self.fitted), self.weights(self.fitted)):
+        while left and over(self.fitted):
             kind = next(k for k in ORDER if any(n.kind == k for n in left))
             knob = max((n for n in left if n.kind == kind), key=self.value)
             trial = self.halved(knob, floors[knob.kind])
@@ -295,7 +293,7 @@ class _Fit:
                 left.remove(knob)
                 continue
             try:
-                self.io(trial)  # raises what the problem (or the reference) raises there
+                self.check(trial)  # raises what the problem (or, where checked, the reference) raises
                 useless = kinds == ("model",) and self.weights(trial) >= self.weights(self.fitted)
             except Exception as e:
                 self.refused.setdefault(knob.name, _why(e))
@@ -307,6 +305,31 @@ class _Fit:
                 left.remove(knob)
                 continue
             self.fitted = trial
+
+    def check(self, shape: Shape) -> None:
+        if self.checked:
+            self.io(shape)
+        else:  # get_inputs and Model's __init__ only
+            self.problem.inputs(shape, 0, "meta")
+            self.weights(shape)
+
+    def halve_weights(self, floors: dict[str, int], half_budget: int) -> None:
+        """The model's sizes halved while its weights take more than half the budget. Each step is checked
+        on the inputs and weights alone, the reference once at the end (where it runs the meta device
+        slowly, an LSTM over 512 steps, that is seconds a step saved); where it refuses that, again with
+        each step checked."""
+        before = (dict(self.fitted), list(self.found), dict(self.refused), list(self.dropped))
+        self.checked = False
+        try:
+            self.halve(("model",), floors, lambda s: self.weights(s) > half_budget)
+        finally:
+            self.checked = True
+        try:
+            self.io(self.fitted)
+            return
+        except Exception:
+            self.fitted, self.found, self.refused, self.dropped = before
+        self.halve(("model",), floors, lambda s: self.weights(s) > half_budget)
 
 
 def fitted(
@@ -329,9 +352,9 @@ def fitted(
     for _ in range(2 if cpu else 1):  # for the interpreter, again with refused constants paired
         for floors in ({**FIRST, "batch": rows}, LAST):
             if fit.counted:  # the model's sizes first, while its weights take more than half the budget
-                fit.halve(("model",), floors, lambda io, w: w > budget // 2)
+                fit.halve_weights(floors, budget // 2)
             # weights past half the budget are not the inputs' to make room for
-            fit.halve(ORDER, floors, lambda io, w: io + min(w, budget // 2) > budget)
+            fit.halve(ORDER, floors, lambda s: fit.io(s) + min(fit.weights(s), budget // 2) > budget)
         size = fit.io(fit.fitted) + fit.weights(fit.fitted)
         if size <= budget or not fit.pair():
             break
