@@ -409,24 +409,22 @@ def test_the_cpu_fit_keeps_what_decides_a_strategy() -> None:
     (cpu,) = problem.ladder_shapes("cpu", "all")
     assert shapes.footprint(problem, cpu, problem.meta_outputs, with_weights=True) <= shapes.CPU_BYTES
     assert cpu["out_channels"] < 512 and cpu["in_channels"] < 256
-    assert not {"kernel_size", "stride"} & set(cpu)
-    # the groups keep the file's channels a group while there are two of them
-    assert cpu["groups"] == max(2, cpu["in_channels"] * 16 // 256)
-    assert cpu["num_groups"] == max(2, cpu["out_channels"] * 32 // 512)
+    assert cpu["in_channels"] % 16 == cpu["out_channels"] % 32 == 0  # the groups still divide them
+    assert not {"kernel_size", "stride", "groups", "num_groups"} & set(cpu)
     problem.use(cpu)  # the bias's shape follows out_channels, as the file computes it
     assert problem.module.bias_shape == (cpu["out_channels"], 1, 1)
     problem.use({})
     assert problem.module.bias_shape == (512, 1, 1)
 
 
-def test_a_group_norm_keeps_its_groups_size() -> None:
-    # 256 groups of 32 features; 256 groups of one feature each would be another norm (and 256 programs a
-    # row through the interpreter)
+def test_a_group_count_stays_as_the_file_has_it() -> None:
+    # a template bakes the group count into its kernel: one rendered for fewer groups than the file's
+    # would be wrong at its size (and the families see a count that moves between the two)
     problem = Problem(GROUP_NORM)
     problem.fit_outputs = problem.meta_outputs
-    assert not any(k.name == "num_groups" for k in shapes.knobs(problem, {}, cpu=True))  # not a size
     (cpu,) = problem.ladder_shapes("cpu", "all")
-    assert cpu["out_features"] < 8192 and cpu["out_features"] // cpu["num_groups"] == 32
+    assert "num_groups" not in cpu and 256 <= cpu["out_features"] < 8192
+    assert cpu["out_features"] % 256 == 0
 
 
 def test_odd_sizes_stay_odd_and_tied_sizes_halve_together() -> None:
@@ -478,3 +476,20 @@ def test_a_wide_weight_gets_its_first_cpu_gate_verdict_within_a_minute(tmp_path:
     assert verdict[0] - started < 60, f"first gate verdict after {verdict[0] - started:.0f} s"
     analysed = json.loads(next(p for t, _, p in rows if t == "ProblemAnalysed"))
     assert analysed["rung_shapes"] == ["batch_size=128,in_features=128,out_features=128"]
+
+
+def test_an_export_sets_derived_constants_as_the_child_does() -> None:
+    """A CPU export checks itself at the fitted sizes: its harness derives `bias_shape` from them too."""
+    from kernelbrain.views.export import HARNESS, HARNESS_START
+
+    text = HARNESS.read_text()
+    kb: dict = {}
+    exec(compile(text[text.index(HARNESS_START) :], "<harness>", "exec"), kb)  # as the exported file holds it
+    child = Problem(CONV)
+    module = kb["_kb_load_reference"](CONV, "kb_reference_conv")
+    harness = kb["_KbProblem"](module, {}, 16.0, kb["_kb_derived"](CONV))
+    assert [d.name for d in child.derived] == [name for name, _, _ in harness.derived] == ["bias_shape"]
+    for shape in ({"out_channels": 64}, {}):
+        child.use(shape)
+        harness.use(shape)
+        assert harness.module.bias_shape == child.module.bias_shape == (shape.get("out_channels", 512), 1, 1)

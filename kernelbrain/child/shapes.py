@@ -17,13 +17,12 @@ The interpreter's fit (`cpu`) counts the model's parameters and buffers too (Mod
 device), and first halves the model's sizes while those take more than half the budget (an 8192 x 8192
 Linear: its in and out features). It keeps what selects a template's strategy: a `model` constant is
 halved only where that shrinks some weight's or input's dimensions and grows none (a stride, a padding, a
-layer count, a pooling window stay), never a convolution's window (its kernel size). A group or head count
-(a GroupNorm's, a grouped convolution's, an attention's) follows the size it splits, so a group keeps the
-file's channels (a head its width) while there are two groups (a depthwise convolution stays one); an
-odd size stays odd (a masked tail stays masked), a power of two stays one, and no size goes below 1 or
-the floors below, so a dimension of 1 (a GEMV's column) or under 8 is never touched. What the file
-derives from a size (`bias_shape = (out_channels, 1, 1)`) follows it (loading.Problem.use), and two sizes
-the reference refuses halved alone (a LayerNorm's width and the dimension it normalises) are tried
+group or head count, a layer count, a pooling window stay: a template bakes them into its kernel, and one
+rendered at the CPU's count would be wrong at the file's), never a convolution's window (its kernel
+size); an odd size stays odd (a masked tail stays masked), a power of two stays one, and no size goes
+below 1 or the floors below, so a dimension of 1 (a GEMV's column) or under 8 is never touched. What the
+file derives from a size (`bias_shape = (out_channels, 1, 1)`) follows it (loading.Problem.use), and two
+sizes the reference refuses halved alone (a LayerNorm's width and the dimension it normalises) are tried
 together.
 
 Where the fit may run the reference (the run's analysis, a child no guard watches), each step's outputs
@@ -126,19 +125,6 @@ def _bytes(xs: list[Any]) -> int:
 class Weights(NamedTuple):
     nbytes: int  # the parameters' and buffers' bytes
     layout: dict[str, tuple[tuple[int, ...], int]]  # each one's shape and where its window dims start
-    counts: list[tuple[int, int]]  # (groups, channels) of its group norms and grouped convolutions, heads
-
-
-def _counts(module: torch.nn.Module) -> list[tuple[int, int]]:
-    """What splits one of the module's sizes into equal parts, with that size: a group norm's groups and
-    channels, a grouped convolution's groups and its channels, an attention's heads and width."""
-    if isinstance(module, torch.nn.GroupNorm):
-        return [(module.num_groups, module.num_channels)]
-    if isinstance(module, WINDOWED):
-        return [(module.groups, module.in_channels), (module.groups, module.out_channels)]
-    if isinstance(module, torch.nn.MultiheadAttention):
-        return [(module.num_heads, module.embed_dim)]
-    return []
 
 
 def weights(problem: Problem, shape: Shape) -> Weights:
@@ -149,15 +135,13 @@ def weights(problem: Problem, shape: Shape) -> Weights:
         model = problem.module.Model(*init)
     layout: dict[str, tuple[tuple[int, ...], int]] = {}
     seen: dict[int, torch.Tensor] = {}
-    counts: list[tuple[int, int]] = []
     for prefix, module in model.named_modules():
-        counts += [(g, n) for g, n in _counts(module) if g > 1 and (g, n) not in counts]
         owned = [*module.named_parameters(recurse=False), *module.named_buffers(recurse=False)]
         for name, t in owned:
             window = 2 if isinstance(module, WINDOWED) and name == "weight" else t.dim()
             layout[f"{prefix}.{name}"] = (tuple(t.shape), window)
             seen[id(t)] = t
-    return Weights(_bytes(list(seen.values())), layout, counts)
+    return Weights(_bytes(list(seen.values())), layout)
 
 
 def footprint(
@@ -187,14 +171,8 @@ def _a_size(
     return any(a != b for a, _, b in pairs)
 
 
-class Probe(NamedTuple):
-    found: list[Knob]  # the shape's size constants, classed
-    refused: dict[str, str]  # those the problem refuses halved, with why
-    ties: dict[str, list[tuple[str, int]]]  # a count (groups, heads) -> the sizes it splits, as declared
-
-
-def _probe(problem: Problem, shape: Shape, cpu: bool) -> Probe:
-    """The shape's size constants, classed; those the problem refuses halved; the counts tied to them."""
+def _probe(problem: Problem, shape: Shape, cpu: bool) -> tuple[list[Knob], dict[str, str]]:
+    """The shape's size constants, classed; and those the problem refuses halved, with why."""
     try:
         base_weights = weights(problem, shape) if cpu else None
     except Exception:
@@ -231,28 +209,13 @@ def _probe(problem: Problem, shape: Shape, cpu: bool) -> Probe:
             found.append(Knob(name, "batch"))
         else:
             found.append(Knob(name, "free"))
-    ties: dict[str, list[tuple[str, int]]] = {}
-    for count, size in base_weights.counts if base_weights is not None else []:
-        sizes = [k.name for k in found if k.kind == "model" and values[k.name] == size]
-        for g in (n for n in sorted(read) if values.get(n) == count and sizes):
-            if all(k.name != g for k in found) and _counts_it(problem, shape, g, (count, size), cpu):
-                ties.setdefault(g, []).extend((n, size) for n in sizes)
-    return Probe(found, refused, ties)
-
-
-def _counts_it(problem: Problem, shape: Shape, name: str, count: tuple[int, int], cpu: bool) -> bool:
-    """Whether the constant `name` is that count (its groups, its heads), not a stride of the same value:
-    halved, the model no longer has it."""
-    try:
-        return count not in weights(problem, {**shape, name: half(count[0], cpu)}).counts
-    except Exception:
-        return False
+    return found, refused
 
 
 def knobs(problem: Problem, shape: Shape, cpu: bool = False) -> list[Knob]:
     """The shape's size constants, classed by what halving one changes (for the interpreter, `cpu`,
     get_init_inputs' sizes too)."""
-    return _probe(problem, shape, cpu).found
+    return _probe(problem, shape, cpu)[0]
 
 
 def _why(e: Exception) -> str:
@@ -270,7 +233,7 @@ class _Fit:
         self.found: list[Knob] = []
         self.refused: dict[str, str] = {}
         self.dropped: list[Knob] = []  # constants the reference refused halved alone
-        self.ties: dict[str, list[tuple[str, int]]] = {}
+        self.checked = True  # whether each step's outputs come from the reference (where it may run)
         self._io: dict[str, int] = {}
         self._weights: dict[str, int] = {}  # by get_init_inputs' repr: the weights depend on nothing else
         self.counted = cpu  # whether the weights are counted: Model builds on the meta device
@@ -306,11 +269,6 @@ class _Fit:
             if value < 2 or half(value, self.cpu) < floor:
                 return None
             out[name] = half(value, self.cpu)
-        for g, sizes in self.ties.items():  # a group keeps the file's size while there are 2 groups
-            g0, now = self.values[g], out.get(g, self.values[g])
-            keep = min(out.get(n, self.values[n]) * g0 // n0 for n, n0 in sizes)
-            if max(min(now, keep), min(g0, 2)) != now:
-                out[g] = max(min(now, keep), min(g0, 2))
         return out
 
     def pair(self) -> bool:
@@ -323,14 +281,11 @@ class _Fit:
         self.dropped = []
         return any("+" in k.name for k in self.found)
 
-    def halve(
-        self, kinds: tuple[Kind, ...], floors: dict[str, int], over: Callable[[int, int], bool]
-    ) -> None:
-        """Halve constants of `kinds`, the first kind's largest first, down to `floors`, while `over`
-        (inputs and outputs, weights) holds; where only the model's kind is halved, only a halving that
-        shrinks the weights is taken."""
+    def halve(self, kinds: tuple[Kind, ...], floors: dict[str, int], over: Callable[[Shape], bool]) -> None:
+        """Halve constants of `kinds`, the first kind's largest first, down to `floors`, while `over` the
+        shape; where only the model's kind is halved, only a halving that shrinks the weights is taken."""
         left = [k for k in self.found if k.kind in kinds]
-        while left and over(self.io(self.fitted), self.weights(self.fitted)):
+        while left and over(self.fitted):
             kind = next(k for k in ORDER if any(n.kind == k for n in left))
             knob = max((n for n in left if n.kind == kind), key=self.value)
             trial = self.halved(knob, floors[knob.kind])
@@ -338,7 +293,7 @@ class _Fit:
                 left.remove(knob)
                 continue
             try:
-                self.io(trial)  # raises what the problem (or the reference) raises there
+                self.check(trial)  # raises what the problem (or, where checked, the reference) raises
                 useless = kinds == ("model",) and self.weights(trial) >= self.weights(self.fitted)
             except Exception as e:
                 self.refused.setdefault(knob.name, _why(e))
@@ -350,6 +305,31 @@ class _Fit:
                 left.remove(knob)
                 continue
             self.fitted = trial
+
+    def check(self, shape: Shape) -> None:
+        if self.checked:
+            self.io(shape)
+        else:  # get_inputs and Model's __init__ only
+            self.problem.inputs(shape, 0, "meta")
+            self.weights(shape)
+
+    def halve_weights(self, floors: dict[str, int], half_budget: int) -> None:
+        """The model's sizes halved while its weights take more than half the budget. Each step is checked
+        on the inputs and weights alone, the reference once at the end (where it runs the meta device
+        slowly, an LSTM over 512 steps, that is seconds a step saved); where it refuses that, again with
+        each step checked."""
+        before = (dict(self.fitted), list(self.found), dict(self.refused), list(self.dropped))
+        self.checked = False
+        try:
+            self.halve(("model",), floors, lambda s: self.weights(s) > half_budget)
+        finally:
+            self.checked = True
+        try:
+            self.io(self.fitted)
+            return
+        except Exception:
+            self.fitted, self.found, self.refused, self.dropped = before
+        self.halve(("model",), floors, lambda s: self.weights(s) > half_budget)
 
 
 def fitted(
@@ -368,13 +348,13 @@ def fitted(
     fit = _Fit(problem, shape, outputs, cpu)
     if fit.io(shape) + fit.weights(shape) <= budget:
         return Fitted(shape, "")
-    fit.found, fit.refused, fit.ties = _probe(problem, shape, fit.counted)
+    fit.found, fit.refused = _probe(problem, shape, fit.counted)
     for _ in range(2 if cpu else 1):  # for the interpreter, again with refused constants paired
         for floors in ({**FIRST, "batch": rows}, LAST):
             if fit.counted:  # the model's sizes first, while its weights take more than half the budget
-                fit.halve(("model",), floors, lambda io, w: w > budget // 2)
+                fit.halve_weights(floors, budget // 2)
             # weights past half the budget are not the inputs' to make room for
-            fit.halve(ORDER, floors, lambda io, w: io + min(w, budget // 2) > budget)
+            fit.halve(ORDER, floors, lambda s: fit.io(s) + min(fit.weights(s), budget // 2) > budget)
         size = fit.io(fit.fitted) + fit.weights(fit.fitted)
         if size <= budget or not fit.pair():
             break

@@ -25,6 +25,25 @@ def _kb_load_reference(source, name="kb_reference"):
     return module
 
 
+def _kb_derived(source: str) -> list[tuple[str, object, set[str]]]:
+    """The module constants the file computes from others (`bias_shape = (out_channels, 1, 1)`), as kb's
+    child finds them (kernelbrain/child/loading.py): (name, code, names read), in source order."""
+    import ast
+
+    pure = (ast.Expression, ast.Tuple, ast.List, ast.BinOp, ast.UnaryOp, ast.Constant, ast.Name, ast.Load)
+    out: list[tuple[str, object, set[str]]] = []
+    for node in ast.parse(source).body:
+        if not (
+            isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)
+        ):
+            continue
+        expr = ast.Expression(node.value)
+        reads = {n.id for n in ast.walk(expr) if isinstance(n, ast.Name)}
+        if reads and all(isinstance(n, (*pure, ast.operator, ast.unaryop)) for n in ast.walk(expr)):
+            out.append((node.targets[0].id, compile(expr, "<derived>", "eval"), reads))
+    return out
+
+
 def _kb_shape_label(shape):
     return ",".join(f"{k}={v}" for k, v in shape.items()) or "default"
 
@@ -32,8 +51,9 @@ def _kb_shape_label(shape):
 class _KbProblem:
     """A KernelBench problem plus kb's optional KB_SHAPES, KB_SMOKE_SHAPE, KB_GATE_SHAPES, KB_TOLERANCE."""
 
-    def __init__(self, module, default_tolerance, reference_multiple):
+    def __init__(self, module, default_tolerance, reference_multiple, derived=()):
         self.module = module
+        self.derived = derived  # _kb_derived(its source): set from a shape's sizes, as kb's child does
         self.reference_multiple = reference_multiple
         self.base = {k: v for k, v in vars(module).items() if not k.startswith("__")}
         self.shapes = [dict(s) for s in (getattr(module, "KB_SHAPES", None) or [{}])]
@@ -47,6 +67,11 @@ class _KbProblem:
             setattr(self.module, k, v)
         for k, v in shape.items():
             setattr(self.module, k, v)
+        changed = set(shape)
+        for name, code, reads in self.derived:
+            if name not in shape and reads & changed:
+                setattr(self.module, name, eval(code, vars(self.module)))
+                changed.add(name)
 
     def inputs(self, shape, seed, device):
         import torch
@@ -249,7 +274,8 @@ def _kb_main(model_new, reference_source, default_tolerance, reference_multiple,
     repeats = args.repeats or (100 if device == "cuda" else 5)
     warmup = args.warmup if args.warmup is not None else (10 if device == "cuda" else 2)
     timer = "CUDA events" if device == "cuda" else "wall clock, Triton interpreter"
-    problem = _KbProblem(_kb_load_reference(reference_source), default_tolerance, reference_multiple)
+    module = _kb_load_reference(reference_source)
+    problem = _KbProblem(module, default_tolerance, reference_multiple, _kb_derived(reference_source))
     if problem.smoke is None and cpu_shape is not None:
         problem.smoke = dict(cpu_shape)  # what kb's CPU run used: the file's full size never finishes
     failed = False
