@@ -125,9 +125,23 @@ def check_views_of_inputs(tmp_path: Path) -> None:
         same(prob.Model()(*xs), cand.ModelNew()(*xs))
 
 
+def check_round0_strategy(knobs: dict, tmp_path: Path) -> None:
+    """One round-0 knob set on contiguous inputs of the output's shape (the flat kernels' path, the
+    persistent loop's included), at a size of several tiles with a partial last one."""
+    prob, cand = composed(problem("torch.tanh(x0) * x1 - x0", 2, shapes="(3, 2501)"), tmp_path, knobs)
+    torch.manual_seed(2)
+    xs = [wide(3, 2501), wide(3, 2501)]
+    same(prob.Model()(*xs), cand.ModelNew()(*xs))
+
+
+def round0_name(knobs: dict) -> str:
+    return "round0:" + "-".join(str(v) for v in knobs.values())
+
+
 def checks() -> dict:
     """What runs in one interpreter process (tests.runs.run_checks), by the name its test asks for."""
     found = {forward: partial(check_chain, forward, n) for forward, n in CHAINS}
+    found |= {round0_name(k): partial(check_round0_strategy, k) for k in pointwise.ROUND0}
     return {**found, "broadcast": check_broadcast_strided_and_half_inputs, "views": check_views_of_inputs}
 
 
@@ -139,6 +153,12 @@ def interpreted() -> dict[str, str | None]:
 @pytest.mark.parametrize(("forward", "n"), CHAINS, ids=[c[0][:40] for c in CHAINS])
 def test_every_op_of_the_table_computes_what_the_reference_does(interpreted, forward, n):
     assert interpreted[forward] is None, interpreted[forward]
+
+
+@pytest.mark.parametrize("knobs", pointwise.ROUND0, ids=round0_name)
+def test_every_round0_strategy_runs_under_the_interpreter(interpreted, knobs):
+    """Every strategy round 0 proposes runs on CPU too (the persistent loop's tile is an int there)."""
+    assert interpreted[round0_name(knobs)] is None, interpreted[round0_name(knobs)]
 
 
 def test_views_of_inputs_are_slots_of_their_own(interpreted):

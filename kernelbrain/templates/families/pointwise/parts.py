@@ -109,7 +109,7 @@ def _load(ptr, offs, mask):
 
 @triton.jit
 def _flat_tile(y_ptr, x0, x1, x2, x3, n, tile, N_IN: tl.constexpr, BLOCK: tl.constexpr):
-    offs = tile.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    offs = tl.cast(tile, tl.int64) * BLOCK + tl.arange(0, BLOCK)  # tile: an int in a persistent loop
     mask = offs < n
     v0 = _load(x0, offs, mask)
     v1 = v0
