@@ -21,7 +21,8 @@ group or head count, a layer count, a pooling window stay: a template bakes them
 rendered at the CPU's count would be wrong at the file's), never a convolution's window (its kernel
 size); an odd size stays odd (a masked tail stays masked), a power of two stays one, and no size goes
 below 1 or the floors below, so a dimension of 1 (a GEMV's column) or under 8 is never touched. What the
-file derives from a size (`bias_shape = (out_channels, 1, 1)`) follows it (loading.Problem.use), and two
+file derives from a size (`bias_shape = (out_channels, 1, 1)`) follows it (loading.Problem.use), a size
+that holds a count whole (channels of groups) stays at twice the count at least, and two
 sizes the reference refuses halved alone (a LayerNorm's width and the dimension it normalises) are tried
 together.
 
@@ -261,14 +262,35 @@ class _Fit:
         """A constant's value so far (a pair's larger one)."""
         return max(int(self.fitted.get(n, self.values[n])) for n in knob.name.split("+"))
 
+    def counts(self) -> dict[str, int]:
+        """The problem's int constants over 1 that no halving touches (a group, head or layer count, a
+        stride): those a size may be a multiple of."""
+        sizes = {n for k in (*self.found, *self.dropped) for n in k.name.split("+")} | set(self.fitted)
+        return {n: v for n, v in self.values.items() if _is_size(v) and n not in sizes and n.isidentifier()}
+
+    def holds(self, name: str, count: int) -> bool:
+        """Whether size `name` holds `count` whole (channels of groups): the problem refuses it one over."""
+        try:
+            self.check({**self.fitted, name: count + 1})
+        except Exception:
+            return True
+        return False
+
     def halved(self, knob: Knob, floor: int) -> Shape | None:
-        """The shape with this constant (or pair) halved; None where that goes below `floor`."""
+        """The shape with this constant (or pair) halved; None where that goes below `floor`, or makes a
+        model size that is a multiple of a count (channels of groups, a width of heads) under twice it: a
+        group of one channel is a norm whose output is its bias, whatever the input, and a test of
+        nothing."""
         out = dict(self.fitted)
+        counts = self.counts() if knob.kind == "model" else {}
         for name in knob.name.split("+"):
             value = self.fitted.get(name, self.values[name])
-            if value < 2 or half(value, self.cpu) < floor:
+            new = half(value, self.cpu)
+            if value < 2 or new < floor:
                 return None
-            out[name] = half(value, self.cpu)
+            if any(value % c == 0 and new < 2 * c and self.holds(name, c) for c in counts.values()):
+                return None
+            out[name] = new
         return out
 
     def pair(self) -> bool:

@@ -18,7 +18,6 @@ PRELUDE = "kb_x"  # what forward names the prelude's value
 HEAD = "kb_h"  # what forward names the head's value (and the tail's, which it returns)
 _POINTWISE_LAUNCH = ("_load", "_flat_tile", "_flat_kernel", "_flat_persistent_kernel", "_strided_offset")
 _POINTWISE_LAUNCH += ("_strided_kernel", "MAX_DIMS", "_collapsed", "_launch")
-_MOMENTS_PARTS = ("_moments_kernel", "_moments_finish", "_moments_map", "_moments_launch")
 _POOL_PARTS = ("_pool_kernel", "_out_size", "_pool_launch")
 
 
@@ -68,7 +67,7 @@ def _sections(stage: dict[str, Any]) -> list[str]:
     if family == "staged":
         return [pointwise.helper_parts(*spec["stages"]), reduce.shared_parts(), *staged.stage_parts(spec)]
     if family == "moments":
-        return [parts_of(moments.PARTS, *_MOMENTS_PARTS)]
+        return [parts_of(moments.PARTS, *moments.PART_NAMES)]
     if family == "layernorm":
         return [row_norm.kernels(stage["knobs"], "_layer_norm")]
     if family == "conv":

@@ -24,6 +24,11 @@ from kernelbrain.templates.render import constants, graph_doc, module, parts_of,
 
 FAMILY = "moments"
 PARTS = f"{__name__}.parts"
+# what a candidate copies from PARTS, in order (a tail of another family's head copies the same)
+PART_NAMES = (
+    "_moments_kernel", "_moments_finish", "_moments_map", "_moments_tile", "_moments_map_launch",
+    "_moments_launch",
+)  # fmt: skip
 
 # (block, split, num_warps) of each round-0 set, all one strategy
 ROUND0: list[dict[str, Any]] = [
@@ -221,6 +226,6 @@ def render(spec: dict, knobs: dict[str, Any], signature: dict[str, list[str]]) -
         doc,
         constants(BLOCK=knobs["block"], SPLIT=knobs["split"], NUM_WARPS=knobs["num_warps"]),
         constants(MODE=spec["mode"], GROUP=spec["group"], EPS=spec["eps"], MOMENTUM=spec["momentum"]),
-        parts_of(PARTS, "_moments_kernel", "_moments_finish", "_moments_map", "_moments_launch"),
+        parts_of(PARTS, *PART_NAMES),
         refined_model(spec, signature, lines),
     )

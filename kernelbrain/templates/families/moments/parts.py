@@ -18,26 +18,30 @@ import triton.language as tl
 
 
 @triton.jit
-def _moments_kernel(x_ptr, part_ptr, A, K, L, a_chunk, l_chunk, BLOCK: tl.constexpr):
-    k = tl.program_id(0).to(tl.int64)
+def _moments_kernel(x_ptr, part_ptr, A, K, L, a_chunk, l_chunk, BLOCK_K: tl.constexpr, BLOCK_L: tl.constexpr):
+    """Programs (k block, a part, l part): BLOCK_K statistics a program, so that a short run (a group of
+    one channel, an instance of a few pixels) is not a program of its own."""
+    k = tl.program_id(0).to(tl.int64) * BLOCK_K + tl.arange(0, BLOCK_K)
+    kmask = k < K
     pa = tl.program_id(1)
     pl = tl.program_id(2)
-    shift = tl.load(x_ptr + k * L).to(tl.float32)
-    s1 = tl.zeros([BLOCK], tl.float32)
-    s2 = tl.zeros([BLOCK], tl.float32)
+    shift = tl.load(x_ptr + k * L, mask=kmask, other=0.0).to(tl.float32)
+    s1 = tl.zeros([BLOCK_K, BLOCK_L], tl.float32)
+    s2 = tl.zeros([BLOCK_K, BLOCK_L], tl.float32)
     l_end = tl.minimum(pl * l_chunk + l_chunk, L)
     for a in range(pa * a_chunk, tl.minimum(pa * a_chunk + a_chunk, A)):
-        row = x_ptr + (a * K + k) * L
-        for l0 in range(pl * l_chunk, l_end, BLOCK):
-            offs = l0 + tl.arange(0, BLOCK)
-            mask = offs < l_end
-            d = tl.where(mask, tl.load(row + offs, mask=mask, other=0.0).to(tl.float32) - shift, 0.0)
+        row = x_ptr + (a * K + k[:, None]) * L
+        for l0 in range(pl * l_chunk, l_end, BLOCK_L):
+            offs = l0 + tl.arange(0, BLOCK_L)
+            mask = kmask[:, None] & (offs < l_end)[None, :]
+            v = tl.load(row + offs[None, :], mask=mask, other=0.0).to(tl.float32)
+            d = tl.where(mask, v - shift[:, None], 0.0)
             s1 += d
             s2 += d * d
     parts = tl.num_programs(1) * tl.num_programs(2)
     at = (k * parts + pa * tl.num_programs(2) + pl) * 2
-    tl.store(part_ptr + at, tl.sum(s1, axis=0))
-    tl.store(part_ptr + at + 1, tl.sum(s2, axis=0))
+    tl.store(part_ptr + at, tl.sum(s1, axis=1), mask=kmask)
+    tl.store(part_ptr + at + 1, tl.sum(s2, axis=1), mask=kmask)
 
 
 @triton.jit
@@ -72,27 +76,47 @@ def _moments_finish(
 
 @triton.jit
 def _moments_map(
-    x_ptr, y_ptr, mean_ptr, rstd_ptr, w_ptr, b_ptr, C, S, SN, CG, eps,
-    VAR: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr, BLOCK: tl.constexpr,
+    x_ptr, y_ptr, mean_ptr, rstd_ptr, w_ptr, b_ptr, R, C, S, SN, CG, eps,
+    VAR: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr,
 ):  # fmt: skip
-    """VAR: rstd_ptr holds variances (the running ones of a batch norm in eval mode)."""
-    row = tl.program_id(0).to(tl.int64)
-    n = row // C
-    c = row % C
-    stat = n * SN + c // CG
-    mean = tl.load(mean_ptr + stat).to(tl.float32)
-    scale = tl.load(rstd_ptr + stat).to(tl.float32)
+    """A [ROWS, BLOCK] tile of x as [N x C, S]: rows are (n, c). VAR: rstd_ptr holds variances (the
+    running ones of a batch norm in eval mode)."""
+    rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
+    rmask = rows < R
+    c = rows % C
+    stat = (rows // C) * SN + c // CG
+    mean = tl.load(mean_ptr + stat, mask=rmask, other=0.0).to(tl.float32)
+    scale = tl.load(rstd_ptr + stat, mask=rmask, other=1.0).to(tl.float32)
     if VAR:
         scale = 1.0 / tl.sqrt(scale + eps)
     if HAS_W:
-        scale = scale * tl.load(w_ptr + c).to(tl.float32)
-    shift = -mean * scale
+        scale = scale * tl.load(w_ptr + c, mask=rmask, other=1.0).to(tl.float32)
+    shift = tl.zeros([ROWS], tl.float32)
     if HAS_B:
-        shift = shift + tl.load(b_ptr + c).to(tl.float32)
+        shift = tl.load(b_ptr + c, mask=rmask, other=0.0).to(tl.float32)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < S
-    v = tl.load(x_ptr + row * S + offs, mask=mask, other=0.0).to(tl.float32)
-    tl.store(y_ptr + row * S + offs, (v * scale + shift).to(y_ptr.dtype.element_ty), mask=mask)
+    mask = rmask[:, None] & (offs < S)[None, :]
+    at = rows[:, None] * S + offs[None, :]
+    v = tl.load(x_ptr + at, mask=mask, other=0.0).to(tl.float32)
+    # the distance from the mean first: exact where x is its statistic's mean (a group of one element)
+    y = (v - mean[:, None]) * scale[:, None] + shift[:, None]
+    tl.store(y_ptr + at, y.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+def _moments_tile(n, block):
+    """(rows, columns) of a tile of `block` elements over rows of n: as wide as a row needs, the rest of
+    the block in rows."""
+    cols = min(block, triton.next_power_of_2(n))
+    return max(1, block // cols), cols
+
+
+def _moments_map_launch(x, y, mean, rstd, w, b, c_, s_, sn, cg, eps, var, block, num_warps):
+    rows, cols = _moments_tile(s_, block)
+    r_ = x.numel() // max(s_, 1)
+    _moments_map[(triton.cdiv(r_, rows), triton.cdiv(s_, cols))](
+        x, y, mean, rstd, w if w is not None else mean, b if b is not None else mean, r_, c_, s_, sn, cg,
+        eps, VAR=var, HAS_W=w is not None, HAS_B=b is not None, ROWS=rows, BLOCK=cols, num_warps=num_warps,
+    )  # fmt: skip
 
 
 def _moments_launch(x, mode, group, w, b, rm, rv, count, eps, momentum, block, split, num_warps):
@@ -111,21 +135,20 @@ def _moments_launch(x, mode, group, w, b, rm, rv, count, eps, momentum, block, s
     if x.numel() == 0:
         return y
     if mode == "running":  # eval mode: the running statistics, per channel
-        grid = (n_ * c_, triton.cdiv(s_, block))
-        _moments_map[grid](
-            x, y, rm, rv, w if w is not None else rm, b if b is not None else rm, c_, s_, 0, 1, eps, VAR=True,
-            HAS_W=w is not None, HAS_B=b is not None, BLOCK=block, num_warps=num_warps,
-        )  # fmt: skip
+        _moments_map_launch(x, y, rm, rv, w, b, c_, s_, 0, 1, eps, True, block, num_warps)
         return y
-    split = max(1, min(split, 8192 // k_))  # enough programs to fill the GPU, no more
+    block_k, block_l = _moments_tile(l_, block)  # runs shorter than a block: several statistics a program
+    split = max(1, min(split, 8192 // triton.cdiv(k_, block_k)))  # enough programs to fill the GPU, no more
     split_a = min(split, a_)
-    split_l = max(1, split // split_a)
+    split_l = max(1, split // split_a) if block_k == 1 else 1
     a_chunk = triton.cdiv(a_, split_a)
-    l_chunk = triton.cdiv(triton.cdiv(l_, split_l), block) * block
+    l_chunk = triton.cdiv(triton.cdiv(l_, split_l), block_l) * block_l
     split_a, split_l = triton.cdiv(a_, a_chunk), triton.cdiv(l_, l_chunk)
     part = torch.empty((k_, split_a * split_l, 2), dtype=torch.float32, device=x.device)
-    grid = (k_, split_a, split_l)
-    _moments_kernel[grid](x, part, a_, k_, l_, a_chunk, l_chunk, BLOCK=block, num_warps=num_warps)
+    grid = (triton.cdiv(k_, block_k), split_a, split_l)
+    _moments_kernel[grid](
+        x, part, a_, k_, l_, a_chunk, l_chunk, BLOCK_K=block_k, BLOCK_L=block_l, num_warps=num_warps
+    )
     mean = torch.empty(k_, dtype=torch.float32, device=x.device)
     rstd = torch.empty(k_, dtype=torch.float32, device=x.device)
     running = rm is not None and rv is not None
@@ -136,9 +159,5 @@ def _moments_launch(x, mode, group, w, b, rm, rv, count, eps, momentum, block, s
         k_, l_, parts, float(a_ * l_), eps, momentum, RUNNING=running,
         COUNT=count is not None, BLOCK_K=16, BLOCK_P=triton.next_power_of_2(parts),
     )  # fmt: skip
-    grid = (n_ * c_, triton.cdiv(s_, block))
-    _moments_map[grid](
-        x, y, mean, rstd, w if w is not None else mean, b if b is not None else mean, c_, s_, sn, cg, eps,
-        VAR=False, HAS_W=w is not None, HAS_B=b is not None, BLOCK=block, num_warps=num_warps,
-    )  # fmt: skip
+    _moments_map_launch(x, y, mean, rstd, w, b, c_, s_, sn, cg, eps, False, block, num_warps)
     return y
