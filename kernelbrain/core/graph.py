@@ -76,10 +76,16 @@ class Graph(BaseModel):
     def needed(self) -> set[tuple[int, int]]:
         """Every [node, out] the outputs depend on (they included)."""
         wanted = {(int(o[0]), int(o[1])) for o in self.outputs}
+        outs: dict[int, set[int]] = {}  # the wanted outs by node, to test a node at once
+        for n, k in wanted:
+            outs.setdefault(n, set()).add(k)
         for j in range(len(self.nodes) - 1, -1, -1):
-            if any((j, k) in wanted for k in range(len(self.nodes[j].outs))):
-                for value in self.nodes[j].args.values():
-                    wanted.update(self.refs(value))
+            node = self.nodes[j]
+            if any(k < len(node.outs) for k in outs.get(j, ())):
+                for value in node.args.values():
+                    for n, k in self.refs(value):
+                        wanted.add((n, k))
+                        outs.setdefault(n, set()).add(k)
         return wanted
 
     def unsized(self, allowed: Collection[tuple[int, str]] = ()) -> None:

@@ -5,6 +5,7 @@ forward that launch them, each launch of a chain reading the values before it by
 from __future__ import annotations
 
 import ast
+import functools
 from typing import Any
 
 from kernelbrain.templates.compose.cut import NotTail
@@ -39,14 +40,17 @@ def _chains(spec: dict[str, Any]) -> str:
     )
 
 
-def _top_names(text: str) -> list[str]:
+@functools.lru_cache(maxsize=1024)
+def _top_names(text: str) -> tuple[str, ...]:
+    """The functions and constants a stage's parts define (kept: a search renders the same parts text
+    for every knob set of a stage, and parsing it was most of a render's time)."""
     out = []
     for node in ast.parse(text).body:
         if isinstance(node, ast.FunctionDef):
             out.append(node.name)
         elif isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name):
             out.append(node.targets[0].id)
-    return out
+    return tuple(out)
 
 
 def _sections(stage: dict[str, Any]) -> list[str]:
