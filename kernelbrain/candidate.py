@@ -125,7 +125,7 @@ class LaunchCache:
     def _plain(value: Any) -> bool:
         if isinstance(value, tuple):
             return all(LaunchCache._plain(v) for v in value)
-        return isinstance(value, _PLAIN) or isinstance(value, torch.Size)
+        return isinstance(value, (_PLAIN, torch.Size))
 
     def get(self, key: Any, default: Any = None) -> Any:
         """The configuration held for key, else default."""

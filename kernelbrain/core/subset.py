@@ -72,7 +72,9 @@ def _dunder(name: str) -> bool:
 
 def _stores(node: ast.AST) -> set[str]:
     """The names `node` binds anywhere inside it (assignments, loop and comprehension targets)."""
-    return {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store | ast.Del)}
+    return {
+        n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store | ast.Del)
+    }
 
 
 def _params(fn: ast.FunctionDef) -> list[ast.arg]:
@@ -146,7 +148,7 @@ class _Module:
                 self.refuse(
                     node,
                     f"a module-level {type(node).__name__.lower()} statement",
-                    "keep the module level to imports, constants, @triton.jit kernels, helpers and class ModelNew",
+                    "keep the module level to imports, constants, kernels, helpers and class ModelNew",
                 )
         if self.model is None:
             self.refuse(self.tree, "a module without class ModelNew", "define class ModelNew(nn.Module)")
@@ -192,8 +194,7 @@ class _Module:
                     node,
                     f"importing {checked}",
                     "import only torch, torch.nn, torch.nn.functional, triton, triton.language, math and "
-                    "kernelbrain.candidate (its names: sm_count, device_properties, programs_per_sm, "
-                    "LaunchCache, aligned, INTERPRETED)",
+                    "kernelbrain.candidate",
                 )
                 continue
             self.bind(node, local)
@@ -226,7 +227,9 @@ class _Module:
             return False
         if paths[-1] != "triton.jit" or any(p not in names.TRITON_DECORATORS for p in paths):
             self.refuse(
-                fn, f"the decorators of {fn.name}", "decorate kernels with @triton.jit (under @triton.autotune)"
+                fn,
+                f"the decorators of {fn.name}",
+                "decorate kernels with @triton.jit (under @triton.autotune)",
             )
             return True
         for d in fn.decorator_list:
@@ -261,7 +264,9 @@ class _Module:
 
     def model_class(self, node: ast.ClassDef) -> None:
         if node.name != "ModelNew":
-            self.refuse(node, f"class {node.name}", "define one class, ModelNew(nn.Module), and plain functions")
+            self.refuse(
+                node, f"class {node.name}", "define one class, ModelNew(nn.Module), and plain functions"
+            )
             return
         self.model = node
         bases = [self.path(b) for b in node.bases]
@@ -275,12 +280,17 @@ class _Module:
             elif item.decorator_list:
                 self.refuse(item, f"a decorator on ModelNew.{item.name}", "write plain methods")
             elif _dunder(item.name) and item.name != "__init__":
-                self.refuse(item, f"the method ModelNew.{item.name}", "define __init__, forward and plain methods")
+                self.refuse(
+                    item, f"the method ModelNew.{item.name}", "define __init__, forward and plain methods"
+                )
             elif not _params(item) or item.args.posonlyargs:
                 self.refuse(item, f"ModelNew.{item.name} without self", "take self first")
 
     def constant(self, node: ast.Assign | ast.AnnAssign) -> None:
         targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+        if len(targets) == 1 and isinstance(targets[0], ast.Attribute | ast.Subscript):
+            _Host(self, None).target(targets[0])  # a patch: `torch.Tensor.__add__ = ...`
+            return
         if len(targets) != 1 or not isinstance(targets[0], ast.Name) or node.value is None:
             self.refuse(node, "a module-level assignment to anything but one name", "write NAME = value")
             return
@@ -336,7 +346,9 @@ class _Scope:
                     for s in _stores(n.target):
                         self.assigned.setdefault(s, []).append(None)
             for name in self.locals & (set(module.aliases) | set(module.jit) | set(module.helpers)):
-                module.refuse(fn, f"rebinding the module's name {name!r} in {fn.name}", "use another local name")
+                module.refuse(
+                    fn, f"rebinding the module's name {name!r} in {fn.name}", "use another local name"
+                )
             for name in self.locals & (names.BUILTIN_CALLS | names.EXCEPTIONS | {"super"}):
                 module.refuse(fn, f"rebinding the builtin {name!r} in {fn.name}", "use another local name")
 
@@ -355,7 +367,9 @@ class _Scope:
 class _Host(_Scope):
     """Host code: a helper, a ModelNew method, or (fn None) a module-level value."""
 
-    def __init__(self, module: _Module, fn: ast.FunctionDef | None, model: ast.ClassDef | None = None) -> None:
+    def __init__(
+        self, module: _Module, fn: ast.FunctionDef | None, model: ast.ClassDef | None = None
+    ) -> None:
         super().__init__(module, fn)
         self.model = model
         self.self_name = self.params[0] if model is not None and self.params else None
@@ -418,7 +432,9 @@ class _Host(_Scope):
             if node.msg is not None:
                 self.expr(node.msg)
         elif not isinstance(node, ast.Pass | ast.Break | ast.Continue):
-            self.refuse(node, f"a {type(node).__name__} statement", "use assignments, if, for, while and return")
+            self.refuse(
+                node, f"a {type(node).__name__} statement", "use assignments, if, for, while and return"
+            )
 
     def no_grad(self, node: ast.With) -> bool:
         """`with torch.no_grad():` (the problem's constructor initialising its weights in place)."""
@@ -434,7 +450,11 @@ class _Host(_Scope):
         exc = node.exc
         func = exc.func if isinstance(exc, ast.Call) else exc
         if exc is None or not (isinstance(func, ast.Name) and func.id in names.EXCEPTIONS) or node.cause:
-            self.refuse(node, "raising anything but a builtin error", f"raise one of {', '.join(sorted(names.EXCEPTIONS))}")
+            self.refuse(
+                node,
+                "raising anything but a builtin error",
+                f"raise one of {', '.join(sorted(names.EXCEPTIONS))}",
+            )
             return
         if isinstance(exc, ast.Call):
             for a in [*exc.args, *(k.value for k in exc.keywords)]:
@@ -486,6 +506,9 @@ class _Host(_Scope):
         elif isinstance(node, ast.Name):
             self.name(node, annotation)
         elif isinstance(node, ast.Attribute):
+            path = self.m.path(node)
+            if annotation and path is not None and not any(_dunder(p) for p in path.split(".")):
+                return  # a type: `x: torch.Tensor`
             self.attribute(node, call=False)
         elif isinstance(node, ast.Call):
             self.call(node)
@@ -528,16 +551,18 @@ class _Host(_Scope):
             return
         if n in self.m.aliases:
             path = self.m.aliases[n]
-            if path in names.TORCH_VALUES or path in names.CANDIDATE_API and path.endswith("INTERPRETED"):
+            if path in names.TORCH_VALUES or path == "kernelbrain.candidate.INTERPRETED":
                 return
             self.refuse(node, f"the module {path} as a value", f"use {n}.<name> of the subset directly")
         elif n in self.m.jit or n in self.m.helpers or n == "ModelNew":
-            self.refuse(node, f"the function {n} as a value", "call it, or launch a kernel: kernel[grid](args)")
+            self.refuse(
+                node, f"the function {n} as a value", "call it, or launch a kernel: kernel[grid](args)"
+            )
         else:
             self.refuse(
                 node,
                 f"the name {n!r}",
-                "use your locals, the module's constants and functions, and plain builtins (len, range, min, ...)",
+                "use your locals, the module's constants and functions, and builtins (len, range, min, ...)",
             )
 
     def self_chain(self, node: ast.expr) -> bool:
@@ -555,14 +580,22 @@ class _Host(_Scope):
                     "allocate, view and copy with torch.empty*/zeros*/ones*/full* and tensor methods; do "
                     "the compute in @triton.jit kernels"
                     if path.startswith("torch.")
-                    else "use triton.cdiv/next_power_of_2, math and kernelbrain.candidate on the host, tl.* in kernels"
+                    else "use triton.cdiv, math, kernelbrain.candidate on the host, tl.* in kernels"
                 )
-                if path.startswith("torch.") and not call and path.split(".")[1] in {"ops", "library", "Tensor"}:
-                    instead = "torch.ops, torch.library and torch.Tensor's members are out of reach of candidates"
+                if (
+                    path.startswith("torch.")
+                    and not call
+                    and path.split(".")[1] in {"ops", "library", "Tensor"}
+                ):
+                    instead = (
+                        "torch.ops, torch.library and torch.Tensor's members are out of reach of candidates"
+                    )
                 self.refuse(node, what, instead)
             return
         if _dunder(attr):
-            self.refuse(node, f"the dunder attribute .{attr}", "read tensors' metadata through shape, stride(), dtype")
+            self.refuse(
+                node, f"the dunder attribute .{attr}", "read tensors' metadata through shape, stride(), dtype"
+            )
             return
         direct = isinstance(node.value, ast.Name) and node.value.id == self.self_name
         if direct and call:
@@ -584,8 +617,8 @@ class _Host(_Scope):
             self.refuse(
                 node,
                 f"{kind} .{attr}",
-                "read shape, dtype, device, stride(), numel(); call views, copies and casts (contiguous, view, "
-                "reshape, copy_, to); no .item(), .tolist(), .numpy(), .data_ptr()",
+                "read shape, dtype, device, stride(), numel(); call views, copies and casts (contiguous, "
+                "view, reshape, copy_, to); no .item(), .tolist(), .numpy(), .data_ptr()",
             )
         if not (isinstance(node.value, ast.Name) and node.value.id == self.self_name):
             self.expr(node.value)
@@ -634,7 +667,9 @@ class _Host(_Scope):
             elif n in self.m.jit:
                 self.refuse(func, f"calling the kernel {n} from host code", f"launch it: {n}[grid](args)")
             elif n == "ModelNew":
-                self.refuse(func, "building ModelNew inside the module", "build nothing at import or call time")
+                self.refuse(
+                    func, "building ModelNew inside the module", "build nothing at import or call time"
+                )
             elif n not in self.m.helpers and n not in names.BUILTIN_CALLS | names.EXCEPTIONS:
                 self.refuse(
                     func,
@@ -649,9 +684,9 @@ class _Host(_Scope):
                 and isinstance(sup, ast.Call)
                 and isinstance(sup.func, ast.Name)
                 and sup.func.id == "super"
-                and not sup.args
+                and [ast.unparse(a) for a in sup.args] in ([], ["ModelNew", self.self_name])
             ):
-                pass  # super().__init__()
+                pass  # super().__init__(), super(ModelNew, self).__init__()
             else:
                 self.attribute(func, call=True)
         elif isinstance(func, ast.Subscript) and self.launch_base(func.value):
@@ -659,7 +694,9 @@ class _Host(_Scope):
         elif isinstance(func, ast.Name) and func.id in self.params and self.model is None:
             pass  # a helper handed to this helper by name: launch(x2, y2, ...)
         else:
-            self.refuse(func, f"calling {ast.unparse(func)}", "call functions by their names: no computed callables")
+            self.refuse(
+                func, f"calling {ast.unparse(func)}", "call functions by their names: no computed callables"
+            )
         api = isinstance(func, ast.Attribute) and self.m.path(func) in names.CANDIDATE_API
         helper = isinstance(func, ast.Name) and func.id in self.m.helpers and func.id not in self.locals
         for a in args:
@@ -679,12 +716,13 @@ class _Host(_Scope):
             values = self.assigned.get(node.id, [None])
             if all(isinstance(v, ast.Tuple | ast.List) for v in values):
                 return
-        if not isinstance(node, ast.Tuple | ast.List) or isinstance(node, ast.Lambda):
-            self.refuse(
-                node,
-                f"the launch grid {ast.unparse(node)}",
-                "give the grid as a tuple of ints (written out, or a local assigned only tuples)",
-            )
+        self.refuse(
+            node,
+            f"the launch grid {ast.unparse(node)}",
+            "give the grid as a tuple of ints (written out, or a local assigned only tuples)",
+        )
+        if not isinstance(node, ast.Name):
+            self.expr(node)
 
 
 class _Jit(_Scope):
@@ -705,7 +743,9 @@ class _Jit(_Scope):
             outer.expr(d)
         for a in _params(self.fn):
             if a.annotation is not None and self.m.path(a.annotation) is None:
-                self.refuse(a, f"the annotation of {a.arg}", "annotate kernel parameters with tl.constexpr only")
+                self.refuse(
+                    a, f"the annotation of {a.arg}", "annotate kernel parameters with tl.constexpr only"
+                )
         for stmt in self.fn.body:
             self.stmt(stmt)
 
@@ -717,7 +757,9 @@ class _Jit(_Scope):
                 self.stmt(child)
             elif isinstance(child, ast.expr):
                 if isinstance(child, ast.Attribute | ast.Subscript) and isinstance(child.ctx, ast.Store):
-                    self.refuse(child, "assigning into an attribute or element in a kernel", "assign to names")
+                    self.refuse(
+                        child, "assigning into an attribute or element in a kernel", "assign to names"
+                    )
                 else:
                     self.expr(child)
         if not isinstance(
@@ -725,7 +767,11 @@ class _Jit(_Scope):
             ast.Assign | ast.AugAssign | ast.AnnAssign | ast.If | ast.For | ast.While | ast.Return | ast.Expr
             | ast.Pass | ast.Break | ast.Continue | ast.Assert,
         ):  # fmt: skip
-            self.refuse(node, f"a {type(node).__name__} statement in a kernel", "use tl.*, arithmetic and control flow")
+            self.refuse(
+                node,
+                f"a {type(node).__name__} statement in a kernel",
+                "use tl.*, arithmetic and control flow",
+            )
 
     def expr(self, node: ast.expr) -> None:
         if self.special(node):
@@ -735,7 +781,11 @@ class _Jit(_Scope):
             if isinstance(node.ctx, ast.Store) or n in self.locals or n in self.m.constants:
                 return
             if n not in self.m.jit:  # a kernel as a value: a combine function (tl.reduce(x, 0, _add))
-                self.refuse(node, f"the name {n!r} in a kernel", "use tl.*, your parameters and the module's constants")
+                self.refuse(
+                    node,
+                    f"the name {n!r} in a kernel",
+                    "use tl.*, your parameters and the module's constants",
+                )
             return
         if isinstance(node, ast.Attribute):
             self.attribute(node, call=False)
@@ -744,15 +794,23 @@ class _Jit(_Scope):
             func = node.func
             if isinstance(func, ast.Name) and func.id not in self.locals:
                 if func.id not in self.m.jit and func.id not in names.JIT_BUILTINS:
-                    self.refuse(func, f"calling {func.id} in a kernel", "call tl.* and the module's @triton.jit functions")
+                    self.refuse(
+                        func,
+                        f"calling {func.id} in a kernel",
+                        "call tl.* and the module's @triton.jit functions",
+                    )
             elif isinstance(func, ast.Attribute):
                 self.attribute(func, call=True)
             else:
-                self.refuse(func, f"calling {ast.unparse(func)} in a kernel", "call tl.* and @triton.jit functions")
+                self.refuse(
+                    func, f"calling {ast.unparse(func)} in a kernel", "call tl.* and @triton.jit functions"
+                )
             for a in [*node.args, *(k.value for k in node.keywords)]:
                 self.expr(a)
             return
-        if isinstance(node, ast.DictComp | ast.SetComp | ast.ListComp | ast.GeneratorExp | ast.Dict | ast.Set):
+        if isinstance(
+            node, ast.DictComp | ast.SetComp | ast.ListComp | ast.GeneratorExp | ast.Dict | ast.Set
+        ):
             self.refuse(node, f"a {type(node).__name__} in a kernel", "use tl tensors")
             return
         for child in ast.iter_child_nodes(node):
@@ -769,7 +827,15 @@ class _Jit(_Scope):
             return
         base = node.value
         if isinstance(base, ast.Name) and base.id in self.constexprs and node.attr != "value":
-            self.refuse(node, f"the attribute .{node.attr} of the constexpr {base.id}", "use constexprs as values")
-        elif node.attr not in (names.TL_METHODS | names.TL_ATTRS if call else names.TL_ATTRS | names.TL_METHODS):
-            self.refuse(node, f"the attribute .{node.attr} in a kernel", "use tl.* functions and .to(), .dtype, .shape")
+            self.refuse(
+                node, f"the attribute .{node.attr} of the constexpr {base.id}", "use constexprs as values"
+            )
+        elif node.attr not in (
+            names.TL_METHODS | names.TL_ATTRS if call else names.TL_ATTRS | names.TL_METHODS
+        ):
+            self.refuse(
+                node,
+                f"the attribute .{node.attr} in a kernel",
+                "use tl.* functions and .to(), .dtype, .shape",
+            )
         self.expr(base)

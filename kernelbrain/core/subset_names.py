@@ -69,7 +69,9 @@ BUILTIN_CALLS = _words(
     "isinstance round divmod pow str"
 )
 BUILTIN_TYPES = _words("int float bool tuple list dict set str")  # as isinstance's second argument
-EXCEPTIONS = _words("ValueError RuntimeError NotImplementedError TypeError AssertionError IndexError KeyError")
+EXCEPTIONS = _words(
+    "ValueError RuntimeError NotImplementedError TypeError AssertionError IndexError KeyError"
+)
 # builtins a @triton.jit body may call (Triton folds them or supports them)
 JIT_BUILTINS = _words("range min max float int len abs")
 

@@ -6,6 +6,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
+from kernelbrain.core import subset
 from kernelbrain.core.events import RungSpec, ShapeTiming
 from kernelbrain.core.problem import ProblemError, read_problem
 from kernelbrain.core.protocol import AnalyseRequest, BenchRequest, Device, Fit, GateReply, GateRequest
@@ -55,6 +56,9 @@ def check(
     """The gate, then each rung while it passes; `torch_ops`: the classes of torch ops the candidate may
     keep in PyTorch (core/torch_ops.py), none by default."""
     problem_source, cand_source = read_problem(problem), read_candidate(candidate)
+    refused = subset.check(cand_source, torch_ops)  # a file kb did not write: the subset, before any child
+    if refused is not None:
+        return CheckResult(passed=False, category="policy", detail=refused)
     sandbox = Sandbox(device)
     try:
         fits = _fits(sandbox, problem_source, device)

@@ -30,7 +30,7 @@ from kernelbrain.templates.compose import plan, stages
 from kernelbrain.templates.compose.cut import NotTail, tail_graph
 from kernelbrain.templates.compose.render import HEAD, SUFFIX, call, render_parts
 from kernelbrain.templates.families import conv, pointwise
-from kernelbrain.templates.render import constants, model_attr, module, parts_of, refined_model, tensor
+from kernelbrain.templates.render import constants, model_attr, module, refined_model, tensor
 
 FAMILY = "partial"
 ROUND0_MAX = 3  # partial candidates in a first round: tail knob sets, the tail family's first feasible ones

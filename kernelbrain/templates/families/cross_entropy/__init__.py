@@ -259,8 +259,6 @@ def render(spec: dict, knobs: dict[str, Any], signature: dict[str, list[str]]) -
         + constants(PROLOGUE=bool(spec["prologue"])),
         pointwise.helper_parts(spec),
         *pointwise.chains(spec),
-        parts_of(
-            PARTS, "_rounded", "_logits", "_row_losses", "_ce_kernel", "MAX_PROGRAMS", "_ce_launch"
-        ),
+        parts_of(PARTS, "_rounded", "_logits", "_row_losses", "_ce_kernel", "MAX_PROGRAMS", "_ce_launch"),
         refined_model(spec, signature, lines),
     )

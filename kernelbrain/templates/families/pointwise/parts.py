@@ -10,7 +10,6 @@ their digits.
 
 from __future__ import annotations
 
-import torch
 import triton
 import triton.language as tl
 
