@@ -151,7 +151,7 @@ class _Module:
                     "keep the module level to imports, constants, kernels, helpers and class ModelNew",
                 )
         if self.model is None:
-            self.refuse(self.tree, "a module without class ModelNew", "define class ModelNew(nn.Module)")
+            self.found.append(Refusal(1, "a module without class ModelNew", "define ModelNew(nn.Module)"))
         for fn in self.jit.values():
             if isinstance(fn, ast.FunctionDef):
                 _Jit(self, fn).run()
