@@ -77,7 +77,7 @@ def load_hashes() -> dict[str, str]:
     return json.loads(gzip.decompress(HASHES.read_bytes()))
 
 
-def _digest(p: Proposal) -> str:
+def digest(p: Proposal) -> str:
     return hashlib.sha256(p.source.encode()).hexdigest()[:16]
 
 
@@ -114,7 +114,7 @@ def proposals(table: dict[str, dict]) -> Iterator[tuple[str, Proposal | str]]:
 def renders(table: dict[str, dict]) -> Iterator[tuple[str, str]]:
     """(key, hash or what stopped it) for every render of the table (`proposals`)."""
     for key, p in proposals(table):
-        yield key, p if isinstance(p, str) else _digest(p)
+        yield key, p if isinstance(p, str) else digest(p)
 
 
 def main() -> None:

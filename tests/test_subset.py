@@ -1,12 +1,15 @@
 """kb's candidate subset (kernelbrain/core/subset.py): every family's renders are within it (round 0 and
-every mutation, over the render table), so a template's source as an LLM sees it for a mutation is too;
-each way around an allowlist is refused, naming its line; what the templates legitimately need beyond
-the subset comes from the candidate API (kernelbrain/candidate.py), which `kb export` copies in."""
+every mutation, over the render table: `outside_subset`, run by tests/test_render_hashes.py, which
+renders the table anyway), so a template's source as an LLM sees it for a mutation is too; each way
+around an allowlist is refused, naming its line; what the templates legitimately need beyond the subset
+comes from the candidate API (kernelbrain/candidate.py), which `kb export` copies in."""
 
 from __future__ import annotations
 
 import ast
 import importlib.util
+import re
+from collections.abc import Iterable
 from pathlib import Path
 
 import pytest
@@ -14,32 +17,35 @@ import torch
 
 from kernelbrain import candidate
 from kernelbrain.core import subset
-from kernelbrain.templates import FAMILIES, partial
+from kernelbrain.generators.base import Proposal
 from kernelbrain.views.export import inline_api
 from tests.red_team.test_subset_cheats import HONEST, cheat
-from tests.render_table import load_analyses, proposals
+
+NUMBERS = re.compile(r"\b\d+\b")
 
 
-def test_every_render_of_the_table_is_within_the_subset() -> None:
-    """Every family's round-0 and once-mutated renders over the render table (tests/render_table.py) pass
-    the checker with the torch classes they are labelled with (none for an all-Triton one)."""
+def outside_subset(renders: Iterable[tuple[str, Proposal]]) -> list[str]:
+    """The renders outside the subset, as 'key: refusal'. Each distinct text is checked once, with its
+    numbers folded (the checker reads no number's value: knob sets that differ only in numbers are one
+    case to it). tests/test_render_hashes.py calls this on every render of the table (every family's
+    round 0 and every mutation), which it renders anyway: that is the proof the issue asks for, that a
+    template's source as an LLM sees it for a mutation fits the subset."""
     seen: set[tuple[str, tuple[str, ...]]] = set()
-    families: set[str] = set()
+    shapes: set[tuple[str, tuple[str, ...]]] = set()
     refused = []
-    for key, p in proposals(load_analyses()):
-        if isinstance(p, str):
-            continue
-        families.add(p.family)
+    for key, p in renders:
         what = (p.source, tuple(p.torch_ops))
         if what in seen:
             continue
         seen.add(what)
+        shape = (NUMBERS.sub("0", p.source), what[1])
+        if shape in shapes:
+            continue
+        shapes.add(shape)
         found = subset.check(p.source, p.torch_ops)
         if found is not None:
             refused.append(f"{key}: {found}")
-    assert not refused, f"{len(refused)} renders outside the subset:\n" + "\n".join(refused[:20])
-    assert families == {f.FAMILY for f in FAMILIES} | {partial.FAMILY}
-    assert len(seen) > 1000
+    return refused
 
 
 # name: (source, words of its first refusal); each differs from the honest softmax by its trick

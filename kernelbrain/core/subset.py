@@ -103,6 +103,11 @@ _EXPRESSIONS = {
     ast.YieldFrom: ("yield from", "return a value"),
     ast.Await: ("await", "use plain calls"),
 }
+_BUILTINS = names.BUILTIN_CALLS | names.EXCEPTIONS | {"super"}
+_METHODS = names.TENSOR_METHODS | names.CONTAINER_METHODS
+_HOST_CALLS = names.TORCH_HOST | names.TRITON_HOST
+_TL_NAMES = names.TL_METHODS | names.TL_ATTRS
+
 if hasattr(ast, "TryStar"):
     _STATEMENTS[ast.TryStar] = _STATEMENTS[ast.Try]
 if hasattr(ast, "Match"):
@@ -122,6 +127,12 @@ class _Module:
         self.helpers: dict[str, ast.FunctionDef] = {}
         self.constants: set[str] = set()
         self.model: ast.ClassDef | None = None
+        self._self_attrs: set[str] | None = None
+
+    def self_attributes(self) -> set[str]:
+        if self._self_attrs is None:
+            self._self_attrs = _self_attributes(self.model) if self.model is not None else set()
+        return self._self_attrs
 
     def refuse(self, node: ast.AST, what: str, instead: str) -> None:
         self.found.append(Refusal(getattr(node, "lineno", 0), what, instead))
@@ -168,7 +179,7 @@ class _Module:
     def bind(self, node: ast.AST, name: str) -> None:
         if name in self.bound() - ({"ModelNew"} if self.model is None else set()):
             self.refuse(node, f"a second binding of the module-level name {name!r}", "give each its own name")
-        elif name in names.BUILTIN_CALLS | names.EXCEPTIONS | {"super", "self"}:
+        elif name in _BUILTINS | {"self"}:
             self.refuse(node, f"a module-level name {name!r} that hides a builtin", "choose another name")
 
     def imports(self, node: ast.Import | ast.ImportFrom) -> None:
@@ -332,28 +343,35 @@ class _Scope:
         self.fn = fn
         self.params = [a.arg for a in _params(fn)] if fn is not None else []
         self.locals: set[str] = set(self.params) | (_stores(fn) if fn is not None else set())
-        self.assigned: dict[str, list[ast.expr | None]] = {}
+        self._assigned: dict[str, list[ast.expr | None]] | None = None
         if fn is not None:
-            for n in ast.walk(fn):
-                if isinstance(n, ast.Assign):
-                    for t in n.targets:
-                        if isinstance(t, ast.Name):
-                            self.assigned.setdefault(t.id, []).append(n.value)
-                        else:
-                            for s in _stores(t):
-                                self.assigned.setdefault(s, []).append(None)
-                elif isinstance(n, ast.AugAssign | ast.AnnAssign | ast.For | ast.comprehension):
-                    for s in _stores(n.target):
-                        self.assigned.setdefault(s, []).append(None)
             for name in self.locals & (set(module.aliases) | set(module.jit) | set(module.helpers)):
                 module.refuse(
                     fn, f"rebinding the module's name {name!r} in {fn.name}", "use another local name"
                 )
-            for name in self.locals & (names.BUILTIN_CALLS | names.EXCEPTIONS | {"super"}):
+            for name in self.locals & _BUILTINS:
                 module.refuse(fn, f"rebinding the builtin {name!r} in {fn.name}", "use another local name")
 
     def refuse(self, node: ast.AST, what: str, instead: str) -> None:
         self.m.refuse(node, what, instead)
+
+    @property
+    def assigned(self) -> dict[str, list[ast.expr | None]]:
+        """Each local's assigned values (None where bound otherwise: a loop, an augmented assignment)."""
+        if self._assigned is None:
+            self._assigned = {}
+            for n in ast.walk(self.fn) if self.fn is not None else ():
+                if isinstance(n, ast.Assign):
+                    for t in n.targets:
+                        if isinstance(t, ast.Name):
+                            self._assigned.setdefault(t.id, []).append(n.value)
+                        else:
+                            for s in _stores(t):
+                                self._assigned.setdefault(s, []).append(None)
+                elif isinstance(n, ast.AugAssign | ast.AnnAssign | ast.For | ast.comprehension):
+                    for s in _stores(n.target):
+                        self._assigned.setdefault(s, []).append(None)
+        return self._assigned
 
     def special(self, node: ast.AST) -> bool:
         """Refuse what no code of a candidate may hold; True when it did."""
@@ -375,7 +393,7 @@ class _Host(_Scope):
         self.self_name = self.params[0] if model is not None and self.params else None
         self.init = model is not None and fn is not None and fn.name == "__init__"
         self.methods = {f.name for f in model.body if isinstance(f, ast.FunctionDef)} if model else set()
-        self.self_attrs = _self_attributes(model) if model else set()
+        self.self_attrs = module.self_attributes() if model else set()
 
     def run(self) -> None:
         assert self.fn is not None
@@ -603,8 +621,10 @@ class _Host(_Scope):
         elif direct:
             ok = attr not in self.methods and (attr in self.self_attrs or attr in names.MODULE_ATTRS)
         elif call:
-            ok = attr in names.TENSOR_METHODS | names.CONTAINER_METHODS | self.m.torch_functions or (
-                self.init and attr in names.INIT_TENSOR_METHODS
+            ok = (
+                attr in _METHODS
+                or attr in self.m.torch_functions
+                or (self.init and attr in names.INIT_TENSOR_METHODS)
             )
             if isinstance(node.value, ast.Name) and node.value.id in self.m.constants - self.locals:
                 ok = attr not in names.MUTATORS  # the module's own objects stay as written
@@ -633,7 +653,7 @@ class _Host(_Scope):
             return call or path.endswith(".INTERPRETED")
         if not call:
             return path in names.TORCH_VALUES
-        if path in names.TORCH_HOST | names.TRITON_HOST:
+        if path in _HOST_CALLS:
             return True
         if head in {"torch", "torch.nn.functional"} and last in self.m.torch_functions:
             return True
@@ -670,7 +690,7 @@ class _Host(_Scope):
                 self.refuse(
                     func, "building ModelNew inside the module", "build nothing at import or call time"
                 )
-            elif n not in self.m.helpers and n not in names.BUILTIN_CALLS | names.EXCEPTIONS:
+            elif n not in self.m.helpers and n not in _BUILTINS:
                 self.refuse(
                     func,
                     f"calling {n}",
@@ -830,9 +850,7 @@ class _Jit(_Scope):
             self.refuse(
                 node, f"the attribute .{node.attr} of the constexpr {base.id}", "use constexprs as values"
             )
-        elif node.attr not in (
-            names.TL_METHODS | names.TL_ATTRS if call else names.TL_ATTRS | names.TL_METHODS
-        ):
+        elif node.attr not in _TL_NAMES:
             self.refuse(
                 node,
                 f"the attribute .{node.attr} in a kernel",
