@@ -9,7 +9,8 @@ needs of those is here, answering numbers only and holding no tensors:
 - `sm_count(device)`: a CUDA device's streaming multiprocessors (4 elsewhere), for persistent grids;
 - `device_properties(device)`: Triton's view of the device (registers, shared memory, ...), as ints;
 - `programs_per_sm(kernel, *args, cap=..., **meta)`: how many programs of a kernel, compiled for those
-  arguments, one SM holds at once (a kernel whose programs wait for each other must fit the grid);
+  arguments, one SM holds at once (a kernel whose programs wait for each other must fit the grid), by
+  `programs_fitting`'s arithmetic;
 - `LaunchCache()`: launch configurations by a key of shapes and dtypes, numbers only;
 - `aligned(tensor, n)`: whether a tensor's data starts at a multiple of n bytes.
 
@@ -79,10 +80,11 @@ def _specialisation(args: tuple[Any, ...]) -> tuple[Any, ...]:
     return tuple(out)
 
 
-def _fit(n_regs: int, shared: int, num_warps: int, max_regs: int, max_shared: int) -> int:
-    # programs of a kernel one SM holds at once: registers go out by warp in blocks of 256 from each of
-    # the SM's 4 quarters; each program takes 1 KiB of shared memory beyond its own (max_shared, the most
-    # one program may have, is the SM's less that KiB); at most 2048 threads and 32 programs
+def programs_fitting(n_regs: int, shared: int, num_warps: int, max_regs: int, max_shared: int) -> int:
+    """Programs of a kernel (n_regs registers a thread, `shared` bytes of shared memory, num_warps) one
+    SM holds at once: registers go out by warp in blocks of 256 from each of the SM's 4 quarters; each
+    program takes 1 KiB of shared memory beyond its own (max_shared, the most one program may have, is
+    the SM's less that KiB); at most 2048 threads and 32 programs."""
     per_warp = -(-n_regs * 32 // 256) * 256
     by_regs = max_regs // 4 // max(per_warp, 1) * 4 // num_warps
     by_shared = (max_shared + 1024) // (shared + 1024)
@@ -102,7 +104,7 @@ def programs_per_sm(kernel: Any, *args: Any, cap: int, **meta: Any) -> int:
         compiled = kernel.warmup(*args, grid=(1,), **meta)
         compiled._init_handles()
         props = device_properties(device)
-        fit = _fit(
+        fit = programs_fitting(
             compiled.n_regs,
             compiled.metadata.shared,
             meta.get("num_warps", 4),

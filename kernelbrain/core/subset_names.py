@@ -60,7 +60,9 @@ TRITON_CONFIG = "triton.Config"
 # kb's candidate API (kernelbrain/candidate.py): its public names
 CANDIDATE_API = frozenset(
     f"kernelbrain.candidate.{n}"
-    for n in _words("INTERPRETED sm_count device_properties programs_per_sm LaunchCache aligned")
+    for n in _words(
+        "INTERPRETED sm_count device_properties programs_per_sm programs_fitting LaunchCache aligned"
+    )
 )
 
 # builtins host code may call: arithmetic on numbers, sequences and their iteration; exceptions to raise

@@ -243,7 +243,7 @@ def _split_planes(x_ptr, n, BLOCK: tl.constexpr):
     tl.store(x_ptr + n + offs, x - hi, mask=mask)
 
 
-def _flipped(t, last):
+def _flipped(t: torch.Tensor, last: bool) -> torch.Tensor:
     """t itself where its last dim is to be the contiguous one (`last`), else its last two dims swapped."""
     return t if last else t.transpose(-1, -2)
 
