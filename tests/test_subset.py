@@ -152,6 +152,10 @@ ALLOWED = {
         cheat(imports="from kernelbrain import candidate", forward="n = candidate.sm_count(x.device) * 4"),
         (),
     ),
+    "a Triton dtype handed to a kernel": (
+        cheat(top="\nDTYPE = tl.constexpr(1)\n", forward="d = tl.float16"),
+        (),
+    ),
     "libdevice and tl.math": (cheat(kernel="x = tl.extra.cuda.libdevice.exp(x)\nx = tl.math.exp(x)"), ()),
     "autotune with literal configs": (
         cheat(

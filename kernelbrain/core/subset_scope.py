@@ -377,6 +377,8 @@ class Host(Scope):
             return True
         if path in names.CANDIDATE_API:
             return call or path.endswith(".INTERPRETED")
+        if head == "triton.language" and (last in names.DTYPES | names.TL_DTYPES or last == "constexpr"):
+            return not call or last == "constexpr"  # a kernel's dtype or constexpr argument: tl.float16
         if not call:
             return path in names.TORCH_VALUES
         if path in HOST_CALLS:
