@@ -81,6 +81,11 @@ ESCAPES: dict[str, tuple[str, str]] = {
         cheat(top="\nTABLE = [1, 2]\n", forward="TABLE[0] = 3"),
         "assigning into TABLE",
     ),
+    "a tensor at import": (cheat(top="\nBUF = torch.empty(10)\n"), "calling torch.empty"),
+    "a module tensor written": (
+        cheat(top="\nBUF = (1, 2)\n", forward="BUF.copy_(y)"),
+        "calling the method .copy_",
+    ),
     "a module constant grown": (cheat(top="\nTABLE = [1, 2]\n", forward="TABLE.append(y)"), ".append"),
     "a builtin rebound": (cheat(forward="len = 3"), "rebinding the builtin 'len'"),
     "a module name rebound": (cheat(forward="triton = 3"), "rebinding the module's name 'triton'"),

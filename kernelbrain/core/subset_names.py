@@ -41,6 +41,9 @@ DTYPES = _words(
     "float8_e4m3fn float8_e5m2 complex64 complex128"
 )
 TORCH_VALUES = frozenset(f"torch.{n}" for n in DTYPES)
+# torch calls a module-level constant may make: questions about dtypes, never a tensor (one allocated at
+# import would outlive every call: a cache)
+TORCH_MODULE_LEVEL = _words("torch.finfo torch.iinfo torch.Size")
 # Triton's dtypes, which host code may hand a kernel as constexprs (tl.float16), beside tl.constexpr(...)
 TL_DTYPES = _words("float32 float16 bfloat16 float64 int1 int8 int16 int32 int64 uint8 uint16 uint32 uint64")
 # what ModelNew's constructor may call besides: the problem's own constructor, which the templates copy

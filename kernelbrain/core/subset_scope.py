@@ -353,7 +353,8 @@ class Host(Scope):
                 or (self.init and attr in names.INIT_TENSOR_METHODS)
             )
             if isinstance(node.value, ast.Name) and node.value.id in self.m.constants - self.locals:
-                ok = attr not in names.MUTATORS  # the module's own objects stay as written
+                # the module's own objects stay as written: no growing, no writing in place
+                ok = ok and attr not in names.MUTATORS and not attr.endswith("_")
         elif self.self_chain(node):
             ok = attr in names.MODULE_ATTRS | names.DATA_ATTRS
         else:
@@ -381,6 +382,8 @@ class Host(Scope):
             return not call or last == "constexpr"  # a kernel's dtype or constexpr argument: tl.float16
         if not call:
             return path in names.TORCH_VALUES
+        if self.fn is None and path.startswith("torch."):  # at import: no tensor outlives a call
+            return path in names.TORCH_MODULE_LEVEL
         if path in HOST_CALLS:
             return True
         if head in {"torch", "torch.nn.functional"} and last in self.m.torch_functions:
