@@ -77,7 +77,7 @@ def load_hashes() -> dict[str, str]:
     return json.loads(gzip.decompress(HASHES.read_bytes()))
 
 
-def _digest(p: Proposal) -> str:
+def digest(p: Proposal) -> str:
     return hashlib.sha256(p.source.encode()).hexdigest()[:16]
 
 
@@ -85,8 +85,8 @@ def _digest(p: Proposal) -> str:
 LABELS = sorted({label for f in FAMILIES for label in f.MUTATIONS})
 
 
-def renders(table: dict[str, dict]) -> Iterator[tuple[str, str]]:
-    """(key, hash or what stopped it) for every render of the table: round 0, then each round-0
+def proposals(table: dict[str, dict]) -> Iterator[tuple[str, Proposal | str]]:
+    """(key, the proposal or what stopped it) for every render of the table: round 0, then each round-0
     candidate mutated by every move of every label its family knows."""
     generators = {"triton": ExpertGenerator(), "torch": ExpertGenerator(allow_torch=tuple(torch_ops.CLASSES))}
     for key, entry in sorted(table.items()):
@@ -100,7 +100,7 @@ def renders(table: dict[str, dict]) -> Iterator[tuple[str, str]]:
                 yield where, f"none: {e}"
                 continue
             for i, p in enumerate(first):
-                yield f"{where}/r0.{i} {p.family}:{p.strategy}", _digest(p)
+                yield f"{where}/r0.{i} {p.family}:{p.strategy}", p
                 for label in LABELS:
                     try:
                         moved = gen.mutate(analysis, p.knobs, p.family, [label], problem_source=source)
@@ -108,7 +108,13 @@ def renders(table: dict[str, dict]) -> Iterator[tuple[str, str]]:
                         yield f"{where}/r0.{i}/{label}", f"none: {e}"
                         continue
                     for j, m in enumerate(moved):
-                        yield f"{where}/r0.{i}/{label}.{j} {m.strategy}", _digest(m)
+                        yield f"{where}/r0.{i}/{label}.{j} {m.strategy}", m
+
+
+def renders(table: dict[str, dict]) -> Iterator[tuple[str, str]]:
+    """(key, hash or what stopped it) for every render of the table (`proposals`)."""
+    for key, p in proposals(table):
+        yield key, p if isinstance(p, str) else digest(p)
 
 
 def main() -> None:

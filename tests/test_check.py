@@ -58,7 +58,9 @@ def test_the_gate_checks_the_shape_a_run_would_fit(tmp_path):
     declared last dimension keeps it, and the candidate (not the problem) is judged."""
     problem = tmp_path / "last_dim_norm.py"
     problem.write_text(LAST_DIM_NORM)
-    r = kb("check", str(problem), str(CANDIDATES / "import_error.py"), "--device", "cpu", "--json")
+    unparsable = tmp_path / "unparsable.py"  # within the subset as far as it reads: the child judges it
+    unparsable.write_text((CANDIDATES / "good_softmax.py").read_text() + "\ndef broken(:\n")
+    r = kb("check", str(problem), str(unparsable), "--device", "cpu", "--json")
     assert r.returncode == 1, r.stdout + r.stderr
     out = json.loads(r.stdout)
     assert out["passed"] is False and out["category"] == "compile", out

@@ -324,7 +324,7 @@ def test_render_reads_the_models_tensors_and_calls_no_torch_conv(analyses, probl
     for knobs in (ct.ROUND0_2D[0], ct.ROUND0_ND[2][0]):
         src = compose.conv_transpose.render(spec, knobs, analyses["seed"]["signature"])
         assert "(\n            x, " in src or "(x, " in src, knobs
-        assert "_model_tensor(self, 'conv_transpose2d.weight'), None, " in src, knobs
+        assert "self.conv_transpose2d.weight, None, " in src, knobs
         assert "STRIDE, PADDING, DILATION, OUTPUT_PADDING, GROUPS" in src, knobs
         assert "conv_transpose2d(x" not in src and "F.conv" not in src and "torch.conv" not in src
         assert "STRIDE = [2, 3]\n" in src and "OUTPUT_PADDING = [0, 0]\n" in src and "GROUPS = 4\n" in src
@@ -349,7 +349,7 @@ def test_every_render_is_composed_from_the_parts_module():
                 compose.conv_transpose.render(plain, knobs, SIGNATURE), ct.PARTS, knobs, (pointwise.PARTS,)
             )
             assert found.kernels == set(ct.KERNEL_PARTS), knobs
-            assert found.functions == {*ct.KERNEL_PARTS, *ct.HOST_PARTS, "_model_tensor"}, knobs
+            assert found.functions == {*ct.KERNEL_PARTS, *ct.HOST_PARTS}, knobs
             continue
         for spec in (chained, {**plain, "spatial": knobs["dims"]}):
             src = compose.conv_transpose.render(spec, knobs, SIGNATURE)
@@ -363,7 +363,7 @@ def test_every_render_is_composed_from_the_parts_module():
                 "_convt_nd_tap",
                 "_convt_nd_kernel",
             }
-            assert found.functions - found.kernels == {"_convt_nd_launch", "_model_tensor"}, knobs
+            assert found.functions - found.kernels == {"_convt_nd_launch"}, knobs
 
 
 @pytest.mark.parametrize("variant", ["seed", "irregular"])

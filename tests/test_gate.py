@@ -139,8 +139,10 @@ def new_run(db: Path) -> str:
         return start_run(store, str(PROBLEM_PATH), config)
 
 
-def propose(db: Path, run_id: str, name: str) -> str:
-    """Append a CandidateProposed for a candidate file, as the generator would; returns its id."""
+def propose(db: Path, run_id: str, name: str, generator: str = "test") -> str:
+    """Append a CandidateProposed for a candidate file, as the generator would; returns its id. A
+    generator of kb's own ("expert") marks text kb wrote, which the gatekeeper does not check against the
+    candidate subset: the way to reach the sandbox beneath it with a file outside the subset."""
     with EventStore(db, create=False) as store:
         source_hash = store.put_blob(candidate(name))
         cid = source_hash[:16]
@@ -148,7 +150,7 @@ def propose(db: Path, run_id: str, name: str) -> str:
             candidate=cid,
             source=source_hash,
             parent=None,
-            generator="test",
+            generator=generator,
             family="row_softmax",
             strategy=name,
             knobs={},
@@ -176,7 +178,7 @@ def step_until(worker: Worker, db: Path, run_id: str, want: set[str], max_steps:
 def test_the_gatekeeper_carries_on_after_a_crashing_candidate(tmp_path: Path) -> None:
     db = tmp_path / "kb.db"
     run_id = new_run(db)
-    bad = propose(db, run_id, "segfault")
+    bad = propose(db, run_id, "segfault", generator="expert")  # ctypes: outside the subset
     good = propose(db, run_id, "good_softmax")
     worker = Worker(str(db), "gatekeeper", run_id)
     try:
@@ -205,7 +207,7 @@ def test_the_gatekeeper_carries_on_after_a_crashing_candidate(tmp_path: Path) ->
 def test_the_gatekeeper_survives_a_candidate_that_garbles_the_protocol(tmp_path: Path) -> None:
     db = tmp_path / "kb.db"
     run_id = new_run(db)
-    bad = propose(db, run_id, "protocol_garbage")
+    bad = propose(db, run_id, "protocol_garbage", generator="expert")  # os: outside the subset
     good = propose(db, run_id, "good_softmax")
     worker = Worker(str(db), "gatekeeper", run_id)
     try:

@@ -41,6 +41,7 @@ LAYERS = (
     "kernelbrain.templates",
     "kernelbrain.core",
     "kernelbrain.store",
+    "kernelbrain.candidate",  # kb's candidate API: imported by candidates (and the templates' parts)
 )
 TOP = ("kernelbrain", "kernelbrain.cli", "kernelbrain.__main__")
 # what each layer may import of kb (a prefix of the imported module's name)

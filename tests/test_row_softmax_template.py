@@ -11,7 +11,7 @@ import json
 import pytest
 import triton
 
-from kernelbrain.child.loading import load_module
+from kernelbrain import candidate
 from kernelbrain.core.protocol import GateRequest
 from kernelbrain.templates.families import row_softmax as rs
 from kernelbrain.templates.families.row_softmax import parts as parts_module
@@ -112,18 +112,20 @@ def test_the_waiting_grid_holds_only_programs_the_compiled_kernel_fits(strategy)
     # At 111 an SM holds 2 programs, not the 4 asked for: a grid of 4 would wait on programs never run
     knobs = {"strategy": strategy, "block_n": 8192, "ctas_per_sm": 4, "num_warps": 8, "depth": 1}
     spec = {"log": False, "dim": -1, "ndim": 2, "n_cols": 393216}
-    m = load_module(rs.render(spec, knobs, SIGNATURE), "cand")
     h200 = {"max_regs": 65536, "max_shared": 232448}
-    assert m._fit(111, 0, 8, **h200) == 2  # 14 blocks of 256 registers a warp
-    assert m._fit(61, 0, 8, **h200) == 4  # 64 a thread: exactly 4 x 8 warps
-    assert m._fit(64, 0, 16, **h200) == 2  # and 2048 threads an SM
-    assert m._fit(48, 0, 4, **h200) == 10
-    assert m._fit(32, 100_000, 4, **h200) == 2  # shared memory binds
-    assert m._fit(32, 116_224, 4, **h200) == 1  # with the KiB each program reserves
-    assert m._fit(136, 0, 2, **h200) == 6  # registers come from each quarter of the SM: not 7
-    assert m._fit(16, 0, 1, **h200) == 32  # never more than 32 programs an SM
+    assert candidate.programs_fitting(111, 0, 8, **h200) == 2  # 14 blocks of 256 registers a warp
+    assert candidate.programs_fitting(61, 0, 8, **h200) == 4  # 64 a thread: exactly 4 x 8 warps
+    assert candidate.programs_fitting(64, 0, 16, **h200) == 2  # and 2048 threads an SM
+    assert candidate.programs_fitting(48, 0, 4, **h200) == 10
+    assert candidate.programs_fitting(32, 100_000, 4, **h200) == 2  # shared memory binds
+    assert candidate.programs_fitting(32, 116_224, 4, **h200) == 1  # with the KiB each program reserves
+    assert (
+        candidate.programs_fitting(136, 0, 2, **h200) == 6
+    )  # registers come from each quarter of the SM: not 7
+    assert candidate.programs_fitting(16, 0, 1, **h200) == 32  # never more than 32 programs an SM
     src = rs.render(spec, knobs, SIGNATURE)
-    assert "* _resident(run, meta)" in src and "min(CTAS_PER_SM, fit)" in src
+    # the candidate asks kb's candidate API, which compiles the kernel for the arguments and fits it
+    assert "candidate.programs_per_sm(_softmax_kernel, *run, cap=CTAS_PER_SM, PHASE=0, **meta)" in src
 
 
 def test_split_row_prefetch_loads_the_next_chunk_before_waiting():
@@ -145,6 +147,7 @@ def test_split_row_prefetch_loads_the_next_chunk_before_waiting():
 # on a grid smaller than the work: each program takes several items, and prefetches past the last one.
 PHASE0 = """
 import json, sys, torch
+from kernelbrain import candidate
 from kernelbrain.child.loading import load_module
 from kernelbrain.templates.families import row_softmax as rs
 

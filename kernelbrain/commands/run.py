@@ -228,7 +228,17 @@ def run(
 def check(
     problem: str, candidate: str, device: str, bench: bool, allow_torch: tuple[str, ...], as_json: bool
 ) -> None:
-    """Gate one candidate file (ModelNew) against PROBLEM, outside any run; exit 1 when it fails."""
+    """Gate one candidate file (ModelNew) against PROBLEM, outside any run; exit 1 when it fails.
+
+    The file must be written in kb's candidate subset, checked on the host before any child starts (else
+    it fails `policy`, naming the line and what to write instead): imports of torch, torch.nn,
+    torch.nn.functional, triton, triton.language, math and kernelbrain.candidate; at module level
+    constants, @triton.jit kernels, plain helpers and class ModelNew(nn.Module); host code of arithmetic,
+    tensor metadata, allocation, views, copies and casts, kernel launches with integer grids, and the
+    torch ops --allow-torch names; kernel bodies of tl.*, arithmetic and control flow. No dunders,
+    getattr/setattr, eval/exec, lambdas, try/with/del/global, os, sys, numpy, ctypes, threads,
+    torch.ops or torch.library, .item(). docs/architecture.md ("The candidate subset") says why.
+    """
     from kernelbrain.runtime.check import check as do_check
     from kernelbrain.views.describe import fmt_s
 

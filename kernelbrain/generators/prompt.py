@@ -74,6 +74,16 @@ GATE_RULES: tuple[str, ...] = (
     "Define `class ModelNew(nn.Module)` whose `__init__` and `forward` take exactly the same "
     "parameters, with the same names and order, as the reference `Model`.",
     "Do the work in one or more `@triton.jit` kernels launched from `forward`.",
+    "Write in kb's candidate subset, checked before anything runs: import only torch, torch.nn, "
+    "torch.nn.functional, triton, triton.language, math and `from kernelbrain import candidate`; at module "
+    "level only imports, constants, @triton.jit kernels, plain helper functions and class ModelNew; host "
+    "code does arithmetic on ints and floats, reads tensor metadata (shape, stride(), dtype, device, "
+    "numel()), allocates (torch.empty*), makes views and copies (view, reshape, contiguous, copy_, to) and "
+    "launches kernels as `kernel[(n0, n1)](...)`: a grid is a tuple of ints, never a lambda; kernel bodies "
+    "use tl.*, arithmetic and control flow only. Never use dunders, getattr/setattr, eval/exec, lambdas, "
+    "nested functions, other classes, try/with/del/global, os, sys, time, numpy, ctypes, threading, "
+    "torch.ops, torch.library, .item(), .tolist() or .data_ptr(). For a persistent grid take "
+    "candidate.sm_count(x.device).",
     "Do not use torch operations that do the reference's work (e.g. torch.softmax, matmul, "
     "reductions, elementwise math); torch may only allocate outputs (torch.empty/empty_like) and "
     "reshape/view tensors.",

@@ -6,6 +6,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
+from kernelbrain.core import subset
 from kernelbrain.core.events import RungSpec, ShapeTiming
 from kernelbrain.core.problem import ProblemError, read_problem
 from kernelbrain.core.protocol import AnalyseRequest, BenchRequest, Device, Fit, GateReply, GateRequest
@@ -51,10 +52,16 @@ def check(
     rungs: tuple[RungSpec, ...] | None = None,
     seeds: int = 3,
     torch_ops: tuple[str, ...] = (),
+    trusted: bool = False,
 ) -> CheckResult:
     """The gate, then each rung while it passes; `torch_ops`: the classes of torch ops the candidate may
-    keep in PyTorch (core/torch_ops.py), none by default."""
+    keep in PyTorch (core/torch_ops.py), none by default. The file is first held to kb's candidate
+    subset (core/subset.py), before any child starts; `trusted` skips that, for code kb wrote itself and
+    for the sandbox's own tests, which reach the layers beneath it (`kb check` never passes it)."""
     problem_source, cand_source = read_problem(problem), read_candidate(candidate)
+    refused = None if trusted else subset.check(cand_source, torch_ops)
+    if refused is not None:
+        return CheckResult(passed=False, category="policy", detail=refused)
     sandbox = Sandbox(device)
     try:
         fits = _fits(sandbox, problem_source, device)

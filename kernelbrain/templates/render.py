@@ -60,10 +60,17 @@ def chain(name: str, lines: list[str], result: str, params: str = "v0, v1, v2, v
     return f"@triton.jit\ndef {name}({params}):\n{body}    return {result}\n"
 
 
+# kb's candidate API (kernelbrain/candidate.py), imported by the candidates whose parts use it
+API_IMPORT = "from kernelbrain import candidate\n"
+_USES_API = re.compile(r"(?<![\w.])candidate\.")
+
+
 def module(doc: str, *sections: str) -> str:
-    """A candidate module: its docstring, the header, then each section a blank line apart."""
+    """A candidate module: its docstring, the header (and the candidate API's import where a part uses
+    it), then each section a blank line apart."""
     body = "\n\n".join(s.strip("\n") for s in sections if s.strip())
-    return f'"""{doc}"""\n\n{HEADER}\n{body}\n'
+    api = f"\n{API_IMPORT}" if _USES_API.search(body) else ""
+    return f'"""{doc}"""\n\n{HEADER}{api}\n{body}\n'
 
 
 def renamed(text: str, suffix: str, names: Iterable[str]) -> str:
@@ -130,13 +137,20 @@ def init_with(signature: dict[str, list[str]], defaults: dict[str, str]) -> str:
     return "self" + init_args(signature, "".join(f", {a}" for a in out))
 
 
+def model_attr(name: str) -> str:
+    """ModelNew's parameter or buffer (Model's constructor run in it) by its state-dict name, as the
+    attribute chain that reaches it: `bn.weight` -> `self.bn.weight`, `layers.0.weight` ->
+    `self.layers[0].weight` (kb's candidate subset reads tensors of self so, with no lookup a call)."""
+    return "self" + "".join(f"[{p}]" if p.isdigit() else f".{p}" for p in name.split("."))
+
+
 def tensor(what: list | None, names: list[str]) -> str:
     """The expression of forward that reads a tensor a spec names: ["input", i] by its name among
-    `names` (forward's parameters), ["param", state-dict name] from ModelNew (`_model_tensor`, a part of
-    pointwise's), None as None."""
+    `names` (forward's parameters), ["param", state-dict name] from ModelNew (`model_attr`), None as
+    None."""
     if what is None:
         return "None"
-    return names[what[1]] if what[0] == "input" else f"_model_tensor(self, {what[1]!r})"
+    return names[what[1]] if what[0] == "input" else model_attr(str(what[1]))
 
 
 def graph_doc(what: str, family: str, spec: dict[str, Any], knobs: dict[str, Any], how: str) -> str:

@@ -7,6 +7,9 @@ Two formats:
   then a harness (kernelbrain/export_harness.py, copied in) that `python kernel.py` runs: it checks
   ModelNew against the reference at the problem's tolerance and prints the speedup.
 - kernelbench: the file KernelBench's evaluator takes as its custom model: ModelNew and its imports.
+
+A candidate that uses kb's candidate API (`from kernelbrain import candidate`) gets the API's source in
+place of that import, loaded into a module of its own: both formats need torch and triton only.
 """
 
 from __future__ import annotations
@@ -27,6 +30,8 @@ Format = Literal["standalone", "kernelbench"]
 FORMATS: tuple[Format, ...] = ("standalone", "kernelbench")
 KB_PACKAGES = {"kernelbrain"}  # what kb installs (its store included); an exported file imports none
 HARNESS = Path(__file__).with_name("export_harness.py")
+API = Path(__file__).resolve().parents[1] / "candidate.py"  # kb's candidate API, copied into exports
+API_MODULE = "kernelbrain.candidate"
 HARNESS_START = "# --- HARNESS_START ---\n"
 
 # What KernelBench expects (ScalingIntelligence/KernelBench, src/kernelbench/eval.py):
@@ -64,8 +69,39 @@ def pick(state: RunState, candidate: str | None = None) -> Candidate:
     return state.candidates[cid]
 
 
+def _api_binding(node: ast.stmt) -> str | None:
+    """The name an import of kb's candidate API binds (`from kernelbrain import candidate as c`: c)."""
+    if isinstance(node, ast.ImportFrom) and node.module == "kernelbrain" and not node.level:
+        found = [a.asname or a.name for a in node.names if a.name == "candidate"]
+        return found[0] if len(found) == len(node.names) == 1 else None
+    if isinstance(node, ast.Import) and len(node.names) == 1 and node.names[0].name == API_MODULE:
+        return node.names[0].asname
+    return None
+
+
+def inline_api(source: str) -> str:
+    """source with each module-level import of kb's candidate API replaced by the API itself: its source
+    as text, run into a module of its own under the name the import bound."""
+    tree = ast.parse(source)
+    lines = source.splitlines(keepends=True)
+    for node in reversed(tree.body):
+        name = _api_binding(node)
+        if name is None:
+            continue
+        assert node.end_lineno is not None
+        lines[node.lineno - 1 : node.end_lineno] = [
+            "# kernelbrain.candidate, kb's candidate API, copied in: this file needs torch and triton only\n",
+            "import types as _kb_types\n\n",
+            f"_KB_CANDIDATE_API = {string_literal(API.read_text(encoding='utf-8'))}\n",
+            f"{name} = _kb_types.ModuleType({API_MODULE!r})\n",
+            f"exec(compile(_KB_CANDIDATE_API, {API_MODULE!r}, 'exec'), {name}.__dict__)\n",
+        ]
+    return "".join(lines)
+
+
 def _check_standalone(source: str, cid: str) -> None:
-    """The candidate must stand alone: it may import torch and triton, never kb's own packages."""
+    """The candidate must stand alone: it may import torch, triton and kb's candidate API (copied in),
+    never kb's other packages."""
     try:
         tree = ast.parse(source)
     except SyntaxError as e:  # the gate compiled it, so the blob itself is damaged
@@ -73,6 +109,8 @@ def _check_standalone(source: str, cid: str) -> None:
             f"candidate {cid}'s source does not parse (line {e.lineno}): the log is damaged"
         ) from e
     for node in ast.walk(tree):
+        if isinstance(node, ast.stmt) and node in tree.body and _api_binding(node) is not None:
+            continue
         names = (
             [a.name for a in node.names]
             if isinstance(node, ast.Import)
@@ -188,7 +226,7 @@ def export_source(
     c = pick(state, candidate)
     source = store.get_blob(c.proposal.source).decode()
     _check_standalone(source, c.id)
-    source = source.rstrip("\n") + "\n"
+    source = inline_api(source).rstrip("\n") + "\n"
     if fmt == "kernelbench":
         return _header(state, c, fmt) + KERNELBENCH_NOTE + "\n" + source
     assert state.started is not None

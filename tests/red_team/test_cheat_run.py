@@ -11,16 +11,22 @@ from tests.kbcli import SOFTMAX, kb, kb_env
 from tests.llm_server import LLMServer, reply
 from tests.red_team.test_gate_cheats import CHEATS
 
-# the reference sabotaged at import, and torch under a private name: each must fail as `policy`
+# the reference sabotaged at import, and torch under a private name: each must fail as `policy`. The
+# cheats' shared head imports gc, sys, threading and time, which these two do not use and which kb's
+# candidate subset would refuse first: without them, the refusal names each one's own trick
 PROPOSED = ("torch.softmax replaced at import", "torch._softmax, a private name")
 
 
+def source(name: str) -> str:
+    return CHEATS[name][1].replace("import gc, sys, threading, time\n", "", 1)
+
+
 def test_a_run_of_cheats_has_no_winner(tmp_path) -> None:
-    sources = iter(CHEATS[name][1] for name in PROPOSED)
+    sources = iter(source(name) for name in PROPOSED)
 
     def answer(body: dict):
-        source = next(sources, CHEATS[PROPOSED[0]][1])
-        return reply(f"```python\n{source}\n```")
+        source_ = next(sources, source(PROPOSED[0]))
+        return reply(f"```python\n{source_}\n```")
 
     db = tmp_path / "kb.db"
     with LLMServer([], default=answer) as server:

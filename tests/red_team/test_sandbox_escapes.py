@@ -1,8 +1,10 @@
-"""The sandbox against candidates that try to leave it, through the real `kb check` (a child process
-holding a real secret in its environment): each attack is a correct softmax that returns zeros if the
-attack got through, so the gate's verdict says whether it did. Each is run twice: under the sandbox
-kb picks here (bubblewrap, which .ci/run installs), where it must fail to get out, and under
-KB_SANDBOX=none, where it must succeed, which shows the attack is real."""
+"""The sandbox against candidates that try to leave it, through `kb check`'s own function in a child
+process holding a real secret in its environment: each attack is a correct softmax that returns zeros
+if the attack got through, so the gate's verdict says whether it did. Each is run twice: under the
+sandbox kb picks here (bubblewrap, which .ci/run installs), where it must fail to get out, and under
+KB_SANDBOX=none, where it must succeed, which shows the attack is real. The attacks import os, socket
+and subprocess, which kb's candidate subset refuses before any child starts (`kb check` says `policy`):
+to test the sandbox beneath it, the check runs `trusted`, as for code kb wrote itself."""
 
 from __future__ import annotations
 
@@ -11,6 +13,8 @@ import os
 import shutil
 import socket
 import sqlite3
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -40,6 +44,15 @@ def indent(code: str) -> str:
     return "\n".join("    " + line for line in code.strip().splitlines())
 
 
+# `kb check PROBLEM CANDIDATE --json` past the candidate subset
+TRUSTED_CHECK = """
+import json, sys
+from kernelbrain.commands.options import resolve_device
+from kernelbrain.runtime.check import check
+print(json.dumps(check(sys.argv[1], sys.argv[2], resolve_device("auto"), trusted=True).model_dump()))
+"""
+
+
 def check(tmp_path: Path, attack: str, level: str | None = None) -> dict:
     """`kb check` of the attack's candidate, the secret in its environment; its JSON verdict."""
     cand = tmp_path / f"attack_{level or 'default'}.py"
@@ -49,7 +62,13 @@ def check(tmp_path: Path, attack: str, level: str | None = None) -> dict:
     env.pop("KB_SANDBOX", None)
     if level is not None:
         env["KB_SANDBOX"] = level
-    r = kb("check", str(SOFTMAX), str(cand), "--json", env=env, timeout=300)
+    r = subprocess.run(
+        [sys.executable, "-c", TRUSTED_CHECK, str(SOFTMAX), str(cand)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
     assert r.stdout.strip(), r.stderr
     return json.loads(r.stdout)
 

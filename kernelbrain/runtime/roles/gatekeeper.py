@@ -1,11 +1,16 @@
-"""The gatekeeper role: V(p) on each proposed candidate, in its sandboxed child."""
+"""The gatekeeper role: V(p) on each proposed candidate, in its sandboxed child; a candidate kb's own
+templates did not write is first checked against kb's candidate subset, on the host."""
 
 from __future__ import annotations
 
+import time
+
+from kernelbrain.core import subset
 from kernelbrain.core.events import Event, GateCategory, GateFailed, GatePassed
 from kernelbrain.core.protocol import GateReply, GateRequest
 from kernelbrain.core.state import RunState
 from kernelbrain.runtime.role import CandidateRole, Task
+from kernelbrain.store import NewEvent
 
 
 class GatekeeperRole(CandidateRole[GateReply]):
@@ -35,6 +40,21 @@ class GatekeeperRole(CandidateRole[GateReply]):
 
     def timeout_s(self, state: RunState) -> float:
         return state.config.gate_timeout_s
+
+    def execute(self, task: Task, state: RunState) -> list[NewEvent]:
+        """V(p); but a candidate whose text kb did not write (an LLM's, `CandidateProposed.own_code`
+        False) that is outside the candidate subset (core/subset.py) fails `policy` here, naming its
+        line, before any child sees it."""
+        assert task.candidate is not None
+        t0 = time.perf_counter()
+        if not state.candidates[task.candidate].proposal.own_code:
+            source = self.candidate_source(state, task.candidate)
+            refused = subset.check(source, self.torch_classes(state, task.candidate))
+            if refused is not None:
+                failed = GateFailed(candidate=task.candidate, category="policy", detail=refused)
+                charge = self.charge(state, task, wall_s=time.perf_counter() - t0)
+                return [self.new(state, failed, task.key, task), charge]
+        return super().execute(task, state)
 
     def on_result(self, task: Task, r: GateReply) -> Event:
         assert task.candidate is not None

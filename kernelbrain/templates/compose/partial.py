@@ -30,7 +30,7 @@ from kernelbrain.templates.compose import plan, stages
 from kernelbrain.templates.compose.cut import NotTail, tail_graph
 from kernelbrain.templates.compose.render import HEAD, SUFFIX, call, render_parts
 from kernelbrain.templates.families import conv, pointwise
-from kernelbrain.templates.render import constants, module, parts_of, refined_model, tensor
+from kernelbrain.templates.render import constants, model_attr, module, refined_model, tensor
 
 FAMILY = "partial"
 ROUND0_MAX = 3  # partial candidates in a first round: tail knob sets, the tail family's first feasible ones
@@ -177,7 +177,7 @@ def head_lines(spec: dict[str, Any], forward: list[str]) -> tuple[list[str], str
         if n.op == INPUT:
             names[(j, 0)] = forward[int(n.args["index"])]
         elif n.op == PARAM:
-            names[(j, 0)] = f"_model_tensor(self, {str(n.args['name'])!r})"
+            names[(j, 0)] = model_attr(str(n.args["name"]))
 
     def expr(key: str, value: Any) -> str:
         if isinstance(value, list) and any(graph.ref(v) is not None for v in value):
@@ -219,7 +219,6 @@ def render(spec: dict[str, Any], knobs: dict[str, Any], signature: dict[str, lis
     return module(
         doc,
         constants(TORCH_OPS=spec["classes"]),
-        parts_of(pointwise.PARTS, "_model_tensor"),
         render_parts(rest),
         refined_model(spec, signature, forward_lines),
     )

@@ -392,7 +392,7 @@ def render(spec: dict, knobs: dict[str, Any], signature: dict[str, list[str]]) -
     )
     return module(
         doc,
-        "import math\nimport os\n",
+        "import math\n",
         knob_constants,
         parts_of(PARTS, "LOG2E", *KERNEL_PARTS, *HOST_PARTS),
         plain_model(signature, lines, default=""),

@@ -28,11 +28,12 @@ makes new candidates.
 from __future__ import annotations
 
 import math
-import os
 
 import torch
 import triton
 import triton.language as tl
+
+from kernelbrain import candidate
 
 # The knob constants `_launch` and `_materialized` read as globals: the candidate writes its own
 # (attention.render); these defaults, never copied, only let this module import and lint.
@@ -435,7 +436,7 @@ def _launch(q, k, v, o):
         qk, pv = QK32, PV32
     else:
         qk, pv = "mma", P16
-    upcast = q.dtype == torch.bfloat16 and os.environ.get("TRITON_INTERPRET") == "1"
+    upcast = q.dtype == torch.bfloat16 and candidate.INTERPRETED
     lk_pad = max(16, triton.next_power_of_2(Lk))
     short = SHORT16 and q.dtype != torch.float32 and lk_pad <= SHORT16_MAX
     if STRATEGY == "materialized" and not fits and short:

@@ -479,7 +479,15 @@ def title(spec: dict, knobs: dict[str, Any]) -> str:
 
 def sections(spec: dict, knobs: dict[str, Any]) -> list[str]:
     """The head's part of the candidate module: knobs and operand plans as constants, the chain, its parts."""
-    launcher = ("_split_planes", "_operand", "_size", "_padded", "_laid_out", "_contraction_launch")
+    launcher = (
+        "_split_planes",
+        "_operand",
+        "_size",
+        "_padded",
+        "_flipped",
+        "_laid_out",
+        "_contraction_launch",
+    )
     return [
         constants(PRECISION=knobs["strategy"], BLOCK_M=knobs["block_m"], BLOCK_N=knobs["block_n"]),
         constants(BLOCK_K=knobs["block_k"], GROUP_M=knobs["group_m"], NUM_WARPS=knobs["num_warps"]),
@@ -488,7 +496,7 @@ def sections(spec: dict, knobs: dict[str, Any]) -> list[str]:
         constants(A_PLAN=spec["a"], B_PLAN=spec["b"], OUT_AXES=spec["out_axes"]),
         constants(EXTRA_AXES=[e[1] for e in spec["extras"]], TRIANGLE=spec.get("triangle")),
         "import math\n",
-        parts_of(pointwise.PARTS, *spec["helpers"], "_model_tensor"),
+        parts_of(pointwise.PARTS, *spec["helpers"]) if spec["helpers"] else "",
         epilogue(spec),
         parts_of(
             PARTS, "_dot_tile", "_extra", "_finish", "_meets_band", "_contraction_kernel", "_split_k_sum"

@@ -243,16 +243,20 @@ def _split_planes(x_ptr, n, BLOCK: tl.constexpr):
     tl.store(x_ptr + n + offs, x - hi, mask=mask)
 
 
+def _flipped(t: torch.Tensor, last: bool) -> torch.Tensor:
+    """t itself where its last dim is to be the contiguous one (`last`), else its last two dims swapped."""
+    return t if last else t.transpose(-1, -2)
+
+
 def _laid_out(t, last, planes):
     """t ([..., rows, cols]) with its last dim contiguous (`last`) or its rows dim, and the offset from
     a hi element to its lo: planes 1, a view where t already is so (else a copy), offset 0; planes 2,
     presplit's copy of t as hi and lo planes (`_split_planes`)."""
-    flip = (lambda x: x) if last else (lambda x: x.transpose(-1, -2))
     t = t.detach()  # a parameter's copy for the kernel, not for autograd
     if planes == 1:
-        return flip(flip(t).contiguous()), 0
-    raw = t.new_empty([2, *flip(t).shape])
-    out = flip(raw)
+        return _flipped(_flipped(t, last).contiguous(), last), 0
+    raw = t.new_empty([2, *_flipped(t, last).shape])
+    out = _flipped(raw, last)
     out[0].copy_(t)
     n = t.numel()
     _split_planes[(triton.cdiv(n, 1024),)](raw, n, BLOCK=1024)

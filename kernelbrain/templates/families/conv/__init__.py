@@ -409,7 +409,7 @@ def sections(spec: dict, knobs: dict[str, Any]) -> list[str]:
         constants(BLOCK_N=knobs["block_n"], BLOCK_K=knobs["block_k"], NUM_WARPS=knobs["num_warps"]),
         constants(NUM_STAGES=knobs["num_stages"], CHANNELS_LAST=channels_last(knobs)),
         constants(STRIDE=spec["stride"], PADDING=spec["padding"], DILATION=spec["dilation"]),
-        parts_of(pointwise.PARTS, *spec["helpers"], "_model_tensor"),
+        parts_of(pointwise.PARTS, *spec["helpers"]) if spec["helpers"] else "",
         chain("_epilogue", spec["epilogue"], spec["epilogue_result"]),
         parts_of(PARTS, "_mma", "_extra", "_conv_kernel", "_conv_launch"),
     ]

@@ -452,7 +452,7 @@ def sections(spec: dict, knobs: dict[str, Any]) -> list[str]:
             parts_of(conv.PARTS, *CONV_PARTS),
             parts_of(PARTS, *ND_PARTS),
         ]
-    return [*out, parts_of(pointwise.PARTS, "_model_tensor")]
+    return out
 
 
 def launch(spec: dict, knobs: dict[str, Any], names: list[str]) -> str:

@@ -27,6 +27,7 @@ from kernelbrain.templates.render import (
     constants,
     dtype_of,
     graph_doc,
+    model_attr,
     module,
     parts_of,
     refined_model,
@@ -238,7 +239,7 @@ def render(spec: dict, knobs: dict[str, Any], signature: dict[str, list[str]]) -
     elif "param" in weight:
         if "init_body" not in spec:
             raise ValueError("class weights of the model's: refine(spec, problem_source) first")
-        weight_text = f"_named(self, {weight['param']!r})"
+        weight_text = model_attr(str(weight["param"]))
     else:
         weight_text = forward[weight["input"]]
     lp_dtype = dtype_of(spec["chain_dtype"], "floats[0] if len(set(floats)) == 1 else torch.float32")
@@ -258,8 +259,6 @@ def render(spec: dict, knobs: dict[str, Any], signature: dict[str, list[str]]) -
         + constants(PROLOGUE=bool(spec["prologue"])),
         pointwise.helper_parts(spec),
         *pointwise.chains(spec),
-        parts_of(
-            PARTS, "_rounded", "_logits", "_row_losses", "_ce_kernel", "_named", "MAX_PROGRAMS", "_ce_launch"
-        ),
+        parts_of(PARTS, "_rounded", "_logits", "_row_losses", "_ce_kernel", "MAX_PROGRAMS", "_ce_launch"),
         refined_model(spec, signature, lines),
     )

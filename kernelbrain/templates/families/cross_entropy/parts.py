@@ -155,13 +155,6 @@ def _ce_kernel(
             tl.store(dest, total.to(dest.dtype.element_ty))
 
 
-def _named(model, name):
-    """The model's parameter or buffer of that state-dict name (the class weights it holds)."""
-    found = dict(model.named_parameters())
-    found.update(model.named_buffers())
-    return found[name]
-
-
 # programs of a reduced loss: each one's sums are added up by the last, in one FINISH-wide sweep
 MAX_PROGRAMS = 1024
 

@@ -20,7 +20,7 @@ from typing import Any
 from kernelbrain.core.graph import INPUT, PARAM, Graph
 from kernelbrain.templates import base, model_source, sizing
 from kernelbrain.templates.families import pointwise
-from kernelbrain.templates.render import constants, graph_doc, module, parts_of, refined_model
+from kernelbrain.templates.render import constants, graph_doc, model_attr, module, parts_of, refined_model
 
 FAMILY = "moments"
 PARTS = f"{__name__}.parts"
@@ -206,7 +206,7 @@ def state(name: str | None, buffer: bool) -> str:
     state-dict name; "None" for none."""
     if name is None:
         return "None"
-    return f"self.get_buffer({name!r})" if buffer else f"self.get_parameter({name!r})"
+    return model_attr(name)
 
 
 def render(spec: dict, knobs: dict[str, Any], signature: dict[str, list[str]]) -> str:

@@ -10,9 +10,10 @@ their digits.
 
 from __future__ import annotations
 
-import torch
 import triton
 import triton.language as tl
+
+from kernelbrain import candidate
 
 
 @triton.jit
@@ -208,7 +209,7 @@ def _launch(y, xs, block, num_warps, persistent_ctas):
     tiles = triton.cdiv(n, block)
     if all(x.shape == y.shape and x.is_contiguous() for x in xs):
         if persistent_ctas:
-            sms = torch.cuda.get_device_properties(y.device).multi_processor_count if y.is_cuda else 4
+            sms = candidate.sm_count(y.device)
             grid = (min(tiles, sms * persistent_ctas),)
             _flat_persistent_kernel[grid](y, *pad, n, N_IN=n_in, BLOCK=block, num_warps=num_warps)
         else:
@@ -229,10 +230,3 @@ def _launch(y, xs, block, num_warps, persistent_ctas):
     _strided_kernel[grid](y, *pad, n_rows, shape[1], shape[2], shape[3], *flat, N_IN=n_in, ROWS=rows,
                           BLOCK_C=block_c, num_warps=num_warps)  # fmt: skip
     return y
-
-
-def _model_tensor(model, name):
-    """Model's parameter or buffer by its state-dict name (ModelNew runs Model's constructor), found by a
-    lookup: KernelBench's static check refuses exception handling in a candidate."""
-    params = dict(model.named_parameters())
-    return params[name] if name in params else model.get_buffer(name)

@@ -150,7 +150,7 @@ _PARTS: dict[str, tuple[str, ...]] = {
     "split_row": ("_publish", "_row_stats", "_chunk", "_softmax_kernel"),
     "deferred": ("_publish", "_row_stats", "_softmax_kernel_deferred"),
 }
-_SPLIT_LAUNCH = ("_RESIDENT", "_fit", "_resident", "_launch_split")
+_SPLIT_LAUNCH = ("_launch_split",)
 _CALLS = {
     "single_pass": "_launch_single_pass(x2, y2, LOG, NUM_WARPS, MAX_BLOCK)",
     "online": "_launch_online(x2, y2, BLOCK_N, LOG, NUM_WARPS)",

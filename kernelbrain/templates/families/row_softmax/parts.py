@@ -14,6 +14,8 @@ import torch
 import triton
 import triton.language as tl
 
+from kernelbrain import candidate
+
 CTAS_PER_SM = 4  # programs asked of an SM: the candidate defines its own, from its knob
 
 
@@ -216,38 +218,9 @@ def _softmax_kernel_deferred(
 
 
 # split_row and deferred launch alike: one waiting launch where every program of the grid can run at
-# once, else two
-_RESIDENT = {}  # _resident's answers, by the kernel's specialisation
-
-
-def _fit(n_regs, shared, num_warps, max_regs, max_shared):
-    # programs of a kernel one SM holds at once: registers go out by warp in blocks of 256 from each of
-    # the SM's 4 quarters; each program takes 1 KiB of shared memory beyond its own (max_shared, the
-    # most one program may have, is the SM's less that KiB); at most 2048 threads and 32 programs
-    per_warp = -(-n_regs * 32 // 256) * 256
-    by_regs = max_regs // 4 // max(per_warp, 1) * 4 // num_warps
-    by_shared = (max_shared + 1024) // (shared + 1024)
-    return min(by_regs, by_shared, 2048 // (32 * num_warps), 32)
-
-
-def _resident(run, meta):
-    # CTAS_PER_SM, or fewer where the compiled kernel does not fit that many (its registers depend on
-    # the Triton and ptxas versions and on the arguments' alignment): a program waiting on one that
-    # never started would spin out its bound, then normalise with a row's statistics half made.
-    # Keyed as Triton specialises a kernel: pointers 16-byte aligned or not, integers divisible by
-    # 16, equal to 1 or past 32 bits
-    x2 = run[0]
-    ptrs = tuple(t.data_ptr() % 16 == 0 for t in run[:5])
-    ints = tuple((v % 16 == 0, v == 1, v >= 2**31) for v in run[5:])
-    key = (x2.device.index, x2.dtype, run[1].dtype, ptrs, ints, tuple(sorted(meta.items())))
-    if key not in _RESIDENT:
-        k = _softmax_kernel.warmup(*run, PHASE=0, grid=(1,), **meta)
-        k._init_handles()
-        props = triton.runtime.driver.active.utils.get_device_properties(x2.device.index)
-        fit = _fit(k.n_regs, k.metadata.shared, meta["num_warps"], props["max_num_regs"],
-                   props["max_shared_mem"])  # fmt: skip
-        _RESIDENT[key] = max(1, min(CTAS_PER_SM, fit))
-    return _RESIDENT[key]
+# once (kernelbrain.candidate.programs_per_sm: CTAS_PER_SM, or fewer where the compiled kernel does not
+# fit that many; a program waiting on one that never started would spin out its bound, then normalise
+# with a row's statistics half made), else two
 
 
 def _launch_split(x2, y2, block_n, log, num_warps, knob, rounds):
@@ -265,7 +238,8 @@ def _launch_split(x2, y2, block_n, log, num_warps, knob, rounds):
     if x2.is_cuda:
         cnt = torch.zeros(n_rows, device=x2.device, dtype=torch.int32)
         run = (x2, y2, pm, ps, cnt, n_cols, n_chunks, n_items, x2.stride(0), y2.stride(0))
-        slots = torch.cuda.get_device_properties(x2.device).multi_processor_count * _resident(run, meta)
+        per_sm = candidate.programs_per_sm(_softmax_kernel, *run, cap=CTAS_PER_SM, PHASE=0, **meta)
+        slots = candidate.sm_count(x2.device) * per_sm
         if n_chunks <= slots:  # one launch, one read of x (split_row: of a round's rows)
             grid = (min(n_items, n_chunks * (slots // n_chunks) if rounds else slots),)
             _softmax_kernel[grid](*run, PHASE=0, **meta)
