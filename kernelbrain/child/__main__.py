@@ -61,6 +61,15 @@ def _reply(frame: bytes) -> Reply:
     return Reply(result=result, failure=failure, busy_s=time.perf_counter() - started, recycle=tainted())
 
 
+def _warm() -> None:
+    """The CUDA context and a first kernel of kb's own (kernelbrain.child.warm), before any candidate."""
+    import kernelbrain.child.ops
+    from kernelbrain.child.warm import warm_cuda
+
+    warm_cuda()
+    kernelbrain.child.ops.settle()
+
+
 def main() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the worker decides when we stop
     out = os.fdopen(os.dup(1), "wb", buffering=0)
@@ -70,11 +79,9 @@ def main() -> None:
 
     import kernelbrain.child.ops  # imports torch and Triton: after the protocol is safe
 
-    if os.environ.get("KB_WARM_CUDA") == "1":
-        from kernelbrain.child.warm import warm_cuda
-
-        warm_cuda()
-        kernelbrain.child.ops.settle()
+    warm = os.environ.get("KB_WARM_CUDA")  # "first": a spare's, at its first request (under the GPU lock)
+    if warm == "1":
+        _warm()
     # torch's, Triton's and kb's objects live as long as the child: the collections before timed samples
     # (child/timing.py) skip them, and take milliseconds rather than a tenth of a second
     gc.freeze()
@@ -83,6 +90,10 @@ def main() -> None:
         header = _read_exact(inp, HEADER.size)
         if not header:
             return
+        if warm == "first":
+            warm = None
+            _warm()
+            gc.freeze()
         frame = orjson.dumps(_reply(_read_exact(inp, HEADER.unpack(header)[0])).model_dump(mode="json"))
         out.write(HEADER.pack(len(frame)) + frame)
         kernelbrain.child.ops.release_memory()
