@@ -30,6 +30,16 @@ from kernelbrain.child.steps import Steps
 from kernelbrain.core import torch_ops as classes
 from kernelbrain.core.problem import shape_label
 
+# the clocks, synchronisation and collector the timings use, bound when this module loads (a child imports
+# it before any candidate's code): a candidate that later replaces `time.perf_counter`, `torch.cuda.Event`
+# or one of its methods, or `torch.cuda.synchronize` (one that puts the original back on its next read,
+# before any check looks) never reaches what times it
+_clock = time.perf_counter
+_Event = torch.cuda.Event
+_record, _elapsed = torch.cuda.Event.record, torch.cuda.Event.elapsed_time
+_event_sync, _sync = torch.cuda.Event.synchronize, torch.cuda.synchronize
+_collect, _gc_off, _gc_on = gc.collect, gc.disable, gc.enable
+
 
 def quartiles(xs: list[float]) -> tuple[float, float]:
     if len(xs) < 2:
@@ -59,18 +69,18 @@ class Timer:
 
     def __call__(self, fn: Callable[[], Any], calls: int = 1) -> float:
         if self.flush is None:
-            t = time.perf_counter()
+            t = _clock()
             for _ in range(calls):
                 fn()
-            return (time.perf_counter() - t) / calls
+            return (_clock() - t) / calls
         self.flush.zero_()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
+        start, end = _Event(enable_timing=True), _Event(enable_timing=True)
+        _record(start)
         for _ in range(calls):
             fn()
-        end.record()
-        end.synchronize()
-        return start.elapsed_time(end) / 1e3 / calls
+        _record(end)
+        _event_sync(end)
+        return _elapsed(start, end) / 1e3 / calls
 
     def calls_for(self, *fns: Callable[[], Any]) -> int:
         """Calls per sample for this shape, the same for every contender: enough that the fastest
@@ -220,11 +230,11 @@ def bench(
             inputs = Rotation(problem, shape, device, 100)
             live = inputs.load(0)
             steps.done("setup")
-            t0 = time.perf_counter()
+            t0 = _clock()
             got = outputs(new(*live))  # first call: Triton compiles (and autotunes) here, untimed
             if device == "cuda":
-                torch.cuda.synchronize()
-            compile_s = time.perf_counter() - t0
+                _sync()
+            compile_s = _clock() - t0
             untouched(problem, ref, weights, label)
             screen(problem, shape, got, outputs(ref(*inputs.inputs(0, inputs.mixes[0]))))
             del got
@@ -244,8 +254,8 @@ def bench(
             steps.done("warmup")
 
             # the interpreter leaves garbage behind: no collection may land inside a timed call
-            gc.collect()
-            gc.disable()
+            _collect()
+            _gc_off()
             try:
                 for i in range(repeats):
                     inputs.load(i)
@@ -256,7 +266,7 @@ def bench(
                         kept.append((i, inputs.current, inputs.last_mix(), keep(outputs(last[0]))))
                     last[0] = None
             finally:
-                gc.enable()
+                _gc_on()
             steps.done("timed")
             if device == "cuda":
                 # one more call as timed, under the profiler: the kernels it ran, whoever launched them
@@ -327,14 +337,14 @@ def _alone(
     for i in range(warmup + 1):
         ref(*inputs.load(i))
     times = []
-    gc.collect()
-    gc.disable()
+    _collect()
+    _gc_off()
     try:
         for i in range(repeats):
             inputs.load(i)
             times.append(timer(lambda f=ref, r=inputs: f(*r.next()), n))
     finally:
-        gc.enable()
+        _gc_on()
     return quartiles(times)
 
 
@@ -359,8 +369,8 @@ def duel(
                 nb(*inputs.load(i))
             calls = timer.calls_for(lambda f=na, a=live: f(*a), lambda f=nb, a=live: f(*a))
             inputs.use_slots(calls)
-            gc.collect()
-            gc.disable()
+            _collect()
+            _gc_off()
             try:
                 for i in range(repeats):
                     order = (na, nb) if i % 2 == 0 else (nb, na)
@@ -370,5 +380,5 @@ def duel(
                         t[id(f)] = timer(lambda f=f, r=inputs: f(*r.next()), calls)
                     logs[i] += math.log(t[id(na)] / t[id(nb)]) / len(shapes)
             finally:
-                gc.enable()
+                _gc_on()
     return {"ratios": [math.exp(x) for x in logs], "timer": timer.name}
