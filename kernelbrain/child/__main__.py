@@ -19,6 +19,8 @@ import orjson
 
 from kernelbrain.core.protocol import HEADER, Envelope, Failure, Reply
 
+_clock = time.perf_counter  # a request's busy seconds, read on a clock no candidate's patch reaches
+
 
 def _read_exact(stream: BinaryIO, n: int) -> bytes:
     buf = b""
@@ -47,7 +49,7 @@ def _reply(frame: bytes) -> Reply:
     from kernelbrain.child.loading import CandidateFault
     from kernelbrain.child.ops import serve, tainted
 
-    started = time.perf_counter()
+    started = _clock()
     result, failure = None, None
     try:
         envelope = Envelope.model_validate(orjson.loads(frame))
@@ -58,7 +60,7 @@ def _reply(frame: bytes) -> Reply:
     except Exception as e:
         failure = Failure(fault="kb", detail=f"{type(e).__name__}: {e}", trace=traceback.format_exc()[-4000:])
     # recycle: a candidate changed process-wide state, so this child is not reused
-    return Reply(result=result, failure=failure, busy_s=time.perf_counter() - started, recycle=tainted())
+    return Reply(result=result, failure=failure, busy_s=_clock() - started, recycle=tainted())
 
 
 def _warm() -> None:
@@ -77,6 +79,9 @@ def main() -> None:
     sys.stdout = sys.stderr
     inp = sys.stdin.buffer
 
+    from kernelbrain.child import marks
+
+    marks.channel(out.write)  # the timed batches' marks go on the protocol pipe, between replies
     import kernelbrain.child.ops  # imports torch and Triton: after the protocol is safe
 
     warm = os.environ.get("KB_WARM_CUDA")  # "first": a spare's, at its first request (under the GPU lock)

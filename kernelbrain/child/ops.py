@@ -66,7 +66,10 @@ def serve(request: AnyRequest) -> Message:
             alone = reference_time(r.problem_source, r.device, r.which, r.calls, r.repeats, r.warmup, r.fresh)
             return ReferenceTimeReply.model_validate(alone)
         case DuelRequest():
-            ratios = duel(r.problem_source, r.a_source, r.b_source, r.device, r.which, r.repeats, r.warmup)
+            ops = (r.a_torch_ops, r.b_torch_ops)
+            ratios = duel(
+                r.problem_source, r.a_source, r.b_source, r.device, r.which, r.repeats, r.warmup, ops
+            )
             return DuelReply.model_validate(ratios)
         case AnalyseRequest():
             return AnalyseReply.model_validate(analyse(r.problem_source, r.device))

@@ -25,6 +25,7 @@ from kernelbrain.child.loading import (
     load_module,
     outputs,
 )
+from kernelbrain.child.marks import mark
 from kernelbrain.child.screen import CHANGED, screen
 from kernelbrain.child.steps import Steps
 from kernelbrain.core import torch_ops as classes
@@ -67,20 +68,28 @@ class Timer:
             torch.empty(64 * 1024 * 1024, dtype=torch.int32, device="cuda") if device == "cuda" else None
         )
 
-    def __call__(self, fn: Callable[[], Any], calls: int = 1) -> float:
+    def __call__(self, fn: Callable[[], Any], calls: int = 1, side: str = "") -> float:
+        """Seconds a call, of `calls` back to back. `side`: a timed batch, whose start and end are marked
+        on the protocol pipe for the worker's own clock (child/marks.py)."""
+        if side:
+            mark(side)
         if self.flush is None:
             t = _clock()
             for _ in range(calls):
                 fn()
-            return (_clock() - t) / calls
-        self.flush.zero_()
-        start, end = _Event(enable_timing=True), _Event(enable_timing=True)
-        _record(start)
-        for _ in range(calls):
-            fn()
-        _record(end)
-        _event_sync(end)
-        return _elapsed(start, end) / 1e3 / calls
+            seconds = _clock() - t
+        else:
+            self.flush.zero_()
+            start, end = _Event(enable_timing=True), _Event(enable_timing=True)
+            _record(start)
+            for _ in range(calls):
+                fn()
+            _record(end)
+            _event_sync(end)
+            seconds = _elapsed(start, end) / 1e3
+        if side:
+            mark(f"/{side}")
+        return seconds / calls
 
     def calls_for(self, *fns: Callable[[], Any]) -> int:
         """Calls per sample for this shape, the same for every contender: enough that the fastest
@@ -196,12 +205,14 @@ class Rotation:
         return fresh
 
 
-def _check_kept(problem: Problem, shape: dict, ref: torch.nn.Module, inputs: Rotation, kept: list) -> None:
+def _check_kept(
+    problem: Problem, shape: dict, ref: torch.nn.Module, inputs: Rotation, kept: list, side: str = ""
+) -> None:
     """The kept timed calls' outputs against the reference's on the same contents, rebuilt now."""
     for i, k, mix, got in kept:
         expected = outputs(ref(*inputs.inputs(k, mix)))
         got = [g.to(inputs.device) for g in got]
-        screen(problem, shape, got, expected, when=f", timed call {i}", hint=CHANGED)
+        screen(problem, shape, got, expected, when=f"{side}, timed call {i}", hint=CHANGED)
         del got, expected
 
 
@@ -259,9 +270,9 @@ def bench(
             try:
                 for i in range(repeats):
                     inputs.load(i)
-                    ref_t.append(timer(lambda f=ref, r=inputs: f(*r.next()), calls))
+                    ref_t.append(timer(lambda f=ref, r=inputs: f(*r.next()), calls, side="ref"))
                     inputs.load(i)  # the reference's call may not leave the candidate anything either
-                    new_t.append(timer(call, calls))
+                    new_t.append(timer(call, calls, side="cand"))
                     if i >= repeats - len(inputs.sets) or secrets.randbelow(repeats) < CHECKED_SAMPLES:
                         kept.append((i, inputs.current, inputs.last_mix(), keep(outputs(last[0]))))
                     last[0] = None
@@ -349,36 +360,91 @@ def _alone(
 
 
 def duel(
-    problem_source: str, a_source: str, b_source: str, device: str, which: str, repeats: int, warmup: int
+    problem_source: str,
+    a_source: str,
+    b_source: str,
+    device: str,
+    which: str,
+    repeats: int,
+    warmup: int,
+    torch_ops: tuple[list[str], list[str]] = ([], []),
 ) -> dict:
     """Two candidates timed interleaved (A, B, B, A, A, B, ...: neither always goes first) on the same
-    rotating inputs; per pair, the ratio of A's time to B's (geometric mean over the rung's shapes)."""
+    rotating inputs; per pair, the ratio of A's time to B's (geometric mean over the rung's shapes), and
+    per shape each side's median. Checked like a rung, both sides: the reference and torch untouched
+    after both load and after the timing, both sides' first outputs screened and some timed calls' checked
+    afterwards, and on a GPU the kernels one timed call of each ran. Either side may have done what a
+    check finds (one can slow or break the other's calls): the duel then fails, and neither wins it."""
     problem = Problem(problem_source)
     guard.install()
     ma, mb = load_module(a_source, "cand"), load_module(b_source, "cand")
     timer = Timer(device)
     logs = [0.0] * repeats
     shapes = problem.ladder_shapes(device, which)
+    per_shape = []
     with torch.no_grad():
         for shape in shapes:
-            (_, na), (_, nb) = build(problem, ma, shape, device), build(problem, mb, shape, device)
+            label = f"benchmark shape {shape_label(shape)}"
+            ref, na, weights = build_guarded(problem, ma, shape, device)
+            _, nb, _ = build_guarded(problem, mb, shape, device)
+            sides = {"A": na, "B": nb}
+            untouched(problem, ref, weights, label)
             inputs = Rotation(problem, shape, device, 200)
             live = inputs.live
-            for i in range(warmup + 1):  # the first call compiles
+            for name, f in sides.items():  # the first call compiles
+                got = outputs(f(*inputs.load(0)))
+                expected = outputs(ref(*inputs.inputs(0, inputs.mixes[0])))
+                screen(problem, shape, got, expected, when=f", candidate {name}")
+                del got, expected
+            untouched(problem, ref, weights, label)
+            for i in range(warmup):
                 na(*inputs.load(i))
                 nb(*inputs.load(i))
             calls = timer.calls_for(lambda f=na, a=live: f(*a), lambda f=nb, a=live: f(*a))
             inputs.use_slots(calls)
+            times: dict[str, list[float]] = {"A": [], "B": []}
+            kept: dict[str, list[tuple[int, int, tuple[int, int], list[torch.Tensor]]]] = {"A": [], "B": []}
+            last: list[Any] = [None]
             _collect()
             _gc_off()
             try:
                 for i in range(repeats):
-                    order = (na, nb) if i % 2 == 0 else (nb, na)
-                    t = {}
-                    for f in order:
+                    for name in ("A", "B") if i % 2 == 0 else ("B", "A"):
                         inputs.load(i)
-                        t[id(f)] = timer(lambda f=f, r=inputs: f(*r.next()), calls)
-                    logs[i] += math.log(t[id(na)] / t[id(nb)]) / len(shapes)
+
+                        def call(f: Any = sides[name], out: list[Any] = last, r: Rotation = inputs) -> None:
+                            out[0] = f(*r.next())
+
+                        times[name].append(timer(call, calls, side=name))
+                        if i >= repeats - len(inputs.sets) or secrets.randbelow(repeats) < CHECKED_SAMPLES:
+                            kept[name].append((i, inputs.current, inputs.last_mix(), keep(outputs(last[0]))))
+                        last[0] = None
+                    logs[i] += math.log(times["A"][-1] / times["B"][-1]) / len(shapes)
             finally:
                 _gc_on()
-    return {"ratios": [math.exp(x) for x in logs], "timer": timer.name}
+            if device == "cuda":
+                for (name, f), mod, ops in zip(sides.items(), (ma, mb), torch_ops, strict=True):
+                    inputs.load(repeats)
+
+                    def run(f: Any = f, out: list[Any] = last, r: Rotation = inputs) -> None:
+                        out[0] = f(*r.next())
+
+                    try:
+                        names = triton_kernel_names(mod)
+                        check_launches(run, names, allowed_aten=classes.aten_ops(ops))
+                    except guard.Violation as v:
+                        raise CandidateFault(
+                            "policy", f"{label}, candidate {name}'s timed call: {v}"
+                        ) from None
+                    kept[name].append((repeats, inputs.current, inputs.last_mix(), keep(outputs(last[0]))))
+                    last[0] = None
+            untouched(problem, ref, weights, label)
+            for name in sides:
+                _check_kept(problem, shape, ref, inputs, kept[name], side=f", candidate {name}")
+            del kept
+            (am, ai), (bm, bi) = quartiles(times["A"]), quartiles(times["B"])
+            per_shape.append(
+                {"shape": shape_label(shape), "calls": calls, "a_median_s": am, "a_iqr_s": ai}
+                | {"b_median_s": bm, "b_iqr_s": bi}
+            )
+    return {"ratios": [math.exp(x) for x in logs], "timer": timer.name, "shapes": per_shape}

@@ -236,6 +236,9 @@ class ShapeTiming(BaseModel):
     compile_s: float = 0.0
     calls: int = 1  # calls per timed sample (short kernels are timed in batches; medians are per call)
     ref_alone_median_s: float | None = None  # the reference alone, where no candidate ran (None: older)
+    # the speedup on the worker's wall clock around each timed batch, less the batches' overhead (None:
+    # older); `speedup` is the one timed in the candidate's process (runtime/wall_clock.py)
+    wall_speedup: float | None = None
 
 
 class RungBenchmarked(Event):
@@ -380,6 +383,7 @@ class Adjudicated(Event):
     ratio_q3: float
     outcome: Literal["a", "b", "tie"]
     timer: str
+    detail: str = ""  # why the re-measurement failed (a check either side failed, a side slowed)
 
 
 class Pruned(Event):

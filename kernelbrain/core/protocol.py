@@ -53,9 +53,21 @@ class BenchReply(Message):
     steps: dict[str, float] = {}  # seconds per step, summed over shapes (tools/gate_phases.py)
 
 
+class DuelShape(Message):
+    """One shape of a duel: each side's median and IQR per call, as timed beside the other."""
+
+    shape: str
+    calls: int
+    a_median_s: float
+    a_iqr_s: float
+    b_median_s: float
+    b_iqr_s: float
+
+
 class DuelReply(Message):
     ratios: list[float]  # per interleaved pair: A's time / B's (geometric mean over the rung's shapes)
     timer: str
+    shapes: list[DuelShape] = []
 
 
 class Signature(Message):
@@ -251,6 +263,8 @@ class DuelRequest(ProblemRequest, Request[DuelReply]):
     which: Which
     repeats: int
     warmup: int
+    a_torch_ops: list[str] = []  # the classes of torch ops each side may run (core/torch_ops.py)
+    b_torch_ops: list[str] = []
 
 
 class AnalyseRequest(ProblemRequest, Request[AnalyseReply]):

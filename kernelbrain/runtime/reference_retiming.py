@@ -1,5 +1,6 @@
-"""A rung's bench, the host's side: the candidate timed beside the reference in its child, then the
-reference timed again alone in the judge's child, where no candidate code ever ran.
+"""A rung's bench, the host's side: the candidate timed beside the reference in its child, its times held
+against the worker's own clock around each timed batch (runtime/wall_clock.py), then the reference timed
+again alone in the judge's child, where no candidate code ever ran.
 
 The ratio is measured side by side, in one process. A reference that ran slower beside the candidate
 than alone, past noise, was slowed by it, however that was done (a patch that restores itself before
@@ -12,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from kernelbrain.core.protocol import BenchReply, BenchRequest, ReferenceTimeRequest
 from kernelbrain.core.scoring import reference_moved
+from kernelbrain.runtime import wall_clock
 from kernelbrain.runtime.faults import SandboxError, SandboxFault
 
 if TYPE_CHECKING:
@@ -29,6 +31,14 @@ def bench(
     # with nothing to time, never starts one
     judge = box.start_judge()
     timed, busy = box.ask(request, timeout_s=timeout_s, task=task, own_code=own_code)
+    # the worker's own clock around each timed batch: the child's times must agree with it
+    sides = [
+        wall_clock.Sides(
+            s.shape, s.calls, ["ref", "cand"] * s.repeats, {"ref": s.ref_median_s, "cand": s.cand_median_s}
+        )
+        for s in timed.shapes
+    ]
+    walls = wall_clock.witness(box.marks, sides, request.device, "ref", "cand")
     busy_alone = 0.0
     clean: list[tuple[float, float]] = []  # per shape: the slowest clean time so far, and its IQR
     # the reference's time alone, timed again (up to CLEAN_RETIMES times) while it looks moved: a
@@ -66,7 +76,8 @@ def bench(
                 "timed against",
             )
     shapes = [
-        s.model_copy(update={"ref_alone_median_s": c[0]}) for s, c in zip(timed.shapes, clean, strict=True)
+        s.model_copy(update={"ref_alone_median_s": c[0], "wall_speedup": w})
+        for s, c, w in zip(timed.shapes, clean, walls, strict=True)
     ]
     return timed.model_copy(update={"shapes": shapes}), busy + busy_alone
 

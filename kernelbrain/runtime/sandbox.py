@@ -42,6 +42,7 @@ from kernelbrain.core.protocol import (
     TRITON_SHARED_ENV,
     BenchRequest,
     CandidateRequest,
+    DuelReply,
     DuelRequest,
     GateRequest,
     Message,
@@ -52,7 +53,15 @@ from kernelbrain.core.protocol import (
     RooflineRequest,
     TrialRequest,
 )
-from kernelbrain.runtime import gate, gpu_lock, isolation, reference_retiming, scratch, triton_cache
+from kernelbrain.runtime import (
+    gate,
+    gpu_lock,
+    isolation,
+    reference_retiming,
+    scratch,
+    triton_cache,
+    wall_clock,
+)
 from kernelbrain.runtime.environment import child_env_allowed
 from kernelbrain.runtime.faults import ProblemFault, SandboxError, SandboxFault
 
@@ -63,6 +72,7 @@ R = TypeVar("R", bound=Message)
 # what times or profiles on the GPU: no other request may run there meanwhile (runtime/gpu_lock.py)
 TIMED = (BenchRequest, DuelRequest, ReferenceTimeRequest, RooflineRequest, NcuRequest)
 MAX_REPLY = 64 << 20  # replies are small JSON documents; more means something else wrote to the pipe
+MAX_MARKS = 1 << 20  # timed batches' marks in one reply's time (child/marks.py): 4 a pair of samples
 
 # the largest file a child may write: the judge writes a problem's drawn inputs, one file a tensor set,
 # and a trial its outputs; KernelBench's reach 8.6 GB a tensor (a 4 GiB cap failed 100_HingeLoss's
@@ -167,6 +177,10 @@ class Sandbox:
         # every candidate the child ran so far was kb's own template code: what it compiles may be shared
         self.own_code_only = True
         self.brought: set[str] = set()  # the Triton cache entries the child's last request found there
+        # the last request's timed batches, as the child marked them: (label, this worker's monotonic time)
+        self.marks: list[tuple[str, float]] = []
+        self.pending = b""  # what the child wrote past the frames read so far
+        self.pending_at = 0.0  # when its last part came in
         self.fresh_untrusted = fresh_untrusted
         self.ran_candidate = False  # the child has run some candidate's code: no place for one from outside
         self.spare: _Child | None = None  # a child started ahead of the next candidate from outside
@@ -274,7 +288,10 @@ class Sandbox:
             if own_code and self.own_code_only:  # what the rung's shapes compiled
                 self.share_compiled()
             return bench
-        return self.ask(request, timeout_s=timeout_s, task=task, own_code=own_code)
+        asked = self.ask(request, timeout_s=timeout_s, task=task, own_code=own_code)
+        if isinstance(request, DuelRequest) and isinstance(asked[0], DuelReply):
+            wall_clock.duel(asked[0], request.repeats, self.marks, request.device)
+        return asked
 
     def untrusted(self, request: Request[Any], own_code: bool) -> bool:
         """Whether `request` runs a candidate from outside in a child of its own (stopped after it)."""
@@ -385,8 +402,17 @@ class Sandbox:
         except BrokenPipeError:
             raise self._fault("crash", self._died()) from None
         self.executions += 1
+        self.marks, self.pending = [], b""
+        deadline = time.monotonic() + timeout_s
         try:
-            reply = Reply.model_validate(self._read(time.monotonic() + timeout_s, timeout_s))
+            while True:
+                document, when = self._read(deadline, timeout_s)
+                if not (isinstance(document, dict) and document.keys() == {"mark"}):
+                    break
+                if len(self.marks) >= MAX_MARKS:
+                    raise self._fault("crash", f"the child sent over {MAX_MARKS} batch marks")
+                self.marks.append((str(document["mark"]), when))
+            reply = Reply.model_validate(document)
             result = None if reply.result is None else request.parse_reply(reply.result)
         except ValidationError:
             raise self._fault(
@@ -404,37 +430,36 @@ class Sandbox:
             raise SandboxError(f"{request.op} failed inside the sandbox: {detail}\n{trace or ''}")
         return result, reply.busy_s
 
-    def _read(self, deadline: float, timeout_s: float) -> object:
-        """The child's next frame, as the JSON document it holds."""
+    def _read(self, deadline: float, timeout_s: float) -> tuple[object, float]:
+        """The child's next frame, as the JSON document it holds, and this worker's monotonic clock when
+        its last byte came in (a batch mark's time: child/marks.py)."""
         assert self.proc and self.proc.stdout
         fd = self.proc.stdout.fileno()
-        buf = b""
-        need = HEADER.size
-        header_done = False
         while True:
+            if len(self.pending) >= HEADER.size:
+                size = HEADER.unpack(self.pending[: HEADER.size])[0]
+                if size > MAX_REPLY:
+                    raise self._fault(
+                        "crash", f"the child announced a {size}-byte reply: the protocol was corrupted"
+                    )
+                need = HEADER.size + size
+                if len(self.pending) >= need:
+                    frame, self.pending = self.pending[HEADER.size : need], self.pending[need:]
+                    try:
+                        return orjson.loads(frame), self.pending_at
+                    except orjson.JSONDecodeError as e:
+                        raise self._fault("crash", f"the child sent a malformed reply: {e}") from None
             left = deadline - time.monotonic()
             if left <= 0:
                 raise self._fault("timeout", f"no answer within {timeout_s:g} s; the child was killed")
             ready, _, _ = select.select([fd], [], [], min(left, 1.0))
             if not ready:
                 continue
-            chunk = os.read(fd, max(need - len(buf), 1 << 16))
+            chunk = os.read(fd, 1 << 16)
+            self.pending_at = time.monotonic()
             if not chunk:
                 raise self._fault("crash", self._died())
-            buf += chunk
-            if not header_done and len(buf) >= HEADER.size:
-                size = HEADER.unpack(buf[: HEADER.size])[0]
-                if size > MAX_REPLY:
-                    raise self._fault(
-                        "crash", f"the child announced a {size}-byte reply: the protocol was corrupted"
-                    )
-                need = HEADER.size + size
-                header_done = True
-            if header_done and len(buf) >= need:
-                try:
-                    return orjson.loads(buf[HEADER.size : need])
-                except orjson.JSONDecodeError as e:
-                    raise self._fault("crash", f"the child sent a malformed reply: {e}") from None
+            self.pending += chunk
 
     def _died(self) -> str:
         assert self.proc

@@ -1,15 +1,22 @@
 """Cheats that work through what a process shares between the candidates it runs, through real sandboxed
 children: a patch of Triton's launcher that no check of torch's namespaces sees, so that every later
-candidate's kernels never run. A candidate from outside gets a child that ran no other candidate, and
-that child is stopped after its request: the next candidate never meets the patch."""
+candidate's kernels never run (a candidate from outside gets a child that ran no other candidate, and
+that child is stopped after its request: the next candidate never meets the patch); and in a duel,
+where two candidates share one process by design, a side that slows its rival."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from kernelbrain.core.protocol import GateReply, GateRequest
-from kernelbrain.runtime.sandbox import Sandbox
+import pytest
+from kernelbrain.store import EventStore
+
+from kernelbrain.core.protocol import DuelReply, DuelRequest, DuelShape, GateReply, GateRequest
+from kernelbrain.runtime.role import Task
+from kernelbrain.runtime.roles.benchmarker import BenchmarkerRole
+from kernelbrain.runtime.sandbox import Sandbox, SandboxFault
 from tests.red_team.test_gate_cheats import SOFTMAX
+from tests.runs import SyntheticRun
 
 HERE = Path(__file__).resolve().parents[1]
 HONEST = (HERE / "candidates" / "good_softmax.py").read_text()
@@ -80,3 +87,49 @@ def test_kbs_own_candidates_keep_sharing_a_warm_child() -> None:
         assert not alive(warm) and box.proc is None
     finally:
         box.close()
+
+
+# a duel's side A that slows its rival B: torch.empty_like, which B allocates its output with, sleeps
+# for every caller but A's own module
+SLOWS_ITS_RIVAL = HONEST.replace("_softmax_kernel", "_rival_kernel") + (
+    "\n\nimport sys as _sys\nimport time as _time\n\n_empty_like = torch.empty_like\n\n\n"
+    "def _slow_for_others(*args, **kwargs):\n"
+    "    if _sys._getframe(1).f_globals is not globals():\n"
+    "        _time.sleep(0.3)\n"
+    "    return _empty_like(*args, **kwargs)\n\n\n"
+    "torch.empty_like = _slow_for_others\n"
+)
+
+
+def test_a_duel_side_that_slows_its_rival_is_refused(box: Sandbox) -> None:
+    """The duel is checked like a rung, both sides: what either loaded is checked against torch as it
+    was, after both load and after the timing. Its fault means no verdict (runtime/roles/benchmarker.py:
+    a tie, `Adjudicated.detail` saying why)."""
+    args = {"problem_source": SOFTMAX, "device": "cpu", "which": "smallest", "repeats": 4, "warmup": 1}
+    for a, b in ((SLOWS_ITS_RIVAL, HONEST), (HONEST, SLOWS_ITS_RIVAL)):
+        with pytest.raises(SandboxFault) as caught:
+            box.call(DuelRequest(**args, a_source=a, b_source=b), timeout_s=300)
+        assert caught.value.category == "policy" and "empty_like" in caught.value.detail, caught.value
+
+
+def test_a_duel_side_slower_than_in_its_own_rung_gives_no_verdict() -> None:
+    """A side that ran slower beside its rival than in its own rung (timed in a process its rival never
+    ran in), past the reference's drift bound: its rival slowed it in a way no check saw (a patch that
+    undoes itself before the checks), and the duel decides nothing."""
+    with EventStore(":memory:") as store:
+        run = SyntheticRun(store)
+        for cid in ("a", "b"):
+            run.propose(cid)
+            run.gate(cid)
+            run.bench(cid, 0, 2.0)  # 0.5 s a call in its own rung
+        state = run.state()
+    task = Task("r/adjudicate/0/a/b", "a", 0, rival="b")
+
+    def reply(a_s: float, b_s: float) -> DuelReply:
+        shape = DuelShape(shape="default", calls=1, a_median_s=a_s, a_iqr_s=0.0, b_median_s=b_s, b_iqr_s=0.0)
+        return DuelReply(ratios=[a_s / b_s] * 12, timer="interpreter-wallclock", shapes=[shape])
+
+    assert BenchmarkerRole.slowed(state, task, reply(0.4, 0.6)) is None  # within the CPU's 10x + 0.5 s
+    slowed = BenchmarkerRole.slowed(state, task, reply(0.5, 12.0))
+    assert slowed is not None and slowed.startswith("b ran 24.00x slower beside a"), slowed
+    assert BenchmarkerRole.slowed(state, task, reply(9.0, 0.5)) is not None

@@ -1,0 +1,79 @@
+"""Cheats on the bench's clock, through a real sandboxed child: the in-process clock replaced by a patch
+that puts the original back on its next read, and the bench's list of samples edited through stack
+frames. The bench's clocks are bound before candidate code loads, and the worker holds the times the
+child reports against its own clock around each timed batch (runtime/wall_clock.py).
+
+The candidates here are passed as kb's own (`own_code`): what is tested is what holds against code in
+the process, not the static checks that refuse such code up front for a candidate from outside."""
+
+from __future__ import annotations
+
+import pytest
+
+from kernelbrain.core.protocol import BenchReply, BenchRequest
+from kernelbrain.runtime.sandbox import Sandbox, SandboxFault
+from tests.red_team.test_gate_cheats import SOFTMAX, softmax_cheat
+from tests.red_team.test_timing_cheats import HONEST
+
+# reads the clock as its call starts; its kernel sleeps 0.2 s; then the next read of time.perf_counter
+# (the bench's, right after the call) gets the start time plus a microsecond, and the original is back
+SELF_RESTORING_CLOCK = softmax_cheat(
+    "real = time.perf_counter\n"
+    "start = real()\n"
+    "y = kernel_softmax(x, torch.empty_like(x))\n"
+    "time.sleep(0.2)\n"
+    "def fake():\n"
+    "    time.perf_counter = real\n"
+    "    return start + 1e-6\n"
+    "time.perf_counter = fake\n"
+    "return y"
+)
+
+
+def frames_edit(samples: str, value: str) -> str:
+    """A candidate that sleeps 0.2 s a call and sets every sample so far in the bench's list `samples`
+    (found up the stack) to `value`: the median is what it says, whatever the clock read."""
+    return softmax_cheat(
+        "y = kernel_softmax(x, torch.empty_like(x))\n"
+        "time.sleep(0.2)\n"
+        "frame = sys._getframe(1)\n"
+        f"while frame is not None and {samples!r} not in frame.f_locals:\n"
+        "    frame = frame.f_back\n"
+        "if frame is not None:\n"
+        f"    kept = frame.f_locals[{samples!r}]\n"
+        f"    kept[:] = [{value}] * len(kept)\n"
+        "return y"
+    )
+
+
+def bench(box: Sandbox, source: str) -> BenchReply:
+    args = {"problem_source": SOFTMAX, "cand_source": source, "device": "cpu", "which": "smallest"}
+    return box.call(BenchRequest(**args, repeats=3, warmup=1), timeout_s=300, own_code=True)[0]
+
+
+def test_a_clock_patch_that_undoes_itself_never_reaches_the_bench(box: Sandbox) -> None:
+    (shape,) = bench(box, SELF_RESTORING_CLOCK).shapes
+    assert shape.cand_median_s >= 0.2, shape  # the sleep is in it: the patched clock was never read
+    assert shape.wall_speedup is not None and shape.wall_speedup < 1.0, shape
+
+
+@pytest.mark.parametrize(
+    ("samples", "value", "words"),
+    [
+        ("new_t", "1e-6", "cand: 1e-06 s a call in its process"),  # the candidate looks fast
+        ("ref_t", "10.0", "ref: 10 s a call in its process"),  # the reference looks slow
+    ],
+)
+def test_samples_edited_in_the_childs_process_disagree_with_the_workers_clock(
+    box: Sandbox, samples: str, value: str, words: str
+) -> None:
+    with pytest.raises(SandboxFault) as caught:
+        bench(box, frames_edit(samples, value))
+    fault = caught.value
+    assert fault.category == "policy" and "the worker's wall clock" in fault.detail, fault
+    assert words in fault.detail, fault.detail
+
+
+def test_an_honest_bench_agrees_with_the_workers_clock(box: Sandbox) -> None:
+    (shape,) = bench(box, HONEST).shapes
+    assert shape.wall_speedup is not None and shape.wall_speedup > 0, shape
