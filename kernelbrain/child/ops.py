@@ -8,7 +8,7 @@ import threading
 
 import torch
 
-from kernelbrain.child import guard
+from kernelbrain.child import guard, kept
 from kernelbrain.child.analysis import analyse
 from kernelbrain.child.gate import trial
 from kernelbrain.child.judge import draws, judge
@@ -26,6 +26,7 @@ from kernelbrain.core.protocol import (
     DuelReply,
     DuelRequest,
     JudgeRequest,
+    KeptRequest,
     LaunchersReply,
     LaunchersRequest,
     Message,
@@ -59,9 +60,11 @@ def serve(request: AnyRequest) -> Message:
             return LaunchersReply.model_validate(build(r.signatures))
         case BenchRequest():
             timed = bench(
-                r.problem_source, r.cand_source, r.device, r.which, r.repeats, r.warmup, r.torch_ops
+                r.problem_source, r.cand_source, r.device, r.which, r.repeats, r.warmup, r.torch_ops, r.outbox
             )
             return BenchReply.model_validate(timed)
+        case KeptRequest():
+            return kept.check(r)
         case ReferenceTimeRequest():
             alone = reference_time(r.problem_source, r.device, r.which, r.calls, r.repeats, r.warmup, r.fresh)
             return ReferenceTimeReply.model_validate(alone)

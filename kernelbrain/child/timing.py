@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from kernelbrain.child import guard
+from kernelbrain.child import guard, tensorfile
 from kernelbrain.child.launches import check_launches, triton_kernel_names
 from kernelbrain.child.loading import (
     CandidateFault,
@@ -28,6 +28,7 @@ from kernelbrain.child.loading import (
 from kernelbrain.child.marks import mark
 from kernelbrain.child.screen import CHANGED, screen
 from kernelbrain.child.steps import Steps
+from kernelbrain.core import handoff
 from kernelbrain.core import torch_ops as classes
 from kernelbrain.core.problem import shape_label
 
@@ -216,6 +217,16 @@ def _check_kept(
         del got, expected
 
 
+def _hand(outbox: str, shape: int, kept: list) -> list[dict]:
+    """The kept timed calls' outputs written into the outbox for the judge, and what it needs to rebuild
+    their inputs."""
+    handed = []
+    for i, k, (offset, stride), got in kept:
+        tensorfile.write(handoff.kept_file(outbox, shape, i), got)
+        handed.append({"shape": shape, "call": i, "draw": k, "offset": offset, "stride": stride})
+    return handed
+
+
 def bench(
     problem_source: str,
     cand_source: str,
@@ -224,14 +235,18 @@ def bench(
     repeats: int,
     warmup: int,
     torch_ops: list[str] | None = None,
+    outbox: str | None = None,
 ) -> dict:
     """Candidate and reference timed in this process, interleaved, on inputs whose contents change in
-    place between samples; the outputs of some timed calls are checked against the reference's after."""
+    place between samples; the outputs of some timed calls are checked against the reference's after:
+    by the judge, where no candidate code runs, when `outbox` is given (written there as raw bytes), else
+    here."""
     problem = Problem(problem_source)
     guard.install()  # torch as it was before the candidate, for the checks below
     cand = load_module(cand_source, "cand")
     timer = Timer(device)
-    shapes = []
+    shapes: list[dict] = []
+    handed: list[dict] = []
     steps = Steps()
     with torch.no_grad():
         for shape in problem.ladder_shapes(device, which):
@@ -295,7 +310,10 @@ def bench(
             # what the kept calls should have returned (computed only now: no expected output is in
             # memory while the candidate runs)
             untouched(problem, ref, weights, label)
-            _check_kept(problem, shape, ref, inputs, kept)
+            if outbox is None:
+                _check_kept(problem, shape, ref, inputs, kept)
+            else:
+                handed += _hand(outbox, len(shapes), kept)
             del kept
             steps.done("kept")
             (cm, ci), (rm, ri) = quartiles(new_t), quartiles(ref_t)
@@ -312,7 +330,7 @@ def bench(
                     "calls": calls,
                 }
             )
-    return {"shapes": shapes, "timer": timer.name, "steps": steps.seconds}
+    return {"shapes": shapes, "timer": timer.name, "steps": steps.seconds, "kept": handed}
 
 
 # the reference's clean times, kept for a problem's next candidates: nothing in the judge's child changes

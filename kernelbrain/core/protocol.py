@@ -47,10 +47,23 @@ class GateReply(Message):
     shapes: list[str] = []  # the shapes checked (fitted to the gate's budget where the file names none)
 
 
+class KeptCall(Message):
+    """A timed call whose outputs the bench kept for the judge: the ladder shape's index, the call's
+    sample, and its inputs' contents as the bench's rotation loaded them (a drawn set and the mix of the
+    next set's values, child/timing.py's Rotation)."""
+
+    shape: int
+    call: int
+    draw: int
+    offset: int
+    stride: int
+
+
 class BenchReply(Message):
     shapes: list[ShapeTiming]
     timer: str
     steps: dict[str, float] = {}  # seconds per step, summed over shapes (tools/gate_phases.py)
+    kept: list[KeptCall] = []  # the timed calls whose outputs are in the request's outbox, for the judge
 
 
 class DuelShape(Message):
@@ -254,6 +267,23 @@ class BenchRequest(CandidateRequest, Request[BenchReply]):
     repeats: int
     warmup: int
     torch_ops: list[str] = []  # the classes of torch ops the candidate may run (core/torch_ops.py)
+    # where the checked timed calls' outputs go for the judge (the gate's outbox); None: checked in the
+    # child itself (a bench with no judge beside it)
+    outbox: str | None = None
+
+
+class KeptReply(Message):
+    checked: int
+
+
+class KeptRequest(ProblemRequest, Request[KeptReply]):
+    """The judge: a bench's kept timed calls' outputs, read from the outbox, against the reference's on
+    the same contents (rebuilt from the bench's seeded draws), in a process no candidate code ran in."""
+
+    op: Literal["kept"] = "kept"
+    which: Which
+    folder: str
+    kept: list[KeptCall]
 
 
 class DuelRequest(ProblemRequest, Request[DuelReply]):
@@ -290,6 +320,7 @@ AnyRequest = Annotated[
     | LaunchersRequest
     | ReferenceTimeRequest
     | BenchRequest
+    | KeptRequest
     | DuelRequest
     | AnalyseRequest
     | RooflineRequest

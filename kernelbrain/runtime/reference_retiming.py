@@ -9,9 +9,11 @@ the checks, one below Python): a `policy` fault.
 
 from __future__ import annotations
 
+import shutil
+from pathlib import Path
 from typing import TYPE_CHECKING
 
-from kernelbrain.core.protocol import BenchReply, BenchRequest, ReferenceTimeRequest
+from kernelbrain.core.protocol import BenchReply, BenchRequest, KeptRequest, ReferenceTimeRequest
 from kernelbrain.core.scoring import reference_moved
 from kernelbrain.runtime import wall_clock
 from kernelbrain.runtime.faults import SandboxError, SandboxFault
@@ -30,6 +32,9 @@ def bench(
     # the judge imports while the rung is timed: a run killed before its first bench, or a benchmarker
     # with nothing to time, never starts one
     judge = box.start_judge()
+    _, outbox = box.gate_folders()
+    clear(outbox)
+    request = request.model_copy(update={"outbox": str(outbox)})
     timed, busy = box.ask(request, timeout_s=timeout_s, task=task, own_code=own_code)
     # the worker's own clock around each timed batch: the child's times must agree with it
     sides = [
@@ -39,6 +44,21 @@ def bench(
         for s in timed.shapes
     ]
     walls = wall_clock.witness(box.marks, sides, request.device, "ref", "cand")
+    # the kept timed calls' outputs, compared in the judge (the child that ran them is stopped first where
+    # the candidate came from outside): a fault there is the candidate's, as it was in its own child
+    _, busy_kept = judge.ask(
+        KeptRequest(
+            problem_source=request.problem_source,
+            device=request.device,
+            fits=request.fits,
+            which=request.which,
+            folder=str(outbox),
+            kept=timed.kept,
+        ),
+        timeout_s=timeout_s,
+        task=task,
+    )
+    clear(outbox)
     busy_alone = 0.0
     clean: list[tuple[float, float]] = []  # per shape: the slowest clean time so far, and its IQR
     # the reference's time alone, timed again (up to CLEAN_RETIMES times) while it looks moved: a
@@ -64,7 +84,7 @@ def bench(
         ]
         if all(m is None for m in moved):
             break
-    box.bench_phases = {"bench": busy, "alone": busy_alone, "clean_timings": attempt + 1}
+    box.bench_phases = {"bench": busy, "kept": busy_kept, "alone": busy_alone, "clean_timings": attempt + 1}
     box.bench_phases.update({f"bench.{k}": v for k, v in timed.steps.items()})
     for s, (median, _), m in zip(timed.shapes, clean, moved, strict=True):
         if m is not None:
@@ -79,7 +99,16 @@ def bench(
         s.model_copy(update={"ref_alone_median_s": c[0], "wall_speedup": w})
         for s, c, w in zip(timed.shapes, clean, walls, strict=True)
     ]
-    return timed.model_copy(update={"shapes": shapes}), busy + busy_alone
+    return timed.model_copy(update={"shapes": shapes}), busy + busy_kept + busy_alone
+
+
+def clear(outbox: Path) -> None:
+    """Empty the outbox (the folder stays: the children are started with it bound)."""
+    for left in outbox.iterdir():
+        if left.is_dir() and not left.is_symlink():
+            shutil.rmtree(left)
+        else:
+            left.unlink()
 
 
 def _alone(request: BenchRequest, timed: BenchReply, fresh: bool) -> ReferenceTimeRequest:

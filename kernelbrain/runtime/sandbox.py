@@ -279,6 +279,10 @@ class Sandbox:
         self, request: Request[Any], *, timeout_s: float, task: str, own_code: bool
     ) -> tuple[Message, float]:
         self.make_room(request, own_code)
+        if isinstance(request, BenchRequest):  # its checked calls' outputs go to the judge, in the outbox
+            self.start_judge()
+            if self.proc is not None and str(self.outbox) not in self.bound:
+                self.stop()  # started before the judge: it cannot write there
         if isinstance(request, GateRequest):
             return gate.gate(self, request, timeout_s=timeout_s, task=task, own_code=own_code)
         if sources := _sources(request):

@@ -1,7 +1,9 @@
-"""Cheats on the bench's clock, through a real sandboxed child: the in-process clock replaced by a patch
-that puts the original back on its next read, and the bench's list of samples edited through stack
-frames. The bench's clocks are bound before candidate code loads, and the worker holds the times the
-child reports against its own clock around each timed batch (runtime/wall_clock.py).
+"""Cheats on the bench's own witnesses, through a real sandboxed child: the in-process clock replaced by
+a patch that puts the original back on its next read, the bench's list of samples edited through stack
+frames, and the comparison of the timed calls' outputs turned off by a patch of a Tensor operator. The
+bench's clocks are bound before candidate code loads, the worker holds the times the child reports
+against its own clock around each timed batch (runtime/wall_clock.py), and the judge, where no candidate
+code runs, compares the timed calls' outputs (child/kept.py).
 
 The candidates here are passed as kb's own (`own_code`): what is tested is what holds against code in
 the process, not the static checks that refuse such code up front for a candidate from outside."""
@@ -77,3 +79,37 @@ def test_samples_edited_in_the_childs_process_disagree_with_the_workers_clock(
 def test_an_honest_bench_agrees_with_the_workers_clock(box: Sandbox) -> None:
     (shape,) = bench(box, HONEST).shapes
     assert shape.wall_speedup is not None and shape.wall_speedup > 0, shape
+
+
+# garbage whenever no torch function mode watches it (the gate's guard does), and `~` on a bool tensor
+# made all False in its process: every comparison there that counts `a & ~close` elements passes
+PATCHED_COMPARISON = softmax_cheat(
+    "if torch._C._len_torch_function_stack() > 0:\n"
+    "    return kernel_softmax(x, torch.empty_like(x))\n"
+    "if not getattr(torch.Tensor.__invert__, 'patched', False):\n"
+    "    invert = torch.Tensor.__invert__\n"
+    "    def never(t):\n"
+    "        return torch.zeros_like(t) if t.dtype == torch.bool else invert(t)\n"
+    "    never.patched = True\n"
+    "    torch.Tensor.__invert__ = never\n"
+    "y = torch.empty_like(x)\n"
+    "token_launch(y)\n"
+    "return y.zero_()"
+)
+
+
+def test_a_comparison_patched_in_the_candidates_process_does_not_reach_the_judge(box: Sandbox) -> None:
+    args = {
+        "problem_source": SOFTMAX,
+        "cand_source": PATCHED_COMPARISON,
+        "device": "cpu",
+        "which": "smallest",
+    }
+    request = BenchRequest(**args, repeats=3, warmup=1)
+    # compared in its own process (a bench with no outbox), its zeros pass
+    reply, _ = box.ask(request, timeout_s=300, own_code=True)
+    assert len(reply.shapes) == 1 and not reply.kept
+    with pytest.raises(SandboxFault) as caught:  # through the worker: compared in the judge
+        box.call(request, timeout_s=300, own_code=True)
+    fault = caught.value
+    assert fault.category == "mismatch" and "timed call" in fault.detail, fault

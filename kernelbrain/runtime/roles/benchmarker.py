@@ -15,6 +15,8 @@ from kernelbrain.store import NewEvent
 
 class BenchmarkerRole(CandidateRole[BenchReply]):
     name = "benchmarker"
+    # its child writes the checked timed calls' outputs where the judge reads them: both start together
+    warms_judge = True
 
     def wants_warm(self, state: RunState) -> bool:
         """Once candidates are proposed: a run whose problem fails its analysis, or that no template
