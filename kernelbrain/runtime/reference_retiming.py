@@ -29,12 +29,13 @@ def bench(
     box: Sandbox, request: BenchRequest, *, timeout_s: float, task: str = "-", own_code: bool = False
 ) -> tuple[BenchReply, float]:
     """The rung on `box`'s child, each shape's reference time alone added; the busy seconds of both."""
-    # the judge imports while the rung is timed: a run killed before its first bench, or a benchmarker
-    # with nothing to time, never starts one
+    # started with the benchmarker's child (BenchmarkerRole.warms_judge): the child writes the checked
+    # timed calls' outputs into the outbox it shares with the judge
     judge = box.start_judge()
     _, outbox = box.gate_folders()
-    clear(outbox)
-    request = request.model_copy(update={"outbox": str(outbox)})
+    if not own_code:  # kb's own renders are compared in their child, as before: no round trip for them
+        clear(outbox)
+        request = request.model_copy(update={"outbox": str(outbox)})
     timed, busy = box.ask(request, timeout_s=timeout_s, task=task, own_code=own_code)
     # the worker's own clock around each timed batch: the child's times must agree with it
     sides = [
@@ -44,21 +45,23 @@ def bench(
         for s in timed.shapes
     ]
     walls = wall_clock.witness(box.marks, sides, request.device, "ref", "cand")
-    # the kept timed calls' outputs, compared in the judge (the child that ran them is stopped first where
-    # the candidate came from outside): a fault there is the candidate's, as it was in its own child
-    _, busy_kept = judge.ask(
-        KeptRequest(
-            problem_source=request.problem_source,
-            device=request.device,
-            fits=request.fits,
-            which=request.which,
-            folder=str(outbox),
-            kept=timed.kept,
-        ),
-        timeout_s=timeout_s,
-        task=task,
-    )
-    clear(outbox)
+    # a candidate from outside's kept timed calls' outputs, compared in the judge (the child that ran them
+    # is stopped first): a fault there is the candidate's, as it was in its own child
+    busy_kept = 0.0
+    if request.outbox is not None:
+        _, busy_kept = judge.ask(
+            KeptRequest(
+                problem_source=request.problem_source,
+                device=request.device,
+                fits=request.fits,
+                which=request.which,
+                folder=str(outbox),
+                kept=timed.kept,
+            ),
+            timeout_s=timeout_s,
+            task=task,
+        )
+        clear(outbox)
     busy_alone = 0.0
     clean: list[tuple[float, float]] = []  # per shape: the slowest clean time so far, and its IQR
     # the reference's time alone, timed again (up to CLEAN_RETIMES times) while it looks moved: a

@@ -271,8 +271,10 @@ class Sandbox:
                 with gpu_lock.held(gpu_lock.gpu_name(self.gpu), alone=isinstance(request, TIMED)):
                     reply, busy = self._dispatch(request, timeout_s=timeout_s, task=task, own_code=own_code)
         finally:
-            if self.untrusted(request, own_code):  # its child is gone: the next one imports meanwhile
-                self.start_spare()
+            if self.untrusted(request, own_code):  # its child goes (also where kb's side raised)
+                self.recycle_due = self.recycle_due or self.proc is not None
+                self.recycle()
+                self.start_spare()  # the next one imports meanwhile
         return request.parse_reply(reply), busy
 
     def _dispatch(
