@@ -120,7 +120,8 @@ def test_what_kbs_own_code_compiled_is_read_by_every_child_and_written_by_none(
 ) -> None:
     monkeypatch.setattr(triton_cache, "COMPILED", tmp_path / "compiled")
     monkeypatch.setattr(triton_cache, "SHARED", tmp_path / "shared")
-    writer, reader = Sandbox("cpu"), Sandbox("cpu")
+    # the reader's child kept after its request, to look into (a candidate from outside's is stopped)
+    writer, reader = Sandbox("cpu"), Sandbox("cpu", fresh_untrusted=False)
     try:
         assert gate(writer, PUTS_ENTRY, own_code=True)
         (shared,) = (tmp_path / "shared").glob("*/token")

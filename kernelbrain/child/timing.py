@@ -115,6 +115,8 @@ def untouched(problem: Problem, ref: torch.nn.Module, weights: tuple, where: str
 # input set, and about this many more, chosen after each sample ran (the candidate cannot tell which).
 # Each kept output is a copy held until the timing ends: at a large shape that is gigabytes each
 CHECKED_SAMPLES = 1
+# a kept timed call: its sample, the drawn set and mix its inputs held, and a copy of its outputs
+Kept = tuple[int, int, tuple[int, int], list[torch.Tensor]]
 # outputs larger than this are kept in host memory: five copies of an 8 GB output beside the input sets
 # would run a 140 GB GPU out of memory (copied outside the timed calls, back one at a time to check)
 KEEP_ON_DEVICE_BYTES = 256 << 20
@@ -217,7 +219,7 @@ def _check_kept(
         del got, expected
 
 
-def _hand(outbox: str, shape: int, kept: list) -> list[dict]:
+def _hand(outbox: str, shape: int, kept: list[Kept]) -> list[dict[str, Any]]:
     """The kept timed calls' outputs written into the outbox for the judge, and what it needs to rebuild
     their inputs."""
     handed = []
@@ -245,8 +247,8 @@ def bench(
     guard.install()  # torch as it was before the candidate, for the checks below
     cand = load_module(cand_source, "cand")
     timer = Timer(device)
-    shapes: list[dict] = []
-    handed: list[dict] = []
+    shapes: list[dict[str, Any]] = []
+    handed: list[dict[str, Any]] = []
     steps = Steps()
     with torch.no_grad():
         for shape in problem.ladder_shapes(device, which):
@@ -271,7 +273,7 @@ def bench(
             ref_t, new_t = [], []
             calls = timer.calls_for(lambda f=ref, a=live: f(*a), lambda f=new, a=live: f(*a))
             inputs.use_slots(calls)
-            kept: list[tuple[int, int, tuple[int, int], list[torch.Tensor]]] = []
+            kept: list[Kept] = []
             last: list[Any] = [None]
 
             def call(f: Any = new, out: list[Any] = last, r: Rotation = inputs) -> None:
@@ -405,6 +407,7 @@ def duel(
             label = f"benchmark shape {shape_label(shape)}"
             ref, na, weights = build_guarded(problem, ma, shape, device)
             _, nb, _ = build_guarded(problem, mb, shape, device)
+            assert na is not None and nb is not None  # built from a candidate's module
             sides = {"A": na, "B": nb}
             untouched(problem, ref, weights, label)
             inputs = Rotation(problem, shape, device, 200)
@@ -421,7 +424,7 @@ def duel(
             calls = timer.calls_for(lambda f=na, a=live: f(*a), lambda f=nb, a=live: f(*a))
             inputs.use_slots(calls)
             times: dict[str, list[float]] = {"A": [], "B": []}
-            kept: dict[str, list[tuple[int, int, tuple[int, int], list[torch.Tensor]]]] = {"A": [], "B": []}
+            kept: dict[str, list[Kept]] = {"A": [], "B": []}
             last: list[Any] = [None]
             _collect()
             _gc_off()

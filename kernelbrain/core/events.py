@@ -236,9 +236,7 @@ class ShapeTiming(BaseModel):
     compile_s: float = 0.0
     calls: int = 1  # calls per timed sample (short kernels are timed in batches; medians are per call)
     ref_alone_median_s: float | None = None  # the reference alone, where no candidate ran (None: older)
-    # the speedup on the worker's wall clock around each timed batch, less the batches' overhead (None:
-    # older); `speedup` is the one timed in the candidate's process (runtime/wall_clock.py)
-    wall_speedup: float | None = None
+    wall_speedup: float | None = None  # the speedup on the worker's own clock (None: older)
 
 
 class RungBenchmarked(Event):

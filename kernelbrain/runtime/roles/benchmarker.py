@@ -109,11 +109,11 @@ class BenchmarkerRole(CandidateRole[BenchReply]):
             alone = {s.shape: s for s in result.shapes} if result is not None else {}
             for d in reply.shapes:
                 clean = alone.get(d.shape)
+                if clean is None:
+                    continue
                 median, iqr = (d.a_median_s, d.a_iqr_s) if side == "a" else (d.b_median_s, d.b_iqr_s)
-                moved = None
-                if clean is not None:
-                    device = state.config.device
-                    moved = reference_moved(median, iqr, clean.cand_median_s, clean.cand_iqr_s, device)
+                device = state.config.device
+                moved = reference_moved(median, iqr, clean.cand_median_s, clean.cand_iqr_s, device)
                 if moved is not None:
                     return (
                         f"{cid} ran {moved:.2f}x slower beside {rival} ({median:.3g} s) than in its own rung "
