@@ -10,8 +10,7 @@ seconds; but a
 request that runs a candidate from outside (an LLM's: `own_code` False) gets a child that has run no
 other candidate, and that child is stopped after it: code in a process can patch what every later
 request there relies on (Triton's launcher, a Tensor method) in ways no check of the namespaces sees.
-A spare child is started while the worker records the last one's result, so the next such request
-mostly finds one imported.
+A spare child is started as such a request begins, so that the next one mostly finds a child imported.
 
 A gate runs across this child and its judge (runtime/gate.py); a bench times the reference again alone
 in the judge (runtime/reference_retiming.py).
@@ -274,7 +273,7 @@ class Sandbox:
             if self.untrusted(request, own_code):  # its child goes (also where kb's side raised)
                 self.recycle_due = self.recycle_due or self.proc is not None
                 self.recycle()
-                self.start_spare()  # the next one imports meanwhile
+                self.start_spare()  # where the request failed before its child was taken
         return request.parse_reply(reply), busy
 
     def _dispatch(
@@ -395,6 +394,8 @@ class Sandbox:
             self.stop()
         if self.proc is None:
             self.start()
+        if untrusted:  # the next candidate from outside's child imports while this one works
+            self.start_spare()
         if _runs_candidate(request):
             self.ran_candidate = True
             if not own_code:
