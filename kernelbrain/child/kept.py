@@ -28,9 +28,10 @@ def check(request: KeptRequest) -> KeptReply:
             if not calls:
                 continue
             ref, _ = build(problem, None, shape, request.device)
-            inputs = Rotation(problem, shape, request.device, 100)  # the bench's seed: the same draws
+            inputs = Rotation(problem, shape, request.device, request.seed)  # the bench's: the same draws
             for k in calls:
-                path = handoff.kept_file(request.folder, index, k.call)
+                path = handoff.kept_file(request.folder, index, k.call, k.side)
+                when = f"{', candidate ' + k.side if k.side else ''}, timed call {k.call}"
                 try:
                     got = tensorfile.read(path, request.device)
                 except tensorfile.Unreadable as e:
@@ -38,6 +39,6 @@ def check(request: KeptRequest) -> KeptReply:
                         "runtime", f"its timed call {k.call}'s outputs do not read: {e}"
                     ) from None
                 expected = outputs(ref(*inputs.inputs(k.draw, (k.offset, k.stride))))
-                screen(problem, shape, got, expected, when=f", timed call {k.call}", hint=CHANGED)
+                screen(problem, shape, got, expected, when=when, hint=CHANGED)
                 checked += 1
     return KeptReply(checked=checked)

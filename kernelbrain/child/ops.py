@@ -71,7 +71,15 @@ def serve(request: AnyRequest) -> Message:
         case DuelRequest():
             ops = (r.a_torch_ops, r.b_torch_ops)
             ratios = duel(
-                r.problem_source, r.a_source, r.b_source, r.device, r.which, r.repeats, r.warmup, ops
+                r.problem_source,
+                r.a_source,
+                r.b_source,
+                r.device,
+                r.which,
+                r.repeats,
+                r.warmup,
+                ops,
+                r.outbox,
             )
             return DuelReply.model_validate(ratios)
         case AnalyseRequest():

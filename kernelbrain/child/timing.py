@@ -219,13 +219,15 @@ def _check_kept(
         del got, expected
 
 
-def _hand(outbox: str, shape: int, kept: list[Kept]) -> list[dict[str, Any]]:
+def _hand(outbox: str, shape: int, kept: list[Kept], side: str = "") -> list[dict[str, Any]]:
     """The kept timed calls' outputs written into the outbox for the judge, and what it needs to rebuild
     their inputs."""
     handed = []
     for i, k, (offset, stride), got in kept:
-        tensorfile.write(handoff.kept_file(outbox, shape, i), got)
-        handed.append({"shape": shape, "call": i, "draw": k, "offset": offset, "stride": stride})
+        tensorfile.write(handoff.kept_file(outbox, shape, i, side), got)
+        handed.append(
+            {"shape": shape, "call": i, "draw": k, "offset": offset, "stride": stride, "side": side}
+        )
     return handed
 
 
@@ -255,7 +257,7 @@ def bench(
             label = f"benchmark shape {shape_label(shape)}"
             ref, new, weights = build_guarded(problem, cand, shape, device)
             untouched(problem, ref, weights, label)
-            inputs = Rotation(problem, shape, device, 100)
+            inputs = Rotation(problem, shape, device, handoff.BENCH_SEED)
             live = inputs.load(0)
             steps.done("setup")
             t0 = _clock()
@@ -363,7 +365,7 @@ def _alone(
     problem: Problem, shape: dict, device: str, timer: Timer, n: int, repeats: int, warmup: int
 ) -> tuple[float, float]:
     ref, _ = build(problem, None, shape, device)
-    inputs = Rotation(problem, shape, device, 100)
+    inputs = Rotation(problem, shape, device, handoff.BENCH_SEED)
     inputs.use_slots(n)
     for i in range(warmup + 1):
         ref(*inputs.load(i))
@@ -388,20 +390,23 @@ def duel(
     repeats: int,
     warmup: int,
     torch_ops: tuple[list[str], list[str]] = ([], []),
+    outbox: str | None = None,
 ) -> dict:
     """Two candidates timed interleaved (A, B, B, A, A, B, ...: neither always goes first) on the same
     rotating inputs; per pair, the ratio of A's time to B's (geometric mean over the rung's shapes), and
     per shape each side's median. Checked like a rung, both sides: the reference and torch untouched
     after both load and after the timing, both sides' first outputs screened and some timed calls' checked
     afterwards, and on a GPU the kernels one timed call of each ran. Either side may have done what a
-    check finds (one can slow or break the other's calls): the duel then fails, and neither wins it."""
+    check finds (one can slow or break the other's calls): the duel then fails, and neither wins it. The
+    kept calls' outputs go to the judge where `outbox` is given, as a bench's."""
     problem = Problem(problem_source)
     guard.install()
     ma, mb = load_module(a_source, "cand"), load_module(b_source, "cand")
     timer = Timer(device)
     logs = [0.0] * repeats
     shapes = problem.ladder_shapes(device, which)
-    per_shape = []
+    per_shape: list[dict[str, Any]] = []
+    handed: list[dict[str, Any]] = []
     with torch.no_grad():
         for shape in shapes:
             label = f"benchmark shape {shape_label(shape)}"
@@ -410,7 +415,7 @@ def duel(
             assert na is not None and nb is not None  # built from a candidate's module
             sides = {"A": na, "B": nb}
             untouched(problem, ref, weights, label)
-            inputs = Rotation(problem, shape, device, 200)
+            inputs = Rotation(problem, shape, device, handoff.DUEL_SEED)
             live = inputs.live
             for name, f in sides.items():  # the first call compiles
                 got = outputs(f(*inputs.load(0)))
@@ -461,11 +466,14 @@ def duel(
                     last[0] = None
             untouched(problem, ref, weights, label)
             for name in sides:
-                _check_kept(problem, shape, ref, inputs, kept[name], side=f", candidate {name}")
+                if outbox is None:
+                    _check_kept(problem, shape, ref, inputs, kept[name], side=f", candidate {name}")
+                else:
+                    handed += _hand(outbox, len(per_shape), kept[name], side=name)
             del kept
             (am, ai), (bm, bi) = quartiles(times["A"]), quartiles(times["B"])
             per_shape.append(
                 {"shape": shape_label(shape), "calls": calls, "a_median_s": am, "a_iqr_s": ai}
                 | {"b_median_s": bm, "b_iqr_s": bi}
             )
-    return {"ratios": [math.exp(x) for x in logs], "timer": timer.name, "shapes": per_shape}
+    return {"ratios": [math.exp(x) for x in logs], "timer": timer.name, "shapes": per_shape, "kept": handed}

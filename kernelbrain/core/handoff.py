@@ -21,9 +21,14 @@ def outputs_file(folder: str | Path, shape: int, seed: int) -> Path:
     return Path(folder) / f"shape{shape}-seed{seed}-outputs.bin"
 
 
-def kept_file(folder: str | Path, shape: int, call: int) -> Path:
-    """A bench's timed call's outputs (raw bytes, as outputs_file), kept for the judge to check."""
-    return Path(folder) / f"bench-shape{shape}-call{call}-outputs.bin"
+# the first of the three drawn sets a bench's and a duel's inputs rotate through (kernelbrain/child/
+# timing.py): the judge draws them again to rebuild a kept timed call's inputs
+BENCH_SEED, DUEL_SEED = 100, 200
+
+
+def kept_file(folder: str | Path, shape: int, call: int, side: str = "") -> Path:
+    """A bench's (or a duel side's) timed call's outputs (raw bytes, as outputs_file), for the judge."""
+    return Path(folder) / f"bench-shape{shape}{'-' + side if side else ''}-call{call}-outputs.bin"
 
 
 def header_of(data: Path) -> Path:

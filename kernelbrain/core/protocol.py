@@ -57,6 +57,7 @@ class KeptCall(Message):
     draw: int
     offset: int
     stride: int
+    side: str = ""  # a duel's side ("A", "B"); a bench's: ""
 
 
 class BenchReply(Message):
@@ -81,6 +82,7 @@ class DuelReply(Message):
     ratios: list[float]  # per interleaved pair: A's time / B's (geometric mean over the rung's shapes)
     timer: str
     shapes: list[DuelShape] = []
+    kept: list[KeptCall] = []  # the timed calls whose outputs are in the request's outbox, for the judge
 
 
 class Signature(Message):
@@ -284,6 +286,7 @@ class KeptRequest(ProblemRequest, Request[KeptReply]):
     which: Which
     folder: str
     kept: list[KeptCall]
+    seed: int = 100  # the rotation's first draw (core/handoff.py: BENCH_SEED, DUEL_SEED)
 
 
 class DuelRequest(ProblemRequest, Request[DuelReply]):
@@ -295,6 +298,7 @@ class DuelRequest(ProblemRequest, Request[DuelReply]):
     warmup: int
     a_torch_ops: list[str] = []  # the classes of torch ops each side may run (core/torch_ops.py)
     b_torch_ops: list[str] = []
+    outbox: str | None = None  # as a bench's: where the checked timed calls' outputs go for the judge
 
 
 class AnalyseRequest(ProblemRequest, Request[AnalyseReply]):

@@ -13,7 +13,16 @@ import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from kernelbrain.core.protocol import BenchReply, BenchRequest, KeptRequest, ReferenceTimeRequest
+from kernelbrain.core import handoff
+from kernelbrain.core.protocol import (
+    BenchReply,
+    BenchRequest,
+    DuelReply,
+    DuelRequest,
+    KeptCall,
+    KeptRequest,
+    ReferenceTimeRequest,
+)
 from kernelbrain.core.scoring import reference_moved
 from kernelbrain.runtime import wall_clock
 from kernelbrain.runtime.faults import SandboxError, SandboxFault
@@ -49,19 +58,7 @@ def bench(
     # is stopped first): a fault there is the candidate's, as it was in its own child
     busy_kept = 0.0
     if request.outbox is not None:
-        _, busy_kept = judge.ask(
-            KeptRequest(
-                problem_source=request.problem_source,
-                device=request.device,
-                fits=request.fits,
-                which=request.which,
-                folder=str(outbox),
-                kept=timed.kept,
-            ),
-            timeout_s=timeout_s,
-            task=task,
-        )
-        clear(outbox)
+        busy_kept = judge_kept(box, request, timed.kept, handoff.BENCH_SEED, timeout_s, task)
     busy_alone = 0.0
     clean: list[tuple[float, float]] = []  # per shape: the slowest clean time so far, and its IQR
     # the reference's time alone, timed again (up to CLEAN_RETIMES times) while it looks moved: a
@@ -103,6 +100,52 @@ def bench(
         for s, c, w in zip(timed.shapes, clean, walls, strict=True)
     ]
     return timed.model_copy(update={"shapes": shapes}), busy + busy_kept + busy_alone
+
+
+def duel(
+    box: Sandbox, request: DuelRequest, *, timeout_s: float, task: str = "-", own_code: bool = False
+) -> tuple[DuelReply, float]:
+    """A duel on `box`'s child, its times held against the worker's clock, and a candidate from outside's
+    kept timed calls checked by the judge, as a bench's."""
+    if not own_code:
+        box.start_judge()
+        _, outbox = box.gate_folders()
+        clear(outbox)
+        request = request.model_copy(update={"outbox": str(outbox)})
+    timed, busy = box.ask(request, timeout_s=timeout_s, task=task, own_code=own_code)
+    wall_clock.duel(timed, request.repeats, box.marks, request.device)
+    if request.outbox is not None:
+        busy += judge_kept(box, request, timed.kept, handoff.DUEL_SEED, timeout_s, task)
+    return timed, busy
+
+
+def judge_kept(
+    box: Sandbox,
+    request: BenchRequest | DuelRequest,
+    kept: list[KeptCall],
+    seed: int,
+    timeout_s: float,
+    task: str,
+) -> float:
+    """The judge's check of the kept timed calls' outputs in the outbox (emptied after); its busy seconds.
+    A mismatch is the candidate's fault, as it was in its own child."""
+    judge = box.start_judge()
+    _, outbox = box.gate_folders()
+    _, busy = judge.ask(
+        KeptRequest(
+            problem_source=request.problem_source,
+            device=request.device,
+            fits=request.fits,
+            which=request.which,
+            folder=str(outbox),
+            kept=kept,
+            seed=seed,
+        ),
+        timeout_s=timeout_s,
+        task=task,
+    )
+    clear(outbox)
+    return busy
 
 
 def clear(outbox: Path) -> None:

@@ -41,7 +41,6 @@ from kernelbrain.core.protocol import (
     TRITON_SHARED_ENV,
     BenchRequest,
     CandidateRequest,
-    DuelReply,
     DuelRequest,
     GateRequest,
     Message,
@@ -59,7 +58,6 @@ from kernelbrain.runtime import (
     reference_retiming,
     scratch,
     triton_cache,
-    wall_clock,
 )
 from kernelbrain.runtime.environment import child_env_allowed
 from kernelbrain.runtime.faults import ProblemFault, SandboxError, SandboxFault
@@ -280,7 +278,8 @@ class Sandbox:
         self, request: Request[Any], *, timeout_s: float, task: str, own_code: bool
     ) -> tuple[Message, float]:
         self.make_room(request, own_code)
-        if isinstance(request, BenchRequest):  # its checked calls' outputs go to the judge, in the outbox
+        # their checked calls' outputs go to the judge, in the outbox (a duel's: a candidate from outside's)
+        if isinstance(request, BenchRequest) or (isinstance(request, DuelRequest) and not own_code):
             self.start_judge()
             if self.proc is not None and str(self.outbox) not in self.bound:
                 self.stop()  # started before the judge: it cannot write there
@@ -293,10 +292,9 @@ class Sandbox:
             if own_code and self.own_code_only:  # what the rung's shapes compiled
                 self.share_compiled()
             return bench
-        asked = self.ask(request, timeout_s=timeout_s, task=task, own_code=own_code)
-        if isinstance(request, DuelRequest) and isinstance(asked[0], DuelReply):
-            wall_clock.duel(asked[0], request.repeats, self.marks, request.device)
-        return asked
+        if isinstance(request, DuelRequest):
+            return reference_retiming.duel(self, request, timeout_s=timeout_s, task=task, own_code=own_code)
+        return self.ask(request, timeout_s=timeout_s, task=task, own_code=own_code)
 
     def untrusted(self, request: Request[Any], own_code: bool) -> bool:
         """Whether `request` runs a candidate from outside in a child of its own (stopped after it)."""

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import pytest
 
-from kernelbrain.core.protocol import BenchReply, BenchRequest
+from kernelbrain.core.protocol import BenchReply, BenchRequest, DuelRequest
 from kernelbrain.runtime.sandbox import Sandbox, SandboxFault
 from tests.red_team.test_gate_cheats import SOFTMAX, softmax_cheat
 from tests.red_team.test_timing_cheats import HONEST
@@ -117,3 +117,13 @@ def test_a_comparison_patched_in_the_candidates_process_does_not_reach_the_judge
         box.call(request, timeout_s=300)
     fault = caught.value
     assert fault.category == "mismatch" and "timed call" in fault.detail, fault
+
+
+def test_a_duel_sides_patched_comparison_does_not_reach_the_judge(box: Sandbox) -> None:
+    """A duel's kept timed calls from outside are compared in the judge too, each side's."""
+    args = {"problem_source": SOFTMAX, "device": "cpu", "which": "smallest", "repeats": 4, "warmup": 1}
+    request = DuelRequest(**args, a_source=HONEST, b_source=PATCHED_COMPARISON)
+    with pytest.raises(SandboxFault) as caught:
+        box.call(request, timeout_s=300)
+    fault = caught.value
+    assert fault.category == "mismatch" and "candidate B, timed call" in fault.detail, fault
