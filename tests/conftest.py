@@ -97,10 +97,11 @@ def pg_url(pg_server) -> str:
 
 @pytest.fixture(scope="module")
 def box():
-    """One warm CPU sandbox child per test module (torch and Triton import once)."""
+    """One warm CPU sandbox child per test module (torch and Triton import once), shared by the module's
+    candidates: a test about the fresh child each candidate from outside gets makes its own Sandbox."""
     from kernelbrain.runtime.sandbox import Sandbox
 
-    sb = Sandbox("cpu")
+    sb = Sandbox("cpu", fresh_untrusted=False)
     try:
         yield sb
     finally:

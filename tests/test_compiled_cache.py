@@ -49,7 +49,8 @@ def test_the_gates_compiled_kernels_reach_the_bench_child_alone(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(triton_cache, "COMPILED", tmp_path / "compiled")
-    gatekeeper, benchmarker = Sandbox("cpu"), Sandbox("cpu")
+    # the bench's child kept after its request, to look into (a candidate from outside's is stopped)
+    gatekeeper, benchmarker = Sandbox("cpu"), Sandbox("cpu", fresh_untrusted=False)
     try:
         junk = leftover(gatekeeper)
         args = {"problem_source": PROBLEM, "cand_source": WRITES_ENTRY, "device": "cpu"}
@@ -119,7 +120,8 @@ def test_what_kbs_own_code_compiled_is_read_by_every_child_and_written_by_none(
 ) -> None:
     monkeypatch.setattr(triton_cache, "COMPILED", tmp_path / "compiled")
     monkeypatch.setattr(triton_cache, "SHARED", tmp_path / "shared")
-    writer, reader = Sandbox("cpu"), Sandbox("cpu")
+    # the reader's child kept after its request, to look into (a candidate from outside's is stopped)
+    writer, reader = Sandbox("cpu"), Sandbox("cpu", fresh_untrusted=False)
     try:
         assert gate(writer, PUTS_ENTRY, own_code=True)
         (shared,) = (tmp_path / "shared").glob("*/token")
@@ -143,7 +145,7 @@ def test_a_child_that_ran_a_candidate_from_outside_shares_nothing_after(
 ) -> None:
     monkeypatch.setattr(triton_cache, "COMPILED", tmp_path / "compiled")
     monkeypatch.setattr(triton_cache, "SHARED", tmp_path / "shared")
-    box = Sandbox("cpu")
+    box = Sandbox("cpu", fresh_untrusted=False)  # a child that ran a candidate from outside, kept
     try:
         outside = (HERE / "candidates" / "good_softmax.py").read_text()
         assert gate(box, outside, own_code=False)
@@ -163,7 +165,7 @@ def test_a_bench_shares_what_it_compiled_not_what_was_brought_to_it(
 ) -> None:
     monkeypatch.setattr(triton_cache, "COMPILED", tmp_path / "compiled")
     monkeypatch.setattr(triton_cache, "SHARED", tmp_path / "shared")
-    gatekeeper, benchmarker = Sandbox("cpu"), Sandbox("cpu")
+    gatekeeper, benchmarker = Sandbox("cpu", fresh_untrusted=False), Sandbox("cpu")
     other_key = PUTS_ENTRY.replace('"5ab1e" * 8', '"c0de" * 10')
     assert other_key != PUTS_ENTRY
     try:

@@ -236,7 +236,7 @@ def counting_problem(log: Path, dim: int = 200) -> str:
 @pytest.fixture
 def counting_box(tmp_path: Path):
     """A sandbox whose child may write tmp_path, where counting_problem logs each reference run."""
-    sb = Sandbox("cpu", writable=(str(tmp_path),))
+    sb = Sandbox("cpu", writable=(str(tmp_path),), fresh_untrusted=False)
     try:
         yield sb
     finally:
@@ -279,7 +279,7 @@ def test_truth_past_the_judges_budget_is_recomputed_for_each_candidate(
     monkeypatch.setattr(gate_host, "JUDGE_KEEP_BYTES", {"cpu": 0})
     log = tmp_path / "ref64.log"
     problem = counting_problem(log)
-    box = Sandbox("cpu", writable=(str(tmp_path),))
+    box = Sandbox("cpu", writable=(str(tmp_path),), fresh_untrusted=False)
 
     def gate_on(source: str) -> dict:
         args = {"problem_source": problem, "cand_source": source, "device": "cpu", "seeds": 3}
@@ -315,7 +315,7 @@ def test_an_inputs_file_changed_under_the_judge_is_the_candidates_fault(
         + "            torch.save([torch.zeros_like(x)], path)\n",
     )
     garbles = spoils.replace("torch.save([torch.zeros_like(x)], path)", "open(path, 'r+b').write(b'spoilt')")
-    box = Sandbox("cpu")
+    box = Sandbox("cpu", fresh_untrusted=False)
     try:
         r = gate(box, spoils)
         assert (r["passed"], r["category"]) == (False, "policy"), r

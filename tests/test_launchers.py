@@ -83,7 +83,7 @@ def test_a_judges_launcher_fills_the_next_trials_cache(
 ) -> None:
     monkeypatch.setattr(triton_cache, "LAUNCHERS", tmp_path / "launchers")
     monkeypatch.setattr(triton_cache, "COMPILED", tmp_path / "compiled")
-    box = Sandbox("cpu")
+    box = Sandbox("cpu", fresh_untrusted=False)  # its child kept after the gate, to look into
     try:
         box.start_judge()
         box.start()

@@ -34,7 +34,7 @@ REQUESTS = [
 
 
 def test_every_request_replies_with_the_type_it_is_parametrised_by() -> None:
-    assert len(REQUESTS) == 11
+    assert len(REQUESTS) == 12
     for request in REQUESTS:
         (parametrised,) = [
             b

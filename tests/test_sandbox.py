@@ -72,7 +72,7 @@ def box():
     with pytest.MonkeyPatch.context() as mp:
         for k, v in SECRETS.items():
             mp.setenv(k, v)
-        sb = Sandbox("cpu")
+        sb = Sandbox("cpu", fresh_untrusted=False)  # one warm child, as kb's own renders share one
         try:
             yield sb
         finally:
@@ -248,8 +248,10 @@ def test_a_gpu_roles_cuda_child_makes_its_context_before_its_first_task(tmp_path
         ("cpu", "gatekeeper", None),
     ]:
         sb = Sandbox(device, warm_cuda=ROLE_CLASSES[role].warms_cuda)
-        sb.tmp = tmp_path
-        assert sb._env().get("KB_WARM_CUDA") == expected, (device, role)
+        assert sb._env(tmp_path, "none").get("KB_WARM_CUDA") == expected, (device, role)
+        # a spare, started while another request may time on the GPU, warms at its first request
+        spare = sb._env(tmp_path, "none", spare=True).get("KB_WARM_CUDA")
+        assert spare == (None if expected is None else "first"), (device, role)
 
 
 def test_a_bench_is_charged_its_timed_calls_and_the_references_alone(box: Sandbox) -> None:

@@ -19,6 +19,8 @@ import orjson
 
 from kernelbrain.core.protocol import HEADER, Envelope, Failure, Reply
 
+_clock = time.perf_counter  # a request's busy seconds, read on a clock no candidate's patch reaches
+
 
 def _read_exact(stream: BinaryIO, n: int) -> bytes:
     buf = b""
@@ -47,7 +49,7 @@ def _reply(frame: bytes) -> Reply:
     from kernelbrain.child.loading import CandidateFault
     from kernelbrain.child.ops import serve, tainted
 
-    started = time.perf_counter()
+    started = _clock()
     result, failure = None, None
     try:
         envelope = Envelope.model_validate(orjson.loads(frame))
@@ -58,7 +60,16 @@ def _reply(frame: bytes) -> Reply:
     except Exception as e:
         failure = Failure(fault="kb", detail=f"{type(e).__name__}: {e}", trace=traceback.format_exc()[-4000:])
     # recycle: a candidate changed process-wide state, so this child is not reused
-    return Reply(result=result, failure=failure, busy_s=time.perf_counter() - started, recycle=tainted())
+    return Reply(result=result, failure=failure, busy_s=_clock() - started, recycle=tainted())
+
+
+def _warm() -> None:
+    """The CUDA context and a first kernel of kb's own (kernelbrain.child.warm), before any candidate."""
+    import kernelbrain.child.ops
+    from kernelbrain.child.warm import warm_cuda
+
+    warm_cuda()
+    kernelbrain.child.ops.settle()
 
 
 def main() -> None:
@@ -68,13 +79,14 @@ def main() -> None:
     sys.stdout = sys.stderr
     inp = sys.stdin.buffer
 
+    from kernelbrain.child import marks
+
+    marks.channel(out.write)  # the timed batches' marks go on the protocol pipe, between replies
     import kernelbrain.child.ops  # imports torch and Triton: after the protocol is safe
 
-    if os.environ.get("KB_WARM_CUDA") == "1":
-        from kernelbrain.child.warm import warm_cuda
-
-        warm_cuda()
-        kernelbrain.child.ops.settle()
+    warm = os.environ.get("KB_WARM_CUDA")  # "first": a spare's, at its first request (under the GPU lock)
+    if warm == "1":
+        _warm()
     # torch's, Triton's and kb's objects live as long as the child: the collections before timed samples
     # (child/timing.py) skip them, and take milliseconds rather than a tenth of a second
     gc.freeze()
@@ -83,6 +95,10 @@ def main() -> None:
         header = _read_exact(inp, HEADER.size)
         if not header:
             return
+        if warm == "first":
+            warm = None
+            _warm()
+            gc.freeze()
         frame = orjson.dumps(_reply(_read_exact(inp, HEADER.unpack(header)[0])).model_dump(mode="json"))
         out.write(HEADER.pack(len(frame)) + frame)
         kernelbrain.child.ops.release_memory()

@@ -8,7 +8,7 @@ import threading
 
 import torch
 
-from kernelbrain.child import guard
+from kernelbrain.child import guard, kept
 from kernelbrain.child.analysis import analyse
 from kernelbrain.child.gate import trial
 from kernelbrain.child.judge import draws, judge
@@ -26,6 +26,7 @@ from kernelbrain.core.protocol import (
     DuelReply,
     DuelRequest,
     JudgeRequest,
+    KeptRequest,
     LaunchersReply,
     LaunchersRequest,
     Message,
@@ -59,14 +60,27 @@ def serve(request: AnyRequest) -> Message:
             return LaunchersReply.model_validate(build(r.signatures))
         case BenchRequest():
             timed = bench(
-                r.problem_source, r.cand_source, r.device, r.which, r.repeats, r.warmup, r.torch_ops
+                r.problem_source, r.cand_source, r.device, r.which, r.repeats, r.warmup, r.torch_ops, r.outbox
             )
             return BenchReply.model_validate(timed)
+        case KeptRequest():
+            return kept.check(r)
         case ReferenceTimeRequest():
             alone = reference_time(r.problem_source, r.device, r.which, r.calls, r.repeats, r.warmup, r.fresh)
             return ReferenceTimeReply.model_validate(alone)
         case DuelRequest():
-            ratios = duel(r.problem_source, r.a_source, r.b_source, r.device, r.which, r.repeats, r.warmup)
+            ops = (r.a_torch_ops, r.b_torch_ops)
+            ratios = duel(
+                r.problem_source,
+                r.a_source,
+                r.b_source,
+                r.device,
+                r.which,
+                r.repeats,
+                r.warmup,
+                ops,
+                r.outbox,
+            )
             return DuelReply.model_validate(ratios)
         case AnalyseRequest():
             return AnalyseReply.model_validate(analyse(r.problem_source, r.device))

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from kernelbrain.child import guard
+from kernelbrain.child import guard, tensorfile
 from kernelbrain.child.launches import check_launches, triton_kernel_names
 from kernelbrain.child.loading import (
     CandidateFault,
@@ -25,10 +25,22 @@ from kernelbrain.child.loading import (
     load_module,
     outputs,
 )
+from kernelbrain.child.marks import mark
 from kernelbrain.child.screen import CHANGED, screen
 from kernelbrain.child.steps import Steps
+from kernelbrain.core import handoff
 from kernelbrain.core import torch_ops as classes
 from kernelbrain.core.problem import shape_label
+
+# the clocks, synchronisation and collector the timings use, bound when this module loads (a child imports
+# it before any candidate's code): a candidate that later replaces `time.perf_counter`, `torch.cuda.Event`
+# or one of its methods, or `torch.cuda.synchronize` (one that puts the original back on its next read,
+# before any check looks) never reaches what times it
+_clock = time.perf_counter
+_Event = torch.cuda.Event
+_record, _elapsed = torch.cuda.Event.record, torch.cuda.Event.elapsed_time
+_event_sync, _sync = torch.cuda.Event.synchronize, torch.cuda.synchronize
+_collect, _gc_off, _gc_on = gc.collect, gc.disable, gc.enable
 
 
 def quartiles(xs: list[float]) -> tuple[float, float]:
@@ -57,20 +69,28 @@ class Timer:
             torch.empty(64 * 1024 * 1024, dtype=torch.int32, device="cuda") if device == "cuda" else None
         )
 
-    def __call__(self, fn: Callable[[], Any], calls: int = 1) -> float:
+    def __call__(self, fn: Callable[[], Any], calls: int = 1, side: str = "") -> float:
+        """Seconds a call, of `calls` back to back. `side`: a timed batch, whose start and end are marked
+        on the protocol pipe for the worker's own clock (child/marks.py)."""
+        if side:
+            mark(side)
         if self.flush is None:
-            t = time.perf_counter()
+            t = _clock()
             for _ in range(calls):
                 fn()
-            return (time.perf_counter() - t) / calls
-        self.flush.zero_()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(calls):
-            fn()
-        end.record()
-        end.synchronize()
-        return start.elapsed_time(end) / 1e3 / calls
+            seconds = _clock() - t
+        else:
+            self.flush.zero_()
+            start, end = _Event(enable_timing=True), _Event(enable_timing=True)
+            _record(start)
+            for _ in range(calls):
+                fn()
+            _record(end)
+            _event_sync(end)
+            seconds = _elapsed(start, end) / 1e3
+        if side:
+            mark(f"/{side}")
+        return seconds / calls
 
     def calls_for(self, *fns: Callable[[], Any]) -> int:
         """Calls per sample for this shape, the same for every contender: enough that the fastest
@@ -95,6 +115,8 @@ def untouched(problem: Problem, ref: torch.nn.Module, weights: tuple, where: str
 # input set, and about this many more, chosen after each sample ran (the candidate cannot tell which).
 # Each kept output is a copy held until the timing ends: at a large shape that is gigabytes each
 CHECKED_SAMPLES = 1
+# a kept timed call: its sample, the drawn set and mix its inputs held, and a copy of its outputs
+Kept = tuple[int, int, tuple[int, int], list[torch.Tensor]]
 # outputs larger than this are kept in host memory: five copies of an 8 GB output beside the input sets
 # would run a 140 GB GPU out of memory (copied outside the timed calls, back one at a time to check)
 KEEP_ON_DEVICE_BYTES = 256 << 20
@@ -186,13 +208,27 @@ class Rotation:
         return fresh
 
 
-def _check_kept(problem: Problem, shape: dict, ref: torch.nn.Module, inputs: Rotation, kept: list) -> None:
+def _check_kept(
+    problem: Problem, shape: dict, ref: torch.nn.Module, inputs: Rotation, kept: list, side: str = ""
+) -> None:
     """The kept timed calls' outputs against the reference's on the same contents, rebuilt now."""
     for i, k, mix, got in kept:
         expected = outputs(ref(*inputs.inputs(k, mix)))
         got = [g.to(inputs.device) for g in got]
-        screen(problem, shape, got, expected, when=f", timed call {i}", hint=CHANGED)
+        screen(problem, shape, got, expected, when=f"{side}, timed call {i}", hint=CHANGED)
         del got, expected
+
+
+def _hand(outbox: str, shape: int, kept: list[Kept], side: str = "") -> list[dict[str, Any]]:
+    """The kept timed calls' outputs written into the outbox for the judge, and what it needs to rebuild
+    their inputs."""
+    handed = []
+    for i, k, (offset, stride), got in kept:
+        tensorfile.write(handoff.kept_file(outbox, shape, i, side), got)
+        handed.append(
+            {"shape": shape, "call": i, "draw": k, "offset": offset, "stride": stride, "side": side}
+        )
+    return handed
 
 
 def bench(
@@ -203,28 +239,32 @@ def bench(
     repeats: int,
     warmup: int,
     torch_ops: list[str] | None = None,
+    outbox: str | None = None,
 ) -> dict:
     """Candidate and reference timed in this process, interleaved, on inputs whose contents change in
-    place between samples; the outputs of some timed calls are checked against the reference's after."""
+    place between samples; the outputs of some timed calls are checked against the reference's after:
+    by the judge, where no candidate code runs, when `outbox` is given (written there as raw bytes), else
+    here."""
     problem = Problem(problem_source)
     guard.install()  # torch as it was before the candidate, for the checks below
     cand = load_module(cand_source, "cand")
     timer = Timer(device)
-    shapes = []
+    shapes: list[dict[str, Any]] = []
+    handed: list[dict[str, Any]] = []
     steps = Steps()
     with torch.no_grad():
         for shape in problem.ladder_shapes(device, which):
             label = f"benchmark shape {shape_label(shape)}"
             ref, new, weights = build_guarded(problem, cand, shape, device)
             untouched(problem, ref, weights, label)
-            inputs = Rotation(problem, shape, device, 100)
+            inputs = Rotation(problem, shape, device, handoff.BENCH_SEED)
             live = inputs.load(0)
             steps.done("setup")
-            t0 = time.perf_counter()
+            t0 = _clock()
             got = outputs(new(*live))  # first call: Triton compiles (and autotunes) here, untimed
             if device == "cuda":
-                torch.cuda.synchronize()
-            compile_s = time.perf_counter() - t0
+                _sync()
+            compile_s = _clock() - t0
             untouched(problem, ref, weights, label)
             screen(problem, shape, got, outputs(ref(*inputs.inputs(0, inputs.mixes[0]))))
             del got
@@ -235,7 +275,7 @@ def bench(
             ref_t, new_t = [], []
             calls = timer.calls_for(lambda f=ref, a=live: f(*a), lambda f=new, a=live: f(*a))
             inputs.use_slots(calls)
-            kept: list[tuple[int, int, tuple[int, int], list[torch.Tensor]]] = []
+            kept: list[Kept] = []
             last: list[Any] = [None]
 
             def call(f: Any = new, out: list[Any] = last, r: Rotation = inputs) -> None:
@@ -244,19 +284,19 @@ def bench(
             steps.done("warmup")
 
             # the interpreter leaves garbage behind: no collection may land inside a timed call
-            gc.collect()
-            gc.disable()
+            _collect()
+            _gc_off()
             try:
                 for i in range(repeats):
                     inputs.load(i)
-                    ref_t.append(timer(lambda f=ref, r=inputs: f(*r.next()), calls))
+                    ref_t.append(timer(lambda f=ref, r=inputs: f(*r.next()), calls, side="ref"))
                     inputs.load(i)  # the reference's call may not leave the candidate anything either
-                    new_t.append(timer(call, calls))
+                    new_t.append(timer(call, calls, side="cand"))
                     if i >= repeats - len(inputs.sets) or secrets.randbelow(repeats) < CHECKED_SAMPLES:
                         kept.append((i, inputs.current, inputs.last_mix(), keep(outputs(last[0]))))
                     last[0] = None
             finally:
-                gc.enable()
+                _gc_on()
             steps.done("timed")
             if device == "cuda":
                 # one more call as timed, under the profiler: the kernels it ran, whoever launched them
@@ -274,7 +314,10 @@ def bench(
             # what the kept calls should have returned (computed only now: no expected output is in
             # memory while the candidate runs)
             untouched(problem, ref, weights, label)
-            _check_kept(problem, shape, ref, inputs, kept)
+            if outbox is None:
+                _check_kept(problem, shape, ref, inputs, kept)
+            else:
+                handed += _hand(outbox, len(shapes), kept)
             del kept
             steps.done("kept")
             (cm, ci), (rm, ri) = quartiles(new_t), quartiles(ref_t)
@@ -291,7 +334,7 @@ def bench(
                     "calls": calls,
                 }
             )
-    return {"shapes": shapes, "timer": timer.name, "steps": steps.seconds}
+    return {"shapes": shapes, "timer": timer.name, "steps": steps.seconds, "kept": handed}
 
 
 # the reference's clean times, kept for a problem's next candidates: nothing in the judge's child changes
@@ -322,53 +365,115 @@ def _alone(
     problem: Problem, shape: dict, device: str, timer: Timer, n: int, repeats: int, warmup: int
 ) -> tuple[float, float]:
     ref, _ = build(problem, None, shape, device)
-    inputs = Rotation(problem, shape, device, 100)
+    inputs = Rotation(problem, shape, device, handoff.BENCH_SEED)
     inputs.use_slots(n)
     for i in range(warmup + 1):
         ref(*inputs.load(i))
     times = []
-    gc.collect()
-    gc.disable()
+    _collect()
+    _gc_off()
     try:
         for i in range(repeats):
             inputs.load(i)
             times.append(timer(lambda f=ref, r=inputs: f(*r.next()), n))
     finally:
-        gc.enable()
+        _gc_on()
     return quartiles(times)
 
 
 def duel(
-    problem_source: str, a_source: str, b_source: str, device: str, which: str, repeats: int, warmup: int
+    problem_source: str,
+    a_source: str,
+    b_source: str,
+    device: str,
+    which: str,
+    repeats: int,
+    warmup: int,
+    torch_ops: tuple[list[str], list[str]] = ([], []),
+    outbox: str | None = None,
 ) -> dict:
     """Two candidates timed interleaved (A, B, B, A, A, B, ...: neither always goes first) on the same
-    rotating inputs; per pair, the ratio of A's time to B's (geometric mean over the rung's shapes)."""
+    rotating inputs; per pair, the ratio of A's time to B's (geometric mean over the rung's shapes), and
+    per shape each side's median. Checked like a rung, both sides: the reference and torch untouched
+    after both load and after the timing, both sides' first outputs screened and some timed calls' checked
+    afterwards, and on a GPU the kernels one timed call of each ran. Either side may have done what a
+    check finds (one can slow or break the other's calls): the duel then fails, and neither wins it. The
+    kept calls' outputs go to the judge where `outbox` is given, as a bench's."""
     problem = Problem(problem_source)
     guard.install()
     ma, mb = load_module(a_source, "cand"), load_module(b_source, "cand")
     timer = Timer(device)
     logs = [0.0] * repeats
     shapes = problem.ladder_shapes(device, which)
+    per_shape: list[dict[str, Any]] = []
+    handed: list[dict[str, Any]] = []
     with torch.no_grad():
         for shape in shapes:
-            (_, na), (_, nb) = build(problem, ma, shape, device), build(problem, mb, shape, device)
-            inputs = Rotation(problem, shape, device, 200)
+            label = f"benchmark shape {shape_label(shape)}"
+            ref, na, weights = build_guarded(problem, ma, shape, device)
+            _, nb, _ = build_guarded(problem, mb, shape, device)
+            assert na is not None and nb is not None  # built from a candidate's module
+            sides = {"A": na, "B": nb}
+            untouched(problem, ref, weights, label)
+            inputs = Rotation(problem, shape, device, handoff.DUEL_SEED)
             live = inputs.live
-            for i in range(warmup + 1):  # the first call compiles
+            for name, f in sides.items():  # the first call compiles
+                got = outputs(f(*inputs.load(0)))
+                expected = outputs(ref(*inputs.inputs(0, inputs.mixes[0])))
+                screen(problem, shape, got, expected, when=f", candidate {name}")
+                del got, expected
+            untouched(problem, ref, weights, label)
+            for i in range(warmup):
                 na(*inputs.load(i))
                 nb(*inputs.load(i))
             calls = timer.calls_for(lambda f=na, a=live: f(*a), lambda f=nb, a=live: f(*a))
             inputs.use_slots(calls)
-            gc.collect()
-            gc.disable()
+            times: dict[str, list[float]] = {"A": [], "B": []}
+            kept: dict[str, list[Kept]] = {"A": [], "B": []}
+            last: list[Any] = [None]
+            _collect()
+            _gc_off()
             try:
                 for i in range(repeats):
-                    order = (na, nb) if i % 2 == 0 else (nb, na)
-                    t = {}
-                    for f in order:
+                    for name in ("A", "B") if i % 2 == 0 else ("B", "A"):
                         inputs.load(i)
-                        t[id(f)] = timer(lambda f=f, r=inputs: f(*r.next()), calls)
-                    logs[i] += math.log(t[id(na)] / t[id(nb)]) / len(shapes)
+
+                        def call(f: Any = sides[name], out: list[Any] = last, r: Rotation = inputs) -> None:
+                            out[0] = f(*r.next())
+
+                        times[name].append(timer(call, calls, side=name))
+                        if i >= repeats - len(inputs.sets) or secrets.randbelow(repeats) < CHECKED_SAMPLES:
+                            kept[name].append((i, inputs.current, inputs.last_mix(), keep(outputs(last[0]))))
+                        last[0] = None
+                    logs[i] += math.log(times["A"][-1] / times["B"][-1]) / len(shapes)
             finally:
-                gc.enable()
-    return {"ratios": [math.exp(x) for x in logs], "timer": timer.name}
+                _gc_on()
+            if device == "cuda":
+                for (name, f), mod, ops in zip(sides.items(), (ma, mb), torch_ops, strict=True):
+                    inputs.load(repeats)
+
+                    def run(f: Any = f, out: list[Any] = last, r: Rotation = inputs) -> None:
+                        out[0] = f(*r.next())
+
+                    try:
+                        names = triton_kernel_names(mod)
+                        check_launches(run, names, allowed_aten=classes.aten_ops(ops))
+                    except guard.Violation as v:
+                        raise CandidateFault(
+                            "policy", f"{label}, candidate {name}'s timed call: {v}"
+                        ) from None
+                    kept[name].append((repeats, inputs.current, inputs.last_mix(), keep(outputs(last[0]))))
+                    last[0] = None
+            untouched(problem, ref, weights, label)
+            for name in sides:
+                if outbox is None:
+                    _check_kept(problem, shape, ref, inputs, kept[name], side=f", candidate {name}")
+                else:
+                    handed += _hand(outbox, len(per_shape), kept[name], side=name)
+            del kept
+            (am, ai), (bm, bi) = quartiles(times["A"]), quartiles(times["B"])
+            per_shape.append(
+                {"shape": shape_label(shape), "calls": calls, "a_median_s": am, "a_iqr_s": ai}
+                | {"b_median_s": bm, "b_iqr_s": bi}
+            )
+    return {"ratios": [math.exp(x) for x in logs], "timer": timer.name, "shapes": per_shape, "kept": handed}

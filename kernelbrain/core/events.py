@@ -236,6 +236,7 @@ class ShapeTiming(BaseModel):
     compile_s: float = 0.0
     calls: int = 1  # calls per timed sample (short kernels are timed in batches; medians are per call)
     ref_alone_median_s: float | None = None  # the reference alone, where no candidate ran (None: older)
+    wall_speedup: float | None = None  # the speedup on the worker's own clock (None: older)
 
 
 class RungBenchmarked(Event):
@@ -380,6 +381,7 @@ class Adjudicated(Event):
     ratio_q3: float
     outcome: Literal["a", "b", "tie"]
     timer: str
+    detail: str = ""  # why the re-measurement failed (a check either side failed, a side slowed)
 
 
 class Pruned(Event):

@@ -47,15 +47,42 @@ class GateReply(Message):
     shapes: list[str] = []  # the shapes checked (fitted to the gate's budget where the file names none)
 
 
+class KeptCall(Message):
+    """A timed call whose outputs the bench kept for the judge: the ladder shape's index, the call's
+    sample, and its inputs' contents as the bench's rotation loaded them (a drawn set and the mix of the
+    next set's values, child/timing.py's Rotation)."""
+
+    shape: int
+    call: int
+    draw: int
+    offset: int
+    stride: int
+    side: str = ""  # a duel's side ("A", "B"); a bench's: ""
+
+
 class BenchReply(Message):
     shapes: list[ShapeTiming]
     timer: str
     steps: dict[str, float] = {}  # seconds per step, summed over shapes (tools/gate_phases.py)
+    kept: list[KeptCall] = []  # the timed calls whose outputs are in the request's outbox, for the judge
+
+
+class DuelShape(Message):
+    """One shape of a duel: each side's median and IQR per call, as timed beside the other."""
+
+    shape: str
+    calls: int
+    a_median_s: float
+    a_iqr_s: float
+    b_median_s: float
+    b_iqr_s: float
 
 
 class DuelReply(Message):
     ratios: list[float]  # per interleaved pair: A's time / B's (geometric mean over the rung's shapes)
     timer: str
+    shapes: list[DuelShape] = []
+    kept: list[KeptCall] = []  # the timed calls whose outputs are in the request's outbox, for the judge
 
 
 class Signature(Message):
@@ -242,6 +269,24 @@ class BenchRequest(CandidateRequest, Request[BenchReply]):
     repeats: int
     warmup: int
     torch_ops: list[str] = []  # the classes of torch ops the candidate may run (core/torch_ops.py)
+    # where the checked timed calls' outputs go for the judge (the gate's outbox); None: checked in the
+    # child itself (a bench with no judge beside it)
+    outbox: str | None = None
+
+
+class KeptReply(Message):
+    checked: int
+
+
+class KeptRequest(ProblemRequest, Request[KeptReply]):
+    """The judge: a bench's kept timed calls' outputs, read from the outbox, against the reference's on
+    the same contents (rebuilt from the bench's seeded draws), in a process no candidate code ran in."""
+
+    op: Literal["kept"] = "kept"
+    which: Which
+    folder: str
+    kept: list[KeptCall]
+    seed: int = 100  # the rotation's first draw (core/handoff.py: BENCH_SEED, DUEL_SEED)
 
 
 class DuelRequest(ProblemRequest, Request[DuelReply]):
@@ -251,6 +296,9 @@ class DuelRequest(ProblemRequest, Request[DuelReply]):
     which: Which
     repeats: int
     warmup: int
+    a_torch_ops: list[str] = []  # the classes of torch ops each side may run (core/torch_ops.py)
+    b_torch_ops: list[str] = []
+    outbox: str | None = None  # as a bench's: where the checked timed calls' outputs go for the judge
 
 
 class AnalyseRequest(ProblemRequest, Request[AnalyseReply]):
@@ -276,6 +324,7 @@ AnyRequest = Annotated[
     | LaunchersRequest
     | ReferenceTimeRequest
     | BenchRequest
+    | KeptRequest
     | DuelRequest
     | AnalyseRequest
     | RooflineRequest

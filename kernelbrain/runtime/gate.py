@@ -26,7 +26,7 @@ from kernelbrain.core.protocol import (
     TrialReply,
     TrialRequest,
 )
-from kernelbrain.runtime import triton_cache
+from kernelbrain.runtime import scratch, triton_cache
 from kernelbrain.runtime.faults import ProblemFault, SandboxError, SandboxFault
 
 if TYPE_CHECKING:
@@ -95,29 +95,40 @@ def gate(
     box.gate_phases.update({f"trial.{k}": v for k, v in trial.steps.items()})
     if not (own_code and box.own_code_only):  # else the trial's own launchers are shared (below)
         busy_trial += build_launchers(box, trial.launchers, timeout_s, task)
+    # a child a candidate from outside ran in (or one that changed process-wide state) is stopped before
+    # the judge reads its outputs: nothing of the candidate's runs on while they are read. Its Triton
+    # cache is moved aside first, to keep what a passing trial compiled for the children that time it
+    kept = scratch.make("sandbox") if box.recycle_due and box.own_cache() is not None else None
     try:
-        handed = _handed(outbox, trial, len(drawn.shapes), request.seeds)
+        try:
+            handed = _handed(outbox, trial, len(drawn.shapes), request.seeds)
+        finally:
+            box.recycle(keep_cache=None if kept is None else kept / "triton")
+        if handed is None:
+            return GateReply(passed=False, category=trial.category, detail=trial.detail), busy + busy_trial
+        verdict, busy_judge = judge.ask(
+            JudgeRequest(
+                problem_source=request.problem_source,
+                device=request.device,
+                fits=request.fits,
+                seeds=request.seeds,
+                folder=str(draws),
+                outputs_dir=str(handed),
+            ),
+            timeout_s=timeout_s,
+            task=task,
+        )
+        box.gate_phases.update(judge=busy_judge)
+        if verdict.passed:
+            if kept is not None:
+                triton_cache.keep_compiled(kept / "triton", request.cand_source)
+            else:
+                box.keep_compiled(request.cand_source)
+            if own_code and box.own_code_only:
+                box.share_compiled()
     finally:
-        box.recycle()  # a candidate that left a thread or replaced torch: the next gets a fresh child
-    if handed is None:
-        return GateReply(passed=False, category=trial.category, detail=trial.detail), busy + busy_trial
-    verdict, busy_judge = judge.ask(
-        JudgeRequest(
-            problem_source=request.problem_source,
-            device=request.device,
-            fits=request.fits,
-            seeds=request.seeds,
-            folder=str(draws),
-            outputs_dir=str(handed),
-        ),
-        timeout_s=timeout_s,
-        task=task,
-    )
-    box.gate_phases.update(judge=busy_judge)
-    if verdict.passed:
-        box.keep_compiled(request.cand_source)
-        if own_code and box.own_code_only:
-            box.share_compiled()
+        if kept is not None:
+            scratch.remove(kept)
     box.gate_phases["wall"] = time.perf_counter() - started
     return verdict, busy + busy_trial + busy_judge
 

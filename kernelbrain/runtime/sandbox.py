@@ -6,7 +6,11 @@ own temporary directory, no core dumps and capped file sizes, and it dies with i
 `SandboxFault` with its category; the next call starts a fresh child. A check the candidate fails
 inside an op (the child's CandidateFault) is a `SandboxFault` too, with the check's category, and the
 child lives on. A warm child is reused until one faults, because importing torch and Triton costs
-seconds.
+seconds; but a
+request that runs a candidate from outside (an LLM's: `own_code` False) gets a child that has run no
+other candidate, and that child is stopped after it: code in a process can patch what every later
+request there relies on (Triton's launcher, a Tensor method) in ways no check of the namespaces sees.
+A spare child is started as such a request begins, so that the next one mostly finds a child imported.
 
 A gate runs across this child and its judge (runtime/gate.py); a bench times the reference again alone
 in the judge (runtime/reference_retiming.py).
@@ -23,6 +27,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, TypeVar
 
@@ -46,7 +51,14 @@ from kernelbrain.core.protocol import (
     RooflineRequest,
     TrialRequest,
 )
-from kernelbrain.runtime import gate, gpu_lock, isolation, reference_retiming, scratch, triton_cache
+from kernelbrain.runtime import (
+    gate,
+    gpu_lock,
+    isolation,
+    reference_retiming,
+    scratch,
+    triton_cache,
+)
 from kernelbrain.runtime.environment import child_env_allowed
 from kernelbrain.runtime.faults import ProblemFault, SandboxError, SandboxFault
 
@@ -57,6 +69,7 @@ R = TypeVar("R", bound=Message)
 # what times or profiles on the GPU: no other request may run there meanwhile (runtime/gpu_lock.py)
 TIMED = (BenchRequest, DuelRequest, ReferenceTimeRequest, RooflineRequest, NcuRequest)
 MAX_REPLY = 64 << 20  # replies are small JSON documents; more means something else wrote to the pipe
+MAX_MARKS = 1 << 20  # timed batches' marks in one reply's time (child/marks.py): 4 a pair of samples
 
 # the largest file a child may write: the judge writes a problem's drawn inputs, one file a tensor set,
 # and a trial its outputs; KernelBench's reach 8.6 GB a tensor (a 4 GiB cap failed 100_HingeLoss's
@@ -87,6 +100,33 @@ def _runs_candidate(request: Request[Any]) -> bool:
     return bool(_sources(request)) or isinstance(request, TrialRequest)
 
 
+def _end(proc: subprocess.Popen[bytes], stderr: IO[bytes] | None) -> None:
+    """Kill a child's process group and close its pipes and log."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    with contextlib.suppress(Exception):
+        proc.wait(timeout=5)
+    for f in (proc.stdin, proc.stdout, stderr):
+        with contextlib.suppress(Exception):
+            if f is not None:
+                f.close()
+
+
+@dataclass
+class _Child:
+    """A started child process and what it was started with (the spare, before it is taken)."""
+
+    proc: subprocess.Popen[bytes]
+    stderr: IO[bytes]
+    tmp: Path
+    level: isolation.Isolation
+    bound: tuple[str, ...]
+
+    def end(self) -> None:
+        _end(self.proc, self.stderr)
+        scratch.remove(self.tmp)
+
+
 def _signal_name(code: int) -> str:
     try:
         return signal.Signals(-code).name
@@ -106,7 +146,10 @@ class Sandbox:
         warm_cuda: bool = True,
         writable: tuple[str, ...] = (),
         readable: tuple[str, ...] = (),
+        fresh_untrusted: bool = True,
     ) -> None:
+        """`fresh_untrusted`: a request that runs a candidate from outside gets a child that ran no other
+        candidate, stopped after it (only tests that are not about it turn it off, to share one child)."""
         self.device = device
         self.gpu = gpu
         self.warm_cuda = warm_cuda and device == "cuda"
@@ -131,18 +174,26 @@ class Sandbox:
         # every candidate the child ran so far was kb's own template code: what it compiles may be shared
         self.own_code_only = True
         self.brought: set[str] = set()  # the Triton cache entries the child's last request found there
+        # the last request's timed batches, as the child marked them: (label, this worker's monotonic time)
+        self.marks: list[tuple[str, float]] = []
+        self.pending = b""  # what the child wrote past the frames read so far
+        self.pending_at = 0.0  # when its last part came in
+        self.fresh_untrusted = fresh_untrusted
+        self.ran_candidate = False  # the child has run some candidate's code: no place for one from outside
+        self.spare: _Child | None = None  # a child started ahead of the next candidate from outside
 
-    def _env(self) -> dict[str, str]:
+    def _env(self, tmp: Path, chosen: isolation.Isolation, spare: bool = False) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if child_env_allowed(k)}
-        assert self.tmp is not None
-        env.update(HOME=str(self.tmp), TMPDIR=str(self.tmp), PYTHONUNBUFFERED="1", PYTHONHASHSEED="0")
+        env.update(HOME=str(tmp), TMPDIR=str(tmp), PYTHONUNBUFFERED="1", PYTHONHASHSEED="0")
         if self.warm_cuda:
-            env["KB_WARM_CUDA"] = "1"  # the child makes its CUDA context while it waits (kernelbrain.child)
+            # the child makes its CUDA context while it waits (kernelbrain.child); a spare, started while
+            # another request may be timing on the GPU, at its first request, under the GPU's lock
+            env["KB_WARM_CUDA"] = "first" if spare else "1"
         env.setdefault("TRITON_CACHE_DIR", str(Path.home() / ".cache" / "kernelbrain" / "triton"))
-        if self.isolation == "bwrap":
+        if chosen == "bwrap":
             # the child writes only its own folder: a shared cache would let one candidate replace
             # another's compiled kernels
-            env.update(TRITON_CACHE_DIR=str(self.tmp / "triton"), USER="kb", LOGNAME="kb")
+            env.update(TRITON_CACHE_DIR=str(tmp / "triton"), USER="kb", LOGNAME="kb")
             env.update(TRITON_CACHE_MANAGER=triton_cache.MANAGER)
             env[TRITON_SHARED_ENV] = str(triton_cache.SHARED)
         if self.device == "cpu":
@@ -155,33 +206,52 @@ class Sandbox:
         return env
 
     def start(self) -> None:
+        """Start the child, or take the spare where it was started with the same folders."""
         if self.proc is not None:
             return
-        self.isolation = isolation.chosen()
+        spare, self.spare = self.spare, None
+        if spare is not None and (spare.bound != self._bound() or spare.proc.poll() is not None):
+            spare.end()
+            spare = None
+        child = spare or self._spawn()
+        self.proc, self.stderr, self.tmp = child.proc, child.stderr, child.tmp
+        self.isolation, self.bound = child.level, child.bound
         self.own_code_only = True
+        self.ran_candidate = False
         self.brought = set()
-        self.tmp = scratch.make("sandbox")
-        self.stderr = open(self.tmp / "stderr.log", "wb")  # noqa: SIM115 - lives as long as the child
+
+    def _bound(self) -> tuple[str, ...]:
+        return tuple(str(f) for f in (self.draws, self.outbox) if f is not None)
+
+    def _spawn(self, spare: bool = False) -> _Child:
+        chosen = isolation.chosen()
+        tmp = scratch.make("sandbox")
+        stderr = open(tmp / "stderr.log", "wb")  # noqa: SIM115 - lives as long as the child
         writable = (*self.writable, *((str(self.outbox),) if self.outbox is not None else ()))
         if log := os.environ.get("KB_EXEC_LOG"):  # the tests' count of executed requests
             Path(log).touch()
             writable = (*writable, log)
         argv = [sys.executable, "-m", "kernelbrain.child"]
-        self.bound = tuple(str(f) for f in (self.draws, self.outbox) if f is not None)
         readable = (*self.readable, *((str(self.draws),) if self.draws is not None else ()))
-        if self.isolation == "bwrap":  # the compiled kernels every child reads, read-only
+        if chosen == "bwrap":  # the compiled kernels every child reads, read-only
             triton_cache.SHARED.mkdir(parents=True, exist_ok=True)
             readable = (*readable, str(triton_cache.SHARED))
-        self.proc = subprocess.Popen(
-            isolation.wrap(self.isolation, argv, self.tmp, self.device, writable, readable),
+        proc = subprocess.Popen(
+            isolation.wrap(chosen, argv, tmp, self.device, writable, readable),
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
-            stderr=self.stderr,
-            cwd=self.tmp,
-            env=self._env(),
+            stderr=stderr,
+            cwd=tmp,
+            env=self._env(tmp, chosen, spare),
             start_new_session=True,
             preexec_fn=child_limits,
         )
+        return _Child(proc, stderr, tmp, chosen, self._bound())
+
+    def start_spare(self) -> None:
+        """Start the next child now, while the worker does other things (a torch import: seconds)."""
+        if self.spare is None:
+            self.spare = self._spawn(spare=True)
 
     def call(
         self, request: Request[R], *, timeout_s: float, task: str = "-", own_code: bool = False
@@ -191,16 +261,28 @@ class Sandbox:
         across two children (runtime/gate.py), a bench times the reference alone after it
         (runtime/reference_retiming.py). `own_code`: its candidates are kb's own template code. On a
         GPU the request holds the GPU's lock: alone where it times or profiles."""
-        if self.device != "cuda":
-            reply, busy = self._dispatch(request, timeout_s=timeout_s, task=task, own_code=own_code)
-        else:
-            with gpu_lock.held(gpu_lock.gpu_name(self.gpu), alone=isinstance(request, TIMED)):
+        try:
+            if self.device != "cuda":
                 reply, busy = self._dispatch(request, timeout_s=timeout_s, task=task, own_code=own_code)
+            else:
+                with gpu_lock.held(gpu_lock.gpu_name(self.gpu), alone=isinstance(request, TIMED)):
+                    reply, busy = self._dispatch(request, timeout_s=timeout_s, task=task, own_code=own_code)
+        finally:
+            if self.untrusted(request, own_code):  # its child goes (also where kb's side raised)
+                self.recycle_due = self.recycle_due or self.proc is not None
+                self.recycle()
+                self.start_spare()  # where the request failed before its child was taken
         return request.parse_reply(reply), busy
 
     def _dispatch(
         self, request: Request[Any], *, timeout_s: float, task: str, own_code: bool
     ) -> tuple[Message, float]:
+        self.make_room(request, own_code)
+        # their checked calls' outputs go to the judge, in the outbox (a duel's: a candidate from outside's)
+        if isinstance(request, BenchRequest) or (isinstance(request, DuelRequest) and not own_code):
+            self.start_judge()
+            if self.proc is not None and str(self.outbox) not in self.bound:
+                self.stop()  # started before the judge: it cannot write there
         if isinstance(request, GateRequest):
             return gate.gate(self, request, timeout_s=timeout_s, task=task, own_code=own_code)
         if sources := _sources(request):
@@ -210,7 +292,19 @@ class Sandbox:
             if own_code and self.own_code_only:  # what the rung's shapes compiled
                 self.share_compiled()
             return bench
+        if isinstance(request, DuelRequest):
+            return reference_retiming.duel(self, request, timeout_s=timeout_s, task=task, own_code=own_code)
         return self.ask(request, timeout_s=timeout_s, task=task, own_code=own_code)
+
+    def untrusted(self, request: Request[Any], own_code: bool) -> bool:
+        """Whether `request` runs a candidate from outside in a child of its own (stopped after it)."""
+        return self.fresh_untrusted and not own_code and _runs_candidate(request)
+
+    def make_room(self, request: Request[Any], own_code: bool) -> None:
+        """Stop a child that ran a candidate where `request` runs one from outside: it gets a child that ran
+        none (the spare, where one is up)."""
+        if self.untrusted(request, own_code) and self.ran_candidate:
+            self.stop()
 
     def own_cache(self) -> Path | None:
         """This child's own Triton cache, where it has one (bubblewrap; the others share the host's)."""
@@ -263,10 +357,19 @@ class Sandbox:
             raise RuntimeError("the gate's folders are made by start_judge(), which has not run")
         return self.draws, self.outbox
 
-    def recycle(self) -> None:
-        """Stop the child if a reply asked for a fresh one."""
+    def recycle(self, keep_cache: Path | None = None) -> None:
+        """Stop the child if a reply asked for a fresh one (or it ran a candidate from outside).
+        `keep_cache`: where its Triton cache is moved first, for the caller to keep what a passing trial
+        compiled."""
         if self.recycle_due:
             self.recycle_due = False
+            cache = self.own_cache()
+            if self.proc is not None:
+                _end(self.proc, self.stderr)  # first: nothing of the candidate's writes its cache any more
+                self.proc = None
+            if keep_cache is not None and cache is not None and cache.is_dir():
+                with contextlib.suppress(OSError):
+                    cache.rename(keep_cache)
             self.stop()
 
     def ask(
@@ -284,10 +387,17 @@ class Sandbox:
         if self.proc is not None and self.proc.poll() is not None:
             # it died after its last answer (a stray thread of an earlier candidate): not this one's fault
             self.stop()
+        untrusted = self.untrusted(request, own_code)
+        if untrusted and self.ran_candidate:  # kept from an earlier request: make_room() missed
+            self.stop()
         if self.proc is None:
             self.start()
-        if _runs_candidate(request) and not own_code:
-            self.own_code_only = False  # until this process ends
+        if untrusted:  # the next candidate from outside's child imports while this one works
+            self.start_spare()
+        if _runs_candidate(request):
+            self.ran_candidate = True
+            if not own_code:
+                self.own_code_only = False  # until this process ends
         assert self.proc and self.proc.stdin and self.proc.stdout and self.stderr
         self.stderr_mark = self.stderr.tell()
         frame = orjson.dumps({"task": task, "request": request.model_dump(mode="json")})
@@ -297,14 +407,23 @@ class Sandbox:
         except BrokenPipeError:
             raise self._fault("crash", self._died()) from None
         self.executions += 1
+        self.marks, self.pending = [], b""
+        deadline = time.monotonic() + timeout_s
         try:
-            reply = Reply.model_validate(self._read(time.monotonic() + timeout_s, timeout_s))
+            while True:
+                document, when = self._read(deadline, timeout_s)
+                if not (isinstance(document, dict) and document.keys() == {"mark"}):
+                    break
+                if len(self.marks) >= MAX_MARKS:
+                    raise self._fault("crash", f"the child sent over {MAX_MARKS} batch marks")
+                self.marks.append((str(document["mark"]), when))
+            reply = Reply.model_validate(document)
             result = None if reply.result is None else request.parse_reply(reply.result)
         except ValidationError:
             raise self._fault(
                 "crash", "the child sent a malformed reply (candidate code wrote to the protocol pipe)"
             ) from None
-        if reply.recycle:
+        if reply.recycle or untrusted:  # a tainted child, or one a candidate from outside ran in
             self.recycle_due = True
             if not hold:
                 self.recycle()
@@ -316,37 +435,36 @@ class Sandbox:
             raise SandboxError(f"{request.op} failed inside the sandbox: {detail}\n{trace or ''}")
         return result, reply.busy_s
 
-    def _read(self, deadline: float, timeout_s: float) -> object:
-        """The child's next frame, as the JSON document it holds."""
+    def _read(self, deadline: float, timeout_s: float) -> tuple[object, float]:
+        """The child's next frame, as the JSON document it holds, and this worker's monotonic clock when
+        its last byte came in (a batch mark's time: child/marks.py)."""
         assert self.proc and self.proc.stdout
         fd = self.proc.stdout.fileno()
-        buf = b""
-        need = HEADER.size
-        header_done = False
         while True:
+            if len(self.pending) >= HEADER.size:
+                size = HEADER.unpack(self.pending[: HEADER.size])[0]
+                if size > MAX_REPLY:
+                    raise self._fault(
+                        "crash", f"the child announced a {size}-byte reply: the protocol was corrupted"
+                    )
+                need = HEADER.size + size
+                if len(self.pending) >= need:
+                    frame, self.pending = self.pending[HEADER.size : need], self.pending[need:]
+                    try:
+                        return orjson.loads(frame), self.pending_at
+                    except orjson.JSONDecodeError as e:
+                        raise self._fault("crash", f"the child sent a malformed reply: {e}") from None
             left = deadline - time.monotonic()
             if left <= 0:
                 raise self._fault("timeout", f"no answer within {timeout_s:g} s; the child was killed")
             ready, _, _ = select.select([fd], [], [], min(left, 1.0))
             if not ready:
                 continue
-            chunk = os.read(fd, max(need - len(buf), 1 << 16))
+            chunk = os.read(fd, 1 << 16)
+            self.pending_at = time.monotonic()
             if not chunk:
                 raise self._fault("crash", self._died())
-            buf += chunk
-            if not header_done and len(buf) >= HEADER.size:
-                size = HEADER.unpack(buf[: HEADER.size])[0]
-                if size > MAX_REPLY:
-                    raise self._fault(
-                        "crash", f"the child announced a {size}-byte reply: the protocol was corrupted"
-                    )
-                need = HEADER.size + size
-                header_done = True
-            if header_done and len(buf) >= need:
-                try:
-                    return orjson.loads(buf[HEADER.size : need])
-                except orjson.JSONDecodeError as e:
-                    raise self._fault("crash", f"the child sent a malformed reply: {e}") from None
+            self.pending += chunk
 
     def _died(self) -> str:
         assert self.proc
@@ -373,8 +491,11 @@ class Sandbox:
         return SandboxFault(category, detail)
 
     def close(self) -> None:
-        """Stop the child and its judge, and remove the judge's draws."""
+        """Stop the child, its spare and its judge, and remove the judge's draws."""
         self.stop()
+        if self.spare is not None:
+            self.spare.end()
+            self.spare = None
         if self.judge is not None:
             self.judge.close()
             self.judge = None
@@ -386,16 +507,7 @@ class Sandbox:
     def stop(self) -> None:
         """Stop the child (after a fault, or to recycle it); a judge lives on: no candidate ran there."""
         if self.proc is not None:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            with contextlib.suppress(Exception):
-                self.proc.wait(timeout=5)
-            for f in (self.proc.stdin, self.proc.stdout):
-                with contextlib.suppress(Exception):
-                    if f is not None:
-                        f.close()
-            if self.stderr is not None:
-                self.stderr.close()
+            _end(self.proc, self.stderr)
             self.proc = None
         if self.tmp is not None:
             scratch.remove(self.tmp)

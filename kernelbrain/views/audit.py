@@ -71,10 +71,11 @@ def audit(state: RunState, candidate: str | None = None) -> str:
             f"  rung {rung} ({spec.shapes} shapes, {spec.repeats} repeats, {r.timer}): score {r.score:.4g}"
         )
         for s in r.shapes:
+            wall = "" if s.wall_speedup is None else f" ({s.wall_speedup:.3g}x on the worker's clock)"
             lines.append(
                 f"    {s.shape}: {fmt_s(s.cand_median_s)} (IQR {fmt_s(s.cand_iqr_s)}) vs reference "
                 f"{fmt_s(s.ref_median_s)} (IQR {fmt_s(s.ref_iqr_s)}) over {s.repeats} repeats: "
-                f"{s.speedup:.3g}x"
+                f"{s.speedup:.3g}x{wall}"
             )
         if rung in c.promotions:
             p = c.promotions[rung]

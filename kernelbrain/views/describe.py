@@ -85,6 +85,7 @@ def summary(e: Event) -> str:
             return (
                 f"adjudicated rung {d.rung} {d.a} vs {d.b} over {d.pairs} interleaved pairs: time ratio "
                 f"{d.ratio_median:.3g} (IQR {d.ratio_q1:.3g}-{d.ratio_q3:.3g}) -> {d.outcome}"
+                + (f" ({d.detail})" if d.detail else "")
             )
         case "RunFinished":
             return f"run finished: {d.reason}; winner {d.winner or 'none'}{'; ' + d.note if d.note else ''}"

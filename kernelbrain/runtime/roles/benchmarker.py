@@ -6,8 +6,8 @@ from __future__ import annotations
 import time
 
 from kernelbrain.core.events import Adjudicated, BenchmarkFailed, Event, GateCategory, RungBenchmarked
-from kernelbrain.core.protocol import BenchReply, BenchRequest, DuelRequest
-from kernelbrain.core.scoring import DUEL_PAIRS, adjudicate, score
+from kernelbrain.core.protocol import BenchReply, BenchRequest, DuelReply, DuelRequest
+from kernelbrain.core.scoring import DUEL_PAIRS, adjudicate, reference_moved, score
 from kernelbrain.core.state import RunState
 from kernelbrain.runtime.role import CandidateRole, Task
 from kernelbrain.store import NewEvent
@@ -15,6 +15,8 @@ from kernelbrain.store import NewEvent
 
 class BenchmarkerRole(CandidateRole[BenchReply]):
     name = "benchmarker"
+    # its child writes the checked timed calls' outputs where the judge reads them: both start together
+    warms_judge = True
 
     def wants_warm(self, state: RunState) -> bool:
         """Once candidates are proposed: a run whose problem fails its analysis, or that no template
@@ -60,6 +62,8 @@ class BenchmarkerRole(CandidateRole[BenchReply]):
             which=rung.shapes,
             repeats=max(DUEL_PAIRS, 2 * rung.repeats),
             warmup=rung.warmup,
+            a_torch_ops=self.torch_classes(state, task.candidate),
+            b_torch_ops=self.torch_classes(state, task.rival),
         )
         own_code = all(state.candidates[c].proposal.own_code for c in (task.candidate, task.rival))
         asked = self.consult(
@@ -70,12 +74,15 @@ class BenchmarkerRole(CandidateRole[BenchReply]):
             started=t0,
             own_code=own_code,
         )
-        if asked.reply is not None:
+        slowed = None if asked.reply is None else self.slowed(state, task, asked.reply)
+        if asked.reply is not None and slowed is None:
             outcome, med, q1, q3 = adjudicate(asked.reply.ratios)
-            timer, pairs = asked.reply.timer, len(asked.reply.ratios)
+            timer, pairs, detail = asked.reply.timer, len(asked.reply.ratios), ""
         else:
-            # the pair cannot be re-measured (each ran alone before): do not rank them on noise
+            # the pair cannot be re-measured (each ran alone before), or one side slowed the other (either
+            # could have done what a check found): neither wins it, nor are they ranked on noise
             outcome, med, q1, q3, timer, pairs = "tie", 1.0, 1.0, 1.0, "failed", 0
+            detail = slowed or asked.line
         event = Adjudicated(
             rung=task.rung,
             a=task.candidate,
@@ -86,8 +93,33 @@ class BenchmarkerRole(CandidateRole[BenchReply]):
             ratio_q3=q3,
             outcome=outcome,
             timer=timer,
+            detail=detail,
         )
         return self.with_charge(state, task, event, asked)
+
+    @staticmethod
+    def slowed(state: RunState, task: Task, reply: DuelReply) -> str | None:
+        """A side that ran slower in the duel than in its own rung (timed where its rival never ran), past
+        the bound a reference slowed beside a candidate has: its rival slowed it (a patch of something
+        they share, one that undoes itself before the checks). None where neither moved."""
+        assert task.candidate is not None and task.rival is not None and task.rung is not None
+        pair = ((task.candidate, task.rival), (task.rival, task.candidate))
+        for side, (cid, rival) in zip(("a", "b"), pair, strict=True):
+            result = state.candidates[cid].results.get(task.rung)
+            alone = {s.shape: s for s in result.shapes} if result is not None else {}
+            for d in reply.shapes:
+                clean = alone.get(d.shape)
+                if clean is None:
+                    continue
+                median, iqr = (d.a_median_s, d.a_iqr_s) if side == "a" else (d.b_median_s, d.b_iqr_s)
+                device = state.config.device
+                moved = reference_moved(median, iqr, clean.cand_median_s, clean.cand_iqr_s, device)
+                if moved is not None:
+                    return (
+                        f"{cid} ran {moved:.2f}x slower beside {rival} ({median:.3g} s) than in its own rung "
+                        f"({clean.cand_median_s:.3g} s) at {d.shape}: its rival slowed it"
+                    )
+        return None
 
     def on_result(self, task: Task, r: BenchReply) -> Event:
         assert task.candidate is not None and task.rung is not None
