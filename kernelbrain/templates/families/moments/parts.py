@@ -103,14 +103,18 @@ def _moments_map(
     tl.store(y_ptr + at, y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
-def _moments_tile(n, block):
+def _moments_tile(n: int, block: int) -> tuple[int, int]:
     """(rows, columns) of a tile of `block` elements over rows of n: as wide as a row needs, the rest of
     the block in rows."""
     cols = min(block, triton.next_power_of_2(n))
     return max(1, block // cols), cols
 
 
-def _moments_map_launch(x, y, mean, rstd, w, b, c_, s_, sn, cg, eps, var, block, num_warps):
+def _moments_map_launch(
+    x: torch.Tensor, y: torch.Tensor, mean: torch.Tensor, rstd: torch.Tensor, w: torch.Tensor | None,
+    b: torch.Tensor | None, c_: int, s_: int, sn: int, cg: int, eps: float, var: bool, block: int,
+    num_warps: int,
+) -> None:  # fmt: skip
     rows, cols = _moments_tile(s_, block)
     r_ = x.numel() // max(s_, 1)
     _moments_map[(triton.cdiv(r_, rows), triton.cdiv(s_, cols))](
