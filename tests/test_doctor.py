@@ -24,7 +24,7 @@ from tests.kbcli import kb, kb_env
 from tests.llm_server import LLMServer, closed_port
 
 ROOT = Path(__file__).resolve().parents[1]
-NAMES = ["kb", "torch", "gpu", "triton", "ncu", "sqlite", "sandbox", "llm"]
+NAMES = ["kb", "torch", "gpu", "triton", "ncu", "sqlite", "sandbox", "limits", "llm"]
 
 
 def bare_env(tmp_path: Path, **extra: str) -> dict[str, str]:

@@ -256,16 +256,16 @@ def test_the_reference_runs_once_a_draw_for_all_of_a_problems_candidates(
 
     problem = counting_problem(log)
     assert gate_on(problem, GOOD)["passed"] is True
-    assert runs() == 3  # one reference run a seed
+    assert runs() == 4  # one float64 reference run a seed, and one where the wide draw's span is searched
     # a candidate that mutates its inputs mutates copies: the memo's draws stay as drawn
     r = gate_on(problem, candidate("mutates_input"))
     assert r["category"] == "policy" and "mutated its inputs" in r["detail"], r
     assert gate_on(problem, candidate("exp_only"))["category"] == "mismatch"
     assert gate_on(problem, GOOD)["passed"] is True
-    assert runs() == 3
+    assert runs() == 4
     # another problem is drawn and run anew
     assert gate_on(counting_problem(log, dim=136), GOOD)["passed"] is True
-    assert runs() == 6
+    assert runs() == 8
 
 
 def test_truth_past_the_judges_budget_is_recomputed_for_each_candidate(
@@ -285,11 +285,11 @@ def test_truth_past_the_judges_budget_is_recomputed_for_each_candidate(
 
     try:
         assert gate_on(GOOD)["passed"] is True
-        assert log.read_text().count("ref64") == 6  # 3 seeds drawn, then 3 judged
+        assert log.read_text().count("ref64") == 7  # the span searched, 3 seeds drawn, then 3 judged
         assert gate_on(candidate("exp_only"))["category"] == "mismatch"
-        assert log.read_text().count("ref64") == 7  # judged up to its first wrong seed
+        assert log.read_text().count("ref64") == 8  # judged up to its first wrong seed
         assert gate_on(GOOD)["passed"] is True
-        assert log.read_text().count("ref64") == 10
+        assert log.read_text().count("ref64") == 11
     finally:
         box.close()
 

@@ -9,6 +9,7 @@ sabotage the reference nor return the truth it found in memory.
 from __future__ import annotations
 
 import copy
+import math
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -16,8 +17,8 @@ import torch
 
 from kernelbrain.child import guard, tensorfile
 from kernelbrain.child.analysis import record_calls
+from kernelbrain.child.draws import SPANS, UPWARD, span_limit, variant
 from kernelbrain.child.loading import (
-    SPANS,
     CandidateFault,
     Problem,
     construct,
@@ -26,9 +27,8 @@ from kernelbrain.child.loading import (
     outputs,
     signature,
     to_device,
-    variant,
 )
-from kernelbrain.child.tolerance import REFERENCE_MULTIPLE, compare
+from kernelbrain.child.tolerance import REFERENCE_MULTIPLE, compare, same_as_reference
 from kernelbrain.core import handoff
 from kernelbrain.core.problem import shape_label
 from kernelbrain.core.protocol import DrawsReply, DrawsRequest, GateReply, JudgeRequest, Signature
@@ -61,8 +61,17 @@ _KEPT: dict[tuple[str, str, int, str, int], Drawn] = {}
 
 
 def _finite_where_truth_is(t: Truth) -> bool:
+    if len(t.native) != len(t.truth):
+        return True  # the count is the comparison's to refuse
     pairs = zip(t.native, t.truth, strict=True)
     return all(bool((torch.isfinite(n) | ~torch.isfinite(x)).all()) for n, x in pairs)
+
+
+def _nonfinite(ref: torch.nn.Module, inputs: list[Any]) -> int:
+    """How many of the reference's outputs at its own dtype are not finite on these inputs."""
+    with torch.no_grad():
+        native = outputs(ref(*[layout_copy(x) for x in inputs]))
+    return sum(int((~torch.isfinite(n)).sum()) for n in native)
 
 
 def _truth(ref: torch.nn.Module, inputs: list[Any], device: str) -> Truth:
@@ -73,18 +82,54 @@ def _truth(ref: torch.nn.Module, inputs: list[Any], device: str) -> Truth:
     return Truth(truth, [n.detach() for n in native])
 
 
+Draw = tuple[list[Any], Truth]
+PROBE = 2  # the wide seed the spans are searched on
+
+
+def _try(ref: torch.nn.Module, own: list[Any], device: str, seed: int, spans: list[float]) -> Draw:
+    inputs = [to_device(x, device) for x in variant(own, seed, spans)]
+    return inputs, _truth(ref, inputs, device)
+
+
+def _spans(problem: Problem, ref: torch.nn.Module, shape: dict[str, Any], device: str) -> list[float]:
+    """Each input's span (kernelbrain/child/draws.py), searched on the wide seed PROBE's draw. Where the
+    reference is finite wherever the float64 truth is at SPANS[0] (else the seeds' draws narrow it down
+    SPANS), each floating-point input's goes up through UPWARD, the others held, while the reference at
+    its own dtype has no more non-finite outputs than there: one run of the reference a step, no float64
+    (cheap: it runs on the fitted gate shape, once a problem)."""
+    own = problem.inputs(shape, PROBE, device)
+    spans = [SPANS[0]] * len(own)
+    inputs = [to_device(x, device) for x in variant(own, PROBE, spans)]
+    if not _finite_where_truth_is(_truth(ref, inputs, device)):
+        return spans
+    allowed = _nonfinite(ref, inputs)  # where the truth is not finite either (a log of negatives)
+    for i, x in enumerate(own):
+        if not (isinstance(x, torch.Tensor) and x.is_floating_point()):
+            continue
+        for up in UPWARD:
+            if up > span_limit(x.dtype):
+                break
+            wider = [*spans[:i], up, *spans[i + 1 :]]
+            if _nonfinite(ref, [to_device(y, device) for y in variant(own, PROBE, wider)]) > allowed:
+                break
+            spans = wider
+    return spans
+
+
 def _draw(
-    problem: Problem, ref: torch.nn.Module, shape: dict[str, Any], device: str, seed: int
-) -> tuple[list[Any], Truth]:
-    """A seed's inputs at a gate shape and their truth. A wide-range seed takes the widest span on which
-    the reference stays finite wherever the truth is."""
+    problem: Problem, ref: torch.nn.Module, shape: dict[str, Any], device: str, seed: int, spans: list[float]
+) -> Draw:
+    """A seed's inputs at a gate shape and their truth, within the inputs' spans; where this draw takes
+    the reference past finite (another seed than the probe's), spans narrowed down SPANS."""
     own = problem.inputs(shape, seed, device)
-    for span in SPANS if seed and seed % 2 == 0 else SPANS[:1]:
-        inputs = [to_device(x, device) for x in variant(own, seed, span)]
-        truth = _truth(ref, inputs, device)
-        if len(truth.native) != len(truth.truth) or _finite_where_truth_is(truth):
+    if seed == 0:
+        inputs = [to_device(x, device) for x in own]
+        return inputs, _truth(ref, inputs, device)
+    for cap in (math.inf, *SPANS):
+        drawn = _try(ref, own, device, seed, [min(s, cap) for s in spans])
+        if _finite_where_truth_is(drawn[1]):
             break
-    return inputs, truth
+    return drawn
 
 
 def _stats(folder: str) -> dict[str, tuple[int, int]]:
@@ -118,8 +163,9 @@ def draws(request: DrawsRequest) -> DrawsReply:
         refs.append(ref)
         state = {k: v.detach() for k, v in ref.state_dict().items()}
         torch.save({"init": init, "state": state}, handoff.init_file(folder, i))
+        spans = _spans(problem, ref, shape, device) if seeds > 1 else []
         for seed in range(seeds):
-            inputs, truth = _draw(problem, ref, shape, device, seed)
+            inputs, truth = _draw(problem, ref, shape, device, seed, spans)
             torch.save(inputs, handoff.inputs_file(folder, i, seed))
             prints[(i, seed)] = draw_digest(inputs)
             if seed == 0:  # traced on a copy of the problem's own draw: no second draw for it
@@ -214,11 +260,10 @@ def _judge(problem: Problem, drawn: Drawn, device: str, seeds: int, handed: Path
                 )
             previous = (got, expected)
             for k, (g, e) in enumerate(zip(got, expected, strict=True)):
-                if g.shape != e.shape:
-                    raise CandidateFault(
-                        "mismatch", f"output {k} has shape {tuple(g.shape)}, expected {tuple(e.shape)}"
-                    )
-                tol = problem.tolerance_of(g.dtype)
+                same_as_reference(k, g, draw.native[k])
+                tol = problem.tolerance_of(
+                    draw.native[k].dtype
+                )  # the reference's dtype, never the candidate's
                 c = compare(g, e, draw.native[k], tol)
                 if c.unwritten:
                     raise CandidateFault(

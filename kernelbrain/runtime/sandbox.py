@@ -46,7 +46,7 @@ from kernelbrain.core.protocol import (
     RooflineRequest,
     TrialRequest,
 )
-from kernelbrain.runtime import gate, gpu_lock, isolation, reference_retiming, scratch, triton_cache
+from kernelbrain.runtime import gate, gpu_lock, isolation, limits, reference_retiming, scratch, triton_cache
 from kernelbrain.runtime.environment import child_env_allowed
 from kernelbrain.runtime.faults import ProblemFault, SandboxError, SandboxFault
 
@@ -304,6 +304,8 @@ class Sandbox:
             raise self._fault(
                 "crash", "the child sent a malformed reply (candidate code wrote to the protocol pipe)"
             ) from None
+        if why := limits.over_folder(self.tmp):  # its folder past the cap: stopped, the folder removed
+            raise self._fault("policy", why)
         if reply.recycle:
             self.recycle_due = True
             if not hold:

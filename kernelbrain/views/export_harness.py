@@ -168,14 +168,11 @@ def _kb_check(problem, ref, new, shape, device, seeds):
             if len(got) != len(expected):
                 return False, worst, tol, f"{len(got)} outputs, the reference returns {len(expected)}"
             for i, (g, e) in enumerate(zip(got, expected, strict=True)):
-                if g.shape != e.shape:
-                    return (
-                        False,
-                        worst,
-                        tol,
-                        f"output {i} has shape {tuple(g.shape)}, expected {tuple(e.shape)}",
-                    )
-                tol = problem.tolerance.get(str(g.dtype).removeprefix("torch."), 1e-4)
+                if (g.dtype, g.shape) != (native[i].dtype, native[i].shape):  # before any error: as kb's gate
+                    want = f"{str(native[i].dtype).removeprefix('torch.')} {tuple(native[i].shape)}"
+                    have = f"{str(g.dtype).removeprefix('torch.')} {tuple(g.shape)}"
+                    return False, worst, tol, f"output {i} is {have}; the reference returns {want}"
+                tol = problem.tolerance.get(str(native[i].dtype).removeprefix("torch."), 1e-4)
                 failed, err = _kb_within(g, e, native[i], tol, problem.reference_multiple)
                 worst = max(worst, err)
                 if failed:
