@@ -9,11 +9,11 @@
 - Even seeds: wide-range, signed, magnitudes log-uniform from 1e-2 to the input's span: every decade in
   between equally often.
 
-An input's span is how far the reference stays finite (the judge searches it, `kernelbrain/child/judge.py`):
-first the widest of `SPANS` on which the reference, all inputs at once, is finite wherever the float64
-truth is; from 100 then each floating-point input in turn upward through `UPWARD`, the others held, up to
-what its dtype holds (`span_limit`). A softmax reaches float32's range, a GEMM's operands 1e16 (their
-products summed over K stay finite), an RMSNorm's 1e16 (squares), a fixed `exp(x - 60)` overflows at once.
+An input's span is how far the reference stays finite and right (the judge searches it,
+`kernelbrain/child/judge.py`): the widest of `SPANS` on which the reference, all inputs at once, is finite
+wherever the float64 truth is; from 100, each floating-point input's upward through `UPWARD`, the others
+held, up to what its dtype holds (`span_limit`) and while the reference errs no more than there, then
+divided by `HEADROOM`. A softmax's reaches 1e32, an RMSNorm's 1e10; a fixed `exp(x - 60)` overflows.
 """
 
 from __future__ import annotations
@@ -27,8 +27,17 @@ import torch
 SPANS = (100.0, 30.0, 10.0, 3.0, 1.0)
 # then each input's span upward, as long as the reference stays finite (squares: few reference runs)
 UPWARD = (1e4, 1e8, 1e16, 1e32, 1e38)
+# an honest kernel's intermediates may run past the reference's by its number of terms (a flash
+# attention's unnormalised P V sums up to a key count of values; the reference normalises first): the
+# spans found are divided by this, never below SPANS[0]
+HEADROOM = 1e6
 PARETO_ALPHA = 1.0
 LOWEST = 1e-2  # the wide draws' smallest magnitude
+
+
+def is_wide(seed: int) -> bool:
+    """Whether a seed's draw is the wide-range one (its values reach the span)."""
+    return seed > 0 and seed % 2 == 0
 
 
 def span_limit(dtype: torch.dtype) -> float:

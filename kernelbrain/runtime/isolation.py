@@ -174,6 +174,8 @@ def bwrap_command(
     else:
         cmd += ["--unshare-all"]
     # a fresh /tmp first: what is bound below may live under the host's /tmp (a --target install)
+    if limit is not None and limit.uid is not None:
+        cmd += ["--perms", "1777"]  # made by root: open to the child's own uid, as a /tmp is
     if limit is not None and limit.folder_bytes and bwrap_sizes():
         cmd += ["--size", str(limit.folder_bytes)]
     cmd += ["--tmpfs", "/tmp", "--dev", "/dev", "--proc", "/proc"]
@@ -254,11 +256,14 @@ def wrap(
 
 
 def _hand_over(uid: int, tmp: Path, writable: tuple[str, ...]) -> None:
-    """The folders and files a child of its own uid writes become its own (the worker, root, still reads
-    and removes them)."""
+    """The folders a child of its own uid writes become its own (the worker, root, still reads and removes
+    them; one worker's children share its uid); a file kb has the children of several workers append to
+    (the tests' execution log) is left writable by all."""
     for path in (str(tmp), *writable):
-        if os.path.exists(path):
+        if os.path.isdir(path):
             os.chown(path, uid, uid, follow_symlinks=False)
+        elif os.path.isfile(path):
+            os.chmod(path, 0o666)
 
 
 def exit_signal(level: Isolation, code: int) -> int | None:

@@ -20,6 +20,7 @@
   (`over_folder`); files are capped at `FILE_CAP` (the judge writes a full-size problem's inputs).
 
 `KB_SANDBOX_MEMORY_GIB`, `KB_SANDBOX_PROCESSES` and `KB_SANDBOX_FOLDER_GIB` change them; 0 lifts one.
+`KB_SANDBOX_OWN_UID=0` keeps a root worker's children root (`kb doctor` warns).
 """
 
 from __future__ import annotations
@@ -73,8 +74,10 @@ def cgroup_version() -> str:
 
 
 def own_uid(isolation: str) -> bool:
-    """Whether a child at this isolation runs as a uid of its own (kb is root, under bubblewrap)."""
-    return isolation == "bwrap" and os.geteuid() == 0
+    """Whether a child at this isolation runs as a uid of its own (kb is root, under bubblewrap, and
+    KB_SANDBOX_OWN_UID is not 0: Nsight Compute's counters want root where the driver restricts them)."""
+    wanted = os.environ.get("KB_SANDBOX_OWN_UID", "1").strip() != "0"
+    return wanted and isolation == "bwrap" and os.geteuid() == 0
 
 
 def chosen(device: str, isolation: str, uid: int | None = None) -> Limits:

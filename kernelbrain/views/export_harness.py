@@ -132,9 +132,10 @@ def _kb_outputs(out):
 
 
 def _kb_within(got, truth, native, tol, multiple):
-    """(elements failed, max abs err): kb's tolerance rule (kernelbrain/child/tolerance.py). An element
-    passes within tol + tol |truth| or within `multiple` x the reference's own error there (floored at
-    its median), where the reference runs at its own dtype and the truth in float64."""
+    """(elements failed, max abs err at the truth's scale): kb's tolerance rule (kernelbrain/child/
+    tolerance.py). An element passes within tol + tol |truth| or within `multiple` x the reference's own
+    error there (floored at its median), where the reference runs at its own dtype and the truth in
+    float64. The error is absolute where |truth| <= 1, relative above."""
     import torch
 
     g, t = got.detach().to(torch.float64), truth.to(torch.float64)
@@ -144,7 +145,7 @@ def _kb_within(got, truth, native, tol, multiple):
     floor = float(ref_err[finite].median()) if bool(finite.any()) else 0.0
     bound = torch.maximum(tol + tol * t.abs(), multiple * ref_err.clamp_min(floor))
     ok = ~finite | (err <= bound)
-    err = err.masked_fill(~finite, 0)
+    err = err.masked_fill(~finite, 0) / t.abs().clamp_min(1.0)  # absolute where |t| <= 1, relative above
     return int((~ok).sum()), float(err.max()) if err.numel() else 0.0
 
 
