@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 
@@ -45,11 +46,11 @@ def span_limit(dtype: torch.dtype) -> float:
     return min(1e38, float(torch.finfo(dtype).max) / 2)
 
 
-def _spans(inputs: list, span: float | Sequence[float]) -> list[float]:
+def _spans(inputs: list[Any], span: float | Sequence[float]) -> list[float]:
     return [float(span)] * len(inputs) if isinstance(span, int | float) else [float(s) for s in span]
 
 
-def variant(inputs: list, seed: int, span: float | Sequence[float] = SPANS[0]) -> list:
+def variant(inputs: list[Any], seed: int, span: float | Sequence[float] = SPANS[0]) -> list[Any]:
     """The draw of `seed` (module docstring) from the problem's own `inputs`; `span`: the largest magnitude,
     one for all inputs or one an input."""
     if seed == 0:

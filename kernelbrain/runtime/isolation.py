@@ -137,9 +137,9 @@ def etc_entries() -> list[str]:
             continue
         if mode & 0o004 and (not path.is_dir() or mode & 0o001):
             shown.append(str(path))
-    for path in sorted(glob.glob("/etc/python3*")):  # Debian's sitecustomize links here
-        if os.stat(path).st_mode & 0o005 == 0o005:
-            shown.append(path)
+    for found in sorted(glob.glob("/etc/python3*")):  # Debian's sitecustomize links here
+        if os.stat(found).st_mode & 0o005 == 0o005:
+            shown.append(found)
     return shown
 
 
