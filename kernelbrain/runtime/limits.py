@@ -126,7 +126,7 @@ def describe(limits: Limits) -> str:
     if limits.uid_per_worker:
         uid = f"uid {limits.uid} + the worker's pid"
     if limits.uid is None and os.geteuid() == 0:
-        uid = "uid 0 (root: no uid of its own below bubblewrap)"
+        uid = "uid 0 (kb is root, and so are its children: no bubblewrap, or KB_SANDBOX_OWN_UID=0)"
     procs = (
         f"{limits.processes} processes and threads (RLIMIT_NPROC of its uid)"
         if limits.processes
