@@ -10,8 +10,8 @@
   RLIMIT_AS, which counts address space: CUDA reserves tens of GiB of it, and torch's CUDA init fails
   under any cap on it. cgroup v2 would count page cache and shared memory too; this machine's cgroups are
   v1, and a process may not enable controllers in a v2 cgroup it sits in, so the rlimit it is.
-  `MEMORY` per device: the CPU children check and time shapes fitted to 256 KiB (a torch import is
-  ~0.5 GiB of it), a GPU child copies full-size outputs to the host.
+  `MEMORY` per device: the CPU children check and time shapes fitted to 256 KiB (a child that gated one
+  holds 0.25 GiB), a GPU child copies full-size outputs to the host.
 - **processes.** RLIMIT_NPROC of the children's own uid (threads count: torch starts one a core; a
   gate's judge and candidate child count together). Only where the child has a uid of its own: otherwise
   it would count every process of the worker's user.
