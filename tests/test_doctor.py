@@ -24,7 +24,7 @@ from tests.kbcli import kb, kb_env
 from tests.llm_server import LLMServer, closed_port
 
 ROOT = Path(__file__).resolve().parents[1]
-NAMES = ["kb", "torch", "gpu", "triton", "ncu", "sqlite", "sandbox", "llm"]
+NAMES = ["kb", "torch", "gpu", "triton", "ncu", "sqlite", "sandbox", "limits", "llm"]
 
 
 def bare_env(tmp_path: Path, **extra: str) -> dict[str, str]:
@@ -66,9 +66,19 @@ def test_this_machine(tmp_path: Path) -> None:
 
 
 def test_the_sandbox_check_names_the_strongest_isolation_that_works() -> None:
-    sb = doctor_json(kb_env())["sandbox"]
+    checks = doctor_json(kb_env())
+    sb = checks["sandbox"]
     want = next(level for level in isolation.LEVELS if isolation.usable(level))
     assert sb["facts"]["isolation"] == want and sb["status"] == ("ok" if want == "bwrap" else "warn"), sb
+    # and the limits a child starts with, each named (runtime/limits.py)
+    lim = checks["limits"]
+    for words in ("uid", "memory", "RLIMIT_DATA", "folder", "files"):
+        assert words in lim["detail"], lim
+    assert lim["facts"]["memory_bytes"] > 0 and lim["facts"]["file_bytes"] > 0, lim
+    if want == "bwrap":
+        assert "/etc/ld.so.cache" in lim["facts"]["etc"] and "/etc/shadow" not in lim["facts"]["etc"], lim
+        if os.geteuid() == 0:  # a uid of its own, and a process cap on it
+            assert lim["status"] == "ok" and lim["facts"]["uid_per_worker"] and lim["facts"]["processes"], lim
 
 
 def test_a_weaker_sandbox_is_named_with_its_fix(tmp_path: Path) -> None:

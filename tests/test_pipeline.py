@@ -65,6 +65,15 @@ def test_workers_ran_as_separate_processes(finished_run):
     assert len(pids) == 5
 
 
+def test_the_run_records_its_sandboxs_limits(finished_run):
+    db, run_id, _, _ = finished_run
+    with EventStore(db, create=False) as store:
+        started = next(e.payload for e in store.iter_events(run_id=run_id) if e.type == "RunStarted")
+    limits = started["hardware"]["limits"]
+    assert limits["memory_bytes"] > 0 and limits["file_bytes"] > 0 and limits["memory_by"] == "RLIMIT_DATA"
+    assert {"uid", "processes", "folder_bytes", "cgroup"} <= set(limits)
+
+
 def test_status_ls_and_events(finished_run):
     db, run_id, _, _ = finished_run
     status = json.loads(kb("status", run_id, "--db", str(db), "--json").stdout)

@@ -55,7 +55,11 @@ NOTES: dict[tuple[str, str], str] = {
     ("RunStarted", "problem_path"): "absolute path of the problem file at the start",
     ("RunStarted", "problem_name"): "the file's stem",
     ("RunStarted", "config"): "the run's settings (RunConfig below)",
-    ("RunStarted", "hardware"): "host, machine, CPU count, Python; GPUs from nvidia-smi where present",
+    ("RunStarted", "hardware"): (
+        "host, machine, CPU count, Python; GPUs from nvidia-smi where present; `sandbox`, the isolation; "
+        "`limits`, the children's limits (`runtime/limits.py` `Limits`: uid, memory, processes, folder and "
+        "file caps; absent from logs older than them)"
+    ),
     ("RunStarted", "versions"): "kernelbrain, torch, triton, pydantic, sqlite-utils, pysqlite3, SQLite",
     ("RunResumed", "attempt"): "1 for the first resume, then 2, ...",
     ("RunResumed", "hardware"): "as in RunStarted, of the machine that resumed",

@@ -73,6 +73,9 @@ def _warm() -> None:
 
 
 def main() -> None:
+    from kernelbrain.child import limits
+
+    limits.apply(sys.argv)  # its memory and process caps, and its own uid: before anything else runs
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the worker decides when we stop
     out = os.fdopen(os.dup(1), "wb", buffering=0)
     os.dup2(2, 1)

@@ -9,6 +9,7 @@ sabotage the reference nor return the truth it found in memory.
 from __future__ import annotations
 
 import copy
+import math
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -16,8 +17,8 @@ import torch
 
 from kernelbrain.child import guard, tensorfile
 from kernelbrain.child.analysis import record_calls
+from kernelbrain.child.draws import HEADROOM, SPANS, UPWARD, is_wide, span_limit, variant
 from kernelbrain.child.loading import (
-    SPANS,
     CandidateFault,
     Problem,
     construct,
@@ -26,9 +27,8 @@ from kernelbrain.child.loading import (
     outputs,
     signature,
     to_device,
-    variant,
 )
-from kernelbrain.child.tolerance import REFERENCE_MULTIPLE, compare
+from kernelbrain.child.tolerance import REFERENCE_MULTIPLE, compare, same_as_reference
 from kernelbrain.core import handoff
 from kernelbrain.core.problem import shape_label
 from kernelbrain.core.protocol import DrawsReply, DrawsRequest, GateReply, JudgeRequest, Signature
@@ -61,8 +61,25 @@ _KEPT: dict[tuple[str, str, int, str, int], Drawn] = {}
 
 
 def _finite_where_truth_is(t: Truth) -> bool:
+    if len(t.native) != len(t.truth):
+        return True  # the count is the comparison's to refuse
     pairs = zip(t.native, t.truth, strict=True)
     return all(bool((torch.isfinite(n) | ~torch.isfinite(x)).all()) for n, x in pairs)
+
+
+def _error(t: Truth) -> float:
+    """The reference's normwise relative error against the truth, where the truth is finite (inf where the
+    reference is not finite there): ||native - truth|| / ||truth||, scale-free."""
+    if len(t.native) != len(t.truth):
+        return 0.0
+    num = den = 0.0
+    for n, x in zip(t.native, t.truth, strict=True):
+        finite = torch.isfinite(x)
+        d = n.to(torch.float64)[finite] - x[finite]
+        if not bool(torch.isfinite(d).all()):
+            return math.inf
+        num, den = num + float(d.square().sum()), den + float(x[finite].square().sum())
+    return math.sqrt(num / den) if den > 0 else 0.0
 
 
 def _truth(ref: torch.nn.Module, inputs: list[Any], device: str) -> Truth:
@@ -73,18 +90,60 @@ def _truth(ref: torch.nn.Module, inputs: list[Any], device: str) -> Truth:
     return Truth(truth, [n.detach() for n in native])
 
 
+Draw = tuple[list[Any], Truth]
+PROBE = 2  # the wide seed the spans are searched on
+SANE = 4  # how much worse than at SPANS[0] the reference may err at a wider span
+
+
+def _try(ref: torch.nn.Module, own: list[Any], device: str, seed: int, spans: list[float]) -> Draw:
+    inputs = [to_device(x, device) for x in variant(own, seed, spans)]
+    return inputs, _truth(ref, inputs, device)
+
+
+def _spans(problem: Problem, ref: torch.nn.Module, shape: dict[str, Any], device: str) -> list[float]:
+    """Each input's span (kernelbrain/child/draws.py), searched on the wide seed PROBE's draw. Where the
+    reference is finite wherever the float64 truth is at SPANS[0] (else the seeds' draws narrow it down
+    SPANS), each floating-point input's goes up through UPWARD, the others held, while the reference
+    stays finite there and right: its normwise error against the truth no more than SANE times its
+    error at SPANS[0] (or its dtype's tolerance). Finite is not enough: a bfloat16 attention's reference
+    whose scores overflow returns finite values wrong by 100%. One float64 run a step, on the fitted gate
+    shape, once a problem. What is found is divided by HEADROOM."""
+    own = problem.inputs(shape, PROBE, device)
+    spans = [SPANS[0]] * len(own)
+    base = _try(ref, own, device, PROBE, spans)[1]
+    if not _finite_where_truth_is(base):
+        return spans
+    dtypes = [n.dtype for n in base.native] or [torch.float32]
+    bound = max(SANE * _error(base), max(problem.tolerance_of(d) for d in dtypes))
+    del base
+    for i, x in enumerate(own):
+        if not (isinstance(x, torch.Tensor) and x.is_floating_point()):
+            continue
+        for up in UPWARD:
+            if up > span_limit(x.dtype):
+                break
+            wider = [*spans[:i], up, *spans[i + 1 :]]
+            tried = _try(ref, own, device, PROBE, wider)[1]
+            if not _finite_where_truth_is(tried) or _error(tried) > bound:
+                break
+            spans = wider
+    return [max(SPANS[0], s / HEADROOM) for s in spans]
+
+
 def _draw(
-    problem: Problem, ref: torch.nn.Module, shape: dict[str, Any], device: str, seed: int
-) -> tuple[list[Any], Truth]:
-    """A seed's inputs at a gate shape and their truth. A wide-range seed takes the widest span on which
-    the reference stays finite wherever the truth is."""
+    problem: Problem, ref: torch.nn.Module, shape: dict[str, Any], device: str, seed: int, spans: list[float]
+) -> Draw:
+    """A seed's inputs at a gate shape and their truth, within the inputs' spans; where this draw takes
+    the reference past finite (another seed than the probe's), spans narrowed down SPANS."""
     own = problem.inputs(shape, seed, device)
-    for span in SPANS if seed and seed % 2 == 0 else SPANS[:1]:
-        inputs = [to_device(x, device) for x in variant(own, seed, span)]
-        truth = _truth(ref, inputs, device)
-        if len(truth.native) != len(truth.truth) or _finite_where_truth_is(truth):
+    if seed == 0:
+        inputs = [to_device(x, device) for x in own]
+        return inputs, _truth(ref, inputs, device)
+    for cap in (math.inf, *SPANS):
+        drawn = _try(ref, own, device, seed, [min(s, cap) for s in spans])
+        if _finite_where_truth_is(drawn[1]):
             break
-    return inputs, truth
+    return drawn
 
 
 def _stats(folder: str) -> dict[str, tuple[int, int]]:
@@ -118,8 +177,9 @@ def draws(request: DrawsRequest) -> DrawsReply:
         refs.append(ref)
         state = {k: v.detach() for k, v in ref.state_dict().items()}
         torch.save({"init": init, "state": state}, handoff.init_file(folder, i))
+        spans = _spans(problem, ref, shape, device) if seeds > 1 else []
         for seed in range(seeds):
-            inputs, truth = _draw(problem, ref, shape, device, seed)
+            inputs, truth = _draw(problem, ref, shape, device, seed, spans)
             torch.save(inputs, handoff.inputs_file(folder, i, seed))
             prints[(i, seed)] = draw_digest(inputs)
             if seed == 0:  # traced on a copy of the problem's own draw: no second draw for it
@@ -211,11 +271,10 @@ def _judge(problem: Problem, drawn: Drawn, device: str, seeds: int, handed: Path
             cached = previous is not None and _same(got, previous[0]) and not _same(expected, previous[1])
             previous = (got, expected)
             for k, (g, e) in enumerate(zip(got, expected, strict=True)):
-                if g.shape != e.shape:
-                    raise CandidateFault(
-                        "mismatch", f"output {k} has shape {tuple(g.shape)}, expected {tuple(e.shape)}"
-                    )
-                tol = problem.tolerance_of(g.dtype)
+                same_as_reference(k, g, draw.native[k])
+                tol = problem.tolerance_of(
+                    draw.native[k].dtype
+                )  # the reference's dtype, never the candidate's
                 c = compare(g, e, draw.native[k], tol)
                 if cached and (c.unwritten or c.failed):
                     raise CandidateFault(
@@ -230,7 +289,8 @@ def _judge(problem: Problem, drawn: Drawn, device: str, seeds: int, handed: Path
                         "none (outputs are allocated NaN-filled: are some elements never written? Or did it "
                         "overflow?)",
                     )
-                worst_abs, worst_rel = max(worst_abs, c.max_abs_err), max(worst_rel, c.max_rel_err)
+                if not is_wide(seed):  # the wide draws' errors measure the draw more than the kernel
+                    worst_abs, worst_rel = max(worst_abs, c.max_abs_err), max(worst_rel, c.max_rel_err)
                 if c.failed:
                     raise CandidateFault(
                         "mismatch",

@@ -9,6 +9,7 @@ from kernelbrain.child.loading import (
     CandidateFault,
     Problem,
 )
+from kernelbrain.child.tolerance import same_as_reference
 from kernelbrain.core.problem import shape_label
 
 # a benchmark shape's outputs fail only past this many times the gate's tolerance (see screen)
@@ -48,13 +49,10 @@ def screen(
             "mismatch", f"{where}: {len(got)} outputs, the reference returns {len(expected)}"
         )
     for i, (g, e) in enumerate(zip(got, expected, strict=True)):
-        if g.shape != e.shape:
-            raise CandidateFault(
-                "mismatch", f"{where}: output {i} has shape {tuple(g.shape)}, expected {tuple(e.shape)}"
-            )
+        same_as_reference(i, g, e, f"{where}: ")
         if e.numel() == 0:
             continue
-        tol = SCREEN * problem.tolerance_of(g.dtype)
+        tol = SCREEN * problem.tolerance_of(e.dtype)  # the reference's dtype, never the candidate's
         wide = torch.float64 if torch.float64 in (g.dtype, e.dtype) else torch.float32
         g, e = g.detach(), e.detach()
         if g.dim() < 2:  # one line

@@ -3,12 +3,15 @@
 An element passes where the truth is not finite (nothing to match), or where its error against the truth
 is within either bound:
 
-- KernelBench's allclose: |g - t| <= tol + tol |t|, tol the output dtype's tolerance (1e-4 for float32,
-  1e-2 for float16 and bfloat16; a problem's KB_TOLERANCE overrides it);
+- KernelBench's allclose: |g - t| <= tol + tol |t|, tol the tolerance of the reference output's dtype
+  (1e-4 for float32, 1e-2 for float16 and bfloat16; a problem's KB_TOLERANCE overrides it);
 - REFERENCE_MULTIPLE times the reference's own error there: the reference run at its own dtype (the
   user's PyTorch, what the candidate replaces) against the same truth. An element where the reference
   happened to round exactly right would allow nothing, so its error is floored at the median of the
   reference's errors over that output.
+
+The dtype is the reference's: an output of another dtype or shape is refused before any error is computed
+(`same_as_reference`), so an fp16 output for an fp32 problem is never judged at fp16's tolerance.
 
 The first bound alone fails correct kernels wherever the reference itself fails it (a float32 sum over
 K = 4096 near zero, bfloat16 attention's one rounding of P); the second alone would allow nothing where
@@ -22,9 +25,10 @@ from typing import NamedTuple
 
 import torch
 
+from kernelbrain.child.loading import CandidateFault
 from kernelbrain.core.problem import REFERENCE_MULTIPLE
 
-__all__ = ["REFERENCE_MULTIPLE", "Comparison", "compare"]
+__all__ = ["REFERENCE_MULTIPLE", "Comparison", "compare", "same_as_reference"]
 
 
 class Comparison(NamedTuple):
@@ -32,8 +36,8 @@ class Comparison(NamedTuple):
 
     failed: int
     numel: int
-    max_abs_err: float
-    max_rel_err: float
+    max_abs_err: float  # |g - t| where |t| <= 1, |g - t| / |t| above: the error at the truth's scale
+    max_rel_err: float  # |g - t| / |t|
     unwritten: int  # non-finite where the truth is finite
 
 
@@ -48,11 +52,31 @@ def compare(got: torch.Tensor, truth: torch.Tensor, native: torch.Tensor, tol: f
     bound = torch.maximum(tol + tol * t.abs(), REFERENCE_MULTIPLE * ref_err.clamp_min(floor))
     ok = ~finite | (err <= bound)  # a NaN error is never <= a bound
     err = err.masked_fill(~finite, 0)
+    # the absolute error reported at the truth's scale, as the rule's bound tol + tol |t| reads: absolute
+    # where |t| <= 1, relative above (the draws reach 1e32, where an absolute error says nothing)
+    mixed = err / t.abs().clamp_min(1.0)
     rel = (err / t.abs().clamp_min(1e-12)).masked_fill(~finite, 0)
     return Comparison(
         failed=int((~ok).sum()),
         numel=ok.numel(),
-        max_abs_err=float(err.max()) if err.numel() else 0.0,
+        max_abs_err=float(mixed.max()) if err.numel() else 0.0,
         max_rel_err=float(rel.max()) if rel.numel() else 0.0,
         unwritten=int((finite & ~torch.isfinite(g)).sum()),
     )
+
+
+def same_as_reference(k: int, got: torch.Tensor, native: torch.Tensor, where: str = "") -> None:
+    """Output `k` has the reference's own dtype and shape, before any error is computed: an fp16 output
+    for an fp32 problem would otherwise be judged at fp16's tolerance, and a broadcastable shape
+    compared as if it were the reference's. A `mismatch`: the output is not the reference's."""
+    if got.dtype != native.dtype:
+        raise CandidateFault(
+            "mismatch",
+            f"{where}output {k} is {str(got.dtype).removeprefix('torch.')}; the reference returns "
+            f"{str(native.dtype).removeprefix('torch.')}",
+        )
+    if got.shape != native.shape:
+        raise CandidateFault(
+            "mismatch",
+            f"{where}output {k} has shape {tuple(got.shape)}, expected {tuple(native.shape)}",
+        )

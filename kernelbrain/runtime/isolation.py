@@ -23,11 +23,27 @@ import sys
 from pathlib import Path
 from typing import Literal
 
+from kernelbrain.runtime import limits
+
 Isolation = Literal["bwrap", "unshare", "none"]
 LEVELS: tuple[Isolation, ...] = ("bwrap", "unshare", "none")
-SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/opt")
-# masked inside the sandbox: the host's users and their password hashes
-MASKED = ("/etc/shadow", "/etc/gshadow", "/etc/shadow-", "/etc/gshadow-")
+SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/opt")
+# what of /etc a child sees: what Python, torch, Triton and CUDA read (the dynamic linker's cache and
+# configuration, name lookup, the time zone, the alternatives' links), where readable by anyone; its
+# passwd and group are its own (one user). Nothing root-only, no keys, no host configuration beside
+ETC = (
+    "ld.so.cache",
+    "ld.so.conf",
+    "ld.so.conf.d",
+    "alternatives",
+    "hosts",
+    "host.conf",
+    "nsswitch.conf",
+    "localtime",
+    "timezone",
+    "os-release",
+    "mime.types",
+)
 GPU_NODES = ("/dev/nvidia*", "/dev/nvidia-caps", "/dev/dri")
 
 
@@ -53,7 +69,10 @@ def usable(level: Isolation) -> bool:
         return True
     if level == "bwrap":
         binary = bwrap_binary()
-        return binary is not None and _works([*bwrap_command(binary, Path("/tmp"), "cpu"), "true"])
+        probe = limits.chosen("cpu", "bwrap", limits.UID_BASE - 1 if limits.own_uid("bwrap") else None)
+        return binary is not None and _works(
+            [*bwrap_command(binary, Path("/tmp"), "cpu", limit=probe), "true"]
+        )
     return shutil.which("unshare") is not None and _works([*unshare_command(), "true"])
 
 
@@ -107,32 +126,92 @@ def _readable_roots() -> list[str]:
     return kept
 
 
+def etc_entries() -> list[str]:
+    """The entries of the host's /etc a child sees (ETC, those that exist and anyone may read)."""
+    shown = []
+    for name in ETC:
+        path = Path("/etc") / name
+        try:
+            mode = path.stat().st_mode  # a link's target (localtime, os-release)
+        except OSError:
+            continue
+        if mode & 0o004 and (not path.is_dir() or mode & 0o001):
+            shown.append(str(path))
+    for found in sorted(glob.glob("/etc/python3*")):  # Debian's sitecustomize links here
+        if os.stat(found).st_mode & 0o005 == 0o005:
+            shown.append(found)
+    return shown
+
+
+@functools.cache
+def bwrap_sizes() -> bool:
+    """Whether this bwrap takes `--size` for a tmpfs (0.8 does; older ones do not)."""
+    binary = bwrap_binary()
+    if binary is None:
+        return False
+    try:
+        text = subprocess.run([binary, "--help"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return "--size" in text
+
+
 def bwrap_command(
-    binary: str, tmp: Path, device: str, writable: tuple[str, ...] = (), readable: tuple[str, ...] = ()
+    binary: str,
+    tmp: Path,
+    device: str,
+    writable: tuple[str, ...] = (),
+    readable: tuple[str, ...] = (),
+    limit: limits.Limits | None = None,
 ) -> list[str]:
-    cmd = [binary, "--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL"]
+    """bubblewrap's command line for a child: `limit.uid` set (kb is root), no user namespace (it would
+    map the child onto root) and only CAP_SETUID and CAP_SETGID, which the child's first act drops with
+    root itself (kernelbrain/child/limits.py); else a user namespace of the worker's own uid."""
+    cmd = [binary, "--die-with-parent", "--new-session", "--cap-drop", "ALL"]
+    if limit is not None and limit.uid is not None:
+        cmd += ["--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try"]
+        cmd += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
+    else:
+        cmd += ["--unshare-all"]
     # a fresh /tmp first: what is bound below may live under the host's /tmp (a --target install)
+    if limit is not None and limit.uid is not None:
+        cmd += ["--perms", "1777"]  # made by root: open to the child's own uid, as a /tmp is
+    if limit is not None and limit.folder_bytes and bwrap_sizes():
+        cmd += ["--size", str(limit.folder_bytes)]
     cmd += ["--tmpfs", "/tmp", "--dev", "/dev", "--proc", "/proc"]
+    made = {"/", "/tmp", "/dev", "/proc"}
+
+    def bind(how: str, source: str, dest: str) -> None:
+        # the folders above it made readable by all (bubblewrap makes them root's alone, 0700: a child
+        # of its own uid could not reach what is bound below them)
+        for parent in reversed(Path(dest).parents):
+            if str(parent) not in made:
+                made.add(str(parent))
+                cmd.extend(["--dir", str(parent)])
+        made.add(dest)
+        cmd.extend([how, source, dest])
+
     for root in _readable_roots():
-        cmd += ["--ro-bind", root, root]
+        bind("--ro-bind", root, root)
     for link in SYSTEM_DIRS:  # /bin -> usr/bin and the like, where /usr is merged
         if os.path.islink(link):
             cmd += ["--symlink", os.readlink(link), link]
-    for masked in MASKED:
-        if os.path.exists(masked):
-            cmd += ["--ro-bind", "/dev/null", masked]
+    for entry in etc_entries():
+        bind("--ro-bind", entry, entry)
     for name in ("passwd", "group"):  # one user, the sandbox's own, in place of the host's
         if (tmp / ".etc" / name).exists():
-            cmd += ["--ro-bind", str(tmp / ".etc" / name), f"/etc/{name}"]
+            bind("--ro-bind", str(tmp / ".etc" / name), f"/etc/{name}")
     if device == "cuda":
         for node in sorted({n for pattern in GPU_NODES for n in glob.glob(pattern)}):
-            cmd += ["--dev-bind", node, node]
-        cmd += ["--ro-bind", "/sys", "/sys"]  # the driver reads the GPU's PCI topology there
-    cmd += ["--bind", str(tmp), str(tmp), "--chdir", str(tmp)]
+            bind("--dev-bind", node, node)
+        bind("--ro-bind", "/sys", "/sys")  # the driver reads the GPU's PCI topology there
+    bind("--bind", str(tmp), str(tmp))
+    if limit is None or limit.uid is None:  # else its folder is its uid's alone: it goes there once that
+        cmd += ["--chdir", str(tmp)]
     for path in writable:
-        cmd += ["--bind", path, path]
+        bind("--bind", path, path)
     for path in readable:
-        cmd += ["--ro-bind", path, path]
+        bind("--ro-bind", path, path)
     return cmd
 
 
@@ -153,19 +232,38 @@ def wrap(
     readable: tuple[str, ...] = (),
 ) -> list[str]:
     """argv confined at `level`; `tmp` is the folder the child may write (with `writable`: existing
-    files kb itself has it write, such as the tests' execution log; `readable`: folders it may read,
-    such as the judge's draws). Under `unshare` and `none` every path stays as the host has it."""
+    files kb itself has it write, such as the tests' execution log, and folders, such as the judge's
+    draws; `readable`: folders it may read, such as the trial's outputs). Under `unshare` and `none` every
+    path stays as the host has it. The child's limits (runtime/limits.py) travel as `--limits JSON`
+    after argv; where it gets a uid of its own, its folders become that uid's."""
+    limit = limits.chosen(device, level, limits.worker_uid() if limits.own_uid(level) else None)
+    limits.started(tmp, limit)
+    argv = [*argv, "--limits", limit.model_dump_json(), str(tmp)]
     if level == "bwrap":
         binary = bwrap_binary()
         assert binary is not None
+        uid = limit.uid if limit.uid is not None else os.getuid()
+        gid = limit.uid if limit.uid is not None else os.getgid()
         (tmp / ".etc").mkdir(exist_ok=True)
-        user = f"kb:x:{os.getuid()}:{os.getgid()}:kb:{tmp}:/usr/sbin/nologin\n"
-        (tmp / ".etc" / "passwd").write_text(user)
-        (tmp / ".etc" / "group").write_text(f"kb:x:{os.getgid()}:\n")
-        return [*bwrap_command(binary, tmp, device, writable, readable), "--", *argv]
+        (tmp / ".etc" / "passwd").write_text(f"kb:x:{uid}:{gid}:kb:{tmp}:/usr/sbin/nologin\n")
+        (tmp / ".etc" / "group").write_text(f"kb:x:{gid}:\n")
+        if limit.uid is not None:
+            _hand_over(limit.uid, tmp, writable)
+        return [*bwrap_command(binary, tmp, device, writable, readable, limit), "--", *argv]
     if level == "unshare":
         return [*unshare_command(), *argv]
     return argv
+
+
+def _hand_over(uid: int, tmp: Path, writable: tuple[str, ...]) -> None:
+    """The folders a child of its own uid writes become its own (the worker, root, still reads and removes
+    them; one worker's children share its uid); a file kb has the children of several workers append to
+    (the tests' execution log) is left writable by all."""
+    for path in (str(tmp), *writable):
+        if os.path.isdir(path):
+            os.chown(path, uid, uid, follow_symlinks=False)
+        elif os.path.isfile(path):
+            os.chmod(path, 0o666)
 
 
 def exit_signal(level: Isolation, code: int) -> int | None:

@@ -29,7 +29,7 @@ from kernelbrain.core.events import RunConfig, RunFinished, RungSpec, RunResumed
 from kernelbrain.core.policy import stalled
 from kernelbrain.core.problem import read_problem, source_hash
 from kernelbrain.core.state import RunState
-from kernelbrain.runtime import isolation
+from kernelbrain.runtime import isolation, limits
 from kernelbrain.runtime.environment import without_secrets
 from kernelbrain.runtime.reconnect import retrying
 from kernelbrain.runtime.roles import ROLES
@@ -85,13 +85,17 @@ def detect_device() -> str:
     return "cuda" if Path("/dev/nvidia0").exists() or Path("/dev/nvidiactl").exists() else "cpu"
 
 
-def hardware() -> dict:
+def hardware(device: str = "cpu") -> dict:
+    """The machine a run starts or resumes on, and its children's sandbox: the isolation and each limit
+    (runtime/limits.py; logs older than the limits have no "limits")."""
+    level = isolation.chosen()
     info: dict = {
         "host": platform.node(),
         "machine": platform.machine(),
         "cpus": os.cpu_count(),
         "python": platform.python_version(),
-        "sandbox": isolation.chosen(),
+        "sandbox": level,
+        "limits": limits.recorded(device, level).model_dump(),
     }
     if shutil.which("nvidia-smi"):
         with contextlib.suppress(Exception):
@@ -133,7 +137,7 @@ def start_run(store: Store, problem_path: str, config: RunConfig) -> str:
         problem_name=Path(problem_path).stem,
         problem_hash=blob,
         config=config,
-        hardware=hardware(),
+        hardware=hardware(config.device),
         versions=versions(),
     )
     store.append([started.to_new(run_id, f"{run_id}/started", "cli")])
@@ -158,7 +162,7 @@ def prepare_resume(store: Store, run_id: str) -> RunState:
     attempt = len(state.resumes) + 1
     store.append(
         [
-            RunResumed(attempt=attempt, hardware=hardware()).to_new(
+            RunResumed(attempt=attempt, hardware=hardware(state.config.device)).to_new(
                 run_id, f"{run_id}/resumed/{attempt}", "cli"
             )
         ]

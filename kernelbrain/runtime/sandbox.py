@@ -55,6 +55,7 @@ from kernelbrain.runtime import (
     gate,
     gpu_lock,
     isolation,
+    limits,
     reference_retiming,
     scratch,
     triton_cache,
@@ -423,6 +424,8 @@ class Sandbox:
             raise self._fault(
                 "crash", "the child sent a malformed reply (candidate code wrote to the protocol pipe)"
             ) from None
+        if why := limits.over_folder(self.tmp):  # its folder past the cap: stopped, the folder removed
+            raise self._fault("policy", why)
         if reply.recycle or untrusted:  # a tainted child, or one a candidate from outside ran in
             self.recycle_due = True
             if not hold:

@@ -94,6 +94,11 @@ def fill(cache: Path, sources: list[str]) -> None:
         if kept.is_dir():
             shutil.copytree(kept, cache, dirs_exist_ok=True, ignore=_links)
     _regroup(cache)
+    owner = cache.parent.stat()
+    if owner.st_uid != os.geteuid():  # a child of its own uid (runtime/limits.py) compiles into it too
+        for root, dirs, files in os.walk(cache):
+            for name in (root, *(os.path.join(root, n) for n in (*dirs, *files))):
+                os.chown(name, owner.st_uid, owner.st_gid, follow_symlinks=False)
 
 
 def keep_compiled(cache: Path, source: str) -> None:

@@ -365,6 +365,19 @@ def check_sandbox() -> Check:
     return Check(name="sandbox", status="warn", detail=f"{isolation.describe(level)}; {fix}", facts=facts)
 
 
+def check_limits(device: str) -> Check:
+    """What a candidate's child may use (runtime/limits.py): its uid, memory, processes, folder, files.
+    A warning where kb is root and the child would be too (no bubblewrap)."""
+    from kernelbrain.runtime import isolation, limits
+
+    level = isolation.chosen()
+    record = limits.recorded(device, level)
+    facts = record.model_dump() | {"etc": isolation.etc_entries() if level == "bwrap" else []}
+    root = record.uid is None and os.geteuid() == 0
+    status: Status = "warn" if root else "ok"
+    return Check(name="limits", status=status, detail=limits.describe(record), facts=facts)
+
+
 def _guarded(name: str, fn: Callable[[], Check]) -> Check:
     """A check that raises anyway (a bug or an odd machine) still shows, as a failure naming why."""
     try:
@@ -389,6 +402,7 @@ def run(
         _guarded("ncu", lambda: check_ncu(has_gpu, ncu_timeout_s)),
         _guarded("sqlite", check_sqlite),
         _guarded("sandbox", check_sandbox),
+        _guarded("limits", lambda: check_limits("cuda" if has_gpu else "cpu")),
         _guarded("llm", lambda: check_llm(llm_base_url, llm_model, timeout_s)),
     ]
     if db is not None:  # only where asked (--db or KB_DB): a machine need not have a store to be fit

@@ -132,9 +132,10 @@ def _kb_outputs(out):
 
 
 def _kb_within(got, truth, native, tol, multiple):
-    """(elements failed, max abs err): kb's tolerance rule (kernelbrain/child/tolerance.py). An element
-    passes within tol + tol |truth| or within `multiple` x the reference's own error there (floored at
-    its median), where the reference runs at its own dtype and the truth in float64."""
+    """(elements failed, max abs err at the truth's scale): kb's tolerance rule (kernelbrain/child/
+    tolerance.py). An element passes within tol + tol |truth| or within `multiple` x the reference's own
+    error there (floored at its median), where the reference runs at its own dtype and the truth in
+    float64. The error is absolute where |truth| <= 1, relative above."""
     import torch
 
     g, t = got.detach().to(torch.float64), truth.to(torch.float64)
@@ -144,7 +145,7 @@ def _kb_within(got, truth, native, tol, multiple):
     floor = float(ref_err[finite].median()) if bool(finite.any()) else 0.0
     bound = torch.maximum(tol + tol * t.abs(), multiple * ref_err.clamp_min(floor))
     ok = ~finite | (err <= bound)
-    err = err.masked_fill(~finite, 0)
+    err = err.masked_fill(~finite, 0) / t.abs().clamp_min(1.0)  # absolute where |t| <= 1, relative above
     return int((~ok).sum()), float(err.max()) if err.numel() else 0.0
 
 
@@ -168,14 +169,11 @@ def _kb_check(problem, ref, new, shape, device, seeds):
             if len(got) != len(expected):
                 return False, worst, tol, f"{len(got)} outputs, the reference returns {len(expected)}"
             for i, (g, e) in enumerate(zip(got, expected, strict=True)):
-                if g.shape != e.shape:
-                    return (
-                        False,
-                        worst,
-                        tol,
-                        f"output {i} has shape {tuple(g.shape)}, expected {tuple(e.shape)}",
-                    )
-                tol = problem.tolerance.get(str(g.dtype).removeprefix("torch."), 1e-4)
+                if (g.dtype, g.shape) != (native[i].dtype, native[i].shape):  # before any error: as kb's gate
+                    want = f"{str(native[i].dtype).removeprefix('torch.')} {tuple(native[i].shape)}"
+                    have = f"{str(g.dtype).removeprefix('torch.')} {tuple(g.shape)}"
+                    return False, worst, tol, f"output {i} is {have}; the reference returns {want}"
+                tol = problem.tolerance.get(str(native[i].dtype).removeprefix("torch."), 1e-4)
                 failed, err = _kb_within(g, e, native[i], tol, problem.reference_multiple)
                 worst = max(worst, err)
                 if failed:

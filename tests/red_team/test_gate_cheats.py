@@ -261,7 +261,7 @@ CHEATS = {
     "half precision inside": (
         SOFTMAX,
         softmax_cheat("y = torch.empty_like(x)\nreturn kernel_softmax(x, y, half=True)"),
-        "mismatch",
+        "nan",  # the wide draw reaches float32's range, where float16 holds only inf
         "seed 2",
     ),
     "kb's own check replaced (Watch.check)": (
