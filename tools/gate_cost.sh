@@ -2,7 +2,8 @@
 # What the gate and rung 0 cost per candidate on the GPU, for the seed problems: each problem's round 0
 # gated and measured once (one rung, no promotions), under each sandbox level. With BEFORE=DIR (a
 # checkout of an earlier commit, carried), the same runs first under that commit's code, so the
-# figures are side by side in one call. Summarise with `python3 tools/gate_cost.py OUT_DIR`.
+# figures are side by side in one call (the before-runs at LEVELS too, where it is set; else none).
+# Summarise with `python3 tools/gate_cost.py OUT_DIR`.
 # With PHASES=1, tools/gate_phases.py --bench splits each after-run's first 4 candidates into $OUT.
 #   OUT=... [BEFORE=.before] [PROBLEMS=softmax,rmsnorm] [LEVELS="bwrap none"] [PHASES=1] bash tools/gate_cost.sh
 set -uo pipefail
@@ -32,7 +33,7 @@ runs() {  # label levels: every problem's round 0 through the gate and rung 0
 }
 
 if [ -n "${BEFORE:-}" ]; then
-  ( cd "$BEFORE" && ln -sfn "$here/.whl" .whl && . tools/device_env.sh && runs before none ) || exit 1
+  ( cd "$BEFORE" && ln -sfn "$here/.whl" .whl && . tools/device_env.sh && runs before "${LEVELS:-none}" ) || exit 1
 fi
 . tools/device_env.sh || exit 1
 runs after "${LEVELS:-bwrap none}"
