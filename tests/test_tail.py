@@ -170,7 +170,7 @@ def test_a_norm_is_a_moments_stage_reading_its_weights_by_name():
     assert composed["family"] == "moments" and composed["then"]["family"] == "pointwise"
     assert composed["spec"]["mode"] == "group" and composed["spec"]["weight"] == "1.weight"
     lines = stage_render.call(composed, ["kb_h", *("x" for _ in composed["sources"])], "kb_h")
-    assert "_moments_launch_tail(kb_h, 'group', 2, self.get_parameter('1.weight')" in lines
+    assert "_moments_launch_tail(kb_h, 'group', 2, self[1].weight, self[1].bias" in lines
     assert "_launch_tail2(" in lines
     names = [
         n.name for n in ast.parse(stage_render.render_parts(composed)).body if isinstance(n, ast.FunctionDef)

@@ -37,7 +37,7 @@ if str(ROOT) not in sys.path:  # for tools.*; appended, so an installed kb (tool
 import torch  # noqa: E402
 from pydantic import BaseModel  # noqa: E402
 
-from kernelbrain.child import loading, timing  # noqa: E402
+from kernelbrain.child import draws, loading, timing  # noqa: E402
 from kernelbrain.core.problem import shape_label  # noqa: E402
 from kernelbrain.templates import knobs_with  # noqa: E402
 from kernelbrain.templates.families import attention as at  # noqa: E402
@@ -146,8 +146,8 @@ def _compare(got: torch.Tensor, expected: torch.Tensor, tol: float, seed: int) -
 
 
 def _device_variant(inputs: list, seed: int, device: str) -> list:
-    """loading.variant's recipe (seed 0 as drawn; later seeds signed normal, x8 on even seeds) drawn
-    on the device: the same distribution, not the gate's bit-identical values."""
+    """The tool's own recipe, drawn on the device (seed 0 as drawn; later seeds signed normal, x8 on even
+    seeds): the gate's before issue 35, which now draws Pareto and wider spans (child/draws.py)."""
     if seed == 0:
         return inputs
     g = torch.Generator(device=device).manual_seed(seed)
@@ -215,7 +215,7 @@ def check_shape(
             t0 = time.perf_counter()
             # the problem's own draw, then the signed (x8 on even seeds) variants: the gate's, or its recipe
             drawn = problem.inputs(shape, seed, dev)
-            varied = loading.variant(drawn, seed) if draw == "gate" else _device_variant(drawn, seed, dev)
+            varied = draws.variant(drawn, seed) if draw == "gate" else _device_variant(drawn, seed, dev)
             inputs = [loading.to_device(x, dev) for x in varied]
             del drawn, varied
             expected = loading.outputs(ref64(*[loading.to_device(x, dev, torch.float64) for x in inputs]))[0]
