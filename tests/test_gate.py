@@ -69,6 +69,7 @@ def test_a_correct_triton_candidate_passes(box: Sandbox) -> None:
         ("unwritten_tail", "nan", "never written"),
         ("caches_output", "policy", "results cached across calls"),
         ("thread_worker", "policy", "thread(s) running"),
+        ("python_scalars", "policy", "read tensor values into Python"),
     ],
 )
 def test_a_bad_candidate_is_rejected_with_its_category(

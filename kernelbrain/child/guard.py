@@ -52,9 +52,14 @@ ATEN_GLUE = frozenset(
     full_like new_zeros new_ones new_full fill fill_ zero_ scalar_tensor lift_fresh arange
     view _unsafe_view view_as reshape _reshape_alias as_strided expand expand_as permute transpose t
     unsqueeze squeeze slice select narrow split split_with_sizes chunk unbind unflatten alias
-    detach clone copy_ _to_copy to contiguous resize_ set_ _local_scalar_dense is_same_size
+    detach clone copy_ _to_copy to contiguous resize_ set_ is_same_size
     """.split()  # noqa: SIM905 - a word list reads better than quoted strings
 )
+
+
+# the ATen op every read of a tensor's value into Python dispatches to (`.item()`, `float(t)`, `int(t)`,
+# `bool(t)` of an `if`, formatting): refused in forward outside launches, whatever Python name reached it
+SCALAR_READ = "_local_scalar_dense"
 
 
 class Violation(Exception):
@@ -406,6 +411,11 @@ class Watch:
             raise Violation(
                 f"forward moved data out of torch ({', '.join(host)}): computing on the host with numpy or "
                 "Python is not the candidate's kernels doing the work"
+            )
+        if SCALAR_READ in self.aten.ops - self.allowed:
+            raise Violation(
+                "forward read tensor values into Python (.item(), float(t), int(t), `if t`): computing on "
+                "the host is not the candidate's kernels doing the work"
             )
         computed = sorted(self.aten.ops - ATEN_GLUE - self.allowed)
         if computed and self.classes:
