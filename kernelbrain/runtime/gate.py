@@ -8,7 +8,6 @@ output. kernelbrain/child/judge.py and child/gate.py are the two children's side
 
 from __future__ import annotations
 
-import shutil
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -67,11 +66,7 @@ def gate(
     if box.proc is not None and str(outbox) not in box.bound:
         box.stop()  # started before the judge: it cannot see the draws
     box.bring_compiled([])  # what this child's cache holds after the trial is this candidate's
-    for left in outbox.iterdir():  # an earlier candidate's (the folder stays: it is bound)
-        if left.is_dir() and not left.is_symlink():
-            shutil.rmtree(left)
-        else:
-            left.unlink()
+    scratch.empty(outbox)  # an earlier candidate's outputs
     trial, busy_trial = box.ask(
         TrialRequest(
             cand_source=request.cand_source,

@@ -9,8 +9,6 @@ the checks, one below Python): a `policy` fault.
 
 from __future__ import annotations
 
-import shutil
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from kernelbrain.core import handoff
@@ -24,7 +22,7 @@ from kernelbrain.core.protocol import (
     ReferenceTimeRequest,
 )
 from kernelbrain.core.scoring import reference_moved
-from kernelbrain.runtime import wall_clock
+from kernelbrain.runtime import scratch, wall_clock
 from kernelbrain.runtime.faults import SandboxError, SandboxFault
 
 if TYPE_CHECKING:
@@ -43,7 +41,7 @@ def bench(
     judge = box.start_judge()
     _, outbox = box.gate_folders()
     if not own_code:  # kb's own renders are compared in their child, as before: no round trip for them
-        clear(outbox)
+        scratch.empty(outbox)
         request = request.model_copy(update={"outbox": str(outbox)})
     timed, busy = box.ask(request, timeout_s=timeout_s, task=task, own_code=own_code)
     # the worker's own clock around each timed batch: the child's times must agree with it
@@ -110,7 +108,7 @@ def duel(
     if not own_code:
         box.start_judge()
         _, outbox = box.gate_folders()
-        clear(outbox)
+        scratch.empty(outbox)
         request = request.model_copy(update={"outbox": str(outbox)})
     timed, busy = box.ask(request, timeout_s=timeout_s, task=task, own_code=own_code)
     wall_clock.duel(timed, request.repeats, box.marks, request.device)
@@ -144,17 +142,8 @@ def judge_kept(
         timeout_s=timeout_s,
         task=task,
     )
-    clear(outbox)
+    scratch.empty(outbox)
     return busy
-
-
-def clear(outbox: Path) -> None:
-    """Empty the outbox (the folder stays: the children are started with it bound)."""
-    for left in outbox.iterdir():
-        if left.is_dir() and not left.is_symlink():
-            shutil.rmtree(left)
-        else:
-            left.unlink()
 
 
 def _alone(request: BenchRequest, timed: BenchReply, fresh: bool) -> ReferenceTimeRequest:

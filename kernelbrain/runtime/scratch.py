@@ -87,3 +87,12 @@ def sweep(places: tuple[str | None, ...] | None = None) -> list[Path]:
                     shutil.rmtree(folder, ignore_errors=True)
                     removed.append(folder)
     return removed
+
+
+def empty(folder: Path) -> None:
+    """Remove what a folder holds, keeping the folder (an outbox: children are started with it bound)."""
+    for left in folder.iterdir():
+        if left.is_dir() and not left.is_symlink():
+            shutil.rmtree(left)
+        else:
+            left.unlink()
