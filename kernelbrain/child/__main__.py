@@ -46,11 +46,14 @@ def _log_execution(envelope: Envelope) -> None:
 
 def _reply(frame: bytes) -> Reply:
     """The reply to one frame: the op's result, the candidate's failed check, or kb's own failure."""
+    from kernelbrain.child import tensorfile
     from kernelbrain.child.loading import CandidateFault
     from kernelbrain.child.ops import serve, tainted
+    from kernelbrain.core import descriptors
 
     started = _clock()
     result, failure = None, None
+    tensorfile.new_request()
     try:
         envelope = Envelope.model_validate(orjson.loads(frame))
         _log_execution(envelope)
@@ -59,6 +62,7 @@ def _reply(frame: bytes) -> Reply:
         failure = Failure(fault="candidate", category=f.category, detail=f.detail)
     except Exception as e:
         failure = Failure(fault="kb", detail=f"{type(e).__name__}: {e}", trace=traceback.format_exc()[-4000:])
+    descriptors.discard()  # what the judge received and did not read: its GPU memory goes now
     # recycle: a candidate changed process-wide state, so this child is not reused
     return Reply(result=result, failure=failure, busy_s=_clock() - started, recycle=tainted())
 

@@ -1,7 +1,12 @@
 """Tensors as raw bytes beside a JSON header: how a trial's outputs reach the judge. Nothing is
 unpickled (no code of the candidate's can run in the judge) and nothing is checksummed or zipped
 (torch.save moved about 1 GB/s: seconds a candidate at a full-size gate shape). The judge validates the
-header before it reads any bytes."""
+header before it reads any bytes.
+
+Where the bytes go: GPU tensors, where the driver can hand memory over and the request's budget allows,
+stay on the GPU in an allocation of their own whose descriptor goes to the judge (child/cuda_vmm.py,
+core/descriptors.py: no host copy, and the judge maps them); everything else goes to the file, which
+lives in /dev/shm where there is one (runtime/scratch.py)."""
 
 from __future__ import annotations
 
@@ -12,6 +17,8 @@ from typing import BinaryIO
 import torch
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from kernelbrain.child import cuda_vmm
+from kernelbrain.core import descriptors
 from kernelbrain.core.handoff import header_of
 
 DTYPES = {
@@ -42,6 +49,7 @@ class Spec(BaseModel):
 class Header(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     tensors: list[Spec]
+    on_gpu: int = 0  # the bytes of the GPU allocation whose descriptor holds them; 0: in the file
 
 
 class Unreadable(Exception):
@@ -49,6 +57,12 @@ class Unreadable(Exception):
 
 
 CHUNK = 64 << 20  # bytes a GPU tensor moves through the pinned buffer at a time
+# the share of the GPU's memory a request's handed-over outputs may hold until the judge reads them (more
+# goes through the host): the judge still needs room for the reference's outputs beside them
+GPU_SHARE = 0.25
+
+_on_gpu = [0]  # bytes this request handed over on the GPU so far
+_vmm: dict[str, str | None] = {}  # why the driver cannot hand memory over here ("": it can)
 
 
 _PINNED: list[torch.Tensor] = []  # this process's pinned buffer, made at the first GPU tensor
@@ -67,15 +81,50 @@ def _chunks(n: int) -> list[tuple[int, int]]:
     return [(at, min(CHUNK, n - at)) for at in range(0, n, CHUNK)]
 
 
+def new_request() -> None:
+    """A request starts: its budget of GPU bytes is whole again, and descriptors of the last are gone."""
+    _on_gpu[0] = 0
+    descriptors.discard()
+
+
+def _hand_on_gpu(tensors: list[torch.Tensor]) -> bool:
+    """Whether these tensors go to the judge as GPU memory: all on the GPU, a channel to the worker, a
+    driver that can, and room in the request's budget."""
+    if not tensors or any(t.device.type != "cuda" for t in tensors) or not descriptors.available():
+        return False
+    if "why" not in _vmm:
+        _vmm["why"] = cuda_vmm.supported()
+    if _vmm["why"] is not None:
+        return False
+    nbytes = sum(t.numel() * t.element_size() for t in tensors)
+    budget = GPU_SHARE * torch.cuda.get_device_properties(tensors[0].device).total_memory
+    return _on_gpu[0] + nbytes <= budget
+
+
 def write(path: Path, tensors: list[torch.Tensor]) -> None:
-    """Each tensor's bytes, contiguous and in order, and a header naming their dtypes and shapes. A GPU
-    tensor goes through the pinned buffer in chunks; a host tensor is written from its own memory."""
+    """Each tensor's bytes, contiguous and in order, and a header naming their dtypes and shapes. GPU
+    tensors go over as a GPU allocation where `_hand_on_gpu` allows, else through the pinned buffer in
+    chunks; a host tensor is written from its own memory."""
     specs = []
     for t in tensors:
         name = str(t.dtype).removeprefix("torch.")
         if name not in DTYPES:
             raise Unreadable(f"an output of dtype {name}, which no reference returns")
         specs.append(Spec(dtype=name, shape=list(t.shape)))
+    if _hand_on_gpu(tensors):
+        try:
+            fd, size = cuda_vmm.export(tensors)
+        except cuda_vmm.VmmError:
+            _vmm["why"] = "refused"  # through the host from now on
+        else:
+            try:
+                descriptors.give(path.name, fd)
+            finally:
+                cuda_vmm.close(fd)
+            _on_gpu[0] += size
+            path.write_bytes(b"")
+            header_of(path).write_text(Header(tensors=specs, on_gpu=size).model_dump_json())
+            return
     with open(path, "wb") as f:
         for t in tensors:
             if not t.numel():
@@ -105,6 +154,8 @@ def read(path: Path, device: str) -> list[torch.Tensor]:
         for n in spec.shape:
             numel *= n
         sizes.append(numel * DTYPES[spec.dtype].itemsize)
+    if header.on_gpu:
+        return _read_on_gpu(path, header, sizes, device)
     try:
         with open(path, "rb") as f:
             size = os.fstat(f.fileno()).st_size
@@ -113,6 +164,29 @@ def read(path: Path, device: str) -> list[torch.Tensor]:
             return [_read_one(f, spec, n, device) for spec, n in zip(header.tensors, sizes, strict=True)]
     except OSError as e:
         raise Unreadable(f"{path.name} does not read: {e}") from None
+
+
+def _read_on_gpu(path: Path, header: Header, sizes: list[int], device: str) -> list[torch.Tensor]:
+    """The tensors of a GPU allocation handed over under the file's name, as views of it mapped here."""
+    if device != "cuda":
+        raise Unreadable(f"{path.name} names GPU memory, and this check runs on {device}")
+    offsets, span = cuda_vmm.layout(sizes)
+    if span > header.on_gpu:
+        raise Unreadable(f"its header names {span} bytes in an allocation of {header.on_gpu}")
+    try:
+        fd = descriptors.take(path.name)
+    except descriptors.Missing as e:
+        raise Unreadable(str(e)) from None
+    try:
+        flat = cuda_vmm.mapped(fd, header.on_gpu)
+    except cuda_vmm.VmmError as e:
+        raise Unreadable(f"its GPU memory does not map: {e}") from None
+    finally:
+        cuda_vmm.close(fd)
+    return [
+        flat[at : at + n].view(DTYPES[spec.dtype]).reshape(spec.shape)
+        for spec, n, at in zip(header.tensors, sizes, offsets, strict=True)
+    ]
 
 
 def _read_one(f: BinaryIO, spec: Spec, n: int, device: str) -> torch.Tensor:

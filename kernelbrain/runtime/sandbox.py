@@ -24,6 +24,7 @@ import os
 import resource
 import select
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -35,6 +36,7 @@ import orjson
 from pydantic import ValidationError
 
 import kernelbrain
+from kernelbrain.core import descriptors
 from kernelbrain.core.events import GateCategory
 from kernelbrain.core.protocol import (
     HEADER,
@@ -122,9 +124,11 @@ class _Child:
     tmp: Path
     level: isolation.Isolation
     bound: tuple[str, ...]
+    channel: socket.socket  # the worker's end of its descriptors' socket (core/descriptors.py)
 
     def end(self) -> None:
         _end(self.proc, self.stderr)
+        self.channel.close()
         scratch.remove(self.tmp)
 
 
@@ -182,6 +186,11 @@ class Sandbox:
         self.fresh_untrusted = fresh_untrusted
         self.ran_candidate = False  # the child has run some candidate's code: no place for one from outside
         self.spare: _Child | None = None  # a child started ahead of the next candidate from outside
+        self.channel: socket.socket | None = None  # the child's descriptors' socket (core/descriptors.py)
+        # descriptors for this child (a judge's: the candidate child's outputs in GPU memory), sent with
+        # its next request; and those the child gave during its current request
+        self.incoming: list[tuple[str, int]] = []
+        self.given: list[tuple[str, int]] = []
 
     def _env(self, tmp: Path, chosen: isolation.Isolation, spare: bool = False) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if child_env_allowed(k)}
@@ -216,7 +225,7 @@ class Sandbox:
             spare = None
         child = spare or self._spawn()
         self.proc, self.stderr, self.tmp = child.proc, child.stderr, child.tmp
-        self.isolation, self.bound = child.level, child.bound
+        self.isolation, self.bound, self.channel = child.level, child.bound, child.channel
         self.own_code_only = True
         self.ran_candidate = False
         self.brought = set()
@@ -237,17 +246,26 @@ class Sandbox:
         if chosen == "bwrap":  # the compiled kernels every child reads, read-only
             triton_cache.SHARED.mkdir(parents=True, exist_ok=True)
             readable = (*readable, str(triton_cache.SHARED))
-        proc = subprocess.Popen(
-            isolation.wrap(chosen, argv, tmp, self.device, writable, readable),
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=stderr,
-            cwd=tmp,
-            env=self._env(tmp, chosen, spare),
-            start_new_session=True,
-            preexec_fn=child_limits,
-        )
-        return _Child(proc, stderr, tmp, chosen, self._bound())
+        channel, theirs = descriptors.pair()
+        env = {**self._env(tmp, chosen, spare), descriptors.ENV: str(theirs)}
+        try:
+            proc = subprocess.Popen(
+                isolation.wrap(chosen, argv, tmp, self.device, writable, readable),
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=stderr,
+                cwd=tmp,
+                env=env,
+                start_new_session=True,
+                preexec_fn=child_limits,
+                pass_fds=(theirs,),
+            )
+        except BaseException:
+            channel.close()
+            raise
+        finally:
+            os.close(theirs)
+        return _Child(proc, stderr, tmp, chosen, self._bound(), channel)
 
     def start_spare(self) -> None:
         """Start the next child now, while the worker does other things (a torch import: seconds)."""
@@ -401,6 +419,10 @@ class Sandbox:
                 self.own_code_only = False  # until this process ends
         assert self.proc and self.proc.stdin and self.proc.stdout and self.stderr
         self.stderr_mark = self.stderr.tell()
+        self._hand_incoming()
+        if self.judge is not None and _runs_candidate(request):  # what an earlier candidate gave: not read
+            descriptors.close_all(self.judge.incoming)
+            self.judge.incoming = []
         frame = orjson.dumps({"task": task, "request": request.model_dump(mode="json")})
         try:
             self.proc.stdin.write(HEADER.pack(len(frame)) + frame)
@@ -424,6 +446,8 @@ class Sandbox:
             raise self._fault(
                 "crash", "the child sent a malformed reply (candidate code wrote to the protocol pipe)"
             ) from None
+        finally:
+            self._pass_given()
         if why := limits.over_folder(self.tmp):  # its folder past the cap: stopped, the folder removed
             raise self._fault("policy", why)
         if reply.recycle or untrusted:  # a tainted child, or one a candidate from outside ran in
@@ -438,11 +462,35 @@ class Sandbox:
             raise SandboxError(f"{request.op} failed inside the sandbox: {detail}\n{trace or ''}")
         return result, reply.busy_s
 
+    def _hand_incoming(self) -> None:
+        """Send this child the descriptors waiting for it (a judge: the outputs it is about to read)."""
+        waiting, self.incoming = self.incoming, []
+        try:
+            for name, fd in waiting:
+                if self.channel is not None:
+                    descriptors.send(self.channel, name, fd)
+        except OSError:
+            pass  # the child is gone or flooded: a descriptor it asks for is missing, and it says so
+        finally:
+            descriptors.close_all(waiting)
+
+    def _pass_given(self) -> None:
+        """What the child gave during its request, to the judge's next request (closed where none)."""
+        if self.channel is not None:
+            self.given += descriptors.drain(self.channel)
+        given, self.given = self.given, []
+        if self.judge is not None:
+            self.judge.incoming += given
+        else:
+            descriptors.close_all(given)
+
     def _read(self, deadline: float, timeout_s: float) -> tuple[object, float]:
         """The child's next frame, as the JSON document it holds, and this worker's monotonic clock when
-        its last byte came in (a batch mark's time: child/marks.py)."""
+        its last byte came in (a batch mark's time: child/marks.py). Descriptors the child gives meanwhile
+        are collected, so that its end of their socket never fills."""
         assert self.proc and self.proc.stdout
         fd = self.proc.stdout.fileno()
+        closed = False
         while True:
             if len(self.pending) >= HEADER.size:
                 size = HEADER.unpack(self.pending[: HEADER.size])[0]
@@ -460,8 +508,15 @@ class Sandbox:
             left = deadline - time.monotonic()
             if left <= 0:
                 raise self._fault("timeout", f"no answer within {timeout_s:g} s; the child was killed")
-            ready, _, _ = select.select([fd], [], [], min(left, 1.0))
-            if not ready:
+            watched = [fd] if self.channel is None or closed else [fd, self.channel.fileno()]
+            ready, _, _ = select.select(watched, [], [], min(left, 1.0))
+            if self.channel is not None and self.channel.fileno() in ready:
+                came = descriptors.drain(self.channel)
+                closed = not came  # readable with nothing to read: the child closed its end
+                self.given += came
+                if len(self.given) > descriptors.MAX_HELD:
+                    raise self._fault("crash", f"the child gave over {descriptors.MAX_HELD} descriptors")
+            if fd not in ready:
                 continue
             chunk = os.read(fd, 1 << 16)
             self.pending_at = time.monotonic()
@@ -512,6 +567,11 @@ class Sandbox:
         if self.proc is not None:
             _end(self.proc, self.stderr)
             self.proc = None
+        if self.channel is not None:
+            self.channel.close()
+            self.channel = None
+        descriptors.close_all(self.incoming)
+        self.incoming = []
         if self.tmp is not None:
             scratch.remove(self.tmp)
             self.tmp = None
