@@ -199,7 +199,9 @@ def test_a_problem_that_cannot_run_ends_the_run_before_any_candidate(
     problem = tmp_path / "broken_problem.py"
     problem.write_text(RUNS.format(**parts))
     db = tmp_path / "kb.db"
-    res = kb("run", problem, "--db", db, "--device", "cpu", "--quiet", cwd=tmp_path)
+    # in this process (two sandboxed children, not six): the supervised workers' way to exit 4 is
+    # test_a_problem_that_fails_in_the_gates_judge_ends_the_run_uncharged's
+    res = kb("run", problem, "--db", db, "--device", "cpu", "--quiet", "--inprocess", cwd=tmp_path)
     assert res.returncode == 4, (res.stdout, res.stderr)
     last = res.stdout.strip().splitlines()[-1]
     assert str(problem) in last and words in last and "cannot be evaluated" in last, last
@@ -219,7 +221,16 @@ def test_a_hung_import_ends_the_run_within_the_analysis_timeout(tmp_path: Path) 
     db = tmp_path / "kb.db"
     started = time.monotonic()
     res = kb(
-        "run", problem, "--db", db, "--device", "cpu", "--quiet", cwd=tmp_path, KB_ANALYSIS_TIMEOUT_S="5"
+        "run",
+        problem,
+        "--db",
+        db,
+        "--device",
+        "cpu",
+        "--quiet",
+        "--inprocess",
+        cwd=tmp_path,
+        KB_ANALYSIS_TIMEOUT_S="5",
     )
     took = time.monotonic() - started
     assert res.returncode == 4, (res.stdout, res.stderr)

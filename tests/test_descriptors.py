@@ -34,10 +34,11 @@ GIVER = textwrap.dedent(
 )
 
 
-def _run_giver(code: str, device: str = "cpu") -> list[tuple[str, int]]:
+def _run_giver(code: str) -> list[tuple[str, int]]:
     """Run `code` in a child with its end of a pair; what it gave."""
     mine, theirs = descriptors.pair()
-    env = {**os.environ, descriptors.ENV: str(theirs), "PYTHONPATH": str(ROOT)}
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
+    env = {**os.environ, descriptors.ENV: str(theirs), "PYTHONPATH": path}
     try:
         done = subprocess.run(
             [sys.executable, "-c", code], env=env, pass_fds=(theirs,), capture_output=True, timeout=120

@@ -210,7 +210,9 @@ def test_events_follow_streams_until_the_run_finishes(tmp_path):
     from tests.kbcli import kb_start
 
     db = tmp_path / "kb.db"
-    proc, run_id = kb_start(["run", str(SOFTMAX), "--db", str(db), "--max-candidates", "2", "--quiet"])
+    proc, run_id = kb_start(
+        ["run", str(SOFTMAX), "--db", str(db), "--max-candidates", "2", "--quiet", "--inprocess"]
+    )
     follow = kb("events", run_id, "--db", str(db), "--follow", "--json", timeout=300)
     proc.wait(timeout=300)
     assert follow.returncode == 0, follow.stderr

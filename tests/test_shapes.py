@@ -254,7 +254,9 @@ def test_kb_run_on_a_full_size_file_checks_and_times_the_fitted_shape(tmp_path: 
     problem = tmp_path / "24_LogSoftmax.py"
     problem.write_text(LOG_SOFTMAX)
     db = tmp_path / "kb.db"
-    r = kb("run", str(problem), "--db", str(db), "--max-candidates", "2", "--quiet", timeout=600)
+    r = kb(
+        "run", str(problem), "--db", str(db), "--max-candidates", "2", "--quiet", "--inprocess", timeout=600
+    )
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     with sqlite3.connect(f"{db.as_uri()}?mode=ro", uri=True) as con:
         rows = [(t, json.loads(p)) for t, p in con.execute("SELECT type, payload FROM events ORDER BY seq")]

@@ -82,9 +82,9 @@ def _chunks(n: int) -> list[tuple[int, int]]:
 
 
 def new_request() -> None:
-    """A request starts: its budget of GPU bytes is whole again, and descriptors of the last are gone."""
+    """A request starts: its budget of GPU bytes is whole again (the descriptors the worker sent for it
+    are kept: the last request's were discarded as it ended)."""
     _on_gpu[0] = 0
-    descriptors.discard()
 
 
 def _hand_on_gpu(tensors: list[torch.Tensor]) -> bool:
