@@ -45,6 +45,8 @@ from kernelbrain.core.protocol import (
     CandidateRequest,
     DuelRequest,
     GateRequest,
+    JudgeRequest,
+    KeptRequest,
     Message,
     NcuRequest,
     ReferenceTimeRequest,
@@ -71,6 +73,9 @@ R = TypeVar("R", bound=Message)
 
 # what times or profiles on the GPU: no other request may run there meanwhile (runtime/gpu_lock.py)
 TIMED = (BenchRequest, DuelRequest, ReferenceTimeRequest, RooflineRequest, NcuRequest)
+# what reads a candidate child's outputs: the only requests its descriptors are sent with (any other judge
+# request in between, a launcher build, ends by closing what it was sent)
+READS_OUTPUTS = (JudgeRequest, KeptRequest)
 MAX_REPLY = 64 << 20  # replies are small JSON documents; more means something else wrote to the pipe
 MAX_MARKS = 1 << 20  # timed batches' marks in one reply's time (child/marks.py): 4 a pair of samples
 
@@ -419,7 +424,8 @@ class Sandbox:
                 self.own_code_only = False  # until this process ends
         assert self.proc and self.proc.stdin and self.proc.stdout and self.stderr
         self.stderr_mark = self.stderr.tell()
-        self._hand_incoming()
+        if isinstance(request, READS_OUTPUTS):
+            self._hand_incoming()
         if self.judge is not None and _runs_candidate(request):  # what an earlier candidate gave: not read
             descriptors.close_all(self.judge.incoming)
             self.judge.incoming = []
