@@ -16,7 +16,7 @@ from kernelbrain.core.errors import UserError
 from kernelbrain.core.events import EventError
 from kernelbrain.core.problem import ProblemError
 from kernelbrain.generators import GenerationError
-from kernelbrain.runtime import scratch
+from kernelbrain.runtime import limits, scratch
 from kernelbrain.runtime.check import CandidateFileError
 from kernelbrain.runtime.isolation import IsolationError
 from kernelbrain.runtime.run_lease import RunHeld
@@ -70,11 +70,13 @@ def json_option(f: F) -> F:
 def user_errors(f: Callable[P, T]) -> Callable[P, T]:
     """Known failures become one clear line (click prints 'Error: ...') and exit 1, or EXIT_PROBLEM where
     the problem file is at fault, EXIT_BUSY where another process drives the run. First, the scratch
-    folders that killed kb processes left on this machine are swept (runtime/scratch.py)."""
+    folders and sandbox cgroups that killed kb processes left on this machine are swept
+    (runtime/scratch.py, runtime/limits.py)."""
 
     @functools.wraps(f)
     def wrapper(*args: P.args, **kwargs: P.kwargs) -> T:
         scratch.sweep()
+        limits.sweep_cgroups()
         try:
             return f(*args, **kwargs)
         except ProblemError as e:

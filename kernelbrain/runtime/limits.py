@@ -6,10 +6,15 @@
   candidate) drops to it (`kernelbrain/child/limits.py`). A user namespace would not do: bubblewrap
   maps its sandbox uid onto the caller's, so `--uid 1000` under root is root on every file the sandbox
   shows. Where kb is not root, the child is already the worker's own, unprivileged uid.
-- **memory.** RLIMIT_DATA: the private writable memory the child maps (heap, arenas, tensors). Not
+- **memory.** Where the machine has a writable cgroup v2 hierarchy with the memory controller (the H100
+  hosts: root in a container whose cgroup namespace root delegates it), each child runs in a cgroup of
+  its own with `memory.max` (and no swap): it counts everything the child's pages cost, page cache and
+  shared memory included, and a child past it is killed by the kernel (`oom_killed` says so). Everywhere
+  RLIMIT_DATA also holds: the private writable memory the child maps (heap, arenas, tensors). Not
   RLIMIT_AS, which counts address space: CUDA reserves tens of GiB of it, and torch's CUDA init fails
-  under any cap on it. cgroup v2 would count page cache and shared memory too; this machine's cgroups are
-  v1, and a process may not enable controllers in a v2 cgroup it sits in, so the rlimit it is.
+  under any cap on it. On cgroup v1 (the development machine), or without a v2 parent the worker may
+  create cgroups in, the rlimit is the only cap. The cgroups are named `kb-PID-START-N` after their
+  worker; `sweep_cgroups` removes those of workers that are gone (every kb command runs it).
   `MEMORY` per device: the CPU children check and time shapes fitted to 256 KiB (a child that gated one
   holds 0.25 GiB), a GPU child copies full-size outputs to the host.
 - **processes.** RLIMIT_NPROC of the children's own uid (threads count: torch starts one a core; a
@@ -26,10 +31,16 @@
 from __future__ import annotations
 
 import contextlib
+import functools
+import itertools
 import os
+import re
+import time
 from pathlib import Path
 
 from pydantic import BaseModel
+
+from kernelbrain.runtime import processes
 
 GIB = 1 << 30
 UID_BASE = 100_000_000  # far above any account's uid, below the 2^31 some tools choke on
@@ -41,6 +52,9 @@ FOLDER = {"cpu": 1 * GIB, "cuda": 16 * GIB}
 FILE_CAP = 64 << 30
 
 _BY_FOLDER: dict[str, Limits] = {}  # each started child's limits, by its own folder
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+CGROUP_NAME = re.compile(r"^kb-(\d+)-(\d+)-\d+$")
+_cgroup_numbers = itertools.count()
 
 
 class Limits(BaseModel):
@@ -51,7 +65,7 @@ class Limits(BaseModel):
     processes: int | None  # RLIMIT_NPROC of its own uid; None: none (no uid of its own)
     folder_bytes: int | None  # its /tmp tmpfs, and its own folder after each request; None: none
     file_bytes: int = FILE_CAP  # RLIMIT_FSIZE
-    memory_by: str = "RLIMIT_DATA"
+    memory_by: str = "RLIMIT_DATA"  # or "cgroup v2 memory.max and RLIMIT_DATA"
     cgroup: str = ""  # the machine's cgroup version, for the record
     uid_per_worker: bool = False  # recorded for a run: `uid` is UID_BASE, each worker's is UID_BASE + its pid
 
@@ -70,7 +84,115 @@ def _physical() -> int:
 
 
 def cgroup_version() -> str:
-    return "v2" if Path("/sys/fs/cgroup/cgroup.controllers").exists() else "v1"
+    return "v2" if (CGROUP_ROOT / "cgroup.controllers").exists() else "v1"
+
+
+def _own_cgroup() -> Path | None:
+    """This process's cgroup v2 folder, where the hierarchy is v2."""
+    try:
+        for line in Path("/proc/self/cgroup").read_text().splitlines():
+            if line.startswith("0::"):
+                return CGROUP_ROOT / line[3:].lstrip("/")
+    except OSError:
+        pass
+    return None
+
+
+@functools.cache
+def cgroup_parent() -> Path | None:
+    """Where this worker may make a child's cgroup with a memory cap: the nearest ancestor of its own
+    cgroup (its own holds processes, so it may not delegate controllers) that delegates the memory
+    controller and that it may write; None on cgroup v1, or where none does (KB_SANDBOX_CGROUP=0: none)."""
+    if os.environ.get("KB_SANDBOX_CGROUP", "1").strip() == "0" or cgroup_version() != "v2":
+        return None
+    own = _own_cgroup()
+    if own is None:
+        return None
+    for folder in own.parents:
+        if not folder.is_relative_to(CGROUP_ROOT):
+            break
+        try:
+            delegated = (folder / "cgroup.subtree_control").read_text().split()
+        except OSError:
+            continue
+        if "memory" in delegated and os.access(folder, os.W_OK):
+            probe = folder / f"kb-{os.getpid()}-probe"
+            try:
+                probe.mkdir()
+                probe.rmdir()
+            except OSError:
+                continue
+            return folder
+    return None
+
+
+def make_cgroup(limit: Limits) -> Path | None:
+    """A new cgroup for one child, capped at the limit's memory (no swap), named after this worker; None
+    where cgroups are not to be had or the limit has no memory cap."""
+    parent = cgroup_parent()
+    if parent is None or limit.memory_bytes is None:
+        return None
+    pid, start = processes.me()
+    folder = parent / f"kb-{pid}-{start}-{next(_cgroup_numbers)}"
+    try:
+        folder.mkdir()
+        (folder / "memory.max").write_text(str(limit.memory_bytes))
+        with contextlib.suppress(OSError):  # absent without swap accounting
+            (folder / "memory.swap.max").write_text("0")
+    except OSError:
+        remove_cgroup(folder)
+        return None
+    return folder
+
+
+def enter_cgroup(folder: Path) -> None:
+    """Move the calling process into `folder` (a child's preexec, before it execs: all it starts stays
+    there)."""
+    (folder / "cgroup.procs").write_text("0")
+
+
+def oom_killed(folder: Path | None) -> bool:
+    """Whether the kernel killed a process of this cgroup for passing its memory.max."""
+    if folder is None:
+        return False
+    try:
+        for line in (folder / "memory.events").read_text().splitlines():
+            key, _, value = line.partition(" ")
+            if key == "oom_kill" and int(value) > 0:
+                return True
+    except (OSError, ValueError):
+        pass
+    return False
+
+
+def remove_cgroup(folder: Path | None) -> None:
+    """Remove a child's cgroup once its processes are gone (a killed process leaves it within moments)."""
+    if folder is None:
+        return
+    for _ in range(50):
+        try:
+            folder.rmdir()
+            return
+        except FileNotFoundError:
+            return
+        except OSError:
+            time.sleep(0.01)
+
+
+def sweep_cgroups() -> list[Path]:
+    """Remove the children's cgroups of workers that are gone (a SIGKILLed worker removes nothing)."""
+    parent = cgroup_parent()
+    if parent is None:
+        return []
+    removed = []
+    with contextlib.suppress(OSError):
+        for folder in parent.iterdir():
+            m = CGROUP_NAME.match(folder.name)
+            if m and not processes.alive(int(m.group(1)), m.group(2)):
+                with contextlib.suppress(OSError):
+                    folder.rmdir()
+                    removed.append(folder)
+    return removed
 
 
 def own_uid(isolation: str) -> bool:
@@ -94,11 +216,13 @@ def chosen(device: str, isolation: str, uid: int | None = None) -> Limits:
         raw = os.environ.get("KB_SANDBOX_PROCESSES", "").strip()
         processes = int(raw) if raw else 4 * (os.cpu_count() or 1) + 128
         processes = processes or None
+    by_cgroup = memory is not None and cgroup_parent() is not None
     return Limits(
         uid=uid if own_uid(isolation) else None,
         memory_bytes=memory,
         processes=processes,
         folder_bytes=folder if isolation == "bwrap" else None,
+        memory_by="cgroup v2 memory.max and RLIMIT_DATA" if by_cgroup else "RLIMIT_DATA",
         cgroup=cgroup_version(),
     )
 
@@ -156,6 +280,11 @@ def folder_bytes(folder: Path) -> int:
 def started(folder: Path, limits: Limits) -> None:
     """Note the limits of the child whose own folder this is (`over_folder` reads them)."""
     _BY_FOLDER[str(folder)] = limits
+
+
+def of(folder: Path) -> Limits | None:
+    """The limits the child whose own folder this is started with."""
+    return _BY_FOLDER.get(str(folder))
 
 
 def over_folder(folder: Path | None) -> str | None:

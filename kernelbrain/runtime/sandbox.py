@@ -130,10 +130,12 @@ class _Child:
     level: isolation.Isolation
     bound: tuple[str, ...]
     channel: socket.socket  # the worker's end of its descriptors' socket (core/descriptors.py)
+    cgroup: Path | None  # its own cgroup with its memory cap, where there is one (runtime/limits.py)
 
     def end(self) -> None:
         _end(self.proc, self.stderr)
         self.channel.close()
+        limits.remove_cgroup(self.cgroup)
         scratch.remove(self.tmp)
 
 
@@ -192,6 +194,7 @@ class Sandbox:
         self.ran_candidate = False  # the child has run some candidate's code: no place for one from outside
         self.spare: _Child | None = None  # a child started ahead of the next candidate from outside
         self.channel: socket.socket | None = None  # the child's descriptors' socket (core/descriptors.py)
+        self.cgroup: Path | None = None  # the child's own cgroup (runtime/limits.py), where it has one
         # descriptors for this child (a judge's: the candidate child's outputs in GPU memory), sent with
         # its next request; and those the child gave during its current request
         self.incoming: list[tuple[str, int]] = []
@@ -231,6 +234,7 @@ class Sandbox:
         child = spare or self._spawn()
         self.proc, self.stderr, self.tmp = child.proc, child.stderr, child.tmp
         self.isolation, self.bound, self.channel = child.level, child.bound, child.channel
+        self.cgroup = child.cgroup
         self.own_code_only = True
         self.ran_candidate = False
         self.brought = set()
@@ -251,26 +255,36 @@ class Sandbox:
         if chosen == "bwrap":  # the compiled kernels every child reads, read-only
             triton_cache.SHARED.mkdir(parents=True, exist_ok=True)
             readable = (*readable, str(triton_cache.SHARED))
+        command = isolation.wrap(chosen, argv, tmp, self.device, writable, readable)
+        limit = limits.of(tmp)
+        cgroup = limits.make_cgroup(limit) if limit is not None else None
+
+        def preexec() -> None:
+            child_limits()
+            if cgroup is not None:
+                limits.enter_cgroup(cgroup)
+
         channel, theirs = descriptors.pair()
         env = {**self._env(tmp, chosen, spare), descriptors.ENV: str(theirs)}
         try:
             proc = subprocess.Popen(
-                isolation.wrap(chosen, argv, tmp, self.device, writable, readable),
+                command,
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=stderr,
                 cwd=tmp,
                 env=env,
                 start_new_session=True,
-                preexec_fn=child_limits,
+                preexec_fn=preexec,
                 pass_fds=(theirs,),
             )
         except BaseException:
             channel.close()
+            limits.remove_cgroup(cgroup)
             raise
         finally:
             os.close(theirs)
-        return _Child(proc, stderr, tmp, chosen, self._bound(), channel)
+        return _Child(proc, stderr, tmp, chosen, self._bound(), channel, cgroup)
 
     def start_spare(self) -> None:
         """Start the next child now, while the worker does other things (a torch import: seconds)."""
@@ -434,7 +448,7 @@ class Sandbox:
             self.proc.stdin.write(HEADER.pack(len(frame)) + frame)
             self.proc.stdin.flush()
         except BrokenPipeError:
-            raise self._fault("crash", self._died()) from None
+            raise self._death() from None
         self.executions += 1
         self.marks, self.pending = [], b""
         deadline = time.monotonic() + timeout_s
@@ -527,7 +541,7 @@ class Sandbox:
             chunk = os.read(fd, 1 << 16)
             self.pending_at = time.monotonic()
             if not chunk:
-                raise self._fault("crash", self._died())
+                raise self._death()
             self.pending += chunk
 
     def _died(self) -> str:
@@ -537,8 +551,20 @@ class Sandbox:
         except subprocess.TimeoutExpired:
             return "the child closed its pipe but did not exit"
         sig = isolation.exit_signal(self.isolation or "none", code)
+        if limits.oom_killed(self.cgroup):
+            limit = limits.of(self.tmp) if self.tmp is not None else None
+            cap = f" of {limit.memory_bytes / limits.GIB:g} GiB" if limit and limit.memory_bytes else ""
+            return (
+                f"the child used more memory than its sandbox's cap{cap} (cgroup memory.max) and was killed"
+            )
         how = f"was killed by {_signal_name(-sig)}" if sig is not None else f"exited with status {code}"
         return f"the child {how}{self._stderr_tail()}"
+
+    def _death(self) -> SandboxFault:
+        """The fault of a child that died mid-request: past its memory cap (the candidate's `runtime`
+        fault, as a MemoryError under the rlimit is), else a crash."""
+        detail = self._died()
+        return self._fault("runtime" if limits.oom_killed(self.cgroup) else "crash", detail)
 
     def _stderr_tail(self) -> str:
         assert self.tmp
@@ -573,6 +599,8 @@ class Sandbox:
         if self.proc is not None:
             _end(self.proc, self.stderr)
             self.proc = None
+        limits.remove_cgroup(self.cgroup)
+        self.cgroup = None
         if self.channel is not None:
             self.channel.close()
             self.channel = None

@@ -4,8 +4,9 @@ Precision and range: an output of a cheaper dtype than the reference's (judged, 
 tolerance), a softmax offset by a constant or by the max of a few columns instead of its row max (it
 passed draws of |x| <= 100). Each fails with its category; its honest twin passes.
 
-Resources: a child that allocates past its memory cap, forks past its process cap, or fills its /tmp or
-its own folder fails as the candidate's fault, with its category, in a sandbox started with small caps;
+Resources: a child that allocates past its memory cap (private memory: RLIMIT_DATA; shared memory: its
+cgroup's memory.max, where the machine has cgroup v2 to give), forks past its process cap, or fills its
+/tmp or its own folder fails as the candidate's fault, with its category, in a sandbox of small caps;
 the child runs as an unprivileged uid (where kb is root) and sees no root-only file of /etc."""
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import torch
 
 from kernelbrain.child.draws import variant
 from kernelbrain.core.protocol import GateRequest
-from kernelbrain.runtime import isolation
+from kernelbrain.runtime import isolation, limits
 from kernelbrain.runtime.sandbox import Sandbox, SandboxFault
 from tests.red_team.test_gate_cheats import SOFTMAX, softmax_cheat
 
@@ -120,6 +121,17 @@ RESOURCES = {
         "runtime",
         "Resource temporarily unavailable",
     ),
+    # shared memory, which RLIMIT_DATA does not count: only a cgroup's memory.max holds it
+    "shared memory past the cap": (
+        "import mmap, os\n"
+        "fd = os.memfd_create('fill')\n"
+        "os.ftruncate(fd, 3 << 30)\n"
+        "pages = mmap.mmap(fd, 3 << 30)\n"
+        "for at in range(0, 3 << 30, 1 << 24):\n"
+        "    pages[at : at + (1 << 24)] = bytes(1 << 24)",
+        "runtime",
+        "memory",
+    ),
     "its /tmp filled": (
         "with open('/tmp/fill', 'wb') as f:\n    for _ in range(96):\n        f.write(bytes(1 << 20))",
         "runtime",
@@ -155,6 +167,10 @@ def test_a_resource_cheat_fails_as_the_candidates_fault(tight: Sandbox, name: st
     attack, category, words = RESOURCES[name]
     if name == "processes past the cap" and os.geteuid() != 0:
         pytest.skip("the process cap holds where the children have a uid of their own (kb is root)")
+    if name == "shared memory past the cap" and limits.cgroup_parent() is None:
+        pytest.skip(
+            f"shared memory is capped by a cgroup v2 memory.max, not here (cgroup {limits.cgroup_version()})"
+        )
     r = _gate(tight, softmax_cheat(attack + "\n" + HONEST))
     assert (r["passed"], r["category"]) == (False, category), (name, r)
     assert words in r["detail"], (name, r["detail"])
