@@ -147,8 +147,17 @@ def make_cgroup(limit: Limits) -> Path | None:
 
 def enter_cgroup(folder: Path) -> None:
     """Move the calling process into `folder` (a child's preexec, before it execs: all it starts stays
-    there)."""
-    (folder / "cgroup.procs").write_text("0")
+    there). A refusal is not raised here (a preexec cannot report it): `holds` tells afterwards."""
+    with contextlib.suppress(OSError):
+        (folder / "cgroup.procs").write_text("0")
+
+
+def holds(folder: Path, pid: int) -> bool:
+    """Whether process `pid` sits in the cgroup `folder` (it entered before its exec)."""
+    try:
+        return str(pid) in (folder / "cgroup.procs").read_text().split()
+    except OSError:
+        return False
 
 
 def oom_killed(folder: Path | None) -> bool:

@@ -284,6 +284,9 @@ class Sandbox:
             raise
         finally:
             os.close(theirs)
+        if cgroup is not None and not limits.holds(cgroup, proc.pid):  # refused: RLIMIT_DATA alone holds
+            limits.remove_cgroup(cgroup)
+            cgroup = None
         return _Child(proc, stderr, tmp, chosen, self._bound(), channel, cgroup)
 
     def start_spare(self) -> None:
