@@ -20,7 +20,9 @@ from typing import Literal
 import pytest
 
 from kernelbrain.core.protocol import GateReply, GateRequest, Request
-from kernelbrain.runtime.sandbox import FILE_CAP, Sandbox, SandboxError, SandboxFault, child_limits
+from kernelbrain.runtime.child_process import child_limits
+from kernelbrain.runtime.limits import FILE_CAP
+from kernelbrain.runtime.sandbox import Sandbox, SandboxError, SandboxFault
 
 HERE = Path(__file__).resolve().parent
 PROBLEM = (HERE / "problems" / "softmax_small.py").read_text()

@@ -89,8 +89,7 @@ def _call(name: str, *args: Any) -> None:
 
 
 def _device() -> int:
-    torch.cuda.init()
-    torch.cuda.current_stream().synchronize()  # the primary context is current on this thread
+    torch.cuda.current_stream().synchronize()  # CUDA is up, its primary context current on this thread
     return torch.cuda.current_device()
 
 

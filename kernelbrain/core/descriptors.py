@@ -110,6 +110,20 @@ def take(name: str) -> int:
     return _held.pop(name)
 
 
+def held_names() -> list[str]:
+    """The names of what this process received and has not taken yet."""
+    return list(_held)
+
+
+def forget_channel() -> None:
+    """Drop this process's channel (not closing it) and what it held: the next use reads KB_DESCRIPTORS_FD
+    again (a test that changes it)."""
+    for sock in _sock:
+        sock.detach()  # the descriptor stays open: whoever set KB_DESCRIPTORS_FD closes it
+    _sock.clear()
+    _held.clear()
+
+
 def discard() -> None:
     """Close every descriptor received and not taken (after each request: nothing carries over)."""
     sock = _channel()

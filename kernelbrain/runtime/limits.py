@@ -48,7 +48,7 @@ MEMORY = {"cpu": 4 * GIB, "cuda": 64 * GIB}  # at most half the machine's memory
 FOLDER = {"cpu": 1 * GIB, "cuda": 16 * GIB}
 # the largest file a child may write: the judge writes a problem's drawn inputs, one file a tensor set,
 # and a trial its outputs; KernelBench's reach 8.6 GB a tensor. Still a bound on a candidate that writes
-# without end (sandbox.FILE_CAP, set before the child starts)
+# without end (set before the child starts: runtime/child_process.py)
 FILE_CAP = 64 << 30
 
 _BY_FOLDER: dict[str, Limits] = {}  # each started child's limits, by its own folder

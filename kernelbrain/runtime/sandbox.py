@@ -19,16 +19,12 @@ in the judge (runtime/reference_retiming.py).
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
-import resource
 import select
-import signal
 import socket
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, TypeVar
 
@@ -64,10 +60,11 @@ from kernelbrain.runtime import (
     scratch,
     triton_cache,
 )
+from kernelbrain.runtime.child_process import Started, child_limits, end_process, signal_name
 from kernelbrain.runtime.environment import child_env_allowed
 from kernelbrain.runtime.faults import ProblemFault, SandboxError, SandboxFault
 
-__all__ = ["FILE_CAP", "TIMED", "ProblemFault", "Sandbox", "SandboxError", "SandboxFault", "child_limits"]
+__all__ = ["TIMED", "ProblemFault", "Sandbox", "SandboxError", "SandboxFault"]
 
 R = TypeVar("R", bound=Message)
 
@@ -79,23 +76,6 @@ READS_OUTPUTS = (JudgeRequest, KeptRequest)
 MAX_REPLY = 64 << 20  # replies are small JSON documents; more means something else wrote to the pipe
 MAX_MARKS = 1 << 20  # timed batches' marks in one reply's time (child/marks.py): 4 a pair of samples
 
-# the largest file a child may write: the judge writes a problem's drawn inputs, one file a tensor set,
-# and a trial its outputs; KernelBench's reach 8.6 GB a tensor (a 4 GiB cap failed 100_HingeLoss's
-# 4 GiB input). Still a bound on a candidate that writes without end
-FILE_CAP = 64 << 30
-
-
-def child_limits() -> None:
-    """What every child starts with (a subprocess's preexec_fn): no SIGINT, no core dumps, files no larger
-    than FILE_CAP, and death with its worker."""
-    # ignored across exec: a SIGINT to the child's group (a terminal's Ctrl-C) must not stop a request
-    # in a wrapper (bwrap) before the child itself ignores it
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-    resource.setrlimit(resource.RLIMIT_FSIZE, (FILE_CAP, FILE_CAP))
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-
 
 def _sources(request: Request[Any]) -> list[str]:
     """The candidates a request runs."""
@@ -106,44 +86,6 @@ def _sources(request: Request[Any]) -> list[str]:
 
 def _runs_candidate(request: Request[Any]) -> bool:
     return bool(_sources(request)) or isinstance(request, TrialRequest)
-
-
-def _end(proc: subprocess.Popen[bytes], stderr: IO[bytes] | None) -> None:
-    """Kill a child's process group and close its pipes and log."""
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, signal.SIGKILL)
-    with contextlib.suppress(Exception):
-        proc.wait(timeout=5)
-    for f in (proc.stdin, proc.stdout, stderr):
-        with contextlib.suppress(Exception):
-            if f is not None:
-                f.close()
-
-
-@dataclass
-class _Child:
-    """A started child process and what it was started with (the spare, before it is taken)."""
-
-    proc: subprocess.Popen[bytes]
-    stderr: IO[bytes]
-    tmp: Path
-    level: isolation.Isolation
-    bound: tuple[str, ...]
-    channel: socket.socket  # the worker's end of its descriptors' socket (core/descriptors.py)
-    cgroup: Path | None  # its own cgroup with its memory cap, where there is one (runtime/limits.py)
-
-    def end(self) -> None:
-        _end(self.proc, self.stderr)
-        self.channel.close()
-        limits.remove_cgroup(self.cgroup)
-        scratch.remove(self.tmp)
-
-
-def _signal_name(code: int) -> str:
-    try:
-        return signal.Signals(-code).name
-    except ValueError:
-        return f"signal {-code}"
 
 
 class Sandbox:
@@ -192,7 +134,7 @@ class Sandbox:
         self.pending_at = 0.0  # when its last part came in
         self.fresh_untrusted = fresh_untrusted
         self.ran_candidate = False  # the child has run some candidate's code: no place for one from outside
-        self.spare: _Child | None = None  # a child started ahead of the next candidate from outside
+        self.spare: Started | None = None  # a child started ahead of the next candidate from outside
         self.channel: socket.socket | None = None  # the child's descriptors' socket (core/descriptors.py)
         self.cgroup: Path | None = None  # the child's own cgroup (runtime/limits.py), where it has one
         # descriptors for this child (a judge's: the candidate child's outputs in GPU memory), sent with
@@ -242,7 +184,7 @@ class Sandbox:
     def _bound(self) -> tuple[str, ...]:
         return tuple(str(f) for f in (self.draws, self.outbox) if f is not None)
 
-    def _spawn(self, spare: bool = False) -> _Child:
+    def _spawn(self, spare: bool = False) -> Started:
         chosen = isolation.chosen()
         tmp = scratch.make("sandbox")
         stderr = open(tmp / "stderr.log", "wb")  # noqa: SIM115 - lives as long as the child
@@ -287,7 +229,7 @@ class Sandbox:
         if cgroup is not None and not limits.holds(cgroup, proc.pid):  # refused: RLIMIT_DATA alone holds
             limits.remove_cgroup(cgroup)
             cgroup = None
-        return _Child(proc, stderr, tmp, chosen, self._bound(), channel, cgroup)
+        return Started(proc, stderr, tmp, chosen, self._bound(), channel, cgroup)
 
     def start_spare(self) -> None:
         """Start the next child now, while the worker does other things (a torch import: seconds)."""
@@ -406,7 +348,7 @@ class Sandbox:
             self.recycle_due = False
             cache = self.own_cache()
             if self.proc is not None:
-                _end(self.proc, self.stderr)  # first: nothing of the candidate's writes its cache any more
+                end_process(self.proc, self.stderr)  # first: nothing of the candidate writes its cache after
                 self.proc = None
             if keep_cache is not None and cache is not None and cache.is_dir():
                 with contextlib.suppress(OSError):
@@ -560,7 +502,7 @@ class Sandbox:
             return (
                 f"the child used more memory than its sandbox's cap{cap} (cgroup memory.max) and was killed"
             )
-        how = f"was killed by {_signal_name(-sig)}" if sig is not None else f"exited with status {code}"
+        how = f"was killed by {signal_name(-sig)}" if sig is not None else f"exited with status {code}"
         return f"the child {how}{self._stderr_tail()}"
 
     def _death(self) -> SandboxFault:
@@ -600,7 +542,7 @@ class Sandbox:
     def stop(self) -> None:
         """Stop the child (after a fault, or to recycle it); a judge lives on: no candidate ran there."""
         if self.proc is not None:
-            _end(self.proc, self.stderr)
+            end_process(self.proc, self.stderr)
             self.proc = None
         limits.remove_cgroup(self.cgroup)
         self.cgroup = None
