@@ -13,6 +13,7 @@ import pytest
 from kernelbrain.store import EventStore
 
 from kernelbrain.core.policy import POLICY_VERSION
+from kernelbrain.core.state import RunState
 from tests.invariants import check_run, read_exec_log
 from tests.kbcli import SOFTMAX, kb, kb_env
 
@@ -37,6 +38,16 @@ def finished_run(tmp_path_factory):
     return db, run_id, r.stdout, log
 
 
+def _all_proposed(n: int, reason: str) -> None:
+    """The run proposed its 6 candidates, or ended because the mutations ran out: which finalist is
+    profiled (and so mutated) rests on CPU timings, and a mutation that renders an existing candidate
+    is a duplicate, not a new one. Round 0 proposes 4, and at least one mutation came."""
+    if reason.startswith("candidate budget reached"):
+        assert n == 6, (n, reason)
+    else:
+        assert reason == "search exhausted: no mutation left to try" and 4 < n < 6, (n, reason)
+
+
 def test_run_prints_id_progress_and_winner(finished_run):
     _, run_id, out, _ = finished_run
     assert out.startswith(f"run {run_id}\n")
@@ -47,7 +58,7 @@ def test_run_prints_id_progress_and_winner(finished_run):
 def test_run_log_holds_its_invariants(finished_run):
     db, run_id, _, log = finished_run
     state = check_run(db, run_id, log)
-    assert len(state.candidates) == 6
+    _all_proposed(len(state.candidates), state.finished.reason)
     assert state.finished.winner in state.candidates
     strategies = {c.proposal.strategy for c in state.candidates.values()}
     assert len(strategies) >= 2
@@ -77,7 +88,10 @@ def test_the_run_records_its_sandboxs_limits(finished_run):
 def test_status_ls_and_events(finished_run):
     db, run_id, _, _ = finished_run
     status = json.loads(kb("status", run_id, "--db", str(db), "--json").stdout)
-    assert status["state"] == "finished" and status["winner"] and status["candidates"]["proposed"] == 6
+    assert status["state"] == "finished" and status["winner"]
+    with EventStore(db, create=False) as store:
+        reason = store.fold(RunState(run_id), run_id=run_id).finished.reason
+    _all_proposed(status["candidates"]["proposed"], reason)
     assert status["budget"]["gpu_s"] > 0
     text = kb("status", run_id, "--db", str(db)).stdout
     assert "finalists" in text and status["winner"] in kb("ls", "--db", str(db)).stdout
