@@ -133,3 +133,21 @@ def test_gpu_outputs_read_back_in_another_process_after_the_writer_exited(tmp_pa
     descriptors.close_all(given)
     with pytest.raises(tensorfile.Unreadable, match="bytes in an allocation of"):
         tensorfile.read(path, "cuda")
+
+
+def test_a_receiver_that_never_reads_cannot_hang_the_sender(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The worker passes a child's descriptors on to the judge: were the judge's end full and never read,
+    the send fails after SEND_TIMEOUT_S rather than waiting for ever."""
+    monkeypatch.setattr(descriptors, "SEND_TIMEOUT_S", 0.2)
+    mine, theirs = descriptors.pair()
+    fd = os.memfd_create("x")
+    sent = 0
+    try:
+        with pytest.raises(OSError):
+            for sent in range(100_000):  # noqa: B007 - counted for the assertion below
+                descriptors.send(mine, "x", fd)
+        assert sent > 0
+    finally:
+        os.close(fd)
+        os.close(theirs)
+        mine.close()

@@ -34,10 +34,14 @@ def pair() -> tuple[socket.socket, int]:
     return mine, theirs.detach()
 
 
+SEND_TIMEOUT_S = 10.0  # a receiver that reads nothing for this long: the send fails (OSError)
+
+
 def send(sock: socket.socket, name: str, fd: int) -> None:
-    """Pass `fd` under `name` (the caller still closes its copy)."""
+    """Pass `fd` under `name` (the caller still closes its copy). Waits while the receiver's buffer is
+    full, up to SEND_TIMEOUT_S: a receiver that never reads cannot hang the sender."""
     raw = name.encode()[:MAX_NAME]
-    sock.setblocking(True)
+    sock.settimeout(SEND_TIMEOUT_S)
     try:
         socket.send_fds(sock, [raw], [fd])
     finally:
