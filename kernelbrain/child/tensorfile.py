@@ -58,8 +58,9 @@ class Unreadable(Exception):
 
 CHUNK = 64 << 20  # bytes a GPU tensor moves through the pinned buffer at a time
 # the share of the GPU's memory a request's handed-over outputs may hold until the judge reads them (more
-# goes through the host): the judge still needs room for the reference's outputs beside them
-GPU_SHARE = 0.25
+# goes through the host): the judge still needs room for the reference's outputs beside them, and the
+# gatekeeper's and the benchmarker's children may each hold this much at once (10 GB on an 80 GB card)
+GPU_SHARE = 0.125
 
 _on_gpu = [0]  # bytes this request handed over on the GPU so far
 _vmm: dict[str, str | None] = {}  # why the driver cannot hand memory over here ("": it can)
