@@ -51,6 +51,13 @@ def _run_giver(code: str) -> list[tuple[str, int]]:
     return got
 
 
+def _pass_on(given: list[tuple[str, int]], judge_end) -> None:
+    """As the worker does: send what a child gave on to the judge, then close its own copies."""
+    for name, fd in given:
+        descriptors.send(judge_end, name, fd)
+    descriptors.close_all(given)
+
+
 @pytest.fixture
 def judge_end(monkeypatch: pytest.MonkeyPatch):
     """This process as a judge: the child's end of a pair as its channel, the worker's end returned."""
@@ -72,9 +79,7 @@ def _read(fd: int) -> bytes:
 def test_a_descriptor_given_by_one_process_is_taken_by_name_in_another(judge_end) -> None:
     given = _run_giver(GIVER)
     assert [name for name, _ in given] == ["a.bin", "b.bin", "a.bin"]
-    for name, fd in given:  # the worker passes them on, then closes its copies
-        descriptors.send(judge_end, name, fd)
-    descriptors.close_all(given)
+    _pass_on(given, judge_end)
     a = descriptors.take("a.bin")
     assert _read(a) == b"newer"  # the latest under a name counts
     os.close(a)
@@ -115,9 +120,7 @@ def test_gpu_outputs_read_back_in_another_process_after_the_writer_exited(tmp_pa
     given = _run_giver(f"import sys; sys.argv[1:] = [{str(path)!r}, {str(truth)!r}]\n" + WRITER)
     header = json.loads(header_of(path).read_text())
     assert header["on_gpu"] > 0 and path.stat().st_size == 0  # the bytes never went through the host
-    for name, fd in given:
-        descriptors.send(judge_end, name, fd)
-    descriptors.close_all(given)
+    _pass_on(given, judge_end)
     got = tensorfile.read(path, "cuda")
     for a, b in zip(torch.load(truth), got, strict=True):
         assert b.device.type == "cuda" and a.dtype == b.dtype and a.shape == b.shape
@@ -128,9 +131,7 @@ def test_gpu_outputs_read_back_in_another_process_after_the_writer_exited(tmp_pa
     header = json.loads(header_of(path).read_text())
     header["tensors"][0]["shape"] = [1000, 257 * 64]
     header_of(path).write_text(json.dumps(header))
-    for name, fd in given:
-        descriptors.send(judge_end, name, fd)
-    descriptors.close_all(given)
+    _pass_on(given, judge_end)
     with pytest.raises(tensorfile.Unreadable, match="bytes in an allocation of"):
         tensorfile.read(path, "cuda")
 

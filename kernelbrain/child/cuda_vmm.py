@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -140,15 +139,13 @@ class _Mapping:
     handle: int
 
     def release(self) -> None:
+        """Unmap the range and release this process's handle on the allocation (best effort: a release
+        never raises)."""
         if not self.size:
             return
         size, self.size = self.size, 0
-        for name, args in (
-            ("cuMemUnmap", (ctypes.c_uint64(self.pointer), ctypes.c_size_t(size))),
-            ("cuMemAddressFree", (ctypes.c_uint64(self.pointer), ctypes.c_size_t(size))),
-            ("cuMemRelease", (ctypes.c_uint64(self.handle),)),
-        ):
-            getattr(_driver(), name)(*args)  # best effort: a release never raises
+        _unmap(self.pointer, size)
+        _driver().cuMemRelease(ctypes.c_uint64(self.handle))
 
     @property
     def __cuda_array_interface__(self) -> dict[str, Any]:
@@ -158,7 +155,15 @@ class _Mapping:
         self.release()
 
 
+def _unmap(pointer: int, size: int) -> None:
+    """Unmap a range and give its addresses back (best effort)."""
+    _driver().cuMemUnmap(ctypes.c_uint64(pointer), ctypes.c_size_t(size))
+    _driver().cuMemAddressFree(ctypes.c_uint64(pointer), ctypes.c_size_t(size))
+
+
 def _map(handle: int, size: int, device: int) -> _Mapping:
+    """`handle`'s allocation mapped read-write here. On a failure the handle stays the caller's to
+    release; on success the mapping owns it."""
     pointer = ctypes.c_uint64()
     _call(
         "cuMemAddressReserve",
@@ -180,14 +185,13 @@ def _map(handle: int, size: int, device: int) -> _Mapping:
     except VmmError:
         _driver().cuMemAddressFree(pointer, ctypes.c_size_t(size))
         raise
-    mapping = _Mapping(pointer.value, size, handle)
     access = _Access(_Location(_ON_DEVICE, device), _READ_WRITE)
     try:
         _call("cuMemSetAccess", pointer, ctypes.c_size_t(size), ctypes.byref(access), ctypes.c_size_t(1))
     except VmmError:
-        mapping.release()
+        _unmap(pointer.value, size)
         raise
-    return mapping
+    return _Mapping(pointer.value, size, handle)
 
 
 def _view(mapping: _Mapping) -> torch.Tensor:
@@ -197,8 +201,8 @@ def _view(mapping: _Mapping) -> torch.Tensor:
 
 def export(tensors: list[torch.Tensor]) -> tuple[int, int]:
     """A new allocation holding each tensor's bytes in order (contiguous, device to device, each at its
-    `layout` offset), and a file
-    descriptor for it (the caller's to send and close); (descriptor, allocation size)."""
+    `layout` offset), and a file descriptor for it (the caller's to send and close); (descriptor,
+    allocation size)."""
     device = _device()
     offsets, nbytes = layout([t.numel() * t.element_size() for t in tensors])
     size = rounded(nbytes)
@@ -250,7 +254,3 @@ def mapped(fd: int, size: int) -> torch.Tensor:
         _driver().cuMemRelease(ctypes.c_uint64(handle.value))
         raise
     return _view(mapping)
-
-
-def close(fd: int) -> None:
-    os.close(fd)

@@ -63,7 +63,7 @@ CHUNK = 64 << 20  # bytes a GPU tensor moves through the pinned buffer at a time
 GPU_SHARE = 0.125
 
 _on_gpu = [0]  # bytes this request handed over on the GPU so far
-_vmm: dict[str, str | None] = {}  # why the driver cannot hand memory over here ("": it can)
+_vmm: dict[str, str | None] = {}  # "why": why the driver cannot hand memory over here (None: it can)
 
 
 _PINNED: list[torch.Tensor] = []  # this process's pinned buffer, made at the first GPU tensor
@@ -121,7 +121,7 @@ def write(path: Path, tensors: list[torch.Tensor]) -> None:
             try:
                 descriptors.give(path.name, fd)
             finally:
-                cuda_vmm.close(fd)
+                os.close(fd)
             _on_gpu[0] += size
             path.write_bytes(b"")
             header_of(path).write_text(Header(tensors=specs, on_gpu=size).model_dump_json())
@@ -183,7 +183,7 @@ def _read_on_gpu(path: Path, header: Header, sizes: list[int], device: str) -> l
     except cuda_vmm.VmmError as e:
         raise Unreadable(f"its GPU memory does not map: {e}") from None
     finally:
-        cuda_vmm.close(fd)
+        os.close(fd)
     return [
         flat[at : at + n].view(DTYPES[spec.dtype]).reshape(spec.shape)
         for spec, n, at in zip(header.tensors, sizes, offsets, strict=True)

@@ -120,11 +120,12 @@ def held_names() -> list[str]:
 
 
 def forget_channel() -> None:
-    """Drop this process's channel (not closing it) and what it held: the next use reads KB_DESCRIPTORS_FD
-    again (a test that changes it)."""
+    """Drop this process's channel (not closing it) and close what it held: the next use reads
+    KB_DESCRIPTORS_FD again (a test that changes it)."""
     for sock in _sock:
         sock.detach()  # the descriptor stays open: whoever set KB_DESCRIPTORS_FD closes it
     _sock.clear()
+    close_all(list(_held.items()))
     _held.clear()
 
 

@@ -431,8 +431,8 @@ class Sandbox:
         """Send this child the descriptors waiting for it (a judge: the outputs it is about to read)."""
         waiting, self.incoming = self.incoming, []
         try:
-            for name, fd in waiting:
-                if self.channel is not None:
+            if self.channel is not None:
+                for name, fd in waiting:
                     descriptors.send(self.channel, name, fd)
         except OSError:
             pass  # the child is gone or flooded: a descriptor it asks for is missing, and it says so
@@ -496,20 +496,19 @@ class Sandbox:
         except subprocess.TimeoutExpired:
             return "the child closed its pipe but did not exit"
         sig = isolation.exit_signal(self.isolation or "none", code)
-        if limits.oom_killed(self.cgroup):
-            limit = limits.of(self.tmp) if self.tmp is not None else None
-            cap = f" of {limit.memory_bytes / limits.GIB:g} GiB" if limit and limit.memory_bytes else ""
-            return (
-                f"the child used more memory than its sandbox's cap{cap} (cgroup memory.max) and was killed"
-            )
         how = f"was killed by {signal_name(-sig)}" if sig is not None else f"exited with status {code}"
         return f"the child {how}{self._stderr_tail()}"
 
     def _death(self) -> SandboxFault:
         """The fault of a child that died mid-request: past its memory cap (the candidate's `runtime`
         fault, as a MemoryError under the rlimit is), else a crash."""
-        detail = self._died()
-        return self._fault("runtime" if limits.oom_killed(self.cgroup) else "crash", detail)
+        detail = self._died()  # waits for its exit first
+        if not limits.oom_killed(self.cgroup):
+            return self._fault("crash", detail)
+        limit = limits.of(self.tmp) if self.tmp is not None else None
+        cap = f" of {limit.memory_bytes / limits.GIB:g} GiB" if limit and limit.memory_bytes else ""
+        why = f"the child used more memory than its sandbox's cap{cap} (cgroup memory.max) and was killed"
+        return self._fault("runtime", why)
 
     def _stderr_tail(self) -> str:
         assert self.tmp
