@@ -4,14 +4,14 @@
 wall-clock moment: the test watches the database (read-only, polling) and kills as soon as the chosen
 event (or the Nth of a kind) is recorded, so the kills cover every phase a CPU run goes through (start,
 round-0 analysis, gate, each rung of the benchmark ladder, promotion, profile) whatever the machine's
-load. 10 runs in five lanes (each lane its own test and database, so that pytest-xdist runs them side by
-side): each `kb run` is killed at one target, the `kb resume` that continues it is killed at a later
-one, and a last `kb resume` finishes it. Each kill asserts that its target was reached in that process
-and that the kill interrupted the run there (the run not finished, but for the kill aimed at the first
-profile, which can be the run's last work; for a claimed task, that task still in flight), so a target
-the run never reaches fails the test instead of passing it. Then: single workers SIGKILLed in the middle
-of a task; SIGTERM and SIGINT stopping a run that then resumes. After each: every candidate terminal,
-one effect per identity, no completed benchmark executed again (the sandbox children log every
+load. Five runs, one a lane (each lane its own test and database, so that pytest-xdist runs them side
+by side): each `kb run` is killed at one target, then each of three `kb resume`s that continue it at a
+later one, and a last `kb resume` finishes it. Each kill asserts that its target was reached in that
+process and that the kill interrupted the run there (the run not finished, but for the kill aimed at the
+first profile, which can be the run's last work; for a claimed task, that task still in flight), so a
+target the run never reaches fails the test instead of passing it. Then: single workers SIGKILLed in
+the middle of a task; SIGTERM and SIGINT stopping a run that then resumes. After each: every candidate
+terminal, one effect per identity, no completed benchmark executed again (the sandbox children log every
 execution), and `kb replay` agrees with the log.
 """
 
@@ -73,54 +73,46 @@ MEASURED = ("RungBenchmarked",)
 # profile has work after it in every such run, so the kill must interrupt the run there; the first
 # profile can be the run's last work (one finalist): that kill lands just before the scheduler records
 # the finish (it polls every KB_POLL = 50 ms), or just after it while kb shuts down.
-# Each chain: (the kill in `kb run`, the kill in the `kb resume` that continues it). The second target
-# depends on the first (a promotion on a measurement, the 4th bench task on the 1st), so the resumed
-# process reaches it; in the 6th and 10th chains it is a profile, which needs a candidate measured at
-# three rungs (seconds), against a second gate claim or the last gate verdict (within ~0.5 s of the
-# first). Were a second target ever reached before the resume, its kill fails (`_aim`), never passes.
-CHAINS = [
+# Each lane: the kill in `kb run`, then one in each of three `kb resume`s that continue it. Every target
+# is strictly later than the one before it by at least one whole task of the run, never by a scheduler
+# poll alone, so the resumed process reaches it: the gates and the benchmarks run one at a time (one
+# gatekeeper, one benchmarker), a promotion from rung 0 needs 3 rung-0 measurements, one from rung 1
+# needs every rung-0 measurement, and a profile a candidate measured at the top rung. With 4 candidates
+# that all pass the gate, the bench tasks are 4 at rung 0, 1 at rung 1 and 1 at rung 2. Were a target
+# ever reached before the process aimed at it began, its kill fails (`_aim`), never passes.
+LANES_OF_KILLS = [
     (
         KillAt("started, before any claim", ("RunStarted",), before="TaskClaimed"),
+        KillAt("gating the second candidate", CLAIM, nth=2, kind="gate", in_flight=True),
         KillAt("measuring rung 1", CLAIM, kind="bench", rung=1, in_flight=True),
-    ),
-    (
-        KillAt("analysing round 0", CLAIM, kind="gen", in_flight=True),
-        KillAt("after the first rung-1 measurement", MEASURED, rung=1),
-    ),
-    (
-        KillAt("round 0 proposed, nothing gated", ("GenerationDone",)),
         KillAt("after the promotion to the top rung", ("Promoted",), rung=1),
     ),
     (
-        KillAt("gating the first candidate", CLAIM, kind="gate", in_flight=True),
+        KillAt("analysing round 0", CLAIM, kind="gen", in_flight=True),
+        KillAt("measuring rung 0", CLAIM, kind="bench", rung=0, in_flight=True),
+        KillAt("measuring the fourth bench task", CLAIM, nth=4, kind="bench", in_flight=True),
         KillAt("measuring the top rung", CLAIM, kind="bench", rung=2, in_flight=True),
     ),
     (
-        KillAt("after the first gate verdict", VERDICT),
+        KillAt("round 0 proposed, nothing gated", ("GenerationDone",)),
+        KillAt("after the first rung-0 measurement", MEASURED, rung=0),
+        KillAt("after the fourth measurement", MEASURED, nth=4),
         KillAt("after the first top-rung measurement", MEASURED, rung=2),
     ),
     (
-        KillAt("gating the second candidate", CLAIM, nth=2, kind="gate", in_flight=True),
+        KillAt("gating the first candidate", CLAIM, kind="gate", in_flight=True),
+        KillAt("after the first promotion", ("Promoted",)),
+        KillAt("after the first rung-1 measurement", MEASURED, rung=1),
         KillAt("profiling a finalist", CLAIM, kind="profile", in_flight=True),
     ),
     (
-        KillAt("measuring rung 0", CLAIM, kind="bench", rung=0, in_flight=True),
-        KillAt("measuring the fourth bench task", CLAIM, nth=4, kind="bench", in_flight=True),
-    ),
-    (
-        KillAt("after the first rung-0 measurement", MEASURED, rung=0),
-        KillAt("after the fourth measurement", MEASURED, nth=4),
-    ),
-    (
-        KillAt("after the first promotion", ("Promoted",)),
-        KillAt("measuring the sixth bench task", CLAIM, nth=6, kind="bench", in_flight=True),
-    ),
-    (
+        KillAt("after the first gate verdict", VERDICT),
         KillAt("after every gate verdict", VERDICT, nth=4),
+        KillAt("measuring the sixth bench task", CLAIM, nth=6, kind="bench", in_flight=True),
         KillAt("after the first profile, around the finish", ("ProfileCaptured",), may_finish=True),
     ),
 ]
-TARGETS = [k for chain in CHAINS for k in chain]
+TARGETS = [k for lane in LANES_OF_KILLS for k in lane]
 # Event types no kill is aimed at, and why. Every other type a lane's runs record must be some target's.
 UNTARGETED = {
     "ProblemAnalysed": "recorded in round 0's transaction, with the proposals and GenerationDone",
@@ -239,35 +231,33 @@ def test_kill_targets_are_known_event_types():
 @pytest.mark.long
 @pytest.mark.parametrize("lane", range(LANES))
 def test_kill_the_whole_run_at_chosen_events_then_resume(tmp_path, lane):
-    chains = CHAINS[lane::LANES]  # lanes interleave, spreading the chains
     db, log = tmp_path / "kb.db", tmp_path / "exec.log"
     env = kb_env(KB_EXEC_LOG=str(log))
-    kills, recorded = [], set()
-    for i, (in_run, in_resume) in enumerate(chains):
-        args = ["--max-candidates", "4", "--seed", str(lane + LANES * i), "--device", "cpu", "--quiet"]
-        proc, run_id = kb_start(["run", str(SOFTMAX), "--db", str(db), *args], env)
-        kills.append(_kill_at(db, run_id, proc, in_run, 0, "run"))
+    first, *later = LANES_OF_KILLS[lane]
+    args = ["--max-candidates", "4", "--seed", str(lane), "--device", "cpu", "--quiet"]
+    proc, run_id = kb_start(["run", str(SOFTMAX), "--db", str(db), *args], env)
+    kills = [_kill_at(db, run_id, proc, first, 0, "run")]
+    for target in later:
         with EventStore(db, create=False, readonly=True) as store:
             since = store.last_seq(run_id)
         proc, resumed = kb_start(["resume", run_id, "--db", str(db), "--quiet"], env)
         assert resumed == run_id
-        kills.append(_kill_at(db, run_id, proc, in_resume, since, "resume"))
-        _finish(db, run_id, env)
-        check_run(db, run_id, log)
-        with EventStore(db, create=False, readonly=True) as store:
-            recorded |= {e.type for e in store.read(run_id=run_id)}
+        kills.append(_kill_at(db, run_id, proc, target, since, "resume"))
+    _finish(db, run_id, env)
+    check_run(db, run_id, log)
     for k in kills:  # the evidence, shown by pytest -rP
         print(
             f"kb {k.process:6} {k.phase:43} target #{k.target_seq:<3} +{k.lag_ms:3.0f} ms:"
             f" {k.events:>2} events, last {k.last:15} in flight {k.in_flight}"
             f"{' (after RunFinished)' if k.finished else ''}"
         )
+    with EventStore(db, create=False, readonly=True) as store:
+        recorded = {e.type for e in store.read(run_id=run_id)}
+        assert store.run_ids() == [run_id]
     aimed = {t for k in TARGETS for t in k.types}
     assert recorded - aimed <= set(UNTARGETED), (
-        f"the runs recorded event types no kill is aimed at: {sorted(recorded - aimed - set(UNTARGETED))}"
+        f"the run recorded event types no kill is aimed at: {sorted(recorded - aimed - set(UNTARGETED))}"
     )
-    with EventStore(db, create=False) as store:
-        assert len(store.run_ids()) == len(chains)
 
 
 def _wait_for_claim(db, run_id, kind: str, timeout: float = 60.0):
