@@ -21,7 +21,7 @@ from kernelbrain.core import torch_ops
 from kernelbrain.core.events import RunConfig
 from kernelbrain.runtime import isolation, reconnect, run_lease
 from kernelbrain.runtime.environment import without_secrets
-from kernelbrain.runtime.roles import ROLES
+from kernelbrain.runtime.roles import CREWS, ROLES
 from kernelbrain.runtime.run_lease import RunLease
 from kernelbrain.runtime.runner import (
     DEFAULT_RUNGS,
@@ -33,7 +33,7 @@ from kernelbrain.runtime.runner import (
     start_run,
     supervise,
 )
-from kernelbrain.runtime.worker import Worker
+from kernelbrain.runtime.worker import Crew, Worker
 from kernelbrain.store import StoreError
 from kernelbrain.views import lines
 
@@ -297,7 +297,7 @@ def resume(run_id: str, db: str, gpu: int | None, inprocess: bool, quiet: bool, 
 
 
 @click.command()
-@click.argument("role", type=click.Choice(ROLES))
+@click.argument("role", type=click.Choice([*ROLES, *CREWS]))
 @db_option
 @click.option("--run", "run_id", default=None, help="Serve only this run (default: every unfinished run).")
 @click.option("--gpu", type=click.IntRange(min=0), default=None, help="GPU index for this worker.")
@@ -314,7 +314,11 @@ def resume(run_id: str, db: str, gpu: int | None, inprocess: bool, quiet: bool, 
 def worker(
     role: str, db: str, run_id: str | None, gpu: int | None, idle_exit_s: float | None, supervised: bool
 ) -> None:
-    """Run one worker process (kb run starts all five for you)."""
+    """Run one worker process (kb run starts them for you).
+
+    ROLE is one role, or `candidates`: the gatekeeper, benchmarker and profiler in turn, sharing their
+    sandbox children. kb run starts one process a role on a GPU; the generator, `candidates` and the
+    scheduler on a CPU."""
     if role != "generator" and without_secrets(dict(os.environ)) != dict(os.environ):
         # started by hand with the keys in its environment, which its children could read in /proc:
         # start again without them (only the generator talks to the LLM)
@@ -324,7 +328,8 @@ def worker(
     if run_id is not None:
         with open_store(db) as store:
             require_run(store, run_id)  # a worker for a run that is not there would idle forever
-    w = Worker(db, role, run_id, gpu=gpu)  # (one that cannot start says why, supervised or not)
+    # (one that cannot start says why, supervised or not)
+    w = Crew(db, CREWS[role], run_id, gpu=gpu) if role in CREWS else Worker(db, role, run_id, gpu=gpu)
     w.install_signal_handlers()
     try:
         w.run(idle_exit_s=idle_exit_s)

@@ -1,7 +1,7 @@
 """Starting, supervising and resuming runs.
 
-`start_run` records RunStarted; `supervise` starts the five workers as separate processes (or steps
-them in this process, for tests), restarts one that dies, prints progress from the log, and returns
+`start_run` records RunStarted; `supervise` starts the workers as separate processes (one a role on a
+GPU; on a CPU the candidate roles share one) or steps them in this process, restarts one that dies, prints progress from the log, and returns
 when the scheduler records RunFinished. SIGINT/SIGTERM stop the workers cleanly and leave the run
 resumable.
 """
@@ -32,10 +32,9 @@ from kernelbrain.core.state import RunState
 from kernelbrain.runtime import isolation, limits
 from kernelbrain.runtime.environment import without_secrets
 from kernelbrain.runtime.reconnect import retrying
-from kernelbrain.runtime.roles import ROLES
+from kernelbrain.runtime.roles import ROLES, processes
 from kernelbrain.runtime.run_lease import RunLease
-from kernelbrain.runtime.sandbox import Sandbox
-from kernelbrain.runtime.worker import Worker
+from kernelbrain.runtime.worker import Crew
 from kernelbrain.store import Store, open_store
 from kernelbrain.store.urls import is_url
 
@@ -235,12 +234,14 @@ def _supervise_processes(
 ) -> RunFinished | None:
     store = open_store(db, create=False)
     state = RunState(run_id)
+    retrying(functools.partial(store.fold, state, run_id=run_id), "kb run")  # the device decides the workers
+    names = processes(state.config.device)
     # external: `kb worker` processes started elsewhere (other GPUs, other shells) drive the run
-    procs = {} if external else {role: _spawn(db, role, run_id, gpu) for role in ROLES}
-    # deaths of each role in a row with no work recorded between them (a task it keeps dying on is parked
-    # by the worker after MAX_TASK_FAULTS, which is work: the role goes on with the rest)
-    restarts = dict.fromkeys(ROLES, 0)
-    progress_at_death = dict.fromkeys(ROLES, -1)
+    procs = {} if external else {name: _spawn(db, name, run_id, gpu) for name in names}
+    # deaths of each worker in a row with no work recorded between them (a task it keeps dying on is
+    # parked by the worker after MAX_TASK_FAULTS, which is work: the worker goes on with the rest)
+    restarts = dict.fromkeys(names, 0)
+    progress_at_death = dict.fromkeys(names, -1)
 
     def watch(seen: int) -> None:
         store.fold(state, run_id=run_id)
@@ -308,17 +309,16 @@ def _supervise_inprocess(
 ) -> RunFinished | None:
     # the roles take turns in this process: one child runs every role's candidates and one judge serves
     # them all (the analysis included), rather than a pair a role (a torch import each)
-    children: dict[str, Sandbox] = {}
-    workers = [Worker(db, role, run_id, gpu=gpu, children=children) for role in ROLES]
+    crew = Crew(db, ROLES, run_id, gpu=gpu)
     try:
         with _stop_signals() as stop:
             while not stop:
                 did = False
-                for w in workers:
+                for w in crew.members:
                     if stop:  # the step in flight has finished; start no other
                         break
                     did |= w.step()
-                state = workers[-1].states.get(run_id)
+                state = crew.members[-1].states.get(run_id)
                 if progress and state is not None:
                     progress(state, 0)
                 if state is not None and state.finished is not None:
@@ -331,7 +331,4 @@ def _supervise_inprocess(
                     time.sleep(0.05)
             return None
     finally:
-        for w in workers:
-            w.close()
-        for box in children.values():
-            box.close()
+        crew.close()

@@ -78,7 +78,67 @@ class Heartbeat(threading.Thread):
                     store.close()
 
 
-class Worker:
+class Loop:
+    """What a worker process runs: steps until stopped, or (with a run id) until that run has finished;
+    through a lost database (retried with backoff for KB_DB_RETRY_S, then StoreUnavailable is raised)."""
+
+    store: Store
+    run_id: str | None
+    stopping: bool
+
+    @property
+    def actor(self) -> str:
+        """Who this loop is, in lines about a lost database."""
+        raise NotImplementedError
+
+    def step(self) -> bool:
+        raise NotImplementedError
+
+    def finished(self) -> bool:
+        """Whether the one run this loop serves has finished."""
+        raise NotImplementedError
+
+    def abandons(self) -> bool:
+        """Whether a stop signal now ends the process at once (a task in flight its role abandons)."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def install_signal_handlers(self) -> None:
+        def stop(signum: int, frame: Any) -> None:
+            self.stopping = True
+            if self.abandons():
+                os._exit(128 + signum)  # nothing of the task is recorded; it is done again on resume
+
+        signal.signal(signal.SIGTERM, stop)
+        signal.signal(signal.SIGINT, stop)
+
+    def run(self, idle_exit_s: float | None = None) -> None:
+        idle_since = time.monotonic()
+        recheck_s = max(POLL_S, WOKEN_RECHECK_S) if self.store.WAKES_WAITERS else POLL_S
+        try:
+            while not self.stopping:
+                seen, did = retrying(self._look, self.actor)
+                if did:
+                    idle_since = time.monotonic()
+                    continue
+                if self.run_id and self.finished():
+                    return
+                if idle_exit_s is not None and time.monotonic() - idle_since > idle_exit_s:
+                    return
+                if not self.stopping:  # an event appended since `seen` (even during the step) wakes it
+                    retrying(functools.partial(self.store.wait_for_events, seen, recheck_s), self.actor)
+        finally:
+            self.close()
+
+    def _look(self) -> tuple[int, bool]:
+        """The log's end before this step, and whether the step did anything."""
+        seen = self.store.last_seq()
+        return seen, self.step()
+
+
+class Worker(Loop):
     """One role's polling loop over one run (or every unfinished run when run_id is None)."""
 
     def __init__(
@@ -230,40 +290,62 @@ class Worker:
             self.store.append([event], fence=lease)
         self.store.release(lease)
 
-    def install_signal_handlers(self) -> None:
-        def stop(signum: int, frame: Any) -> None:
-            self.stopping = True
-            if self.in_task and self.role.abandons_on_stop:
-                os._exit(128 + signum)  # nothing of the task is recorded; it is done again on resume
+    @property
+    def actor(self) -> str:
+        return self.role.actor
 
-        signal.signal(signal.SIGTERM, stop)
-        signal.signal(signal.SIGINT, stop)
+    def finished(self) -> bool:
+        state = self.states.get(self.run_id) if self.run_id else None
+        return state is not None and state.finished is not None
 
-    def run(self, idle_exit_s: float | None = None) -> None:
-        """Work until stopped, or (with a run id) until that run has finished; through a lost database
-        (retried with backoff for KB_DB_RETRY_S, then StoreUnavailable is raised)."""
-        idle_since = time.monotonic()
-        recheck_s = max(POLL_S, WOKEN_RECHECK_S) if self.store.WAKES_WAITERS else POLL_S
-        try:
-            while not self.stopping:
-                seen, did = retrying(self._look, self.role.actor)
-                if did:
-                    idle_since = time.monotonic()
-                    continue
-                if self.run_id and self.states.get(self.run_id) and self.states[self.run_id].finished:
-                    return
-                if idle_exit_s is not None and time.monotonic() - idle_since > idle_exit_s:
-                    return
-                if not self.stopping:  # an event appended since `seen` (even during the step) wakes it
-                    retrying(functools.partial(self.store.wait_for_events, seen, recheck_s), self.role.actor)
-        finally:
-            self.close()
-
-    def _look(self) -> tuple[int, bool]:
-        """The log's end before this step, and whether the step did anything."""
-        seen = self.store.last_seq()
-        return seen, self.step()
+    def abandons(self) -> bool:
+        return self.in_task and self.role.abandons_on_stop
 
     def close(self) -> None:
         self.role.close()
         self.store.close()
+
+
+class Crew(Loop):
+    """Several roles stepped in turn by one process, sharing one candidate child and one judge (role.py)
+    rather than a pair a role: what `kb run` starts for the candidate roles on a CPU device, where the
+    interpreter, not a GPU, is the work, and each child's torch import is most of a small run's CPU."""
+
+    def __init__(self, db: str, roles: tuple[str, ...], run_id: str | None = None, *, gpu: int | None = None):
+        self.children: dict[str, Sandbox] = {}
+        self.members = [Worker(db, role, run_id, gpu=gpu, children=self.children) for role in roles]
+        self.store = self.members[0].store
+        self.run_id = run_id
+
+    @property
+    def stopping(self) -> bool:  # type: ignore[override]
+        return any(w.stopping for w in self.members)
+
+    @stopping.setter
+    def stopping(self, value: bool) -> None:
+        for w in self.members:
+            w.stopping = value
+
+    @property
+    def actor(self) -> str:
+        return "/".join(w.role.name for w in self.members) + " worker"
+
+    def step(self) -> bool:
+        did = False
+        for w in self.members:
+            if w.stopping:  # the step in flight has finished; start no other
+                break
+            did |= w.step()
+        return did
+
+    def finished(self) -> bool:
+        return all(w.finished() for w in self.members)
+
+    def abandons(self) -> bool:
+        return any(w.abandons() for w in self.members)
+
+    def close(self) -> None:
+        for w in self.members:
+            w.close()
+        for box in self.children.values():
+            box.close()
