@@ -1,9 +1,9 @@
 """Starting, supervising and resuming runs.
 
 `start_run` records RunStarted; `supervise` starts the workers as separate processes (one a role on a
-GPU; on a CPU the candidate roles share one) or steps them in this process, restarts one that dies, prints progress from the log, and returns
-when the scheduler records RunFinished. SIGINT/SIGTERM stop the workers cleanly and leave the run
-resumable.
+GPU; on a CPU the candidate roles share one) or steps them in this process, restarts one that dies,
+prints progress from the log, and returns when the scheduler records RunFinished. SIGINT/SIGTERM stop
+the workers cleanly and leave the run resumable.
 """
 
 from __future__ import annotations
