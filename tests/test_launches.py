@@ -294,5 +294,7 @@ def test_record_kernels_on_a_gpu() -> None:
     names = launches.record_kernels(lambda: (torch.zeros(1024, device="cuda"), x.clone(), x @ x))
     assert any("FillFunctor" in n for n in names), names
     bad = launches.classify(names, set())
-    assert len(bad) == 1 and launches.kind(bad[0]) == "cuBLAS", names
+    # the matmul's kernels alone break the rule, each named cuBLAS's (on the H100, driver 580, cuBLAS ran
+    # two distinct sm80_xmma_gemm kernels for this one product)
+    assert bad and [launches.kind(n) for n in bad] == ["cuBLAS"] * len(bad), names
     assert launches.record_kernels(lambda: None) == []

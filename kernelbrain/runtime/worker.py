@@ -318,7 +318,7 @@ class Crew(Loop):
         self.run_id = run_id
 
     @property
-    def stopping(self) -> bool:  # type: ignore[override]
+    def stopping(self) -> bool:
         return any(w.stopping for w in self.members)
 
     @stopping.setter
