@@ -283,3 +283,29 @@ def test_a_child_writes_a_file_past_4_gib_but_not_past_the_cap(tmp_path) -> None
     assert write_at((4 << 30) + 4096).returncode == 0
     past = write_at(FILE_CAP)
     assert past.returncode != 0 and "File too large" in past.stderr
+
+
+def test_a_crash_tells_nothing_of_a_file_the_child_linked_its_log_to(tmp_path: Path) -> None:
+    """A crash's detail names the last line of the child's log; a candidate that swapped the log for a
+    link to a file only the worker may read must not get that file's line back."""
+    secret = tmp_path / "secret"
+    secret.write_text("kb-worker-only-secret-line\n")
+    secret.chmod(0o600)
+    leak = (
+        "import os\n"
+        "_log = os.path.join(os.environ['HOME'], 'stderr.log')\n"
+        "os.unlink(_log)\n"
+        f"os.symlink({str(secret)!r}, _log)\n"
+        "os._exit(3)\n"
+    )
+    sb = Sandbox("cpu")
+    try:
+        request = GateRequest(
+            problem_source=PROBLEM, cand_source=leak + candidate("good_softmax"), device="cpu", seeds=1
+        )
+        with pytest.raises(SandboxFault) as fault:
+            sb.call(request, timeout_s=120.0)
+    finally:
+        sb.close()
+    assert "status 3" in fault.value.detail, fault.value.detail
+    assert "kb-worker-only-secret-line" not in fault.value.detail, fault.value.detail

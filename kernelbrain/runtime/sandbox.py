@@ -511,9 +511,12 @@ class Sandbox:
         return self._fault("runtime", why)
 
     def _stderr_tail(self) -> str:
-        assert self.tmp
+        """The last line the child wrote to its log in this request, read through this worker's own
+        descriptor: by its name the log may now be the child's link to any file here, or a FIFO."""
+        if self.stderr is None or self.stderr.closed:
+            return ""
         try:
-            with open(self.tmp / "stderr.log", "rb") as f:
+            with open(f"/proc/self/fd/{self.stderr.fileno()}", "rb") as f:
                 f.seek(self.stderr_mark)  # only what this request wrote
                 lines = f.read().decode(errors="replace").strip().splitlines()
         except OSError:
