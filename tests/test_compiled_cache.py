@@ -182,3 +182,24 @@ def test_a_bench_shares_what_it_compiled_not_what_was_brought_to_it(
     finally:
         gatekeeper.close()
         benchmarker.close()
+
+
+def test_a_cache_folder_a_child_turned_into_a_link_is_not_kept(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The worker (root) copies a child's cache after a passing trial: a child that put a link to any
+    folder of the host's in its cache's place gets nothing of that folder kept for its next child."""
+    monkeypatch.setattr(triton_cache, "COMPILED", tmp_path / "compiled")
+    private = tmp_path / "root-only"
+    private.mkdir()
+    (private / "secret").write_text("s3cret")
+    child = tmp_path / "child"
+    child.mkdir()
+    (child / "triton").symlink_to(private)
+    triton_cache.keep_compiled(child / "triton", "source")
+    assert not (tmp_path / "compiled").exists() or not any((tmp_path / "compiled").rglob("secret"))
+    (child / "triton").unlink()
+    (child / "triton").mkdir()
+    (child / "triton" / "kernel.bin").write_text("k")
+    triton_cache.keep_compiled(child / "triton", "source")  # a real folder is still kept
+    assert (tmp_path / "compiled" / compiled_key("source") / "kernel.bin").read_text() == "k"

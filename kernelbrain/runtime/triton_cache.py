@@ -51,16 +51,22 @@ def _links(folder: str, names: list[str]) -> set[str]:
 def _keep(folder: Path, kept: Path, *, entry: bool = False) -> None:
     """A copy of a child's cache folder on the host, made whole or not at all (links left out). An
     `entry` (one kernel's folder) has its index pointed at where it is kept, for children to read there."""
+    try:  # the folder itself as it is now, never where a link put in its place by a child points
+        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except OSError:
+        return
     kept.parent.mkdir(parents=True, exist_ok=True)
     part = Path(tempfile.mkdtemp(prefix=".part-", dir=kept.parent))
     try:
-        shutil.copytree(folder, part, dirs_exist_ok=True, ignore=_links)
+        shutil.copytree(f"/proc/self/fd/{fd}", part, dirs_exist_ok=True, ignore=_links)
         if entry:
             for index in part.glob("__grp__*.json"):
                 _point(index, kept)
         os.replace(part, kept)
     except OSError:  # another worker kept it first, or the disk is full: it is built again
         shutil.rmtree(part, ignore_errors=True)
+    finally:
+        os.close(fd)
 
 
 def _point(index: Path, folder: Path) -> None:
