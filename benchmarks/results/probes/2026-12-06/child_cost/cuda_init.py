@@ -1,4 +1,5 @@
 """A fresh process's fixed costs on the GPU: torch import, CUDA init, first tensor, first Triton kernel."""
+
 import time
 
 t0 = time.time()
@@ -22,4 +23,7 @@ def k(p):
 k[(1,)](x)
 torch.cuda.synchronize()
 t4 = time.time()
-print(f"import torch {t1-t0:.2f} s, cuda init {t2-t1:.2f} s, first tensor {t3-t2:.2f} s, first triton kernel {t4-t3:.2f} s")
+print(
+    f"import torch {t1 - t0:.2f} s, cuda init {t2 - t1:.2f} s, first tensor {t3 - t2:.2f} s,"
+    f" first triton kernel {t4 - t3:.2f} s"
+)
