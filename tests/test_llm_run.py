@@ -93,6 +93,20 @@ def _llm_run(db: Path, url: str, *resume: str) -> subprocess.CompletedProcess:
     return kb(*args, env=kb_env(KB_LLM_API_KEY="k", KB_LLM_BACKOFF_S="0.05"), timeout=300)
 
 
+def _workers_of(pid: int) -> list[str]:
+    """The roles (or crews) of the `kb worker` processes whose parent is `pid`."""
+    roles = []
+    for entry in Path("/proc").iterdir():
+        try:
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            argv = (entry / "cmdline").read_bytes().decode().split("\0")
+        except (OSError, ValueError, IndexError):
+            continue
+        if ppid == pid and "worker" in argv:
+            roles.append(argv[argv.index("worker") + 1])
+    return roles
+
+
 def _types(db: Path) -> list[str]:
     with EventStore(db, create=False) as store:
         return [raw.type for raw in store.read()]
@@ -167,6 +181,8 @@ def test_ctrl_c_during_a_hung_request_exits_at_once_and_the_run_resumes(tmp_path
         while server.count() == 0 and time.monotonic() < deadline:  # a request is in flight
             time.sleep(0.1)
         assert server.count() > 0, "the generator never asked the endpoint"
+        # on a CPU, the LLM's generator is a worker process of its own: the only one given the key
+        assert sorted(_workers_of(proc.pid)) == ["candidates", "generator", "scheduler"]
         time.sleep(0.5)
         os.killpg(proc.pid, signal.SIGINT)
         sent = time.monotonic()

@@ -24,8 +24,8 @@ def test_a_run_on_postgres_end_to_end(pg_server, pg_url: str) -> None:
         actors = {e.actor for e in store.read(run_id=run_id)}
     roles = {a.split("@")[0] for a in actors if "@" in a}
     assert roles == {"generator", "gatekeeper", "benchmarker", "profiler", "scheduler"}
-    # three worker processes on a CPU: the generator, the candidate roles in turn, the scheduler
-    assert len({a.split(":")[1] for a in actors if "@" in a}) == 3
+    # one worker process on a CPU, stepping every role
+    assert len({a.split(":")[1] for a in actors if "@" in a}) == 1
     # the password through PGPASSWORD and the database through KB_DB work the same
     env = kb_env(KB_DB=pg_server.url(pg_url.rsplit("/", 1)[1], password=False), PGPASSWORD=secret)
     for args in (["replay", run_id], ["ls"], ["status", run_id]):

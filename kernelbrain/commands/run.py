@@ -316,9 +316,10 @@ def worker(
 ) -> None:
     """Run one worker process (kb run starts them for you).
 
-    ROLE is one role, or `candidates`: the gatekeeper, benchmarker and profiler in turn, sharing their
-    sandbox children. kb run starts one process a role on a GPU; the generator, `candidates` and the
-    scheduler on a CPU."""
+    ROLE is one role, `candidates` (the gatekeeper, benchmarker and profiler in turn, sharing their
+    sandbox children) or `all` (every role so, the generator started without the LLM's key). kb run
+    starts one process a role on a GPU; on a CPU `all`, or for an LLM run the generator, `candidates`
+    and the scheduler."""
     if role != "generator" and without_secrets(dict(os.environ)) != dict(os.environ):
         # started by hand with the keys in its environment, which its children could read in /proc:
         # start again without them (only the generator talks to the LLM)

@@ -235,7 +235,7 @@ def _supervise_processes(
     store = open_store(db, create=False)
     state = RunState(run_id)
     retrying(functools.partial(store.fold, state, run_id=run_id), "kb run")  # the device decides the workers
-    names = processes(state.config.device)
+    names = processes(state.config.device, state.config.generator)
     # external: `kb worker` processes started elsewhere (other GPUs, other shells) drive the run
     procs = {} if external else {name: _spawn(db, name, run_id, gpu) for name in names}
     # deaths of each worker in a row with no work recorded between them (a task it keeps dying on is

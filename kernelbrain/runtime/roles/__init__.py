@@ -9,18 +9,21 @@ from kernelbrain.runtime.roles.scheduler import SchedulerRole
 
 ROLES = ("generator", "gatekeeper", "benchmarker", "profiler", "scheduler")
 # roles one worker process steps in turn, sharing its sandbox children (runtime/worker.py's Crew)
-CREWS = {"candidates": ("gatekeeper", "benchmarker", "profiler")}
+CREWS = {"candidates": ("gatekeeper", "benchmarker", "profiler"), "all": ROLES}
 ROLE_CLASSES: dict[str, type[Role]] = {
     r.name: r for r in (GeneratorRole, GatekeeperRole, BenchmarkerRole, ProfilerRole, SchedulerRole)
 }
 
 
-def processes(device: str) -> tuple[str, ...]:
-    """The worker processes `kb run` starts for a run on `device`, by role or crew name. On a GPU each
-    role has its own, so that compiles and gates overlap the timed work; on a CPU the candidate roles
-    share one (the Triton interpreter is the work there, and a child's torch import per role would be
-    most of a small run's CPU)."""
-    return ROLES if device == "cuda" else ("generator", "candidates", "scheduler")
+def processes(device: str, generator: str) -> tuple[str, ...]:
+    """The worker processes `kb run` starts for a run, by role or crew name. On a GPU each role has its
+    own, so that compiles and gates overlap the timed work. On a CPU the Triton interpreter is the work,
+    and a child's torch import per role would be most of a small run's CPU: one process steps every
+    role, with one candidate child and one judge (which also traces the analysis). The LLM generator
+    keeps a process of its own there, the only one started with the API key in its environment."""
+    if device == "cuda":
+        return ROLES
+    return ("all",) if generator != "llm" else ("generator", "candidates", "scheduler")
 
 
 __all__ = [
