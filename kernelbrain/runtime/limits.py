@@ -220,16 +220,15 @@ def chosen(device: str, isolation: str, uid: int | None = None) -> Limits:
     folder = _gib("KB_SANDBOX_FOLDER_GIB")
     if folder == -1:
         folder = FOLDER[kind]
-    processes: int | None = None
+    nproc: int | None = None
     if own_uid(isolation):
         raw = os.environ.get("KB_SANDBOX_PROCESSES", "").strip()
-        processes = int(raw) if raw else 4 * (os.cpu_count() or 1) + 128
-        processes = processes or None
+        nproc = (int(raw) if raw else 4 * (os.cpu_count() or 1) + 128) or None
     by_cgroup = memory is not None and cgroup_parent() is not None
     return Limits(
         uid=uid if own_uid(isolation) else None,
         memory_bytes=memory,
-        processes=processes,
+        processes=nproc,
         folder_bytes=folder if isolation == "bwrap" else None,
         memory_by="cgroup v2 memory.max and RLIMIT_DATA" if by_cgroup else "RLIMIT_DATA",
         cgroup=cgroup_version(),
