@@ -313,11 +313,7 @@ def _supervise_inprocess(
     try:
         with _stop_signals() as stop:
             while not stop:
-                did = False
-                for w in crew.members:
-                    if stop:  # the step in flight has finished; start no other
-                        break
-                    did |= w.step()
+                did = crew.step(lambda: bool(stop))
                 state = crew.members[-1].states.get(run_id)
                 if progress and state is not None:
                     progress(state, 0)

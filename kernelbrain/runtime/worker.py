@@ -21,6 +21,7 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from kernelbrain.core.events import LeaseExpired, TaskClaimed, TaskFaulted, TaskParked
@@ -330,10 +331,11 @@ class Crew(Loop):
     def actor(self) -> str:
         return "/".join(w.role.name for w in self.members) + " worker"
 
-    def step(self) -> bool:
+    def step(self, halted: Callable[[], bool] = lambda: False) -> bool:
+        """Each role's step in turn; none after a stop (`halted`: a stop this crew's owner was told of)."""
         did = False
         for w in self.members:
-            if w.stopping:  # the step in flight has finished; start no other
+            if w.stopping or halted():  # the step in flight has finished; start no other
                 break
             did |= w.step()
         return did
