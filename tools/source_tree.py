@@ -36,7 +36,7 @@ PROCESSES = {
     "kernelbrain/core": "every process: the CLI, the workers and the sandboxed child",
     "kernelbrain/generators": "the generator worker",
     "kernelbrain/runtime": "the `kb` CLI process (kb run supervises, kb check gates) and the workers",
-    "kernelbrain/runtime/roles": "the workers (`kb worker ROLE`), one role each",
+    "kernelbrain/runtime/roles": "the workers (`kb worker ROLE`): one role each, or several in turn",
     "kernelbrain/templates": "the generator worker",
     "kernelbrain/views": "the `kb` CLI process",
 }
