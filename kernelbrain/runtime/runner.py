@@ -1,9 +1,9 @@
 """Starting, supervising and resuming runs.
 
 `start_run` records RunStarted; `supervise` starts the workers as separate processes (one a role on a
-GPU; on a CPU the candidate roles share one) or steps them in this process, restarts one that dies,
-prints progress from the log, and returns when the scheduler records RunFinished. SIGINT/SIGTERM stop
-the workers cleanly and leave the run resumable.
+GPU, one for them all on a CPU: `roles.worker_processes`) or steps them in this process, restarts one
+that dies, prints progress from the log, and returns when the scheduler records RunFinished.
+SIGINT/SIGTERM stop the workers cleanly and leave the run resumable.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from kernelbrain.core.state import RunState
 from kernelbrain.runtime import isolation, limits
 from kernelbrain.runtime.environment import without_secrets
 from kernelbrain.runtime.reconnect import retrying
-from kernelbrain.runtime.roles import ROLES, processes
+from kernelbrain.runtime.roles import ROLES, worker_processes
 from kernelbrain.runtime.run_lease import RunLease
 from kernelbrain.runtime.worker import Crew
 from kernelbrain.store import Store, open_store
@@ -235,7 +235,7 @@ def _supervise_processes(
     store = open_store(db, create=False)
     state = RunState(run_id)
     retrying(functools.partial(store.fold, state, run_id=run_id), "kb run")  # the device decides the workers
-    names = processes(state.config.device, state.config.generator)
+    names = worker_processes(state.config.device, state.config.generator)
     # external: `kb worker` processes started elsewhere (other GPUs, other shells) drive the run
     procs = {} if external else {name: _spawn(db, name, run_id, gpu) for name in names}
     # deaths of each worker in a row with no work recorded between them (a task it keeps dying on is

@@ -309,8 +309,9 @@ class Worker(Loop):
 
 class Crew(Loop):
     """Several roles stepped in turn by one process, sharing one candidate child and one judge (role.py)
-    rather than a pair a role: what `kb run` starts for the candidate roles on a CPU device, where the
-    interpreter, not a GPU, is the work, and each child's torch import is most of a small run's CPU."""
+    rather than a pair a role: what `kb run` starts on a CPU device (roles.worker_processes), where the
+    interpreter, not a GPU, is the work, and each child's torch import is most of a small run's CPU;
+    and what `--inprocess` steps."""
 
     def __init__(self, db: str, roles: tuple[str, ...], run_id: str | None = None, *, gpu: int | None = None):
         self.children: dict[str, Sandbox] = {}

@@ -15,7 +15,7 @@ ROLE_CLASSES: dict[str, type[Role]] = {
 }
 
 
-def processes(device: str, generator: str) -> tuple[str, ...]:
+def worker_processes(device: str, generator: str) -> tuple[str, ...]:
     """The worker processes `kb run` starts for a run, by role or crew name. On a GPU each role has its
     own, so that compiles and gates overlap the timed work. On a CPU the Triton interpreter is the work,
     and a child's torch import per role would be most of a small run's CPU: one process steps every
@@ -35,5 +35,5 @@ __all__ = [
     "GeneratorRole",
     "ProfilerRole",
     "SchedulerRole",
-    "processes",
+    "worker_processes",
 ]
