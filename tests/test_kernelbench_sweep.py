@@ -1,13 +1,16 @@
 """tools/kernelbench_sweep.py on a small KernelBench-format folder, on CPU: a file kb has a template for
-(stopped by the time limit, then resumed by the next sweep to a timed winner), one it has none for, and
+(its sweep stopped by SIGTERM once the run's gate began, then resumed by the next sweep to a timed
+winner), one it has none for, and
 one kb refuses; each gets its JSON, the table counts fast_0/fast_1 per level and names every miss, and a
 sweep started again redoes nothing."""
 
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from kernelbrain.store import EventStore
@@ -42,12 +45,45 @@ SORT = SOFTMAX.replace("torch.softmax(x, dim=1)", "torch.sort(x, dim=1).values")
 NO_INPUTS = SOFTMAX.replace("def get_inputs():", "def make_inputs():")
 
 
-def _sweep(kernelbench: Path, tmp: Path, *extra: str) -> subprocess.CompletedProcess:
+def _command(kernelbench: Path, tmp: Path, *extra: str) -> list[str]:
     cmd = [sys.executable, str(SWEEP), "--kernelbench", str(kernelbench), "--levels", "1"]
     cmd += ["--db", str(tmp / "sweep.db"), "--out", str(tmp / "out"), "--device", "cpu", "--repeats", "3"]
-    cmd += ["--max-candidates", "2", "--budget-gpu-s", "600", *extra]
-    env = kb_env(TRITON_INTERPRET="1")
-    return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+    return [*cmd, "--max-candidates", "2", "--budget-gpu-s", "600", *extra]
+
+
+def _sweep(kernelbench: Path, tmp: Path, *extra: str) -> subprocess.CompletedProcess:
+    cmd = _command(kernelbench, tmp, *extra)
+    return subprocess.run(cmd, capture_output=True, text=True, env=kb_env(TRITON_INTERPRET="1"), timeout=600)
+
+
+def _stopped_once_gating(kernelbench: Path, tmp: Path, *extra: str) -> subprocess.CompletedProcess:
+    """The sweep, sent SIGTERM as soon as its run's log holds a claimed gate task (not at a wall-clock
+    moment, so the run is mid-way on any machine)."""
+    proc = subprocess.Popen(
+        _command(kernelbench, tmp, *extra),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=kb_env(TRITON_INTERPRET="1"),
+    )
+    db, deadline = tmp / "sweep.db", time.monotonic() + 300
+    while not _gate_claimed(db):
+        assert proc.poll() is None, f"the sweep ended before any gate: {proc.communicate()}"
+        assert time.monotonic() < deadline, "no gate task claimed within 300 s"
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=300)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def _gate_claimed(db: Path) -> bool:
+    if not db.exists():
+        return False
+    try:
+        with EventStore(str(db), create=False, readonly=True) as store:
+            return any("/gate/" in raw.payload.get("task", "") for raw in store.read(types=["TaskClaimed"]))
+    except Exception:  # the file exists but kb has not made its tables yet
+        return False
 
 
 def test_the_sweep_resumes_times_winners_and_names_every_miss(tmp_path):
@@ -58,13 +94,14 @@ def test_the_sweep_resumes_times_winners_and_names_every_miss(tmp_path):
     (kernelbench / "level1" / "3_NoInputs.py").write_text(NO_INPUTS)
     out = tmp_path / "out"
 
-    # a time limit that stops the softmax run mid-way: no result for it, its run left resumable
-    r = _sweep(kernelbench, tmp_path, "--only", "Softmax", "--time-limit-s", "8")
-    assert r.returncode == 0, r.stderr
-    assert "kb exit 130" in r.stdout, r.stdout
+    # SIGTERM to the sweep stops the softmax run mid-way: no result for it, its run left resumable
+    r = _stopped_once_gating(kernelbench, tmp_path, "--only", "Softmax")
+    assert r.returncode == 130, (r.stdout, r.stderr)
+    assert "kb exit 130" in r.stdout and "stopped by a signal" in r.stdout, r.stdout
     assert not (out / "level1" / "1_Softmax.json").exists()
     with EventStore(str(tmp_path / "sweep.db"), create=False, readonly=True) as store:
         (first,) = store.run_ids()
+        assert not store.count(run_id=first, type="RunFinished")
 
     r = _sweep(kernelbench, tmp_path)
     assert r.returncode == 0, r.stderr

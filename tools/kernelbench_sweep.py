@@ -9,8 +9,9 @@ Its state is kb's own: every problem's run lives in one database (--db), and a p
 written once its run has ended and its winner (if any) was timed. Started again, it skips what has a
 result, resumes runs left unfinished (`kb resume`) and starts the rest, so the sweep can be spread over
 device calls of 10 minutes and over days: --time-limit-s stops it in time (a run in flight is stopped
-with SIGTERM, kb's own resumable stop). Runs may go side by side (--jobs; their own timings are then
-noisier, the reported ones are not: every winner is timed alone, afterwards).
+with SIGTERM, kb's own resumable stop; so is every run in flight when the sweep itself gets SIGTERM or
+SIGINT, which then exits 130 without timing anything). Runs may go side by side (--jobs; their own
+timings are then noisier, the reported ones are not: every winner is timed alone, afterwards).
 
 Writes OUT/levelN/STEM.json per problem and OUT/README.md: per problem the family kb matched, what the
 gate said, the winner's speedup over eager and over torch.compile, or why there is none; per level
@@ -34,6 +35,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -48,6 +50,7 @@ from tools.h200_records import dump, load  # noqa: E402
 # the fields of a result whose file kb refused before starting a run
 REFUSED = {"run_id": None, "finished": True, "families": [], "candidates": 0, "gate_passed": 0}
 REFUSED |= {"gate_failed": {}, "winner": None, "winner_family": None, "gpu_s": 0.0, "speedup": {}}
+STOPPED = threading.Event()  # the sweep got SIGTERM or SIGINT: stop the runs in flight, start none
 COMMAND = "python tools/kernelbench_sweep.py --kernelbench {dir} --levels {levels}"
 
 
@@ -117,11 +120,15 @@ def drive(path: Path, db: Path, args: argparse.Namespace, deadline: float) -> tu
         return 0, "finished earlier"
     cmd = kb_command(path, db, args, run_id)
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        out, _ = proc.communicate(timeout=_left(deadline))
-    except subprocess.TimeoutExpired:
-        proc.send_signal(signal.SIGTERM)  # kb stops its workers and leaves the run resumable (130)
-        out, _ = proc.communicate()
+    while True:
+        try:
+            out, _ = proc.communicate(timeout=0.25)
+            break
+        except subprocess.TimeoutExpired:  # retrying communicate loses no output
+            if STOPPED.is_set() or time.monotonic() >= deadline:
+                proc.send_signal(signal.SIGTERM)  # kb stops its workers and leaves the run resumable (130)
+                out, _ = proc.communicate()
+                break
     lines = (out or "").strip().splitlines()
     return proc.returncode, lines[-1] if lines else ""
 
@@ -276,12 +283,14 @@ def sweep(args: argparse.Namespace) -> None:
 
     def one(item: tuple[int, Path]) -> tuple[int, Path, int, str]:
         level, path = item
-        if time.monotonic() >= runs_until:
-            return level, path, -1, "not started: time limit"
+        if time.monotonic() >= runs_until or STOPPED.is_set():
+            return level, path, -1, "not started"
         code, last = drive(path, args.db, args, runs_until)
         print(f"level{level}/{path.name}: kb exit {code}: {last[:160]}", flush=True)
         return level, path, code, last
 
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: STOPPED.set())
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
         ended = list(pool.map(one, todo))
     for level, path, code, last in ended:  # timed one at a time, nothing else running
@@ -298,7 +307,7 @@ def sweep(args: argparse.Namespace) -> None:
             continue  # stopped by the time limit: resumed next time
         result["last_line"] = last
         if result["winner"]:
-            if time.monotonic() >= deadline:
+            if time.monotonic() >= deadline or STOPPED.is_set():
                 continue  # timed by the next sweep (its run is finished: nothing is run again)
             result["timing"] = timed(path, args.db, run_id, args, deadline)
             if "error" in result["timing"] and "time limit" in result["timing"]["error"]:
@@ -306,6 +315,9 @@ def sweep(args: argparse.Namespace) -> None:
         result["speedup"] = speedups(result)
         dump(result_path(args.out, level, path), result)
     table(args)
+    if STOPPED.is_set():
+        print("stopped by a signal: the same command goes on where this one stopped", flush=True)
+        raise SystemExit(130)
 
 
 def table(args: argparse.Namespace) -> None:
