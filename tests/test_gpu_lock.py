@@ -57,6 +57,30 @@ def test_timing_waits_for_the_gpus_other_work_and_other_work_for_it(
         other.wait(timeout=10)
 
 
+def test_a_timing_waiting_goes_before_later_shared_requests(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A pool of gatekeepers holds the lock shared one after another: a timing request waits for those
+    holding it when it came, while one that comes after it waits for the timing (flock alone would let
+    the later ones in, and the timing could wait for ever)."""
+    monkeypatch.setattr(gpu_lock, "LOCKS", tmp_path)
+    first = hold(tmp_path, False, 1.5)  # a gate, holding it shared
+    timing = subprocess.Popen(  # waits for the gate, then holds it alone for 0.5 s
+        [sys.executable, "-c", HOLDER, str(tmp_path), "alone", "0.5"], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        time.sleep(0.5)  # the timing is waiting now
+        start = time.monotonic()
+        with gpu_lock.held("0", alone=False) as got:
+            took = time.monotonic() - start
+        assert took > 1.2, f"a later shared request went before the waiting timing ({took:.2f} s)"
+        assert timing.stdout is not None and timing.stdout.readline().strip() == "held"
+        assert got.since > 0 and got.to >= got.since and not got.alone
+    finally:
+        first.wait(timeout=10)
+        timing.wait(timeout=10)
+
+
 def test_another_gpu_is_another_lock(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(gpu_lock, "LOCKS", tmp_path)
     other = hold(tmp_path, True, 1.5)

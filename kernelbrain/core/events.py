@@ -314,11 +314,17 @@ class TaskParked(Event):
 
 class BudgetCharged(Event):
     TYPE = "BudgetCharged"
+    VERSION = 2  # 2: the device lock held alone (`device`, `alone_from`, `alone_to`)
     action: str  # the task it paid for
     role: str
     gpu_s: float = 0.0
     tokens: int = 0
     wall_s: float = 0.0
+    # a task that timed or profiled: which device's lock it held alone (runtime/gpu_lock.py) and when
+    # (wall clock), so that the log shows each device's timed share and that no two timings overlapped
+    device: str | None = None
+    alone_from: float | None = None
+    alone_to: float | None = None
 
 
 # --- the log itself ------------------------------------------------------------------------------

@@ -1,15 +1,26 @@
-"""One GPU's lock, among the processes of one host: requests that time or profile (a rung, a duel, a
-roofline, ncu) hold it alone, every other request on the GPU (a gate's trial, an analysis) holds it
+"""One device's lock, among the processes of one host: requests that time or profile (a rung, a duel, a
+roofline, ncu) hold it alone, every other request on the device (a gate's trial, an analysis) holds it
 shared with the others. Without it a worker's gate ran its candidate's kernels, or compiled, while
 another worker timed a rung on the same GPU, and the reference timed beside a candidate looked slowed
-(an honest matvec candidate failed as `policy`, 2.9x, on the H200)."""
+(an honest matvec candidate failed as `policy`, 2.9x, on the H200). A CPU is a device too: the
+interpreter's timings are slowed by a gate beside them as a GPU's are.
+
+Timing goes first: a request that times waits for the shared holders of the moment, not for those that
+come after it. Linux's flock grants a shared lock whenever no exclusive one is *held*, so a pool of
+gatekeepers, one gate always running, would keep the benchmarker waiting for ever; every request
+passes a turnstile first, which a timing request holds while it waits.
+
+`held` yields the wall-clock moments the lock was taken and let go (`Hold`): a timed task records them,
+so the log shows when each device was held alone, and that no two timings ever overlapped."""
 
 from __future__ import annotations
 
 import fcntl
 import os
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 LOCKS = Path.home() / ".cache" / "kernelbrain" / "locks"
@@ -23,13 +34,35 @@ def gpu_name(gpu: int | None) -> str:
     return visible or "0"
 
 
+def device_name(device: str, gpu: int | None) -> str:
+    """The lock a child on `device` takes: its GPU's, or the host's CPU's."""
+    return gpu_name(gpu) if device == "cuda" else "cpu"
+
+
+@dataclass
+class Hold:
+    """When the lock was taken and let go (time.time(); `to` is 0 while it is held)."""
+
+    device: str
+    alone: bool
+    since: float = 0.0
+    to: float = 0.0
+
+
 @contextmanager
-def held(gpu: str, *, alone: bool) -> Iterator[None]:
-    """The lock of `gpu`, exclusive where `alone`, shared otherwise, for the body's duration."""
+def held(device: str, *, alone: bool) -> Iterator[Hold]:
+    """The lock of `device`, exclusive where `alone`, shared otherwise, for the body's duration."""
     LOCKS.mkdir(parents=True, exist_ok=True)
-    with open(LOCKS / f"gpu-{gpu}.lock", "a+") as f:
-        fcntl.flock(f, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+    hold = Hold(device, alone)
+    with open(LOCKS / f"gpu-{device}.turnstile", "a+") as gate, open(LOCKS / f"gpu-{device}.lock", "a+") as f:
+        fcntl.flock(gate, fcntl.LOCK_EX)  # a timing request waiting holds this: later ones queue here
         try:
-            yield
+            fcntl.flock(f, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
         finally:
+            fcntl.flock(gate, fcntl.LOCK_UN)
+        hold.since = time.time()
+        try:
+            yield hold
+        finally:
+            hold.to = time.time()
             fcntl.flock(f, fcntl.LOCK_UN)

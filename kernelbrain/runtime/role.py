@@ -13,6 +13,7 @@ from kernelbrain.core.events import BudgetCharged, Event, GateCategory, ProblemF
 from kernelbrain.core.protocol import Fit, Message, Request
 from kernelbrain.core.state import RunState
 from kernelbrain.runtime import processes
+from kernelbrain.runtime.gpu_lock import Hold
 from kernelbrain.runtime.sandbox import ProblemFault, Sandbox, SandboxError, SandboxFault
 from kernelbrain.store import NewEvent, Store
 
@@ -54,11 +55,18 @@ class Consulted(Generic[R]):
     fault: SandboxFault | SandboxError | None
     busy_s: float  # the child's own busy time (0 when it faulted)
     started: float  # perf_counter when the role began the task
+    hold: Hold | None = None  # the device lock held alone for it, where it timed or profiled
 
     @property
     def line(self) -> str:
         """The fault in one line, as events record it."""
         return str(self.fault).splitlines()[0] if self.fault is not None else ""
+
+
+def _alone(box: Sandbox | None) -> Hold | None:
+    """The hold of the device lock a request just had alone (one it was let go of)."""
+    hold = box.last_hold if box is not None else None
+    return hold if hold is not None and hold.alone and hold.to else None
 
 
 class Role(abc.ABC):
@@ -136,18 +144,20 @@ class Role(abc.ABC):
         not raised, so every role records it and its cost the same way. `own_code`: the request runs
         only kb's own template code (what its child compiles may be shared)."""
         t0 = time.perf_counter() if started is None else started
+        box: Sandbox | None = None
         try:
             box = self.sandbox(device)
+            box.last_hold = None
             reply, busy = box.call(request, timeout_s=timeout_s, task=task, own_code=own_code)
         except (SandboxFault, SandboxError) as e:
-            return Consulted(None, e, 0.0, t0)
-        return Consulted(reply, None, busy, t0)
+            return Consulted(None, e, 0.0, t0, _alone(box))
+        return Consulted(reply, None, busy, t0, _alone(box))
 
     def cost(self, state: RunState, task: Task, asked: Consulted[R]) -> NewEvent:
         """What a consultation cost: the child's busy seconds, or the wall time where the child died
         before it could say."""
         wall = time.perf_counter() - asked.started
-        return self.charge(state, task, gpu_s=asked.busy_s or wall, wall_s=wall)
+        return self.charge(state, task, gpu_s=asked.busy_s or wall, wall_s=wall, hold=asked.hold)
 
     def with_charge(self, state: RunState, task: Task, event: Event, asked: Consulted[R]) -> list[NewEvent]:
         """The task's result and its BudgetCharged."""
@@ -163,11 +173,22 @@ class Role(abc.ABC):
         )
 
     def charge(
-        self, state: RunState, task: Task, *, gpu_s: float = 0.0, wall_s: float = 0.0, tokens: int = 0
+        self,
+        state: RunState,
+        task: Task,
+        *,
+        gpu_s: float = 0.0,
+        wall_s: float = 0.0,
+        tokens: int = 0,
+        hold: Hold | None = None,
     ) -> NewEvent:
+        alone = {"device": hold.device, "alone_from": hold.since, "alone_to": hold.to} if hold else {}
+        cost = BudgetCharged(
+            action=task.key, role=self.name, gpu_s=gpu_s, wall_s=wall_s, tokens=tokens, **alone
+        )
         return self.new(
             state,
-            BudgetCharged(action=task.key, role=self.name, gpu_s=gpu_s, wall_s=wall_s, tokens=tokens),
+            cost,
             f"{task.key}/budget",
             task,
         )

@@ -111,6 +111,7 @@ class Sandbox:
         self.stderr: IO[bytes] | None = None
         self.tmp: Path | None = None
         self.executions = 0
+        self.last_hold: gpu_lock.Hold | None = None  # the device lock's last hold (call)
         self.stderr_mark = 0
         self.isolation: isolation.Isolation | None = None  # chosen when the first child starts
         self.writable = writable  # host paths beside its own folder the child may write (tests' logs)
@@ -243,13 +244,12 @@ class Sandbox:
         the candidate failed a check, SandboxError when kb's own code failed in the child. A gate runs
         across two children (runtime/gate.py), a bench times the reference alone after it
         (runtime/reference_retiming.py). `own_code`: its candidates are kb's own template code. On a
-        GPU the request holds the GPU's lock: alone where it times or profiles."""
+        The request holds its device's lock, alone where it times or profiles; `last_hold` says when."""
         try:
-            if self.device != "cuda":
+            timed = isinstance(request, TIMED)
+            with gpu_lock.held(gpu_lock.device_name(self.device, self.gpu), alone=timed) as hold:
+                self.last_hold = hold
                 reply, busy = self._dispatch(request, timeout_s=timeout_s, task=task, own_code=own_code)
-            else:
-                with gpu_lock.held(gpu_lock.gpu_name(self.gpu), alone=isinstance(request, TIMED)):
-                    reply, busy = self._dispatch(request, timeout_s=timeout_s, task=task, own_code=own_code)
         finally:
             if self.untrusted(request, own_code):  # its child goes (also where kb's side raised)
                 self.recycle_due = self.recycle_due or self.proc is not None
