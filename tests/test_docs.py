@@ -149,7 +149,7 @@ def test_write_refreshes_a_stale_catalogue_and_keeps_the_rest(tmp_path):
     doc = tmp_path / "architecture.md"
     shutil.copy(ec.DOC, doc)
     original = doc.read_text(encoding="utf-8")
-    stale = original.replace("### RunStarted (v1)", "### RunStarted (v0)")
+    stale = re.sub(r"### RunStarted \(v\d+\)", "### RunStarted (v0)", original)
     assert stale != original
     doc.write_text(stale, encoding="utf-8")
     ec.write(doc)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
+from typing import Any
 
 import click
 
@@ -18,8 +20,10 @@ from kernelbrain.commands.options import (
     user_errors,
 )
 from kernelbrain.core import torch_ops
+from kernelbrain.core.errors import RunError
 from kernelbrain.core.events import RunConfig
 from kernelbrain.runtime import isolation, reconnect, run_lease
+from kernelbrain.runtime.batch import batch_runs
 from kernelbrain.runtime.environment import without_secrets
 from kernelbrain.runtime.roles import CREWS, ROLES
 from kernelbrain.runtime.run_lease import RunLease
@@ -32,6 +36,7 @@ from kernelbrain.runtime.runner import (
     require_run,
     start_run,
     supervise,
+    supervise_runs,
 )
 from kernelbrain.runtime.worker import Crew, Worker
 from kernelbrain.store import StoreError
@@ -77,8 +82,108 @@ def drive(
         sys.exit(code)
 
 
+def start_batch(
+    db: str,
+    paths: list[Path],
+    config: RunConfig,
+    gpu: int | None,
+    inprocess: bool,
+    external: bool,
+    quiet: bool,
+    as_json: bool,
+) -> None:
+    """One run a readable problem file, all of one new batch, driven by one pool; a file refused before
+    its run could start gets its row (and EXIT_PROBLEM), the others run."""
+    from kernelbrain.core.problem import ProblemError, read_problem
+    from kernelbrain.runtime.batch import new_batch_id
+    from kernelbrain.views import batch as batch_view
+
+    batch = new_batch_id()
+    config = config.model_copy(update={"batch": batch})
+    refused: list[batch_view.Row] = []
+    run_ids: list[str] = []
+    with open_store(db, create=True) as store:
+        for path in paths:
+            try:
+                read_problem(path)
+            except ProblemError as e:
+                refused.append(batch_view.refused(str(path), str(e).splitlines()[0]))
+                continue
+            run_ids.append(start_run(store, str(path), config))
+    if not as_json:
+        lines.echo(f"batch {batch}: {len(run_ids)} runs, {len(refused)} files refused")
+        for row in refused:
+            lines.echo(f"{row.problem}: {row.outcome}")
+    if not run_ids:
+        lines.flush()
+        sys.exit(batch_view.exit_code(refused))
+    with run_lease.held(db, run_ids, "run") as lease:
+        drive_batch(db, batch, run_ids, refused, gpu, inprocess, external, quiet, as_json, lease)
+
+
+def drive_batch(
+    db: str,
+    batch: str,
+    run_ids: list[str],
+    refused: list[Any],
+    gpu: int | None,
+    inprocess: bool,
+    external: bool,
+    quiet: bool,
+    as_json: bool,
+    lease: RunLease,
+    ended_before: int = 0,
+) -> None:
+    """Supervise the batch's runs through one pool, a line as each ends, then the table and its code."""
+    import time
+
+    from kernelbrain.views import batch as batch_view
+    from kernelbrain.views import ending, progress
+
+    since = time.time()
+    view = batch_view.BatchView(len(run_ids) + ended_before)
+    view.said.update(f"earlier-{i}" for i in range(ended_before))
+    lines.flush()
+    reader = open_store(db)
+    try:
+        ended = supervise_runs(
+            db,
+            run_ids,
+            batch=batch,
+            gpu=gpu,
+            inprocess=inprocess,
+            external=external,
+            progress=None if as_json or quiet else view,
+            lease=lease,
+        )
+        states = {rid: load_state(reader, rid) for rid in run_ids}
+        share = batch_view.timed_share(reader, run_ids, since, time.time())
+    except StoreError as e:
+        sys.exit(ending.store_failed(batch, e))
+    finally:
+        reader.close()
+    rows = [batch_view.row(states[rid], ended[rid]) for rid in run_ids] + refused
+    if as_json:
+        for rid in run_ids:
+            lines.result(progress.json_line(progress.result(states[rid], ended[rid]).model_dump(mode="json")))
+    else:
+        for text in batch_view.table(rows):
+            lines.echo(text)
+        lines.echo(share)
+    code = batch_view.exit_code(rows)
+    if code == ending.EXIT_INTERRUPTED:
+        click.echo(
+            f"kb: batch {batch} interrupted; everything recorded is kept. Continue with: kb resume {batch}",
+            err=True,
+        )
+    elif code == ending.EXIT_WAITING:
+        lines.result(f"kb: batch {batch} has runs waiting on parked tasks; once fixed: kb resume {batch}")
+    if code:
+        sys.exit(code)
+
+
 @click.command()
-@click.argument("problem", type=click.Path(dir_okay=False))
+@click.argument("problems", nargs=-1, required=True, type=click.Path())
 @db_option
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True)
 @click.option("--generator", default="expert", show_default=True)
@@ -148,7 +253,7 @@ def drive(
 @json_option
 @user_errors
 def run(
-    problem: str,
+    problems: tuple[str, ...],
     db: str,
     device: str,
     generator: str,
@@ -172,13 +277,23 @@ def run(
     quiet: bool,
     as_json: bool,
 ) -> None:
-    """Search for a faster kernel for PROBLEM (a KernelBench .py file)."""
+    """Search for a faster kernel for each PROBLEM (a KernelBench .py file, or a folder of them).
+
+    Several problems make a batch: one run each, in one database, served by one pool of workers (timed
+    work alone on the device, the rest spread over the cores); `kb resume BATCH` resumes its unfinished
+    runs."""
     from kernelbrain import generators
     from kernelbrain.core.problem import read_problem
+    from kernelbrain.runtime.batch import problem_paths
 
     if inprocess and external_workers:
         raise click.UsageError("--inprocess and --external-workers exclude each other; pass one")
-    read_problem(problem)  # a bad problem file is reported before the database is opened
+    paths = problem_paths(problems)
+    if not paths:
+        raise click.UsageError(f"no problem files (*.py) in {', '.join(problems)}")
+    batched = len(paths) > 1 or Path(problems[0]).is_dir()
+    if not batched:
+        read_problem(paths[0])  # a bad problem file is reported before the database is opened
     dev = resolve_device(device)
     config = RunConfig(
         generator=generator,
@@ -202,8 +317,11 @@ def run(
     if generator == "llm" and not (llm_model or os.environ.get("KB_LLM_MODEL")):
         raise click.UsageError("--generator llm needs a model: pass --llm-model or set KB_LLM_MODEL")
     generators.get(generator, **config.generator_options())  # a misconfigured generator fails here
+    if batched:
+        start_batch(db, paths, config, gpu, inprocess, external_workers, quiet, as_json)
+        return
     with open_store(db, create=True) as store:
-        run_id = start_run(store, problem, config)
+        run_id = start_run(store, str(paths[0]), config)
     with run_lease.held(db, run_id, "run") as lease:  # held before anyone is told the run's id
         if not as_json:  # JSON readers find the id on every line, RunStarted first
             lines.echo(f"run {run_id}")
@@ -263,6 +381,34 @@ def check(
         sys.exit(1)
 
 
+def resume_batch(batch: str, db: str, gpu: int | None, inprocess: bool, quiet: bool, as_json: bool) -> None:
+    """Resume every unfinished run of the batch through one pool."""
+    from kernelbrain.runtime.batch import batch_runs
+    from kernelbrain.views import batch as batch_view
+
+    with open_store(db) as store:
+        run_ids = batch_runs(store, batch)
+        if not run_ids:
+            raise RunError(f"no batch {batch!r} in {store.path}; `kb ls` lists the runs there")
+        todo = [rid for rid in run_ids if load_state(store, rid).finished is None]
+    if not todo:
+        with open_store(db) as store:
+            rows = [batch_view.row(s, s.finished) for s in (load_state(store, rid) for rid in run_ids)]
+        for text in batch_view.table(rows):
+            lines.echo(text)
+        lines.result(f"batch {batch} finished already: {len(run_ids)} runs. Nothing to resume")
+        return
+    with run_lease.held(db, todo, "resume") as lease:
+        with open_store(db) as store:
+            for rid in todo:
+                prepare_resume(store, rid)
+        if not as_json:
+            lines.echo(f"batch {batch} resumed: {len(todo)} of {len(run_ids)} runs unfinished")
+        drive_batch(
+            db, batch, todo, [], gpu, inprocess, False, quiet, as_json, lease, len(run_ids) - len(todo)
+        )
+
+
 @click.command()
 @click.argument("run_id")
 @db_option
@@ -272,9 +418,14 @@ def check(
 @json_option
 @user_errors
 def resume(run_id: str, db: str, gpu: int | None, inprocess: bool, quiet: bool, as_json: bool) -> None:
-    """Continue an interrupted run from its log (a finished one: say so, exit 0)."""
+    """Continue an interrupted run, or every unfinished run of a batch, from its log (a finished one:
+    say so, exit 0)."""
+    from kernelbrain.runtime.batch import is_batch_id
     from kernelbrain.views import ending
 
+    if is_batch_id(run_id):
+        resume_batch(run_id, db, gpu, inprocess, quiet, as_json)
+        return
     with open_store(db) as store:
         state = load_state(store, run_id)
     if state.finished is not None:  # nothing to drive: no lease needed
@@ -300,6 +451,7 @@ def resume(run_id: str, db: str, gpu: int | None, inprocess: bool, quiet: bool, 
 @click.argument("role", type=click.Choice([*ROLES, *CREWS]))
 @db_option
 @click.option("--run", "run_id", default=None, help="Serve only this run (default: every unfinished run).")
+@click.option("--batch", default=None, help="Serve only the runs of this batch.")
 @click.option("--gpu", type=click.IntRange(min=0), default=None, help="GPU index for this worker.")
 @click.option(
     "--idle-exit-s",
@@ -312,7 +464,13 @@ def resume(run_id: str, db: str, gpu: int | None, inprocess: bool, quiet: bool, 
 @click.option("--supervised", is_flag=True, hidden=True)
 @user_errors
 def worker(
-    role: str, db: str, run_id: str | None, gpu: int | None, idle_exit_s: float | None, supervised: bool
+    role: str,
+    db: str,
+    run_id: str | None,
+    batch: str | None,
+    gpu: int | None,
+    idle_exit_s: float | None,
+    supervised: bool,
 ) -> None:
     """Run one worker process (kb run starts them for you).
 
@@ -330,7 +488,14 @@ def worker(
         with open_store(db) as store:
             require_run(store, run_id)  # a worker for a run that is not there would idle forever
     # (one that cannot start says why, supervised or not)
-    w = Crew(db, CREWS[role], run_id, gpu=gpu) if role in CREWS else Worker(db, role, run_id, gpu=gpu)
+    if batch is not None:
+        with open_store(db) as store:
+            if not batch_runs(store, batch):
+                raise RunError(f"no batch {batch!r} in {store.path}; `kb ls` lists the runs there")
+    if role in CREWS:
+        w: Crew | Worker = Crew(db, CREWS[role], run_id, batch=batch, gpu=gpu)
+    else:
+        w = Worker(db, role, run_id, batch=batch, gpu=gpu)
     w.install_signal_handlers()
     try:
         w.run(idle_exit_s=idle_exit_s)

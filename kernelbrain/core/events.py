@@ -76,6 +76,7 @@ class RunConfig(BaseModel):
     llm_timeout_s: float | None = None
     llm_concurrency: int | None = None
     allow_torch: tuple[str, ...] = ()  # torch op classes candidates may keep (--allow-torch); () all Triton
+    batch: str | None = None  # the batch of `kb run A.py B.py ...` the run is one of, served by one pool
 
     @field_validator("allow_torch")
     @classmethod
@@ -94,6 +95,7 @@ class RunConfig(BaseModel):
 
 class RunStarted(Event):
     TYPE = "RunStarted"
+    VERSION = 2  # 2: config.batch
     problem_path: str
     problem_name: str
     problem_hash: str  # blob hash of the problem source
@@ -320,11 +322,11 @@ class BudgetCharged(Event):
     gpu_s: float = 0.0
     tokens: int = 0
     wall_s: float = 0.0
-    # a task that timed or profiled: which device's lock it held alone (runtime/gpu_lock.py) and when
-    # (wall clock), so that the log shows each device's timed share and that no two timings overlapped
-    device: str | None = None
-    alone_from: float | None = None
-    alone_to: float | None = None
+    # a task that timed or profiled: which device's lock it held alone and when, so that the log shows
+    # each device's timed share and that no two timings overlapped
+    device: str | None = None  # the device lock it held alone (a GPU's index, or cpu; None: it timed nothing)
+    alone_from: float | None = None  # wall clock (time.time) when it took that lock
+    alone_to: float | None = None  # wall clock when it let go
 
 
 # --- the log itself ------------------------------------------------------------------------------

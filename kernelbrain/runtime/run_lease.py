@@ -43,34 +43,44 @@ def holder(owner: str, ttl_s: float) -> str:
 
 
 class RunLease:
-    """This process's lease on a run: claimed on creation (RunHeld when a live process holds it), renewed
-    in the background, released by `release`."""
+    """This process's lease on a run, or on each run of a batch: claimed on creation (RunHeld when a live
+    process holds one of them), renewed in the background (one thread and one connection for them all),
+    released by `release`."""
 
-    def __init__(self, db: str, run_id: str, role: str, ttl_s: float = LEASE_TTL_S) -> None:
-        self.run_id = run_id
+    def __init__(self, db: str, run_ids: str | list[str], role: str, ttl_s: float = LEASE_TTL_S) -> None:
+        self.run_ids = [run_ids] if isinstance(run_ids, str) else list(run_ids)
+        self.run_id = self.run_ids[0]
         self.ttl_s = ttl_s
         self.store = open_store(db, create=False)
-        name = lease_name(run_id)
+        self.leases: list[Lease] = []
         try:
-            claimed = retrying(
-                lambda: self.store.claim(name, owner_id(role), ttl_s, is_alive=owner_alive), f"kb {role}"
-            )
-            if claimed is None:
-                held = self.store.lease(name)
-                by = holder(held.owner, ttl_s) if held is not None else "another process"
-                raise RunHeld(
-                    f"run {run_id} is being driven already, by {by}; a second driver would run its "
-                    f"workers twice. Let that one finish, or stop it, then `kb resume {run_id}`"
-                )
+            for run_id in self.run_ids:
+                self.leases.append(self._claim(run_id, role))
         except BaseException:
+            for lease in self.leases:
+                with contextlib.suppress(StoreError):
+                    self.store.release(lease)
             self.store.close()
             raise
-        self.lease: Lease = claimed
-        self.beat = Heartbeat(db, claimed, ttl_s)
+        self.beat = Heartbeat(db, self.leases, ttl_s)
         self.beat.start()
 
+    def _claim(self, run_id: str, role: str) -> Lease:
+        name = lease_name(run_id)
+        claimed = retrying(
+            lambda: self.store.claim(name, owner_id(role), self.ttl_s, is_alive=owner_alive), f"kb {role}"
+        )
+        if claimed is None:
+            held = self.store.lease(name)
+            by = holder(held.owner, self.ttl_s) if held is not None else "another process"
+            raise RunHeld(
+                f"run {run_id} is being driven already, by {by}; a second driver would run its "
+                f"workers twice. Let that one finish, or stop it, then `kb resume {run_id}`"
+            )
+        return claimed
+
     def check(self) -> None:
-        """Raise what stopped the renewals: RunHeld when another process took the lease (this one's
+        """Raise what stopped the renewals: RunHeld when another process took a lease (this one's
         renewals failed past its deadline), the StoreError the database gave."""
         if self.beat.lost is not None:
             raise RunHeld(
@@ -81,24 +91,27 @@ class RunLease:
             raise self.beat.failed
 
     def probe(self) -> None:
-        """Renew the lease now: a write, so a database that can no longer be written says so (StoreError)."""
+        """Renew a lease now: a write, so a database that can no longer be written says so (StoreError)."""
         self.check()
-        self.lease = retrying(lambda: self.store.renew(self.lease, self.ttl_s), "kb")
+        first = self.leases[0]
+        self.leases[0] = retrying(lambda: self.store.renew(first, self.ttl_s), "kb")
 
     def release(self) -> None:
-        """Stop renewing and let go, so that the next `kb resume` takes the run at once."""
+        """Stop renewing and let go, so that the next `kb resume` takes the runs at once."""
         self.beat.done.set()
         self.beat.join(timeout=10)
-        with contextlib.suppress(StoreError):
-            self.store.release(self.lease)
+        for lease in self.beat.leases:
+            with contextlib.suppress(StoreError):
+                self.store.release(lease)
         with contextlib.suppress(StoreError):
             self.store.close()
 
 
 @contextlib.contextmanager
-def held(db: str, run_id: str, role: str) -> Iterator[RunLease]:
-    """The run's lease for the block (`role`: run or resume, as the refusal names its holder)."""
-    lease = RunLease(db, run_id, role)
+def held(db: str, run_ids: str | list[str], role: str) -> Iterator[RunLease]:
+    """The run's lease (each run's, for a batch) for the block (`role`: run or resume, as the refusal
+    names its holder)."""
+    lease = RunLease(db, run_ids, role)
     try:
         yield lease
     finally:

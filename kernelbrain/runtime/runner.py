@@ -32,7 +32,7 @@ from kernelbrain.core.state import RunState
 from kernelbrain.runtime import isolation, limits
 from kernelbrain.runtime.environment import without_secrets
 from kernelbrain.runtime.reconnect import retrying
-from kernelbrain.runtime.roles import ROLES, worker_processes
+from kernelbrain.runtime.roles import ROLES, pool_processes, worker_processes
 from kernelbrain.runtime.run_lease import RunLease
 from kernelbrain.runtime.worker import Crew
 from kernelbrain.store import Store, open_store
@@ -169,13 +169,14 @@ def prepare_resume(store: Store, run_id: str) -> RunState:
     return store.fold(state, run_id=run_id)
 
 
-def _spawn(db: str, role: str, run_id: str, gpu: int | None) -> subprocess.Popen:
+def _spawn(db: str, role: str, gpu: int | None, *, run_id: str | None, batch: str | None) -> subprocess.Popen:
     # a database URL may carry a password: it travels in the environment (KB_DB, readable by this user
     # only), never on the command line (/proc/PID/cmdline, readable by every user)
     url = is_url(db)
     where = [] if url else ["--db", db]
+    serves = ["--run", run_id] if run_id is not None else ["--batch", str(batch)]
     # --supervised: the worker leaves it to this process to say that the database is lost, or failed
-    cmd = [sys.executable, "-m", "kernelbrain", "worker", role, *where, "--run", run_id, "--supervised"]
+    cmd = [sys.executable, "-m", "kernelbrain", "worker", role, *where, *serves, "--supervised"]
     if gpu is not None:
         cmd += ["--gpu", str(gpu)]
     # a process's first environment stays readable in /proc/PID/environ: the roles that start
@@ -200,10 +201,30 @@ def supervise(
 
     `lease`: this process's lease on the run. A StoreError stands where its renewal failed (the database
     cannot be written), or RunHeld where another process took it."""
+    ended = supervise_runs(
+        db, [run_id], gpu=gpu, inprocess=inprocess, external=external, progress=progress, lease=lease
+    )
+    return ended[run_id]
+
+
+def supervise_runs(
+    db: str,
+    run_ids: list[str],
+    *,
+    batch: str | None = None,
+    gpu: int | None = None,
+    inprocess: bool = False,
+    external: bool = False,
+    progress: Callable[[RunState, int], None] | None = None,
+    lease: RunLease | None = None,
+) -> dict[str, RunFinished | None]:
+    """Drive one run, or the runs of a batch through one pool of workers, until each has finished or
+    only parked tasks are left, or a stop signal: how each ended (None: unfinished, resumable).
+    `progress(state, seen)`: called for a run whose log grew past `seen`."""
     if inprocess:
-        return _supervise_inprocess(db, run_id, gpu, progress, lease)
+        return _supervise_inprocess(db, run_ids, batch, gpu, progress, lease)
     with _stop_signals() as stop:
-        return _supervise_processes(db, run_id, gpu, external, progress, stop, lease)
+        return _supervise_processes(db, run_ids, batch, gpu, external, progress, stop, lease)
 
 
 @contextlib.contextmanager
@@ -223,63 +244,83 @@ def _stop_signals() -> Iterator[list[int]]:
             signal.signal(s, handler)
 
 
+def _ended(states: dict[str, RunState]) -> dict[str, RunFinished | None] | None:
+    """How each run ended, once every one has finished or has only parked tasks left."""
+    if all(s.finished is not None or stalled(s) for s in states.values()):
+        return {rid: s.finished for rid, s in states.items()}
+    return None
+
+
 def _supervise_processes(
     db: str,
-    run_id: str,
+    run_ids: list[str],
+    batch: str | None,
     gpu: int | None,
     external: bool,
     progress: Callable[[RunState, int], None] | None,
     stop: list[int],
     lease: RunLease | None,
-) -> RunFinished | None:
+) -> dict[str, RunFinished | None]:
     store = open_store(db, create=False)
-    state = RunState(run_id)
-    retrying(functools.partial(store.fold, state, run_id=run_id), "kb run")  # the device decides the workers
-    names = worker_processes(state.config.device, state.config.generator)
+    states = {rid: RunState(rid) for rid in run_ids}
+    for state in states.values():  # the device decides the workers
+        retrying(functools.partial(store.fold, state, run_id=state.run_id), "kb run")
+    first = states[run_ids[0]].config
+    if batch is None:
+        names = list(worker_processes(first.device, first.generator))
+    else:
+        names = pool_processes(first.device, first.generator, len(os.sched_getaffinity(0)))
+    slots = [f"{name}#{i}" for i, name in enumerate(names)]
+    run_id = run_ids[0] if batch is None else None
+
+    def spawn(slot: str) -> subprocess.Popen:
+        return _spawn(db, slot.split("#")[0], gpu, run_id=run_id, batch=batch)
+
     # external: `kb worker` processes started elsewhere (other GPUs, other shells) drive the run
-    procs = {} if external else {name: _spawn(db, name, run_id, gpu) for name in names}
+    procs = {} if external else {slot: spawn(slot) for slot in slots}
     # deaths of each worker in a row with no work recorded between them (a task it keeps dying on is
     # parked by the worker after MAX_TASK_FAULTS, which is work: the worker goes on with the rest)
-    restarts = dict.fromkeys(names, 0)
-    progress_at_death = dict.fromkeys(names, -1)
+    restarts = dict.fromkeys(slots, 0)
+    progress_at_death = dict.fromkeys(slots, -1)
 
-    def watch(seen: int) -> None:
-        store.fold(state, run_id=run_id)
-        if progress and state.position != seen:
-            progress(state, seen)
+    def watch() -> None:
+        for state in states.values():
+            seen = state.position
+            store.fold(state, run_id=state.run_id)
+            if progress and state.position != seen:
+                progress(state, seen)
 
     try:
         while not stop:
-            seen = state.position
             # a lost database is waited out (the workers wait it out too): fold and show again
-            retrying(functools.partial(watch, seen), "kb run")
-            if state.finished is not None:
-                return state.finished
-            if stalled(state):  # only parked tasks are left: `kb resume` retries them
-                return None
+            retrying(watch, "kb run")
+            if (ended := _ended(states)) is not None:
+                return ended
             if lease is not None:
                 lease.check()
-            for role, proc in procs.items():
+            done = sum(s.progress for s in states.values())
+            for slot, proc in procs.items():
                 code = proc.poll()
                 if code is None:
                     continue
                 if lease is not None:  # a write: a worker that died of its database dies of it here too
                     lease.probe()
-                if state.progress > progress_at_death[role]:
-                    restarts[role] = 0
-                progress_at_death[role] = state.progress
-                if restarts[role] >= MAX_RESTARTS:
+                if done > progress_at_death[slot]:
+                    restarts[slot] = 0
+                progress_at_death[slot] = done
+                role = slot.split("#")[0]
+                if restarts[slot] >= MAX_RESTARTS:
+                    again = f"kb resume {batch or run_ids[0]}"
                     raise RunError(
                         f"the {role} worker died {MAX_RESTARTS + 1} times in a row with no work recorded "
-                        f"(last exit {code}); "
-                        f"see its output above, fix, then `kb resume {run_id}`"
+                        f"(last exit {code}); see its output above, fix, then `{again}`"
                     )
-                restarts[role] += 1
+                restarts[slot] += 1
                 why = " (its database failed it, and answers again)" if code == WORKER_STORE_EXIT else ""
                 print(f"kb: {role} worker exited with {code}{why}; restarting it", file=sys.stderr)
-                procs[role] = _spawn(db, role, run_id, gpu)
+                procs[slot] = spawn(slot)
             time.sleep(0.2)
-        return None
+        return {rid: s.finished for rid, s in states.items()}
     finally:
         _stop_workers(procs)
         store.close()
@@ -302,29 +343,33 @@ def _stop_workers(procs: dict[str, subprocess.Popen], grace_s: float = 60.0) -> 
 
 def _supervise_inprocess(
     db: str,
-    run_id: str,
+    run_ids: list[str],
+    batch: str | None,
     gpu: int | None,
     progress: Callable[[RunState, int], None] | None,
     lease: RunLease | None,
-) -> RunFinished | None:
+) -> dict[str, RunFinished | None]:
     # the roles take turns in this process: one child runs every role's candidates and one judge serves
     # them all (the analysis included), rather than a pair a role (a torch import each)
-    crew = Crew(db, ROLES, run_id, gpu=gpu)
+    run_id = run_ids[0] if batch is None else None
+    crew = Crew(db, ROLES, run_id, batch=batch, gpu=gpu)
     try:
         with _stop_signals() as stop:
             while not stop:
                 did = crew.step(lambda: bool(stop))
-                state = crew.members[-1].states.get(run_id)
-                if progress and state is not None:
-                    progress(state, 0)
-                if state is not None and state.finished is not None:
-                    return state.finished
-                if state is not None and stalled(state) and not did:
-                    return None
+                states = crew.members[-1].states
+                for state in states.values():
+                    if progress:
+                        progress(state, 0)
+                if set(run_ids) <= set(states):
+                    ended = _ended({rid: states[rid] for rid in run_ids})
+                    if ended is not None and (not did or all(e is not None for e in ended.values())):
+                        return ended
                 if lease is not None:
                     lease.check()
                 if not did and not stop:
                     time.sleep(0.05)
-            return None
+            states = crew.members[-1].states
+            return {rid: states[rid].finished if rid in states else None for rid in run_ids}
     finally:
         crew.close()

@@ -26,6 +26,7 @@ from typing import Any
 
 from kernelbrain.core.events import LeaseExpired, TaskClaimed, TaskFaulted, TaskParked
 from kernelbrain.core.state import RunState, lease_lost
+from kernelbrain.runtime.batch import batch_runs
 from kernelbrain.runtime.reconnect import OUTAGE, retrying
 from kernelbrain.runtime.role import Task, owner_alive
 from kernelbrain.runtime.roles import ROLE_CLASSES, SchedulerRole
@@ -45,14 +46,14 @@ MAX_TASK_FAULTS = 3
 
 
 class Heartbeat(threading.Thread):
-    """Renews a lease from its own connection while the task runs, so a slow task keeps its claim; while
-    the database is unreachable it keeps trying (the lease may run out meanwhile: the fence then refuses
-    the task's result). It stops when another owner took the lease (`lost`) or the database refused the
-    renewal (`failed`: it cannot be written)."""
+    """Renews leases (a task's; the runs of a batch) from its own connection while the task runs, so a
+    slow task keeps its claim; while the database is unreachable it keeps trying (a lease may run out
+    meanwhile: the fence then refuses the task's result). It stops when another owner took a lease
+    (`lost`) or the database refused a renewal (`failed`: it cannot be written)."""
 
-    def __init__(self, db: str, lease: Lease, ttl_s: float) -> None:
+    def __init__(self, db: str, leases: list[Lease], ttl_s: float) -> None:
         super().__init__(daemon=True)
-        self.db, self.lease, self.ttl_s = db, lease, ttl_s
+        self.db, self.leases, self.ttl_s = db, leases, ttl_s
         self.done = threading.Event()
         self.lost: StaleLease | None = None
         self.failed: StoreError | None = None
@@ -63,7 +64,8 @@ class Heartbeat(threading.Thread):
             while not self.done.wait(self.ttl_s / 3):
                 try:
                     store = store or open_store(self.db, create=False)
-                    self.lease = store.renew(self.lease, self.ttl_s)
+                    for i, lease in enumerate(self.leases):
+                        self.leases[i] = store.renew(lease, self.ttl_s)
                     OUTAGE.ended()
                 except StaleLease as e:
                     self.lost = e
@@ -80,11 +82,11 @@ class Heartbeat(threading.Thread):
 
 
 class Loop:
-    """What a worker process runs: steps until stopped, or (with a run id) until that run has finished;
-    through a lost database (retried with backoff for KB_DB_RETRY_S, then StoreUnavailable is raised)."""
+    """What a worker process runs: steps until stopped, or (with a run id or a batch) until the runs it
+    serves have finished; through a lost database (retried with backoff for KB_DB_RETRY_S, then
+    StoreUnavailable is raised)."""
 
     store: Store
-    run_id: str | None
     stopping: bool
 
     @property
@@ -96,7 +98,7 @@ class Loop:
         raise NotImplementedError
 
     def finished(self) -> bool:
-        """Whether the one run this loop serves has finished."""
+        """Whether the run or the batch this loop serves has finished (one serving every run never has)."""
         raise NotImplementedError
 
     def abandons(self) -> bool:
@@ -124,7 +126,7 @@ class Loop:
                 if did:
                     idle_since = time.monotonic()
                     continue
-                if self.run_id and self.finished():
+                if self.finished():
                     return
                 if idle_exit_s is not None and time.monotonic() - idle_since > idle_exit_s:
                     return
@@ -140,7 +142,7 @@ class Loop:
 
 
 class Worker(Loop):
-    """One role's polling loop over one run (or every unfinished run when run_id is None)."""
+    """One role's polling loop over one run, the runs of one batch, or every unfinished run."""
 
     def __init__(
         self,
@@ -148,6 +150,7 @@ class Worker(Loop):
         role: str,
         run_id: str | None = None,
         *,
+        batch: str | None = None,
         gpu: int | None = None,
         ttl_s: float = LEASE_TTL_S,
         children: dict[str, Sandbox] | None = None,
@@ -157,6 +160,8 @@ class Worker(Loop):
         self.store = open_store(db, create=False)
         self.role = ROLE_CLASSES[role](self.store, gpu, children)
         self.run_id = run_id
+        self.batch = batch
+        self.batch_ids: list[str] = []  # the batch's runs, read once (they are started before its pool)
         self.ttl_s = ttl_s
         self.states: dict[str, RunState] = {}
         self.stopping = False
@@ -172,7 +177,15 @@ class Worker(Loop):
             self.warmed = True
 
     def refresh(self) -> list[RunState]:
-        ids = [self.run_id] if self.run_id else self.store.run_ids()
+        if self.batch is not None and not self.batch_ids:
+            self.batch_ids = batch_runs(self.store, self.batch)
+        ids = (
+            [self.run_id]
+            if self.run_id
+            else self.batch_ids
+            if self.batch is not None
+            else self.store.run_ids()
+        )
         for rid in ids:
             state = self.states.setdefault(rid, RunState(rid))
             self.store.fold(state, run_id=rid)
@@ -241,7 +254,7 @@ class Worker(Loop):
         if len(faults) >= MAX_TASK_FAULTS:
             self._park(task, state, lease, faults)
             return True
-        beat = Heartbeat(self.db, lease, self.ttl_s)
+        beat = Heartbeat(self.db, [lease], self.ttl_s)
         beat.start()
         self.warmed = True  # the task starts the child it needs
         self.in_task = True
@@ -295,9 +308,13 @@ class Worker(Loop):
     def actor(self) -> str:
         return self.role.actor
 
+    def serves(self) -> list[str]:
+        """The runs this worker serves: its run's, its batch's; none named where it serves them all."""
+        return [self.run_id] if self.run_id else self.batch_ids
+
     def finished(self) -> bool:
-        state = self.states.get(self.run_id) if self.run_id else None
-        return state is not None and state.finished is not None
+        ids = self.serves()
+        return bool(ids) and all(rid in self.states and self.states[rid].finished is not None for rid in ids)
 
     def abandons(self) -> bool:
         return self.in_task and self.role.abandons_on_stop
@@ -313,11 +330,20 @@ class Crew(Loop):
     interpreter, not a GPU, is the work, and each child's torch import is most of a small run's CPU;
     and what `--inprocess` steps."""
 
-    def __init__(self, db: str, roles: tuple[str, ...], run_id: str | None = None, *, gpu: int | None = None):
+    def __init__(
+        self,
+        db: str,
+        roles: tuple[str, ...],
+        run_id: str | None = None,
+        *,
+        batch: str | None = None,
+        gpu: int | None = None,
+    ):
         self.children: dict[str, Sandbox] = {}
-        self.members = [Worker(db, role, run_id, gpu=gpu, children=self.children) for role in roles]
+        self.members = [
+            Worker(db, role, run_id, batch=batch, gpu=gpu, children=self.children) for role in roles
+        ]
         self.store = self.members[0].store
-        self.run_id = run_id
 
     @property
     def stopping(self) -> bool:

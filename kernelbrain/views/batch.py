@@ -1,0 +1,121 @@
+"""How a batch (`kb run A.py B.py ...`) shows: a line as each of its runs ends, then a table of them all,
+the device's timed share, and the batch's exit code (README): 0 when every problem's run finished (with
+a kernel or not: each row says), EXIT_PROBLEM when a file was refused before its run could start (the
+others finished), EXIT_WAITING when a run stopped with only parked tasks left, EXIT_INTERRUPTED when it
+was stopped first; the last two are resumable with `kb resume BATCH`."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+
+from pydantic import BaseModel
+
+from kernelbrain.core.events import BudgetCharged, RunFinished, decode
+from kernelbrain.core.policy import stalled
+from kernelbrain.core.state import RunState
+from kernelbrain.store import Store, StoredEvent
+from kernelbrain.views import lines
+from kernelbrain.views.ending import EXIT_INTERRUPTED, EXIT_PROBLEM, EXIT_WAITING
+
+
+class Row(BaseModel):
+    """One problem of the batch: its run (None: refused before one started) and how it ended."""
+
+    problem: str
+    run_id: str | None
+    ended: bool
+    winner: str | None = None
+    speedups: dict[str, float] = {}
+    outcome: str  # a few words: the winner's speedups, why there is none, or what it waits for
+    candidates: int = 0
+    gpu_s: float = 0.0
+
+
+def row(state: RunState, finished: RunFinished | None) -> Row:
+    """The row of a run, from its folded state and how supervise saw it end."""
+    assert state.started is not None
+    name = Path(state.started.problem_path).name
+    common = {
+        "problem": name,
+        "run_id": state.run_id,
+        "candidates": len(state.candidates),
+        "gpu_s": state.gpu_s,
+    }
+    if finished is None:
+        why = "waiting: only parked tasks are left" if stalled(state) else "interrupted"
+        return Row(**common, ended=False, outcome=why)
+    if finished.winner:
+        top = state.candidates[finished.winner].top_result
+        speedups = {s.shape: s.speedup for s in top.shapes} if top else {}
+        text = ", ".join(f"{shape} {x:.3g}x" for shape, x in speedups.items())
+        return Row(**common, ended=True, winner=finished.winner, speedups=speedups, outcome=f"winner: {text}")
+    if state.problem_fault:
+        return Row(**common, ended=True, outcome=f"the problem cannot be evaluated: {state.problem_fault}")
+    why = "no candidate proposed" if not state.candidates else "no candidate passed the gate and ladder"
+    return Row(**common, ended=True, outcome=f"no kernel: {why}")
+
+
+def refused(path: str, line: str) -> Row:
+    return Row(problem=Path(path).name, run_id=None, ended=True, outcome=f"refused: {line}")
+
+
+class BatchView:
+    """supervise's progress callback for a batch: one line as each run ends (`[k/N] file: outcome`)."""
+
+    def __init__(self, total: int, ended: Iterable[str] = ()) -> None:
+        self.total = total
+        self.said = set(ended)
+
+    def __call__(self, state: RunState, seen: int = 0) -> None:
+        if state.finished is None or state.run_id in self.said:
+            return
+        self.said.add(state.run_id)
+        r = row(state, state.finished)
+        lines.echo(f"[{len(self.said)}/{self.total}] {r.problem}: {r.outcome} ({r.run_id})")
+
+
+def table(rows: list[Row]) -> list[str]:
+    """The batch's rows as a plain table, widest problem name first column."""
+    width = max((len(r.problem) for r in rows), default=7)
+    out = [f"{'problem':<{width}}  {'run':<22}  {'cands':>5}  {'gpu s':>7}  outcome"]
+    for r in rows:
+        out.append(
+            f"{r.problem:<{width}}  {r.run_id or '-':<22}  {r.candidates:>5}  {r.gpu_s:>7.1f}  {r.outcome}"
+        )
+    return out
+
+
+def exit_code(rows: list[Row]) -> int:
+    if any(not r.ended and r.outcome == "interrupted" for r in rows):
+        return EXIT_INTERRUPTED
+    if any(not r.ended for r in rows):
+        return EXIT_WAITING
+    if any(r.run_id is None for r in rows):
+        return EXIT_PROBLEM
+    return 0
+
+
+def alone_spans(raws: Iterable[StoredEvent]) -> dict[str, list[tuple[float, float, str]]]:
+    """Per device, the (from, to, task) spans timed tasks held its lock alone, in order of `from`."""
+    spans: dict[str, list[tuple[float, float, str]]] = {}
+    for raw in raws:
+        if raw.type != "BudgetCharged" or raw.version < 2:
+            continue
+        e = decode(raw)
+        assert isinstance(e, BudgetCharged)
+        if e.device is not None and e.alone_from is not None and e.alone_to is not None:
+            spans.setdefault(e.device, []).append((e.alone_from, e.alone_to, e.action))
+    return {d: sorted(s) for d, s in spans.items()}
+
+
+def timed_share(store: Store, run_ids: list[str], since: float, until: float) -> str:
+    """The devices' timed share of the batch's wall time, as a line (from the runs' BudgetCharged)."""
+    chosen = set(run_ids)
+    raws = [raw for raw in store.read(types=["BudgetCharged"]) if raw.run_id in chosen]
+    parts = []
+    for device, spans in alone_spans(raws).items():
+        busy = sum(max(0.0, min(b, until) - max(a, since)) for a, b, _ in spans)
+        wall = max(until - since, 1e-9)
+        parts.append(f"{device} {busy:.1f} s of {wall:.1f} s ({100 * busy / wall:.0f}%)")
+    return "device held alone for timing: " + ("; ".join(parts) if parts else "never")

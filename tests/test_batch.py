@@ -1,0 +1,110 @@
+"""`kb run` over several problems: one run each in one database, one pool of workers, `kb resume BATCH`.
+
+Three small problems and a file kb refuses, in one folder. The pool is SIGKILLed as a whole once the
+first rung was measured, then `kb resume BATCH` finishes every run; each run then holds what any run
+must after a crash and replays on its own, the pool's processes served several runs, and no two timed
+tasks ever held the device lock at once (read from the log's BudgetCharged spans)."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from kernelbrain.store import open_store
+
+from kernelbrain.core.state import RunState
+from kernelbrain.runtime.batch import batch_runs, problem_paths
+from kernelbrain.views.batch import alone_spans
+from tests.invariants import check_run
+from tests.kbcli import ROOT, kb, kb_env
+
+PROBLEMS = ROOT / "tests" / "problems"
+RUN = ["--device", "cpu", "--max-candidates", "2", "--ladder", "smallest:2:0,primary:2:0"]
+
+
+def _folder(tmp: Path) -> Path:
+    folder = tmp / "problems"
+    folder.mkdir()
+    for i, name in enumerate(("softmax_small", "layernorm_small", "l2norm_small"), start=1):
+        shutil.copy(PROBLEMS / f"{name}.py", folder / f"{i}_{name}.py")
+    (folder / "10_broken.py").write_text("import torch\n\nclass Model:\n    pass\n")
+    return folder
+
+
+def _wait_for(db: Path, kind: str, proc: subprocess.Popen, timeout: float = 300) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        assert proc.poll() is None, f"kb ended ({proc.returncode}) before any {kind}: {proc.communicate()}"
+        assert time.monotonic() < deadline, f"no {kind} within {timeout} s"
+        if db.exists():
+            with open_store(str(db), readonly=True) as store:
+                if store.count(type=kind):
+                    return
+        time.sleep(0.01)
+
+
+def test_a_folder_runs_as_one_batch_killed_and_resumed(tmp_path: Path) -> None:
+    folder, db = _folder(tmp_path), tmp_path / "kb.db"
+    log = tmp_path / "exec.log"
+    env = kb_env(TRITON_INTERPRET="1", KB_EXEC_LOG=str(log))
+    cmd = [sys.executable, "-m", "kernelbrain", "run", str(folder), "--db", str(db), *RUN]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env, start_new_session=True)
+    assert proc.stdout is not None
+    first = proc.stdout.readline().split()
+    assert first[:1] == ["batch"] and "2_layernorm_small" not in first, first
+    batch = first[1].rstrip(":")
+    assert "3 runs, 1 files refused" in " ".join(first), first
+    _wait_for(db, "RungBenchmarked", proc)
+    os.killpg(proc.pid, signal.SIGKILL)  # the batch's kb run and its whole pool at once
+    proc.wait()
+    with open_store(str(db), readonly=True) as store:
+        runs = batch_runs(store, batch)
+        assert len(runs) == 3
+        unfinished = [r for r in runs if store.fold(RunState(r), run_id=r).finished is None]
+    assert unfinished, "the kill came after every run had finished: nothing was resumed"
+
+    r = kb("resume", batch, "--db", str(db), env=env, timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert f"{len(unfinished)} of 3 runs unfinished" in r.stdout, r.stdout
+    table = r.stdout[r.stdout.index("problem ") :]
+    for name in ("1_softmax_small.py", "2_layernorm_small.py", "3_l2norm_small.py"):
+        assert name in table, table
+    assert "device held alone for timing: cpu" in r.stdout, r.stdout
+    assert kb("resume", batch, "--db", str(db), env=env).returncode == 0  # finished: nothing to do
+
+    workers_of: dict[str, set[str]] = {}
+    with open_store(str(db), readonly=True) as store:
+        for rid in runs:
+            check_run(db, rid, log)  # one effect per identity, no finished bench run again, replay agrees
+            assert kb("replay", rid, "--db", str(db), env=env).returncode == 0
+            for raw in store.read(run_id=rid, types=["TaskClaimed"]):
+                workers_of.setdefault(raw.payload["worker"].split("@")[1], set()).add(rid)
+        spans = alone_spans(store.read(types=["BudgetCharged"]))
+    assert any(len(served) > 1 for served in workers_of.values()), workers_of  # one pool, not a run each
+    cpu = spans["cpu"]
+    assert len(cpu) >= 6, cpu  # two rungs of two candidates each, three runs (some lost to the kill)
+    for (_, end, task), (begin, _, later) in itertools.pairwise(cpu):
+        assert end <= begin, f"{task} and {later} held the device alone at once"
+
+
+def test_a_batch_of_only_refused_files_exits_as_the_problems_fault(tmp_path: Path) -> None:
+    (tmp_path / "a.py").write_text("x = 1\n")
+    (tmp_path / "b.py").write_text("def (:\n")
+    r = kb("run", str(tmp_path / "a.py"), str(tmp_path / "b.py"), "--db", str(tmp_path / "kb.db"), *RUN)
+    assert r.returncode == 4, r.stdout + r.stderr
+    assert "0 runs, 2 files refused" in r.stdout and "b.py: refused: problem file" in r.stdout, r.stdout
+
+
+def test_problem_paths_take_a_folders_files_in_kernelbench_order(tmp_path: Path) -> None:
+    for name in ("10_b.py", "2_a.py", "x.py", "notes.txt"):
+        (tmp_path / name).write_text("")
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "1_c.py").write_text("")
+    found = problem_paths((str(tmp_path), str(tmp_path / "2_a.py")))
+    assert [p.name for p in found] == ["2_a.py", "10_b.py", "x.py"]
