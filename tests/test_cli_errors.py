@@ -7,7 +7,7 @@ The error paths, command by command, and where each is tested:
 | --- | --- | --- |
 | any | unknown command; missing argument; bad option value (range, choice, type) | USAGE below |
 | run | missing, unreadable or malformed problem file | test_bad_input; CASES (not UTF-8) |
-| run | problem path is a directory | USAGE |
+| run | problem path is a folder with no problem files | USAGE |
 | run | database corrupt, from a newer kb, or foreign | test_bad_input |
 | run | --db in a folder that is a file | CASES |
 | run | unknown generator; llm without a model; llm endpoint dead | test_bad_input; test_llm_run |
@@ -132,8 +132,8 @@ def check(
 # usage errors: exit 2, one line that ends by pointing at the command's help
 USAGE = [
     ("no-command", ["no-such-command"], ["No such command 'no-such-command'", "kb --help"]),
-    ("run-no-problem", ["run", "--db", "{db}"], ["Missing argument 'PROBLEM'", "kb run --help"]),
-    ("run-problem-is-a-dir", ["run", "{dir}", "--db", "{db}"], ["{dir}", "is a directory"]),
+    ("run-no-problem", ["run", "--db", "{db}"], ["Missing argument 'PROBLEMS...'", "kb run --help"]),
+    ("run-problem-is-a-dir", ["run", "{dir}", "--db", "{db}"], ["{dir}", "no problem files (*.py)"]),
     (
         "run-max-candidates-0",
         ["run", "{problem}", "--db", "{db}", "--max-candidates", "0"],

@@ -97,7 +97,7 @@ def test_the_sweep_resumes_times_winners_and_names_every_miss(tmp_path):
     # SIGTERM to the sweep stops the softmax run mid-way: no result for it, its run left resumable
     r = _stopped_once_gating(kernelbench, tmp_path, "--only", "Softmax")
     assert r.returncode == 130, (r.stdout, r.stderr)
-    assert "kb exit 130" in r.stdout and "stopped by a signal" in r.stdout, r.stdout
+    assert "1_Softmax.py: stopped, resumable" in r.stdout and "stopped by a signal" in r.stdout, r.stdout
     assert not (out / "level1" / "1_Softmax.json").exists()
     with EventStore(str(tmp_path / "sweep.db"), create=False, readonly=True) as store:
         (first,) = store.run_ids()

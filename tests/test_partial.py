@@ -335,7 +335,7 @@ def test_the_sweep_passes_allow_torch_and_marks_partial_winners(tmp_path: Path) 
         (out / "level2" / f"{r['problem']}.json").write_text(json.dumps(r))
     args = argparse.Namespace(
         kernelbench=tmp_path / "kb", levels=[2], only=None, out=out, budget_gpu_s=60.0, max_candidates=8,
-        jobs=1, repeats=20, allow_torch="conv", device="cpu",
+        repeats=20, allow_torch="conv", device="cpu",
     )  # fmt: skip
     sweep.table(args)
     text = (out / "README.md").read_text()
@@ -344,10 +344,10 @@ def test_the_sweep_passes_allow_torch_and_marks_partial_winners(tmp_path: Path) 
     assert "| level2/1_Conv_Norm.py | partial [torch: conv] |" in text
     assert "| level2/2_Gemm_Relu.py | contraction |" in text
     assert "1 winners are partial kernels" in text
-    cmd = sweep.kb_command(folder / "1_Conv_Norm.py", tmp_path / "s.db", args, None)
+    cmd = sweep.kb_run_command([folder / "1_Conv_Norm.py"], tmp_path / "s.db", args)
     assert cmd[cmd.index("--allow-torch") + 1] == "conv"
     args.allow_torch = ""
-    assert "--allow-torch" not in sweep.kb_command(folder / "1_Conv_Norm.py", tmp_path / "s.db", args, None)
+    assert "--allow-torch" not in sweep.kb_run_command([folder / "1_Conv_Norm.py"], tmp_path / "s.db", args)
 
 
 # --- end to end: kb run --allow-torch conv, then the labels in events, audit and export ---------------

@@ -2,16 +2,17 @@
 PyTorch and torch.compile in one process on fresh inputs.
 
     python tools/kernelbench_sweep.py --kernelbench DIR [--levels 1,2] [--db DB] [--out DIR]
-        [--budget-gpu-s 60] [--max-candidates 8] [--jobs 1] [--time-limit-s 0] [--only REGEX]
+        [--budget-gpu-s 60] [--max-candidates 8] [--time-limit-s 0] [--only REGEX]
         [--allow-torch conv,matmul]
 
 Its state is kb's own: every problem's run lives in one database (--db), and a problem's result JSON is
-written once its run has ended and its winner (if any) was timed. Started again, it skips what has a
-result, resumes runs left unfinished (`kb resume`) and starts the rest, so the sweep can be spread over
-device calls of 10 minutes and over days: --time-limit-s stops it in time (a run in flight is stopped
-with SIGTERM, kb's own resumable stop; so is every run in flight when the sweep itself gets SIGTERM or
-SIGINT, which then exits 130 without timing anything). Runs may go side by side (--jobs; their own
-timings are then noisier, the reported ones are not: every winner is timed alone, afterwards).
+written once its run has ended and its winner (if any) was timed. The files' runs go through kb's
+pool: the files not started yet as one batch (`kb run A.py B.py ...`: the host's cores share the
+analyses, compiles and gates, the GPU is held alone for each timing), runs left unfinished resumed by
+their batch (`kb resume BATCH`). Started again, it skips what has a result, so the sweep can be spread
+over device calls of 10 minutes and over days: --time-limit-s stops it in time (kb is sent SIGTERM, its
+own resumable stop; so it is when the sweep itself gets SIGTERM or SIGINT, which then exits 130
+without timing anything). Every winner is timed alone, afterwards.
 
 Writes OUT/levelN/STEM.json per problem and OUT/README.md: per problem the family kb matched, what the
 gate said, the winner's speedup over eager and over torch.compile, or why there is none; per level
@@ -37,7 +38,6 @@ import sys
 import tempfile
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +51,7 @@ from tools.h200_records import dump, load  # noqa: E402
 REFUSED = {"run_id": None, "finished": True, "families": [], "candidates": 0, "gate_passed": 0}
 REFUSED |= {"gate_failed": {}, "winner": None, "winner_family": None, "gpu_s": 0.0, "speedup": {}}
 STOPPED = threading.Event()  # the sweep got SIGTERM or SIGINT: stop the runs in flight, start none
+EXIT_PROBLEM = 4  # kb run's code for a problem file it refused (kernelbrain.views.ending)
 COMMAND = "python tools/kernelbench_sweep.py --kernelbench {dir} --levels {levels}"
 
 
@@ -90,35 +91,9 @@ def run_for(db: Path, path: Path) -> str | None:
     return runs[-1] if runs else None
 
 
-def kb_command(path: Path, db: Path, args: argparse.Namespace, run_id: str | None) -> list[str]:
-    kb = [sys.executable, "-m", "kernelbrain"]
-    if run_id is not None:
-        return [*kb, "resume", run_id, "--db", str(db), "--quiet"]
-    return [
-        *kb,
-        "run",
-        str(path),
-        "--db",
-        str(db),
-        "--quiet",
-        "--budget-gpu-s",
-        str(args.budget_gpu_s),
-        "--max-candidates",
-        str(args.max_candidates),
-        *(["--device", args.device] if args.device else []),
-        *(["--allow-torch", args.allow_torch] if args.allow_torch else []),
-    ]
-
-
-def drive(path: Path, db: Path, args: argparse.Namespace, deadline: float) -> tuple[int, str]:
-    """`kb run` (or `kb resume`) on one file until it ends or the deadline: its exit code and last line."""
-    fresh = args.fresh is not None and re.search(args.fresh, path.name)
-    run_id = None if fresh else run_for(db, path)
-    if run_id is not None and args.redo_unmatched and not _matched(db, run_id):
-        run_id = None  # the newest run found no family: kb of today starts a new one
-    if run_id is not None and _finished(db, run_id):
-        return 0, "finished earlier"
-    cmd = kb_command(path, db, args, run_id)
+def kb_call(cmd: list[str], deadline: float) -> tuple[int, str]:
+    """One `kb run` or `kb resume` until it ends, the deadline, or a stop of the sweep (SIGTERM to kb:
+    its resumable stop, 130): its exit code and output."""
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     while True:
         try:
@@ -126,11 +101,60 @@ def drive(path: Path, db: Path, args: argparse.Namespace, deadline: float) -> tu
             break
         except subprocess.TimeoutExpired:  # retrying communicate loses no output
             if STOPPED.is_set() or time.monotonic() >= deadline:
-                proc.send_signal(signal.SIGTERM)  # kb stops its workers and leaves the run resumable (130)
+                proc.send_signal(signal.SIGTERM)  # kb stops its workers and leaves the runs resumable
                 out, _ = proc.communicate()
                 break
-    lines = (out or "").strip().splitlines()
-    return proc.returncode, lines[-1] if lines else ""
+    return proc.returncode, out or ""
+
+
+def kb_run_command(files: list[Path], db: Path, args: argparse.Namespace) -> list[str]:
+    """`kb run` of the files (a batch where there are several), with the sweep's settings."""
+    cmd = [sys.executable, "-m", "kernelbrain", "run", *map(str, files), "--db", str(db), "--quiet"]
+    cmd += ["--budget-gpu-s", str(args.budget_gpu_s), "--max-candidates", str(args.max_candidates)]
+    cmd += ["--device", args.device] if args.device else []
+    return cmd + (["--allow-torch", args.allow_torch] if args.allow_torch else [])
+
+
+def drive(files: list[Path], db: Path, args: argparse.Namespace, deadline: float) -> dict[Path, str]:
+    """The files' runs, through kb's pool: the unfinished ones resumed (a batch at a time; alone, a run an
+    older sweep started alone), then the rest started as one batch. Per file, kb's line where it refused
+    the file (no run was started)."""
+    kb = [sys.executable, "-m", "kernelbrain"]
+    resume: dict[str, None] = {}  # batch or run ids, in order
+    start: list[Path] = []
+    for path in files:
+        fresh = args.fresh is not None and re.search(args.fresh, path.name)
+        run_id = None if fresh else run_for(db, path)
+        if run_id is not None and args.redo_unmatched and not _matched(db, run_id):
+            run_id = None  # the newest run found no family: kb of today starts a new one
+        if run_id is None:
+            start.append(path)
+        elif not _finished(db, run_id):
+            resume[_batch_of(db, run_id) or run_id] = None
+    for ident in resume:
+        if time.monotonic() < deadline and not STOPPED.is_set():
+            kb_call([*kb, "resume", ident, "--db", str(db), "--quiet"], deadline)
+    refused: dict[Path, str] = {}
+    if start and time.monotonic() < deadline and not STOPPED.is_set():
+        code, out = kb_call(kb_run_command(start, db, args), deadline)
+        lines = out.strip().splitlines()
+        if len(start) == 1 and code == EXIT_PROBLEM and run_for(db, start[0]) is None:
+            refused[start[0]] = lines[-1]  # kb run of one file: not a batch; its `Error:` line
+        for path in start:  # a batch's refusals: `NAME: refused: LINE`
+            said = f"{path.name}: refused: "
+            for line in lines:
+                if line.startswith(said):
+                    refused[path] = line.removeprefix(said)
+    return refused
+
+
+def _batch_of(db: Path, run_id: str) -> str | None:
+    from kernelbrain.store import open_store
+
+    from kernelbrain.runtime.runner import load_state
+
+    with open_store(str(db), create=False, readonly=True) as store:
+        return load_state(store, run_id).config.batch
 
 
 def _finished(db: Path, run_id: str) -> bool:
@@ -281,31 +305,25 @@ def sweep(args: argparse.Namespace) -> None:
     print(f"{len(files)} problem files, {len(files) - len(todo)} done earlier, {len(todo)} to go", flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
 
-    def one(item: tuple[int, Path]) -> tuple[int, Path, int, str]:
-        level, path = item
-        if time.monotonic() >= runs_until or STOPPED.is_set():
-            return level, path, -1, "not started"
-        code, last = drive(path, args.db, args, runs_until)
-        print(f"level{level}/{path.name}: kb exit {code}: {last[:160]}", flush=True)
-        return level, path, code, last
-
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: STOPPED.set())
-    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
-        ended = list(pool.map(one, todo))
-    for level, path, code, last in ended:  # timed one at a time, nothing else running
-        if code < 0:
-            continue
+    refused = drive([p for _, p in todo], args.db, args, runs_until)
+    for level, path in todo:  # timed one at a time, nothing else running
         run_id = run_for(args.db, path)
-        result = {"level": level, "problem": path.stem, "file": f"level{level}/{path.name}", "exit": code}
-        if run_id is None:  # kb refused the file before recording a run: its last line says why
-            result |= {**REFUSED, "miss": f"kb refused the file: {last}"}
-            dump(result_path(args.out, level, path), result)
-            continue
+        result = {"level": level, "problem": path.stem, "file": f"level{level}/{path.name}"}
+        if run_id is None:
+            if path in refused:  # kb refused the file before recording a run: its line says why
+                print(f"level{level}/{path.name}: kb refused it: {refused[path][:160]}", flush=True)
+                result |= {**REFUSED, "miss": f"kb refused the file: {refused[path]}"}
+                dump(result_path(args.out, level, path), result)
+            continue  # not started: the time limit, or a stop
+        ended = _finished(args.db, run_id)
+        print(
+            f"level{level}/{path.name}: {'ended' if ended else 'stopped, resumable'} ({run_id})", flush=True
+        )
         result |= outcome(args.db, run_id)
         if not result["finished"]:
             continue  # stopped by the time limit: resumed next time
-        result["last_line"] = last
         if result["winner"]:
             if time.monotonic() >= deadline or STOPPED.is_set():
                 continue  # timed by the next sweep (its run is finished: nothing is run again)
@@ -331,7 +349,7 @@ def table(args: argparse.Namespace) -> None:
         "# KernelBench sweep",
         "",
         f"Command: `{COMMAND.format(dir='KERNELBENCH', levels=','.join(map(str, args.levels)))} "
-        f"--budget-gpu-s {args.budget_gpu_s} --max-candidates {args.max_candidates} --jobs {args.jobs}"
+        f"--budget-gpu-s {args.budget_gpu_s} --max-candidates {args.max_candidates}"
         f"{f' --allow-torch {args.allow_torch}' if args.allow_torch else ''}`, "
         "over as many device calls as it took (each resumes the last). Speedups: the winner against eager "
         "PyTorch and torch.compile (default mode) in one process, same fresh inputs, the file's own shape, "
@@ -414,7 +432,6 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "kernelbench")
     ap.add_argument("--budget-gpu-s", type=float, default=60.0, help="per problem")
     ap.add_argument("--max-candidates", type=int, default=8)
-    ap.add_argument("--jobs", type=int, default=1, help="kb runs side by side")
     ap.add_argument("--time-limit-s", type=float, default=0.0, help="stop in time (0: none)")
     ap.add_argument("--repeats", type=int, default=20, help="timed samples per contender")
     ap.add_argument(

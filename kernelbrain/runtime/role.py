@@ -182,9 +182,15 @@ class Role(abc.ABC):
         tokens: int = 0,
         hold: Hold | None = None,
     ) -> NewEvent:
-        alone = {"device": hold.device, "alone_from": hold.since, "alone_to": hold.to} if hold else {}
         cost = BudgetCharged(
-            action=task.key, role=self.name, gpu_s=gpu_s, wall_s=wall_s, tokens=tokens, **alone
+            action=task.key,
+            role=self.name,
+            gpu_s=gpu_s,
+            wall_s=wall_s,
+            tokens=tokens,
+            device=hold.device if hold else None,
+            alone_from=hold.since if hold else None,
+            alone_to=hold.to if hold else None,
         )
         return self.new(
             state,

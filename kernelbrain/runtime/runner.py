@@ -169,7 +169,9 @@ def prepare_resume(store: Store, run_id: str) -> RunState:
     return store.fold(state, run_id=run_id)
 
 
-def _spawn(db: str, role: str, gpu: int | None, *, run_id: str | None, batch: str | None) -> subprocess.Popen:
+def _spawn(
+    db: str, role: str, gpu: int | None, *, run_id: str | None, batch: str | None
+) -> subprocess.Popen[bytes]:
     # a database URL may carry a password: it travels in the environment (KB_DB, readable by this user
     # only), never on the command line (/proc/PID/cmdline, readable by every user)
     url = is_url(db)
@@ -273,7 +275,7 @@ def _supervise_processes(
     slots = [f"{name}#{i}" for i, name in enumerate(names)]
     run_id = run_ids[0] if batch is None else None
 
-    def spawn(slot: str) -> subprocess.Popen:
+    def spawn(slot: str) -> subprocess.Popen[bytes]:
         return _spawn(db, slot.split("#")[0], gpu, run_id=run_id, batch=batch)
 
     # external: `kb worker` processes started elsewhere (other GPUs, other shells) drive the run
@@ -326,7 +328,7 @@ def _supervise_processes(
         store.close()
 
 
-def _stop_workers(procs: dict[str, subprocess.Popen], grace_s: float = 60.0) -> None:
+def _stop_workers(procs: dict[str, subprocess.Popen[bytes]], grace_s: float = 60.0) -> None:
     """SIGTERM: each worker finishes (or releases) its task in flight and exits; SIGKILL stragglers."""
     for proc in procs.values():
         if proc.poll() is None:

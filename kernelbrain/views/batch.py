@@ -35,25 +35,27 @@ class Row(BaseModel):
 def row(state: RunState, finished: RunFinished | None) -> Row:
     """The row of a run, from its folded state and how supervise saw it end."""
     assert state.started is not None
-    name = Path(state.started.problem_path).name
-    common = {
-        "problem": name,
-        "run_id": state.run_id,
-        "candidates": len(state.candidates),
-        "gpu_s": state.gpu_s,
-    }
+    base = Row(
+        problem=Path(state.started.problem_path).name,
+        run_id=state.run_id,
+        ended=finished is not None,
+        outcome="",
+        candidates=len(state.candidates),
+        gpu_s=state.gpu_s,
+    )
     if finished is None:
         why = "waiting: only parked tasks are left" if stalled(state) else "interrupted"
-        return Row(**common, ended=False, outcome=why)
+        return base.model_copy(update={"outcome": why})
     if finished.winner:
         top = state.candidates[finished.winner].top_result
         speedups = {s.shape: s.speedup for s in top.shapes} if top else {}
         text = ", ".join(f"{shape} {x:.3g}x" for shape, x in speedups.items())
-        return Row(**common, ended=True, winner=finished.winner, speedups=speedups, outcome=f"winner: {text}")
+        update = {"winner": finished.winner, "speedups": speedups, "outcome": f"winner: {text}"}
+        return base.model_copy(update=update)
     if state.problem_fault:
-        return Row(**common, ended=True, outcome=f"the problem cannot be evaluated: {state.problem_fault}")
+        return base.model_copy(update={"outcome": f"the problem cannot be evaluated: {state.problem_fault}"})
     why = "no candidate proposed" if not state.candidates else "no candidate passed the gate and ladder"
-    return Row(**common, ended=True, outcome=f"no kernel: {why}")
+    return base.model_copy(update={"outcome": f"no kernel: {why}"})
 
 
 def refused(path: str, line: str) -> Row:
