@@ -130,9 +130,13 @@ class SyntheticRun:
             f"profile/{cid}",
         )
 
-    def charge(self, gpu_s: float) -> None:
+    def charge(self, gpu_s: float, action: str = "x", alone: bool = True) -> None:
+        """A task's cost: `gpu_s` of a child's busy time, held the device alone for as long (a timed
+        task's) where `alone`."""
         self.n += 1
-        self.add(BudgetCharged(action="x", role="test", gpu_s=gpu_s), f"budget/{self.n}")
+        span = {"device": "0", "alone_from": 1000.0, "alone_to": 1000.0 + gpu_s} if alone else {}
+        cost = BudgetCharged(action=f"{RUN}/{action}", role="test", gpu_s=gpu_s, **span)
+        self.add(cost, f"budget/{self.n}")
 
     def state(self) -> RunState:
         return self.store.fold(RunState(RUN), run_id=RUN)

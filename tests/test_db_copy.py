@@ -95,7 +95,7 @@ def decisions(store: Store, run_id: str) -> list[tuple[str, int]]:
     return [(e.key, e.payload["basis"]) for e in store.read(run_id=run_id) if "basis" in e.payload]
 
 
-REPLAYED = "replayed 20 events, 3 candidates: 5 decisions agree with policy v3\n"
+REPLAYED = "replayed 20 events, 3 candidates: 5 decisions agree with policy v4\n"
 
 
 def test_interleaved_runs_go_sqlite_to_postgres_to_sqlite_among_other_runs(pg_url: str, tmp_path) -> None:
@@ -144,7 +144,7 @@ def test_a_run_gone_on_at_the_destination_replays_there_and_copies_back(tmp_path
     r = kb("replay", "ra", "--db", str(dst))
     assert (r.returncode, r.stdout) == (
         0,
-        "replayed 21 events, 3 candidates: 5 decisions agree with policy v3\n",
+        "replayed 21 events, 3 candidates: 5 decisions agree with policy v4\n",
     )
     r = kb("db", "copy", str(dst), str(src), "ra", "--json")
     assert r.returncode == 0, r.stderr

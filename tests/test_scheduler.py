@@ -452,3 +452,48 @@ def test_the_run_ends_only_with_nothing_promotable_and_every_promotion_measured(
         if finishers:
             promoted = [c for c in finishers if rung in c.promotions]
             assert len(promoted) >= max(1, len(finishers) // eta), (rung, len(finishers), len(promoted))
+
+
+# --- policy v4: the GPU budget counts what held the device alone, and pays before a task starts -------
+
+
+def test_v4_counts_only_what_held_the_device_alone(store):
+    """A gate's or an analysis's busy time (shared with its neighbours on a pool) is not the run's GPU
+    spend under v4; under v3 it was."""
+    for version, spent in ((4, False), (3, True)):
+        with EventStore(":memory:") as s:
+            run = SyntheticRun(s, eta=3, budget_gpu_s=10.0, policy_version=version)
+            finished_rung0(run, {"a": 1.0, "b": 2.0, "c": 3.0})
+            run.charge(10.5, action="gate/a", alone=False)
+            finish = [d for d in run.decide() if isinstance(d, RunFinished)]
+            assert bool(finish) == spent, (version, finish)
+
+
+def test_v4_starts_no_rung_the_budget_left_cannot_pay_for(store):
+    run = SyntheticRun(store, eta=3, budget_gpu_s=10.0, max_candidates=3)
+    finished_rung0(run, {"a": 1.0, "b": 2.0, "c": 3.0})
+    run.gen_done(proposed=("a", "b", "c"))
+    for cid in "abc":
+        run.charge(2.5, action=f"bench/{cid}/0")  # 7.5 s of the 10 held alone
+    state = run.state()
+    assert state.device_s == pytest.approx(7.5) and state.estimate("bench/0") == pytest.approx(2.5)
+    # rung 1 times 5 + 2 samples where rung 0 timed 3 + 2, on one shape: about 3.5 s, 2.5 s are left
+    assert state.estimate("bench/1") == pytest.approx(2.5 * 7 / 5)
+    assert [d.candidate for d in run.schedule()] == ["c"]  # promoted: the decision is the ladder's
+    state = run.state()
+    assert state.bench_tasks() == [] and [(k, round(v, 2)) for k, v in state.withheld()] == [("bench/1", 3.5)]
+    finish = run.decide()[-1]
+    assert isinstance(finish, RunFinished) and finish.winner == "c" and finish.winner_rung == 0
+    assert "7.5 of 10 s" in finish.reason and "bench at rung 1) would take about 3.5 s" in finish.reason
+
+
+def test_v4_starts_what_the_budget_left_pays_for(store):
+    run = SyntheticRun(store, eta=3, budget_gpu_s=20.0, max_candidates=3)
+    finished_rung0(run, {"a": 1.0, "b": 2.0, "c": 3.0})
+    run.gen_done(proposed=("a", "b", "c"))
+    for cid in "abc":
+        run.charge(2.5, action=f"bench/{cid}/0")
+    run.schedule()
+    state = run.state()
+    assert [(c.id, r) for c, r in state.bench_tasks()] == [("c", 1)] and state.withheld() == []
+    assert not any(isinstance(d, RunFinished) for d in run.decide())

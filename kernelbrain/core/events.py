@@ -62,7 +62,7 @@ class RunConfig(BaseModel):
     budget_tokens: int | None = None
     eta: int = Field(default=3, ge=2)
     rungs: tuple[RungSpec, ...]
-    policy_version: int = 3
+    policy_version: int = 4
     gate_seeds: int = Field(default=3, ge=1)
     gate_timeout_s: float = 300.0
     analysis_timeout_s: float = 60.0  # the problem's analysis; past it, a hung import is its fault

@@ -23,7 +23,7 @@ from kernelbrain.core.events import (
 from kernelbrain.core.scoring import NOISE_FLOOR
 from kernelbrain.core.state import Candidate, RunState
 
-POLICY_VERSION = 3  # new runs record it (RunConfig.policy_version's default); 1 and 2 replay older ones
+POLICY_VERSION = 4  # new runs record it (RunConfig.policy_version's default); 1 to 3 replay older ones
 PEERS_SHOWN = 16  # a decision records the best peers (and the count): all of them would make a run O(n^2)
 
 
@@ -204,8 +204,8 @@ class AshaPolicy:
     @staticmethod
     def _budget_spent(state: RunState) -> str | None:
         cfg = state.config
-        if cfg.budget_gpu_s is not None and state.gpu_s >= cfg.budget_gpu_s:
-            return f"GPU budget spent ({state.gpu_s:.1f} of {cfg.budget_gpu_s:g} s)"
+        if cfg.budget_gpu_s is not None and state.device_s >= cfg.budget_gpu_s:  # v1-v3: gpu_s
+            return f"GPU budget spent ({state.device_s:.1f} of {cfg.budget_gpu_s:g} s)"
         if cfg.budget_tokens is not None and state.tokens >= cfg.budget_tokens:
             return f"token budget spent ({state.tokens} of {cfg.budget_tokens})"
         if cfg.budget_wall_s is not None and state.wall_s >= cfg.budget_wall_s:
@@ -384,7 +384,32 @@ class DuelBoundPolicy(PatientAshaPolicy):
         return [(negated[cid], cid) for cid in order]
 
 
-POLICIES = {p.version: p for p in (AshaPolicy, PatientAshaPolicy, DuelBoundPolicy)}
+class TimedBudgetPolicy(DuelBoundPolicy):
+    """Version 4: the GPU budget counts only what held the device alone (RunState.device_s: timing and
+    profiling, what a run costs a shared pool), and no timed task starts that the budget left cannot
+    pay for (RunState.affordable, on the most a task of its kind took): once only such tasks are left,
+    the run ends on them. Under v3 every child's busy time counted, gates and analyses too (on a pool,
+    slowed by their neighbours), and a rung started on the last second of the budget: three KernelBench
+    files spent 79-103 GPU-s against 60."""
+
+    version = 4
+
+    @staticmethod
+    def _budget_spent(state: RunState) -> str | None:
+        cfg = state.config
+        if spent := DuelBoundPolicy._budget_spent(state):
+            return spent
+        if cfg.budget_gpu_s is not None and not state.pending() and (withheld := state.withheld()):
+            kind, cost = max(withheld, key=lambda w: (-w[1], w[0]))  # the cheapest it could not pay
+            return (
+                f"GPU budget spent ({state.device_s:.1f} of {cfg.budget_gpu_s:g} s): the next task "
+                f"({kind.replace('/', ' at rung ') if kind.startswith(('bench', 'duel')) else kind}) "
+                f"would take about {cost:.1f} s more"
+            )
+        return None
+
+
+POLICIES = {p.version: p for p in (AshaPolicy, PatientAshaPolicy, DuelBoundPolicy, TimedBudgetPolicy)}
 
 
 def policy_for(version: int) -> AshaPolicy:

@@ -82,6 +82,20 @@ class Candidate:
         return None
 
 
+def cost_kind(action: str) -> str:
+    """The kind of timed task a charge's action (its task key) was, as RunState.estimate names them:
+    `bench/RUNG`, `duel/RUNG`, `profile` (the roofline), `profile/ncu`; else the task's kind."""
+    parts = action.split("/")  # RUN/kind/...
+    kind = parts[1] if len(parts) > 1 else action
+    if kind == "bench" and len(parts) > 3:
+        return f"bench/{parts[3]}"
+    if kind == "adjudicate" and len(parts) > 2:
+        return f"duel/{parts[2]}"
+    if kind == "profile":
+        return "profile/ncu" if parts[-1] == "ncu" else "profile"
+    return kind
+
+
 def lease_lost(worker: str) -> str:
     """A task's fault line when its lease expired under `worker` (a LeaseExpired)."""
     return f"its worker {worker} died or stalled past its lease"
@@ -116,6 +130,8 @@ class RunState(Projection):
         self.decisions: list[tuple[int, Event]] = []
         self.gpu_s = 0.0
         self.tokens = 0
+        self.timed_s = 0.0  # the spans its tasks held the device alone (BudgetCharged v2)
+        self.timed_costs: dict[str, list[float]] = {}  # those spans per kind of task (cost_kind)
         self.event_count = 0
         self.wall_closed_s = 0.0  # wall time of earlier sessions (start/resume to their last event)
         self._session_start: float | None = None
@@ -253,6 +269,10 @@ class RunState(Projection):
     def _apply_BudgetCharged(self, e: BudgetCharged, raw: StoredEvent) -> None:
         self.gpu_s += e.gpu_s
         self.tokens += e.tokens
+        if e.alone_from is not None and e.alone_to is not None:
+            span = max(0.0, e.alone_to - e.alone_from)
+            self.timed_s += span
+            self.timed_costs.setdefault(cost_kind(e.action), []).append(span)
 
     def _apply_Promoted(self, e: Promoted, raw: StoredEvent) -> None:
         self._candidate(e, raw).promotions[e.rung_from] = e
@@ -294,13 +314,57 @@ class RunState(Projection):
     def live(self) -> list[Candidate]:
         return list(self._live.values())
 
+    # --- the device budget (policy v4: only what held the device alone counts) --------------------
+
+    @property
+    def device_s(self) -> float:
+        """The device seconds the GPU budget counts: from policy v4 on, the spans the run's tasks held the
+        device alone (timing, profiling: what they cost a shared pool, never their neighbours' share);
+        before it, every child's busy time, gates and analyses included."""
+        return self.timed_s if self.config.policy_version >= 4 else self.gpu_s
+
+    def estimate(self, kind: str) -> float:
+        """What a timed task of `kind` (cost_kind) will hold the device alone for: the most one of its kind
+        took in this run; for a rung none reached yet, the rung below scaled by the samples and shapes
+        it takes; 0 where nothing of it was seen (the first of its kind always starts)."""
+        if seen := self.timed_costs.get(kind):
+            return max(seen)
+        what, _, rung = kind.partition("/")
+        if what == "bench" and int(rung) > 0:
+            below = int(rung) - 1
+            return self.estimate(f"bench/{below}") * self._work(int(rung)) / self._work(below)
+        if what == "duel":
+            return 2 * self.estimate(f"bench/{rung}")  # both candidates, interleaved, at that rung's work
+        return 0.0
+
+    def _work(self, rung: int) -> float:
+        spec = self.config.rungs[rung]
+        shapes = len(self.analysis.rung_shapes or self.analysis.shapes) if self.analysis else 1
+        return (spec.repeats + spec.warmup) * (max(1, shapes) if spec.shapes == "all" else 1)
+
+    def affordable(self, *kinds: str) -> bool:
+        """Whether the GPU budget left pays for a task of these kinds (its parts): always, without a GPU
+        budget or before policy v4."""
+        budget = self.config.budget_gpu_s
+        if budget is None or self.config.policy_version < 4:
+            return True
+        return self.timed_s + sum(self.estimate(k) for k in kinds) <= budget
+
+    def withheld(self) -> list[tuple[str, float]]:
+        """The timed tasks the budget left cannot pay for, as (kind, estimate): they start in no role."""
+        kinds = [f"bench/{r}" for _, r in self.bench_tasks(afford=False)]
+        kinds += [f"duel/{a.rung}" for a in self.adjudication_tasks(afford=False)]
+        kinds += ["profile" for _ in self.profile_tasks(afford=False)]
+        return [(k, self.estimate(k)) for k in kinds if not self.affordable(k)]
+
     def gate_tasks(self) -> list[Candidate]:
         if self.problem_failed is not None:
             return []  # the problem's own code fails: no candidate can be judged
         parked = self._parked("gatekeeper")
         return [c for c in self.live() if c.gate is None and ("", c.id, None, None) not in parked]
 
-    def bench_tasks(self) -> list[tuple[Candidate, int]]:
+    def bench_tasks(self, afford: bool = True) -> list[tuple[Candidate, int]]:
+        """Rungs to measure (`afford`: only those the GPU budget left pays for)."""
         if self.problem_failed is not None:
             return []
         parked = self._parked("benchmarker")
@@ -309,24 +373,31 @@ class RunState(Projection):
             for c in self.live()
             if c.bench_failed is None
             for r in c.admitted
-            if r not in c.results and ("", c.id, r, None) not in parked
+            if r not in c.results
+            and ("", c.id, r, None) not in parked
+            and (not afford or self.affordable(f"bench/{r}"))
         ]
 
-    def adjudication_tasks(self) -> list[AdjudicationRequested]:
+    def adjudication_tasks(self, afford: bool = True) -> list[AdjudicationRequested]:
         parked = self._parked("benchmarker")
         return [
             r
             for k, r in self.adjudications.items()
-            if k not in self.adjudicated and ("", r.a, r.rung, r.b) not in parked
+            if k not in self.adjudicated
+            and ("", r.a, r.rung, r.b) not in parked
+            and (not afford or self.affordable(f"duel/{r.rung}"))
         ]
 
-    def profile_tasks(self) -> list[Candidate]:
+    def profile_tasks(self, afford: bool = True) -> list[Candidate]:
         parked = self._parked("profiler")
         top = self.top_rung
         return [
             c
             for c in self.live()
-            if top in c.results and c.profile is None and ("", c.id, top, None) not in parked
+            if top in c.results
+            and c.profile is None
+            and ("", c.id, top, None) not in parked
+            and (not afford or self.affordable("profile", "profile/ncu"))
         ]
 
     def generation_tasks(self) -> list[str]:

@@ -104,7 +104,7 @@ def snapshot(state: RunState, now: float | None = None) -> Snapshot:
         return Budget(name=name, unit=unit, used=used, limit=limit, left=left)
 
     budgets = [
-        budget("device", "s", state.gpu_s, cfg.budget_gpu_s),
+        budget("device", "s", state.device_s, cfg.budget_gpu_s),
         budget("wall", "s", wall, cfg.budget_wall_s),
         budget("candidates", "", len(state.candidates), cfg.max_candidates),
     ]
