@@ -107,6 +107,8 @@ def test_the_sweep_resumes_times_winners_and_names_every_miss(tmp_path):
     assert r.returncode == 0, r.stderr
     soft = json.loads((out / "level1" / "1_Softmax.json").read_text())
     assert soft["run_id"] == first, "the stopped run was resumed, not started again"
+    assert soft["gpu"] == {"name": "cpu", "driver": ""} and len(soft["code"]) == 16
+    assert soft["speedup"]["best_baseline"] in ("eager", "compile") and soft["speedup"]["vs_best"] > 0
     assert soft["winner"] and soft["winner_family"] == "row_softmax" and soft["gate_passed"] >= 1
     times = soft["timing"]["times"]
     assert {"eager", "kb"} <= set(times) and times["kb"]["max_abs_err_vs_eager"] < 1e-4
@@ -137,3 +139,14 @@ def test_the_sweep_resumes_times_winners_and_names_every_miss(tmp_path):
     again_sort = json.loads((out / "level1" / "2_Sort.json").read_text())
     assert again_sort["run_id"] != before and again_sort["miss"] == "no offline template"
     assert json.loads((out / "level1" / "1_Softmax.json").read_text())["run_id"] == first
+
+    # a result decided by kb code that changed since (its hash differs) runs again; the rest stay
+    stale = json.loads((out / "level1" / "2_Sort.json").read_text())
+    (out / "level1" / "2_Sort.json").write_text(json.dumps({**stale, "code": "0" * 16}))
+    r = _sweep(kernelbench, tmp_path)
+    assert "2 done earlier, 1 to go (1 decided by kb code changed since)" in r.stdout, r.stdout
+    assert json.loads((out / "level1" / "2_Sort.json").read_text())["run_id"] != stale["run_id"]
+    assert json.loads((out / "level1" / "1_Softmax.json").read_text())["run_id"] == first
+    pieces = json.loads((out / "pieces.json").read_text())["pieces"]
+    assert len(pieces) == 5 and all(p["wall_s"] > 0 for p in pieces)
+    assert "The sweep took" in (out / "README.md").read_text()

@@ -335,7 +335,7 @@ def test_the_sweep_passes_allow_torch_and_marks_partial_winners(tmp_path: Path) 
         (out / "level2" / f"{r['problem']}.json").write_text(json.dumps(r))
     args = argparse.Namespace(
         kernelbench=tmp_path / "kb", levels=[2], only=None, out=out, budget_gpu_s=60.0, max_candidates=8,
-        repeats=20, allow_torch="conv", device="cpu",
+        repeats=20, allow_torch="conv", device="cpu", gpu={"name": "cpu", "driver": ""},
     )  # fmt: skip
     sweep.table(args)
     text = (out / "README.md").read_text()

@@ -64,10 +64,30 @@ def _floor_s(problem, shape: dict, ceil: dict, device: str) -> dict:
     }
 
 
+def _nbytes(values: list) -> int:
+    return sum(x.numel() * x.element_size() for x in values if hasattr(x, "element_size"))
+
+
+def input_sets(device: str, set_bytes: int, out_bytes: int, most: int = 3) -> int:
+    """How many distinct input draws to time on (2 to `most`): as many as fit in half the device's free
+    memory beside two outputs (the check holds eager's and a contender's at once), two at the least (one
+    repeated draw is never timed). An 80 GB card takes fewer of a 6 GB problem's draws than a 141 GB
+    one, rather than running out of memory."""
+    import torch
+
+    if device != "cuda":
+        return most
+    free, _ = torch.cuda.mem_get_info()
+    room = free // 2 - 2 * out_bytes
+    return max(2, min(most, room // max(1, set_bytes) + 1))  # +1: the first set is already held
+
+
 def side_by_side(problem, shape: dict, device: str, fns: dict[str, Any], repeats: int, name: str) -> tuple:
-    """`fns` (eager first) called on the same three fresh, distinct input draws and checked against eager,
-    then timed interleaved (who goes first rotating, CUDA events, L2 flushed): per key its median, IQR,
-    error against eager and first-calls time, or the error that stopped it; and the calls per sample."""
+    """`fns` (eager first) called on the same fresh, distinct input draws (as many as the device's memory
+    holds, up to three: `input_sets`) and checked against eager one draw at a time, then timed
+    interleaved (who goes first rotating, CUDA events, L2 flushed): per key its median, IQR, error
+    against eager and first-calls time, or the error that stopped it; the calls per sample; the draws
+    used."""
     import torch
 
     from kernelbrain.child.loading import outputs
@@ -76,8 +96,13 @@ def side_by_side(problem, shape: dict, device: str, fns: dict[str, Any], repeats
     timer = Timer(device)
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     fns = dict(fns)
-    sets = [problem.inputs(shape, 500 + i, device) for i in range(3)]
-    # never time on zeros or on one repeated draw: the three sets must be distinct random data
+    sets = [problem.inputs(shape, 500, device)]
+    with torch.no_grad():
+        out_bytes = _nbytes(outputs(fns["eager"](*sets[0])))
+    sync()
+    n = input_sets(device, _nbytes(list(sets[0])), out_bytes)
+    sets += [problem.inputs(shape, 500 + i, device) for i in range(1, n)]
+    # never time on zeros or on one repeated draw: the sets must be distinct random data
     first = next(x for x in sets[0] if isinstance(x, torch.Tensor) and x.is_floating_point())
     second = next(x for x in sets[1] if isinstance(x, torch.Tensor) and x.is_floating_point())
     assert first.abs().sum() > 0 and not torch.equal(first, second), f"{name}: degenerate inputs"
@@ -85,18 +110,22 @@ def side_by_side(problem, shape: dict, device: str, fns: dict[str, Any], repeats
     compile_s: dict[str, float] = {}
     rows: dict[str, dict] = {}
     with torch.no_grad():
-        expect = [outputs(fns["eager"](*s)) for s in sets]
         for key, fn in list(fns.items()):
             t0 = time.perf_counter()
+            err = 0.0
             try:
-                got = [outputs(fn(*s)) for s in sets]
+                for s in sets:  # one draw at a time: two outputs held, never 2 x len(sets)
+                    got = outputs(fn(*s))
+                    if key != "eager":
+                        err = max(err, _max_err(got, outputs(fns["eager"](*s))))
+                    del got
                 sync()
             except Exception as e:  # a compile mode that fails is reported, not fatal
                 rows[key] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"}
                 del fns[key]
                 continue
             compile_s[key] = time.perf_counter() - t0
-            errs[key] = max(_max_err(g, x) for g, x in zip(got, expect, strict=True))
+            errs[key] = err
         for _ in range(3):
             for fn in fns.values():
                 fn(*sets[0])
@@ -108,8 +137,9 @@ def side_by_side(problem, shape: dict, device: str, fns: dict[str, Any], repeats
             keys = list(fns)
             for i in range(repeats):
                 order = keys[i % len(keys) :] + keys[: i % len(keys)]  # rotate who goes first
+                draw = sets[i % len(sets)]
                 for k in order:
-                    times[k].append(timer(lambda f=fns[k], a=sets[i % 3]: f(*a), calls))
+                    times[k].append(timer(lambda f=fns[k], a=draw: f(*a), calls))
         finally:
             gc.enable()
     for k, ts in times.items():
@@ -120,7 +150,7 @@ def side_by_side(problem, shape: dict, device: str, fns: dict[str, Any], repeats
             "max_abs_err_vs_eager": errs[k],
             "first_calls_s": compile_s[k],
         }
-    return rows, calls
+    return rows, calls, len(sets)
 
 
 def compare(device: str, problems: list[str], outdir: Path, ceil_path: Path, repeats: int) -> None:
@@ -159,7 +189,7 @@ def compare(device: str, problems: list[str], outdir: Path, ceil_path: Path, rep
                 fns[f"compile_{mode}"] = torch.compile(
                     build(problem, None, shape, device)[0], **({} if mode == "default" else {"mode": mode})
                 )
-            rows, calls = side_by_side(problem, shape, device, fns, repeats, name)
+            rows, calls, _ = side_by_side(problem, shape, device, fns, repeats, name)
             eager = rows["eager"]["median_s"]
             timed = [k for k, r in rows.items() if "median_s" in r]
             for k in timed:

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import hashlib
 import json
 import os
 import re
@@ -123,7 +124,7 @@ def drive(files: list[Path], db: Path, args: argparse.Namespace, deadline: float
     resume: dict[str, None] = {}  # batch or run ids, in order
     start: list[Path] = []
     for path in files:
-        fresh = args.fresh is not None and re.search(args.fresh, path.name)
+        fresh = (args.fresh is not None and re.search(args.fresh, path.name)) or path in args.stale
         run_id = None if fresh else run_for(db, path)
         if run_id is not None and args.redo_unmatched and not _matched(db, run_id):
             run_id = None  # the newest run found no family: kb of today starts a new one
@@ -177,6 +178,14 @@ def _matched(db: Path, run_id: str) -> bool:
     return bool(analysis and analysis.families)
 
 
+def _stale(path: Path) -> bool:
+    """A result whose kb code (code_hash of its family) is not today's: made before a change to it."""
+    if not path.exists():
+        return False
+    result = json.loads(path.read_text())
+    return result.get("code") != result_code(result)
+
+
 def _unmatched(path: Path) -> bool:
     """A result file recording no template family: made before the file's family existed, or a miss."""
     return path.exists() and not json.loads(path.read_text()).get("families")
@@ -228,9 +237,15 @@ def outcome(db: Path, run_id: str) -> dict[str, Any]:
     return out
 
 
+BASELINES = ("eager", "compile", "compile_max")  # what a user has: eager PyTorch, torch.compile's modes
+COMPILE_MODES = {"compile": "default", "compile_max": "max-autotune-no-cudagraphs"}
+
+
 def measure_winner(problem_file: Path, db: Path, run_id: str, out: Path, repeats: int, device: str) -> None:
-    """The winner, eager PyTorch and torch.compile (default mode) in this process, on the same fresh
-    inputs at the file's own shape, timed interleaved (tools/h200_compare.side_by_side)."""
+    """The winner, eager PyTorch, torch.compile (default) and torch.compile(mode="max-autotune-no-
+    cudagraphs") in this process, on the same fresh inputs at the file's own shape, timed interleaved
+    (tools/h200_compare.side_by_side, its draws sized to the device's free memory). On a CPU only the
+    default mode: the interpreter's timings say nothing of speed, and max-autotune takes minutes there."""
     import torch
     from kernelbrain.store import open_store
 
@@ -246,9 +261,52 @@ def measure_winner(problem_file: Path, db: Path, run_id: str, out: Path, repeats
     shape = problem.shapes[0]
     ref, _ = build(problem, None, shape, device)
     _, new = build(problem, load_module(source, "winner"), shape, device)
-    fns = {"eager": ref, "kb": new, "compile": torch.compile(build(problem, None, shape, device)[0])}
-    rows, calls = side_by_side(problem, shape, device, fns, repeats, problem_file.stem)
-    dump(out, {"shape": "file's own", "calls": calls, "repeats": repeats, "device": device, "times": rows})
+    fns = {"eager": ref, "kb": new}
+    for key, mode in COMPILE_MODES.items():
+        if device == "cuda" or mode == "default":
+            fns[key] = torch.compile(build(problem, None, shape, device)[0], mode=mode)
+    rows, calls, draws = side_by_side(problem, shape, device, fns, repeats, problem_file.stem)
+    timing = {"shape": "file's own", "calls": calls, "draws": draws, "repeats": repeats, "device": device}
+    dump(out, {**timing, "gpu": gpu_info(device), "times": rows})
+
+
+def gpu_info(device: str) -> dict[str, str]:
+    """The card (nvidia-smi's name and driver) or the CPU a timing ran on."""
+    if device != "cuda":
+        return {"name": "cpu", "driver": ""}
+    q = ["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader", "-i", "0"]
+    try:
+        name, driver = subprocess.run(q, capture_output=True, text=True, timeout=30).stdout.split(",")[:2]
+    except (OSError, ValueError, subprocess.TimeoutExpired):
+        return {"name": "unknown GPU", "driver": ""}
+    return {"name": name.strip(), "driver": driver.strip()}
+
+
+def gpu_slug(info: dict[str, str]) -> str:
+    """A folder name for a card: `nvidia-h100-80gb-hbm3`, `nvidia-h200`, `cpu`."""
+    return re.sub(r"[^a-z0-9]+", "-", info["name"].lower()).strip("-") or "unknown"
+
+
+def code_hash(family: str | None) -> str:
+    """The hash of the kb code that decides a result of this family: the family's own templates, what
+    every family shares (templates' base, composer, match), the generator, the gate and judge, the timing,
+    the scheduler's policy. A later sweep runs again the rows whose hash changed."""
+    kb = ROOT / "kernelbrain"
+    shared = [*kb.glob("templates/*.py"), *kb.glob("templates/compose/*.py"), *kb.glob("generators/*.py")]
+    shared += [kb / "child" / f for f in ("gate.py", "judge.py", "draws.py", "timing.py", "analysis.py")]
+    shared += [kb / "core" / f for f in ("policy.py", "scoring.py", "graph.py")]
+    own = sorted((kb / "templates" / "families" / family).rglob("*.py")) if family else []
+    digest = hashlib.sha256()
+    for f in [*sorted(shared), *own]:
+        if f.exists():
+            digest.update(f.relative_to(ROOT).as_posix().encode() + b"\0" + f.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def result_code(result: dict[str, Any]) -> str:
+    """The code hash a result is judged by: its winner's family, else the first family it matched."""
+    family = result.get("winner_family") or next(iter(result.get("families") or []), None)
+    return code_hash(family if family and family != "partial" else None)
 
 
 def timed(problem_file: Path, db: Path, run_id: str, args: argparse.Namespace, deadline: float) -> dict:
@@ -278,9 +336,13 @@ def _device() -> str:
 
 
 def speedups(result: dict) -> dict:
+    """The winner's speedup over each baseline timed beside it, and over the best of them (named)."""
     t = result.get("timing", {}).get("times", {})
-    kb, eager, comp = (t.get(k, {}).get("median_s") for k in ("kb", "eager", "compile"))
-    out = {"vs_eager": eager / kb if kb and eager else None, "vs_compile": comp / kb if kb and comp else None}
+    kb = t.get("kb", {}).get("median_s")
+    medians = {k: t[k]["median_s"] for k in BASELINES if t.get(k, {}).get("median_s")}
+    out: dict[str, Any] = {f"vs_{k}": (medians[k] / kb if kb and k in medians else None) for k in BASELINES}
+    best = min(medians, key=lambda k: medians[k]) if medians else None
+    out |= {"best_baseline": best, "vs_best": medians[best] / kb if kb and best else None}
     if result.get("winner") and out["vs_eager"] is not None and out["vs_eager"] <= 1 and "miss" not in result:
         result["miss"] = f"slower than eager ({out['vs_eager']:.2f}x)"
     return out
@@ -296,13 +358,23 @@ def sweep(args: argparse.Namespace) -> None:
         for lv, p in files:
             if re.search(args.fresh, p.name):
                 result_path(args.out, lv, p).unlink(missing_ok=True)
+    # results decided by kb code that has changed since: their files run again (new runs), the old
+    # results kept until replaced
+    args.stale = {p for lv, p in files if _stale(result_path(args.out, lv, p))}
     todo = [
         (lv, p)
         for lv, p in files
         if not result_path(args.out, lv, p).exists()
         or (args.redo_unmatched and _unmatched(result_path(args.out, lv, p)))
+        or p in args.stale
     ]
-    print(f"{len(files)} problem files, {len(files) - len(todo)} done earlier, {len(todo)} to go", flush=True)
+    stale = f" ({len(args.stale)} decided by kb code changed since)" if args.stale else ""
+    print(
+        f"{len(files)} problem files, {len(files) - len(todo)} done earlier, {len(todo)} to go{stale}; "
+        f"on {args.gpu['name']}",
+        flush=True,
+    )
+    began = time.time()
     args.out.mkdir(parents=True, exist_ok=True)
 
     for signum in (signal.SIGTERM, signal.SIGINT):
@@ -314,7 +386,8 @@ def sweep(args: argparse.Namespace) -> None:
         if run_id is None:
             if path in refused:  # kb refused the file before recording a run: its line says why
                 print(f"level{level}/{path.name}: kb refused it: {refused[path][:160]}", flush=True)
-                result |= {**REFUSED, "miss": f"kb refused the file: {refused[path]}"}
+                result |= {**REFUSED, "miss": f"kb refused the file: {refused[path]}", "gpu": args.gpu}
+                result["code"] = result_code(result)
                 dump(result_path(args.out, level, path), result)
             continue  # not started: the time limit, or a stop
         ended = _finished(args.db, run_id)
@@ -324,6 +397,7 @@ def sweep(args: argparse.Namespace) -> None:
         result |= outcome(args.db, run_id)
         if not result["finished"]:
             continue  # stopped by the time limit: resumed next time
+        result |= {"gpu": args.gpu, "code": result_code(result)}
         if result["winner"]:
             if time.monotonic() >= deadline or STOPPED.is_set():
                 continue  # timed by the next sweep (its run is finished: nothing is run again)
@@ -332,10 +406,40 @@ def sweep(args: argparse.Namespace) -> None:
                 continue
         result["speedup"] = speedups(result)
         dump(result_path(args.out, level, path), result)
+    record_piece(args, began, len(todo))
     table(args)
     if STOPPED.is_set():
         print("stopped by a signal: the same command goes on where this one stopped", flush=True)
         raise SystemExit(130)
+
+
+def record_piece(args: argparse.Namespace, began: float, files: int) -> None:
+    """Append this sweep's wall time (its device time, where the device is the sweep's alone) and the
+    share of it some run held the device alone for timing, to OUT/pieces.json."""
+    from kernelbrain.store import open_store
+
+    from kernelbrain.views.batch import alone_spans
+
+    ended = time.time()
+    busy = 0.0
+    if args.db.exists():
+        with open_store(str(args.db), create=False, readonly=True) as store:
+            for spans in alone_spans(store.read(types=["BudgetCharged"])).values():
+                busy += sum(max(0.0, min(b, ended) - max(a, began)) for a, b, _ in spans)
+    path = args.out / "pieces.json"
+    pieces = load(path)["pieces"] if path.exists() else []
+    pieces.append({"began": began, "wall_s": ended - began, "timed_alone_s": busy, "files": files})
+    dump(path, {"pieces": pieces})
+
+
+def pieces_line(out: Path) -> str:
+    """What the sweep's pieces took: wall minutes in all, and the runs' timed share of it."""
+    path = out / "pieces.json"
+    pieces = load(path)["pieces"] if path.exists() else []
+    wall = sum(p["wall_s"] for p in pieces)
+    busy = sum(p["timed_alone_s"] for p in pieces)
+    share = f", the device held alone for the runs' timing {100 * busy / wall:.0f}% of it" if wall else ""
+    return f"The sweep took {wall / 60:.1f} minutes of wall time over {len(pieces)} pieces{share}."
 
 
 def table(args: argparse.Namespace) -> None:
@@ -345,6 +449,7 @@ def table(args: argparse.Namespace) -> None:
         key=lambda r: (r["level"], int(r["problem"].split("_")[0]) if r["problem"][0].isdigit() else 0),
     )
     total = {lv: len(problem_files(args.kernelbench, [lv], args.only)) for lv in args.levels}
+    driver = f" (driver {args.gpu['driver']})" if args.gpu["driver"] else ""
     lines = [
         "# KernelBench sweep",
         "",
@@ -352,11 +457,14 @@ def table(args: argparse.Namespace) -> None:
         f"--budget-gpu-s {args.budget_gpu_s} --max-candidates {args.max_candidates}"
         f"{f' --allow-torch {args.allow_torch}' if args.allow_torch else ''}`, "
         "over as many device calls as it took (each resumes the last). Speedups: the winner against eager "
-        "PyTorch and torch.compile (default mode) in one process, same fresh inputs, the file's own shape, "
-        f"timed interleaved, medians of {args.repeats} samples (IQR in the JSON).",
+        'PyTorch, torch.compile (default) and torch.compile(mode="max-autotune-no-cudagraphs") (on a GPU) '
+        "in one process, same fresh inputs, the file's own shape, timed interleaved, medians of "
+        f"{args.repeats} samples (IQR in the JSON); `vs best` is against the fastest of them, named.",
         "",
-        "| level | fast_0 (correct) | fast_1 vs eager | fast_1 vs compile | swept |",
-        "| --- | --- | --- | --- | --- |",
+        f"Card: {args.gpu['name']}{driver}. " + pieces_line(args.out),
+        "",
+        "| level | fast_0 (correct) | fast_1 vs eager | fast_1 vs compile | fast_1 vs best | swept |",
+        "| --- | --- | --- | --- | --- | --- |",
     ]
     partial_rows = [r for r in results if r.get("winner_torch_ops")]
     for lv in args.levels:
@@ -364,11 +472,12 @@ def table(args: argparse.Namespace) -> None:
         correct = [r for r in rs if r.get("winner") and "error" not in r.get("timing", {})]
         f1e = [r for r in correct if (r["speedup"]["vs_eager"] or 0) > 1]
         f1c = [r for r in correct if (r["speedup"]["vs_compile"] or 0) > 1]
+        f1b = [r for r in correct if (r["speedup"].get("vs_best") or 0) > 1]
         n = total[lv]
         partial = sum(bool(r.get("winner_torch_ops")) for r in correct)
         lines.append(
             f"| {lv} | {len(correct)}/{n}{f' ({partial} partial)' if partial else ''} | {len(f1e)}/{n} | "
-            f"{len(f1c)}/{n} | {len(rs)} of {n} files |"
+            f"{len(f1c)}/{n} | {len(f1b)}/{n} | {len(rs)} of {n} files |"
         )
     misses = collections.Counter(_reason_class(r["miss"]) for r in results if r.get("miss"))
     lines += [
@@ -383,18 +492,21 @@ def table(args: argparse.Namespace) -> None:
         ]
     lines += [
         "",
-        "| file | family | gate passed / failed | vs eager | vs compile | kb GPU s | miss |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
+        "| file | family | gate passed / failed | vs eager | vs compile | vs max-autotune | vs best "
+        "| kb GPU s | miss |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in results:
         s = r.get("speedup", {})
         failed = ", ".join(f"{k} {n}" for k, n in r["gate_failed"].items()) or "0"
+        best = f" ({s['best_baseline']})" if s.get("best_baseline") else ""
         family = r["winner_family"] or ", ".join(r["families"]) or "-"
         if r.get("winner_torch_ops"):
             family += f" [torch: {', '.join(r['winner_torch_ops'])}]"
         lines.append(
             f"| {r['file']} | {family} | "
             f"{r['gate_passed']} / {failed} | {_x(s.get('vs_eager'))} | {_x(s.get('vs_compile'))} | "
+            f"{_x(s.get('vs_compile_max'))} | {_x(s.get('vs_best'))}{best} | "
             f"{r['gpu_s']:.1f} | {(r.get('miss') or '').replace('|', '/')[:140]} |"
         )
     (args.out / "README.md").write_text("\n".join(lines) + "\n")
@@ -428,8 +540,10 @@ def main() -> None:
     m.add_argument("--device", default="cuda")
     ap.add_argument("--kernelbench", type=Path, help="the folder holding level1/, level2/, ...")
     ap.add_argument("--levels", default="1,2", type=lambda s: [int(x) for x in s.split(",")])
-    ap.add_argument("--db", type=Path, default=ROOT / "benchmarks" / "results" / "kernelbench" / "sweep.db")
-    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "kernelbench")
+    ap.add_argument("--db", type=Path, default=None, help="default: OUT/sweep.db")
+    ap.add_argument(
+        "--out", type=Path, default=None, help="default: benchmarks/results/kernelbench/GPU (the card's name)"
+    )
     ap.add_argument("--budget-gpu-s", type=float, default=60.0, help="per problem")
     ap.add_argument("--max-candidates", type=int, default=8)
     ap.add_argument("--time-limit-s", type=float, default=0.0, help="stop in time (0: none)")
@@ -456,6 +570,9 @@ def main() -> None:
     if args.kernelbench is None:
         ap.error("--kernelbench DIR is required")
     os.environ.setdefault("PYTHONPATH", str(ROOT))
+    args.gpu = gpu_info(args.device or _device())  # results are kept per card: timings compare on one
+    args.out = args.out or ROOT / "benchmarks" / "results" / "kernelbench" / gpu_slug(args.gpu)
+    args.db = args.db or args.out / "sweep.db"
     if args.table_only:
         table(args)
     else:
