@@ -264,11 +264,14 @@ def get_init_inputs():
 
 def test_a_problem_that_fails_in_the_gates_judge_ends_the_run_uncharged(tmp_path: Path) -> None:
     """The analysis passes (meta tensors), a candidate is proposed, and the judge cannot draw the inputs:
-    the problem's fault (exit 4, its line), recorded as ProblemFailed, with no candidate failed or charged."""
+    the problem's fault (exit 4, its line), recorded as ProblemFailed, with no candidate failed or charged.
+    (Admission would refuse this 4 TiB file first, tests/test_memory.py: a made-up card of a billion GiB
+    admits it, so the judge's path is the one taken, as for a problem whose footprint has no estimate.)"""
     problem = tmp_path / "huge_problem.py"
     problem.write_text(UNALLOCATABLE)
     db = tmp_path / "kb.db"
-    res = kb("run", problem, "--db", db, "--device", "cpu", "--quiet", "--max-candidates", "2", cwd=tmp_path)
+    args = ("run", problem, "--db", db, "--device", "cpu", "--quiet", "--max-candidates", "2")
+    res = kb(*args, cwd=tmp_path, KB_DEVICE_MEMORY_GIB="1e9")
     assert res.returncode == 4, (res.stdout, res.stderr)
     last = res.stdout.strip().splitlines()[-1]
     assert str(problem) in last and "cannot be evaluated" in last and "allocat" in last, last

@@ -61,10 +61,27 @@ def _reply(frame: bytes) -> Reply:
     except CandidateFault as f:  # the candidate failed a check: a verdict on it, not kb's failure
         failure = Failure(fault="candidate", category=f.category, detail=f.detail)
     except Exception as e:
-        failure = Failure(fault="kb", detail=f"{type(e).__name__}: {e}", trace=traceback.format_exc()[-4000:])
+        failure = _failure(e)
     descriptors.discard()  # what the judge received and did not read: its GPU memory goes now
-    # recycle: a candidate changed process-wide state, so this child is not reused
-    return Reply(result=result, failure=failure, busy_s=_clock() - started, recycle=tainted())
+    # recycle: a candidate changed process-wide state, so this child is not reused (nor one that ran
+    # out of memory)
+    recycle = tainted() or (failure is not None and failure.fault == "memory")
+    return Reply(result=result, failure=failure, busy_s=_clock() - started, recycle=recycle)
+
+
+def _failure(e: Exception) -> Failure:
+    """kb's own failure, or the pool's where the device ran out of memory (the candidate's own where it
+    had the device to itself)."""
+    from kernelbrain.child import memory
+    from kernelbrain.child.loading import CandidateFault
+
+    if memory.out_of_memory(e):
+        e = memory.verdict(e, "the request")
+    if isinstance(e, memory.DeviceBusy):
+        return Failure(fault="memory", detail=str(e))
+    if isinstance(e, CandidateFault):
+        return Failure(fault="candidate", category=e.category, detail=e.detail)
+    return Failure(fault="kb", detail=f"{type(e).__name__}: {e}", trace=traceback.format_exc()[-4000:])
 
 
 def _warm() -> None:

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import ast
 import inspect
+import os
 from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from kernelbrain.child import guard
+from kernelbrain.child import guard, memory
 from kernelbrain.child.graph import capture, mark_sized
 from kernelbrain.child.loading import (
     Problem,
@@ -156,7 +157,45 @@ def analyse(problem_source: str, device: str) -> dict:
         "primary_ops": [] if shape == primary else ops_on_meta(problem, primary),
         "fits": fits(problem, device),
         "graph": graph,
+        "footprint": footprint(problem, device),
+        "device_memory": device_memory(device),
     }
+
+
+# a bench holds this many copies of a shape's inputs: three drawn sets and the slot it loads
+BENCH_INPUT_COPIES = 4
+
+
+def footprint(problem: Problem, device: str) -> float:
+    """The most device memory a timed task of the problem needs at a shape its rungs time (0: unknown):
+    the bench's input copies, the module's parameters and the reference's working memory at its most
+    (its outputs included), counted on the meta device. What admission (roles/generator.py) holds up
+    against the device's memory."""
+    most = 0.0
+    for shape in problem.ladder_shapes(device, "all"):
+        try:
+            ref, _ = build(problem, None, shape, "meta")
+            inputs = problem.inputs(shape, 0, "meta")
+            peak = memory.Peak()
+            with torch.no_grad(), peak:
+                ref(*inputs)
+        except Exception:  # a reference that needs real values: no estimate
+            return 0.0
+        held = sum(x.numel() * x.element_size() for x in inputs if isinstance(x, torch.Tensor))
+        weights = sum(t.numel() * t.element_size() for t in (*ref.parameters(), *ref.buffers()))
+        most = max(most, BENCH_INPUT_COPIES * held + weights + peak.peak)
+    return most
+
+
+def device_memory(device: str) -> float:
+    """What one child may hold: the GPU's memory, or on a CPU the child's own cap (its RLIMIT_DATA)."""
+    if device == "cuda":
+        return float(torch.cuda.mem_get_info()[1])
+    import resource
+
+    soft, _ = resource.getrlimit(resource.RLIMIT_DATA)
+    pages = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return float(pages if soft == resource.RLIM_INFINITY else min(soft, pages))
 
 
 def fits(problem: Problem, device: str) -> list[dict]:

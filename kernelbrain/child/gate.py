@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from kernelbrain.child import guard, launchers, tensorfile
+from kernelbrain.child import guard, launchers, memory, tensorfile
 from kernelbrain.child.loading import (
     CandidateFault,
     construct,
@@ -163,6 +163,8 @@ def _trial(request: TrialRequest, draws: _Draws, steps: Steps) -> str:
         try:
             new = _build(cand, entry, device)
         except Exception as e:
+            if memory.out_of_memory(e):
+                raise memory.verdict(e, "ModelNew(*get_init_inputs())") from e
             raise CandidateFault(
                 "runtime", f"ModelNew(*get_init_inputs()) raised {type(e).__name__}: {e}"
             ) from e
@@ -182,6 +184,8 @@ def _trial(request: TrialRequest, draws: _Draws, steps: Steps) -> str:
                 except CandidateFault:
                     raise
                 except Exception as e:
+                    if memory.out_of_memory(e):  # the pool's fault, or the candidate's with the device free
+                        raise memory.verdict(e, f"{where}seed {seed}: forward") from e
                     raise CandidateFault(
                         "runtime", f"{where}seed {seed}: forward raised {type(e).__name__}: {e}"
                     ) from e

@@ -8,7 +8,7 @@ import threading
 
 import torch
 
-from kernelbrain.child import guard, kept
+from kernelbrain.child import guard, kept, memory
 from kernelbrain.child.analysis import analyse
 from kernelbrain.child.gate import trial
 from kernelbrain.child.judge import draws, judge
@@ -59,6 +59,7 @@ def serve(request: AnyRequest) -> Message:
         case LaunchersRequest():
             return LaunchersReply.model_validate(build(r.signatures))
         case BenchRequest():
+            memory.injected()
             timed = bench(
                 r.problem_source, r.cand_source, r.device, r.which, r.repeats, r.warmup, r.torch_ops, r.outbox
             )

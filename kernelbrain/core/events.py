@@ -125,6 +125,7 @@ class RunFinished(Event):
 
 class ProblemAnalysed(Event):
     TYPE = "ProblemAnalysed"
+    VERSION = 2  # 2: footprint, device_memory
     ops: list[dict[str, Any]]  # torch calls seen running the reference: {"op": name, ...details}
     families: list[str]  # template families that match
     flops: float  # of the reference at the primary shape
@@ -137,6 +138,8 @@ class ProblemAnalysed(Event):
     primary_ops: list[dict[str, Any]] = []  # ops at the file's primary shape where rungs time another (newer)
     fits: list[dict[str, Any]] = []  # shapes fitted to a byte budget, checked on the reference (newer)
     graph: Graph | None = None  # the ATen graph at the traced shape, sizes marked (newer; None: not captured)
+    footprint: float = 0.0  # bytes a timed task needs at its largest rung shape, estimated (0: unknown)
+    device_memory: float = 0.0  # the device memory admission held it up against (bytes; 0: none)
 
 
 class GenerationFailed(Event):

@@ -113,6 +113,8 @@ class AnalyseReply(Message):
     primary_ops: list[dict[str, Any]] = []  # ops at the file's primary shape where the rungs time another
     fits: list[Fit] = []  # the shapes fitted for this device, handed to every later child
     graph: Graph | None = None  # the reference's ATen graph at the traced shape, where it could be captured
+    footprint: float = 0.0  # bytes a timed task needs at its largest rung shape (0: unknown)
+    device_memory: float = 0.0  # bytes one child may hold: the GPU's, or a CPU child's cap
 
 
 class RooflineReply(Message):
@@ -341,7 +343,8 @@ class Envelope(Message):
 
 
 class Failure(Message):
-    fault: Literal["candidate", "kb"]
+    # memory: the device ran out of memory while other processes held part of it (the pool's, kb's fault)
+    fault: Literal["candidate", "kb", "memory"]
     category: GateCategory | None = None  # a candidate's fault: the GateFailed category
     detail: str
     trace: str | None = None  # kb's fault: the end of the child's traceback

@@ -19,6 +19,7 @@ ENV_ALLOWED = (
     "OPENBLAS_L2_SIZE",
     "OMP_NUM_THREADS",
     "KB_EXEC_LOG",
+    "KB_INJECT_OOM",
 )
 # GPU toolchain settings travel whole (the H200 hosts require NCCL_NVLS_ENABLE=0 and friends to stay set)
 ENV_PREFIXES = ("CUDA_", "NVIDIA_", "NCCL_", "NVSHMEM_", "TORCH_SYMM_MEM", "TRITON_")

@@ -15,6 +15,11 @@ class SandboxFault(Exception):
         self.detail = detail
 
 
+class DeviceBusy(Exception):
+    """The device ran out of memory while other processes held part of it: kb's fault (its pool's), not
+    the candidate's or the problem's. The worker records it as the task's fault and tries it again."""
+
+
 class SandboxError(Exception):
     """kb's own code failed inside the child (not the candidate's fault)."""
 

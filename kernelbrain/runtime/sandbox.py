@@ -62,7 +62,7 @@ from kernelbrain.runtime import (
 )
 from kernelbrain.runtime.child_process import Started, child_limits, end_process, signal_name
 from kernelbrain.runtime.environment import child_env_allowed
-from kernelbrain.runtime.faults import ProblemFault, SandboxError, SandboxFault
+from kernelbrain.runtime.faults import DeviceBusy, ProblemFault, SandboxError, SandboxFault
 
 __all__ = ["TIMED", "ProblemFault", "Sandbox", "SandboxError", "SandboxFault"]
 
@@ -190,9 +190,10 @@ class Sandbox:
         tmp = scratch.make("sandbox")
         stderr = open(tmp / "stderr.log", "wb")  # noqa: SIM115 - lives as long as the child
         writable = (*self.writable, *((str(self.outbox),) if self.outbox is not None else ()))
-        if log := os.environ.get("KB_EXEC_LOG"):  # the tests' count of executed requests
-            Path(log).touch()
-            writable = (*writable, log)
+        for hook in ("KB_EXEC_LOG", "KB_INJECT_OOM"):  # the tests' count of executions; injected OOMs
+            if path := os.environ.get(hook):
+                Path(path).touch()
+                writable = (*writable, path)
         argv = [sys.executable, "-m", "kernelbrain.child"]
         readable = (*self.readable, *((str(self.draws),) if self.draws is not None else ()))
         if chosen == "bwrap":  # the compiled kernels every child reads, read-only
@@ -421,6 +422,8 @@ class Sandbox:
                 self.recycle()
         if reply.failure is not None and reply.failure.fault == "candidate":  # the child lives on
             raise SandboxFault(reply.failure.category or "runtime", reply.failure.detail)
+        if reply.failure is not None and reply.failure.fault == "memory":
+            raise DeviceBusy(reply.failure.detail)
         if reply.failure is not None or result is None:
             detail = reply.failure.detail if reply.failure else "no result"
             trace = reply.failure.trace if reply.failure else ""

@@ -27,6 +27,7 @@ from typing import Any
 from kernelbrain.core.events import LeaseExpired, TaskClaimed, TaskFaulted, TaskParked
 from kernelbrain.core.state import RunState, lease_lost
 from kernelbrain.runtime.batch import batch_runs
+from kernelbrain.runtime.faults import DeviceBusy
 from kernelbrain.runtime.reconnect import OUTAGE, retrying
 from kernelbrain.runtime.role import Task, owner_alive
 from kernelbrain.runtime.roles import ROLE_CLASSES, SchedulerRole
@@ -43,6 +44,9 @@ WOKEN_RECHECK_S = 1.0
 # a task its workers died or raised on this many times in a session is parked, so the rest of the run
 # goes on (and a role's restarts are not spent on one task); `kb resume` tries it again
 MAX_TASK_FAULTS = 3
+# a task that ran out of device memory under load (DeviceBusy) is let go after this long (doubled each
+# time), so its next try finds the device's other holders gone
+BUSY_PAUSE_S = 2.0
 
 
 class Heartbeat(threading.Thread):
@@ -260,6 +264,11 @@ class Worker(Loop):
         self.in_task = True
         try:
             events = self.role.execute(task, state)
+        except DeviceBusy as e:  # the pool's memory, not the task's: said, let go, tried again later
+            self.in_task = False
+            beat.done.set()
+            self._busy(task, state, lease, e)
+            return True
         except BaseException as e:
             self.in_task = False
             beat.done.set()
@@ -285,6 +294,21 @@ class Worker(Loop):
         except StaleLease:
             log.warning("%s: lease on %s was taken over; result dropped", self.role.actor, task.key)
         return True
+
+    def _busy(self, task: Task, state: RunState, lease: Lease, e: DeviceBusy) -> None:
+        """Record the out-of-memory fault of the pool's making as the task's (kb's fault, so the task is
+        parked after MAX_TASK_FAULTS like any other) and release it after a pause, while the device's
+        other holders let go."""
+        fault = TaskFaulted(task=task.key, worker=self.role.actor, error=f"DeviceBusy: {e}")
+        log.warning(
+            "%s: %s ran out of device memory under load; trying it again: %s", self.role.actor, task.key, e
+        )
+        with contextlib.suppress(StaleLease):
+            self.store.append(
+                [self.role.new(state, fault, f"{task.key}/fault/{lease.token}", task)], fence=lease
+            )
+        time.sleep(min(BUSY_PAUSE_S * 2 ** len(state.faults(task.key)), 30.0))
+        self.store.release(lease)
 
     def _park(self, task: Task, state: RunState, lease: Lease, faults: list[str]) -> None:
         """Set the task aside for this session, its lease released for the next `kb resume`."""

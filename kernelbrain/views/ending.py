@@ -18,6 +18,8 @@ from kernelbrain.core.policy import stalled
 from kernelbrain.core.state import RunState
 from kernelbrain.views import lines
 
+TOO_BIG = "too big for this device even alone"  # runtime/roles/generator.py's admission refusal
+
 EXIT_NO_KERNEL = 3
 EXIT_PROBLEM = 4
 EXIT_WAITING = 5
@@ -55,6 +57,9 @@ def report(run_id: str, state: RunState, finished: RunFinished | None, as_json: 
             f"{finished.winner_score:.4g} ({speed}); `kb audit {run_id}` says why, "
             f"`kb export {run_id} -o kernel.py` writes it"
         )
+    elif problem_fault and problem_fault.startswith(TOO_BIG):
+        where = state.started.problem_path if state.started is not None else "of the run"
+        lines.result(f"the problem file {where} is {problem_fault} (exit {EXIT_PROBLEM})")
     elif problem_fault:
         where = state.started.problem_path if state.started is not None else "of the run"
         lines.result(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import replace
 
@@ -13,6 +14,34 @@ from kernelbrain.generators.prompt import describe_numbers
 from kernelbrain.runtime.role import Role, Task
 from kernelbrain.runtime.sandbox import SandboxFault
 from kernelbrain.store import NewEvent
+from kernelbrain.views.ending import TOO_BIG
+
+# a problem is admitted where a timed task's estimated footprint is at most this share of the device's
+# memory: the rest is the pool's CUDA contexts and the estimate's error
+ADMIT_SHARE = 0.9
+
+
+def admitted_memory(measured: float) -> float:
+    """The device memory admission holds a problem up against: KB_DEVICE_MEMORY_GIB where set (a share of
+    a card, or a made-up small one), else what the analysis' child measured."""
+    text = os.environ.get("KB_DEVICE_MEMORY_GIB", "").strip()
+    return float(text) * 2**30 if text else measured
+
+
+def admission(analysis: ProblemAnalysed, device: str) -> str | None:
+    """Why the problem cannot be measured on this device at all (one line), or None: a timed task's
+    footprint past ADMIT_SHARE of the device's memory runs out of memory however idle the device is."""
+    if not analysis.footprint or not analysis.device_memory:
+        return None
+    if analysis.footprint <= ADMIT_SHARE * analysis.device_memory:
+        return None
+    where = "GPU" if device == "cuda" else "CPU child (its memory cap)"
+    return (
+        f"{TOO_BIG}: a timed run of it needs about {analysis.footprint / 2**30:.3g} GiB (the bench's four "
+        "copies of its inputs, its parameters and the reference's working memory at the shape its rungs "
+        f"time), the {where} holds {analysis.device_memory / 2**30:.3g} GiB; shrink get_inputs()'s sizes "
+        "or use a larger device"
+    )
 
 
 class GeneratorRole(Role):
@@ -45,6 +74,8 @@ class GeneratorRole(Role):
             primary_ops=reply.primary_ops,
             fits=[f.model_dump() for f in reply.fits],
             graph=reply.graph,
+            footprint=reply.footprint,
+            device_memory=admitted_memory(reply.device_memory),
         )
 
     def analyse(self, task: Task, state: RunState) -> tuple[ProblemAnalysed, float]:
@@ -65,6 +96,8 @@ class GeneratorRole(Role):
         else:
             analysis = self.analysed(asked.reply)
             busy = 0.0 if analysis.traced_on == "meta" else asked.busy_s  # shapes only: no GPU used
+            if too_big := admission(analysis, cfg.device):
+                analysis = analysis.model_copy(update={"error": too_big})
         from kernelbrain.templates import FAMILIES  # every family's module: in the generator alone
 
         # the template families that match, for the record

@@ -1,0 +1,95 @@
+"""The device's memory: admission refuses a problem a made-up small card cannot hold even alone (its
+batch neighbours run on); an out-of-memory error under load is kb's fault, tried again and charged to
+neither the candidate nor the problem; the estimate itself (the reference's peak, on the meta device)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from kernelbrain.store import open_store
+
+from kernelbrain.child import memory
+from tests.kbcli import ROOT, kb, kb_env
+
+PROBLEMS = ROOT / "tests" / "problems"
+RUN = ["--device", "cpu", "--max-candidates", "2", "--ladder", "smallest:2:0,primary:2:0"]
+
+
+def _events(db: Path, run_id: str) -> list[dict]:
+    r = kb("events", run_id, "--db", str(db), "--json", "--all")
+    return [json.loads(line) for line in r.stdout.splitlines()]
+
+
+def test_admission_refuses_what_the_card_cannot_hold_and_runs_the_rest(tmp_path: Path) -> None:
+    """A 24 KiB card (KB_DEVICE_MEMORY_GIB) holds layernorm_small's timed runs (16 KiB) but not
+    softmax_small's (31 KiB): the batch refuses that one in one line, as the problem's (exit 4), and
+    finishes the other."""
+    folder, db = tmp_path / "p", tmp_path / "kb.db"
+    folder.mkdir()
+    for name in ("softmax_small", "layernorm_small"):
+        shutil.copy(PROBLEMS / f"{name}.py", folder / f"{name}.py")
+    env = kb_env(TRITON_INTERPRET="1", KB_DEVICE_MEMORY_GIB=str(24 / 2**20))
+    r = kb("run", str(folder), "--db", str(db), *RUN, "--quiet", env=env)
+    assert r.returncode == 0, r.stdout + r.stderr  # both ended: one with a kernel, one refused by admission
+    table = r.stdout[r.stdout.index("problem ") :]
+    row = next(line for line in table.splitlines() if line.startswith("softmax_small.py"))
+    assert "too big for this device even alone" in row and "holds 2.29e-05 GiB" in row, row
+    assert "winner:" in next(line for line in table.splitlines() if line.startswith("layernorm_small.py"))
+    with open_store(str(db), readonly=True) as store:
+        refused = next(
+            rid for rid in store.run_ids() if "softmax" in store.read(run_id=rid)[0].payload["problem_name"]
+        )
+    analysed = next(e for e in _events(db, refused) if e["type"] == "ProblemAnalysed")["payload"]
+    assert analysed["footprint"] == 32000 and analysed["device_memory"] == 24 * 2**10
+    assert not [e for e in _events(db, refused) if e["type"] == "CandidateProposed"]  # nothing charged
+
+
+def test_an_out_of_memory_error_under_load_is_tried_again_and_charged_to_no_one(tmp_path: Path) -> None:
+    db, inject = tmp_path / "kb.db", tmp_path / "oom"
+    inject.write_text("2")  # the first two bench requests find the device's memory taken by others
+    env = kb_env(TRITON_INTERPRET="1", KB_INJECT_OOM=str(inject))
+    r = kb("run", str(PROBLEMS / "softmax_small.py"), "--db", str(db), *RUN, "--quiet", env=env)
+    assert r.returncode == 0 and "winner" in r.stdout, r.stdout + r.stderr
+    assert inject.read_text() == "0"
+    events = _events(db, r.stdout.split()[1])
+    faults = [e["payload"] for e in events if e["type"] == "TaskFaulted"]
+    assert len(faults) == 2 and all("DeviceBusy" in f["error"] and "/bench/" in f["task"] for f in faults)
+    assert not [e for e in events if e["type"] in ("BenchmarkFailed", "GateFailed", "ProblemFailed")]
+    rung0 = {
+        e["payload"]["candidate"]
+        for e in events
+        if e["type"] == "RungBenchmarked" and e["payload"]["rung"] == 0
+    }
+    assert len(rung0) == 2  # both candidates measured in the end
+
+
+def test_the_peak_counts_what_is_live_at_once_on_the_meta_device() -> None:
+    x = torch.empty(1024, 1024, device="meta")
+    model = torch.nn.Sequential(torch.nn.Linear(1024, 4096), torch.nn.ReLU(), torch.nn.Linear(4096, 1024))
+    peak = memory.Peak()
+    with torch.no_grad(), peak:
+        model.to("meta")(x)
+    # the first layer's and the ReLU's outputs (16 MiB each) live together, then the 4 MiB output
+    assert peak.peak == (16 + 16 + 4) << 20
+
+
+def test_an_out_of_memory_error_on_the_host_is_the_pools() -> None:
+    assert not torch.cuda.is_initialized()
+    busy = memory.verdict(torch.OutOfMemoryError("no room"), "forward")
+    assert isinstance(busy, memory.DeviceBusy) and "forward: out of memory on the host" in str(busy)
+
+
+@pytest.mark.parametrize("count", ["0", ""])
+def test_no_injection_without_a_count(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, count: str) -> None:
+    path = tmp_path / "oom"
+    path.write_text(count)
+    monkeypatch.setenv("KB_INJECT_OOM", str(path))
+    memory.injected()  # raises nothing
+    path.write_text("1")
+    with pytest.raises(torch.OutOfMemoryError):
+        memory.injected()
+    assert path.read_text() == "0"
