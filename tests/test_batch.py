@@ -77,6 +77,9 @@ def test_a_folder_runs_as_one_batch_killed_and_resumed(tmp_path: Path) -> None:
         assert name in table, table
     assert "device held alone for timing: cpu" in r.stdout, r.stdout
     assert kb("resume", batch, "--db", str(db), env=env).returncode == 0  # finished: nothing to do
+    status = kb("status", batch, "--db", str(db), env=env)
+    assert status.returncode == 0 and f"batch {batch}: 3 of 3 runs ended" in status.stdout, status.stdout
+    assert status.stdout.count("winner:") == 3 and "device held alone for timing: cpu" in status.stdout
 
     workers_of: dict[str, set[str]] = {}
     with open_store(str(db), readonly=True) as store:

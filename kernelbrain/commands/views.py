@@ -74,9 +74,23 @@ def ls(db: str, as_json: bool) -> None:
 @click.command()
 @run_view
 def status(run_id: str, db: str, as_json: bool) -> None:
-    """Where a run stands: candidates per state, the leader, budget spent."""
+    """Where a run stands: candidates per state, the leader, budget spent. Of a batch (RUN_ID a batch
+    id): a row per run and the device's timed share of the batch's wall time so far."""
+    from kernelbrain.runtime.batch import is_batch_id
     from kernelbrain.views.describe import status_dict
 
+    if is_batch_id(run_id):
+        from kernelbrain.views.batch import batch_status
+
+        with read_store(db) as store:
+            b = batch_status(store, run_id)
+        if as_json:
+            echo_json(b)
+            return
+        click.echo(f"batch {run_id}: {b['ended']} of {len(b['runs'])} runs ended; {b['share']}")
+        for text in b["table"]:
+            click.echo(f"  {text}")
+        return
     with read_store(db) as store:
         d = status_dict(load_state(store, run_id))
     if as_json:
@@ -95,7 +109,8 @@ def status(run_id: str, db: str, as_json: bool) -> None:
         click.echo(f"  best: {d['leader']} score {d['leader_score']:.4g} ({speeds})")
     b = d["budget"]
     click.echo(
-        f"  spent: {b['gpu_s']:.1f} device s (budget {b['budget_gpu_s'] or '-'}), {b['tokens']} tokens, "
+        f"  spent: {b['device_s']:.1f} device s (budget {b['budget_gpu_s'] or '-'}; children busy "
+        f"{b['gpu_s']:.1f} s), {b['tokens']} tokens, "
         f"{b['wall_s']:.1f} wall s; {d['events']} events, {d['resumes']} resumes"
     )
 

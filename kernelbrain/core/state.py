@@ -136,6 +136,7 @@ class RunState(Projection):
         self.wall_closed_s = 0.0  # wall time of earlier sessions (start/resume to their last event)
         self._session_start: float | None = None
         self.last_ts = 0.0
+        self.started_ts = 0.0  # when RunStarted was recorded (wall clock)
 
     # --- folding -------------------------------------------------------------------------------
 
@@ -167,6 +168,7 @@ class RunState(Projection):
 
     def _apply_RunStarted(self, e: RunStarted, raw: StoredEvent) -> None:
         self.started = e
+        self.started_ts = raw.ts
         self._session_start = raw.ts
 
     def _apply_RunResumed(self, e: RunResumed, raw: StoredEvent) -> None:

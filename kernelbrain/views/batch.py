@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 from pydantic import BaseModel
 
@@ -29,7 +30,7 @@ class Row(BaseModel):
     speedups: dict[str, float] = {}
     outcome: str  # a few words: the winner's speedups, why there is none, or what it waits for
     candidates: int = 0
-    gpu_s: float = 0.0
+    device_s: float = 0.0  # what its GPU budget counts (RunState.device_s)
 
 
 def row(state: RunState, finished: RunFinished | None) -> Row:
@@ -41,7 +42,7 @@ def row(state: RunState, finished: RunFinished | None) -> Row:
         ended=finished is not None,
         outcome="",
         candidates=len(state.candidates),
-        gpu_s=state.gpu_s,
+        device_s=state.device_s,
     )
     if finished is None:
         why = "waiting: only parked tasks are left" if stalled(state) else "interrupted"
@@ -80,10 +81,10 @@ class BatchView:
 def table(rows: list[Row]) -> list[str]:
     """The batch's rows as a plain table, widest problem name first column."""
     width = max((len(r.problem) for r in rows), default=7)
-    out = [f"{'problem':<{width}}  {'run':<22}  {'cands':>5}  {'gpu s':>7}  outcome"]
+    out = [f"{'problem':<{width}}  {'run':<22}  {'cands':>5}  {'device s':>8}  outcome"]
     for r in rows:
         out.append(
-            f"{r.problem:<{width}}  {r.run_id or '-':<22}  {r.candidates:>5}  {r.gpu_s:>7.1f}  {r.outcome}"
+            f"{r.problem:<{width}}  {r.run_id or '-':<22}  {r.candidates:>5}  {r.device_s:>8.1f}  {r.outcome}"
         )
     return out
 
@@ -109,6 +110,37 @@ def alone_spans(raws: Iterable[StoredEvent]) -> dict[str, list[tuple[float, floa
         if e.device is not None and e.alone_from is not None and e.alone_to is not None:
             spans.setdefault(e.device, []).append((e.alone_from, e.alone_to, e.action))
     return {d: sorted(s) for d, s in spans.items()}
+
+
+def batch_status(store: Store, batch: str) -> dict[str, Any]:
+    """`kb status BATCH`: each run's row (live ones: the best so far), the device's timed share from the
+    batch's start to its last event, and the table as `kb run` prints it."""
+    from kernelbrain.core.errors import RunError
+    from kernelbrain.runtime.batch import batch_runs
+
+    run_ids = batch_runs(store, batch)
+    if not run_ids:
+        raise RunError(f"no batch {batch!r} in {store.path}; `kb ls` lists the runs there")
+    states = [store.fold(RunState(rid), run_id=rid) for rid in run_ids]
+    rows = []
+    for s in states:
+        r = row(s, s.finished)
+        leader = s.leader()
+        if s.finished is None and leader is not None and leader.top_result is not None:
+            best = ", ".join(f"{t.shape} {t.speedup:.3g}x" for t in leader.top_result.shapes)
+            r = r.model_copy(update={"outcome": f"live: best so far {best} (rung {max(leader.results)})"})
+        elif s.finished is None:
+            r = r.model_copy(update={"outcome": f"live: {len(s.candidates)} proposed, none measured yet"})
+        rows.append(r)
+    since = min(s.started_ts for s in states)
+    until = max(s.last_ts for s in states)
+    return {
+        "batch": batch,
+        "runs": [r.model_dump() for r in rows],
+        "ended": sum(s.finished is not None for s in states),
+        "share": timed_share(store, run_ids, since, until),
+        "table": table(rows),
+    }
 
 
 def timed_share(store: Store, run_ids: list[str], since: float, until: float) -> str:

@@ -149,6 +149,7 @@ def status_dict(state: RunState) -> dict:
         "measured_at_rung": at_rung,
         "budget": {
             "gpu_s": round(state.gpu_s, 3),
+            "device_s": round(state.device_s, 3),  # what the GPU budget counts (policy v4: timed spans)
             "budget_gpu_s": cfg.budget_gpu_s,
             "tokens": state.tokens,
             "budget_tokens": cfg.budget_tokens,
