@@ -497,3 +497,23 @@ def test_v4_starts_what_the_budget_left_pays_for(store):
     state = run.state()
     assert [(c.id, r) for c, r in state.bench_tasks()] == [("c", 1)] and state.withheld() == []
     assert not any(isinstance(d, RunFinished) for d in run.decide())
+
+
+def test_max_profiles_profiles_the_best_finalists_only(store):
+    run = SyntheticRun(store, eta=2, max_candidates=2, max_profiles=1)
+    for cid, speed in (("a", 1.0), ("b", 2.0)):
+        run.propose(cid)
+        run.gate(cid)
+        for rung in range(3):
+            run.bench(cid, rung, speed)
+    run.gen_done(proposed=("a", "b"))
+    assert [c.id for c in run.state().profile_tasks()] == ["b"]  # the best at the top rung, alone
+    run.profile("b")
+    state = run.state()
+    assert state.profile_tasks() == [] and [c.id for c in state.live()] == ["a"]
+    unlimited = SyntheticRun(EventStore(":memory:"), eta=2, max_candidates=2)
+    for cid in "ab":
+        unlimited.propose(cid)
+        unlimited.gate(cid)
+        unlimited.bench(cid, 2, 1.0)
+    assert {c.id for c in unlimited.state().profile_tasks()} == {"a", "b"}

@@ -112,6 +112,7 @@ def kb_run_command(files: list[Path], db: Path, args: argparse.Namespace) -> lis
     """`kb run` of the files (a batch where there are several), with the sweep's settings."""
     cmd = [sys.executable, "-m", "kernelbrain", "run", *map(str, files), "--db", str(db), "--quiet"]
     cmd += ["--budget-gpu-s", str(args.budget_gpu_s), "--max-candidates", str(args.max_candidates)]
+    cmd += ["--max-profiles", "1"]  # ncu for the best finalist alone: one profile a problem
     cmd += ["--device", args.device] if args.device else []
     return cmd + (["--allow-torch", args.allow_torch] if args.allow_torch else [])
 

@@ -203,6 +203,12 @@ def drive_batch(
 @click.option(
     "--budget-tokens", type=click.IntRange(min=1), default=None, help="Stop after this many LLM tokens."
 )
+@click.option(
+    "--max-profiles",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Profile at most N finalists, the best first (default: every one).",
+)
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option(
     "--eta",
@@ -261,6 +267,7 @@ def run(
     budget_gpu_s: float | None,
     budget_wall_s: float | None,
     budget_tokens: int | None,
+    max_profiles: int | None,
     seed: int,
     eta: int,
     llm_base_url: str | None,
@@ -303,6 +310,7 @@ def run(
         budget_gpu_s=budget_gpu_s,
         budget_wall_s=budget_wall_s,
         budget_tokens=budget_tokens,
+        max_profiles=max_profiles,
         eta=eta,
         rungs=parse_ladder(ladder) if ladder else DEFAULT_RUNGS[dev],
         llm_base_url=llm_base_url,

@@ -77,6 +77,7 @@ class RunConfig(BaseModel):
     llm_concurrency: int | None = None
     allow_torch: tuple[str, ...] = ()  # torch op classes candidates may keep (--allow-torch); () all Triton
     batch: str | None = None  # the batch of `kb run A.py B.py ...` the run is one of, served by one pool
+    max_profiles: int | None = Field(default=None, ge=1)  # finalists profiled at most (best first); None: all
 
     @field_validator("allow_torch")
     @classmethod

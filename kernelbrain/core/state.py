@@ -391,9 +391,11 @@ class RunState(Projection):
         ]
 
     def profile_tasks(self, afford: bool = True) -> list[Candidate]:
+        """Finalists to profile: every one measured at the top rung, or with --max-profiles the best of
+        them while profiles are left (a sweep's one a problem)."""
         parked = self._parked("profiler")
         top = self.top_rung
-        return [
+        todo = [
             c
             for c in self.live()
             if top in c.results
@@ -401,6 +403,11 @@ class RunState(Projection):
             and ("", c.id, top, None) not in parked
             and (not afford or self.affordable("profile", "profile/ncu"))
         ]
+        if (most := self.config.max_profiles) is not None:
+            todo = sorted(todo, key=lambda c: (-c.results[top].score, c.seq))[
+                : max(0, most - len(self.profiled))
+            ]
+        return todo
 
     def generation_tasks(self) -> list[str]:
         """Generation tasks not yet done: round 0, then one mutation round per profiled finalist."""
