@@ -111,3 +111,30 @@ def test_problem_paths_take_a_folders_files_in_kernelbench_order(tmp_path: Path)
     (tmp_path / "sub" / "1_c.py").write_text("")
     found = problem_paths((str(tmp_path), str(tmp_path / "2_a.py")))
     assert [p.name for p in found] == ["2_a.py", "10_b.py", "x.py"]
+
+
+def test_the_batch_view_says_where_the_batch_stands_every_30_s(capsys) -> None:
+    from kernelbrain.store import EventStore
+
+    from kernelbrain.views.batch import BatchView
+    from tests.runs import SyntheticRun
+
+    now = [0.0]
+    view = BatchView(2, clock=lambda: now[0])
+    with EventStore(":memory:") as store:
+        run = SyntheticRun(store, max_candidates=2)
+        run.propose("a")
+        run.gate("a")
+        run.bench("a", 0, 2.0)
+        run.charge(4.0, action="bench/a/0")  # before this session: not its share
+        view(run.state())
+        run.charge(6.0, action="bench/a/1")
+        now[0] = 29.0
+        view(run.state())
+        assert "batch:" not in capsys.readouterr().out  # not yet 30 s
+        now[0] = 31.0
+        view(run.state())
+    out = capsys.readouterr().out
+    assert (
+        "batch: 0 of 2 runs ended, 1 live (1 measured); device held alone for timing 6 s of 31 s (19%)" in out
+    )

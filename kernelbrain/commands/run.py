@@ -142,7 +142,7 @@ def drive_batch(
 
     since = time.time()
     view = batch_view.BatchView(len(run_ids) + ended_before)
-    view.said.update(f"earlier-{i}" for i in range(ended_before))
+    view.said.update(f"earlier-{i}" for i in range(ended_before))  # counted as ended: [k/N] goes on
     lines.flush()
     reader = open_store(db)
     try:

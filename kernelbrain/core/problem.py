@@ -30,6 +30,8 @@ DEFAULT_TOLERANCE = {"float32": 1e-4, "float64": 1e-6, "float16": 1e-2, "bfloat1
 # an output element also passes within this many times the reference's own error against float64 truth
 # (kernelbrain/child/tolerance.py states the rule)
 REFERENCE_MULTIPLE = 16
+# the words of admission's refusal (runtime/roles/generator.py): a problem no device of this size holds
+TOO_BIG = "too big for this device even alone"
 REQUIRED = {"Model": ast.ClassDef, "get_inputs": ast.FunctionDef, "get_init_inputs": ast.FunctionDef}
 
 

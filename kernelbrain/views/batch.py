@@ -6,7 +6,8 @@ was stopped first; the last two are resumable with `kb resume BATCH`."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import time
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -64,18 +65,41 @@ def refused(path: str, line: str) -> Row:
 
 
 class BatchView:
-    """supervise's progress callback for a batch: one line as each run ends (`[k/N] file: outcome`)."""
+    """supervise's progress callback for a batch: one line as each run ends (`[k/N] file: outcome`), and
+    every `every_s` a line on the whole: runs ended and live, and the share of this session's wall time
+    the device was held alone for timing (a CI log of a long batch still says where it stands)."""
 
-    def __init__(self, total: int, ended: Iterable[str] = ()) -> None:
+    def __init__(
+        self, total: int, every_s: float = 30.0, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.total = total
-        self.said = set(ended)
+        self.said: set[str] = set()
+        self.every_s, self.clock = every_s, clock
+        self.began = clock()
+        self.next_at = self.began + every_s
+        self.timed_before: dict[str, float] = {}  # each run's timed seconds when this session first saw it
+        self.states: dict[str, RunState] = {}
 
     def __call__(self, state: RunState, seen: int = 0) -> None:
-        if state.finished is None or state.run_id in self.said:
-            return
-        self.said.add(state.run_id)
-        r = row(state, state.finished)
-        lines.echo(f"[{len(self.said)}/{self.total}] {r.problem}: {r.outcome} ({r.run_id})")
+        self.states[state.run_id] = state
+        self.timed_before.setdefault(state.run_id, state.timed_s)
+        if state.finished is not None and state.run_id not in self.said:
+            self.said.add(state.run_id)
+            r = row(state, state.finished)
+            lines.echo(f"[{len(self.said)}/{self.total}] {r.problem}: {r.outcome} ({r.run_id})")
+        if self.clock() >= self.next_at:
+            self.next_at = self.clock() + self.every_s
+            lines.echo(self.summary())
+
+    def summary(self) -> str:
+        live = [s for s in self.states.values() if s.finished is None]
+        measured = sum(s.leader() is not None for s in live)
+        timed = sum(s.timed_s - self.timed_before[rid] for rid, s in self.states.items())
+        wall = max(self.clock() - self.began, 1e-9)
+        return (
+            f"batch: {len(self.said)} of {self.total} runs ended, {len(live)} live ({measured} measured); "
+            f"device held alone for timing {timed:.0f} s of {wall:.0f} s ({100 * timed / wall:.0f}%)"
+        )
 
 
 def table(rows: list[Row]) -> list[str]:

@@ -15,10 +15,9 @@ import click
 
 from kernelbrain.core.events import RunFinished
 from kernelbrain.core.policy import stalled
+from kernelbrain.core.problem import TOO_BIG
 from kernelbrain.core.state import RunState
 from kernelbrain.views import lines
-
-TOO_BIG = "too big for this device even alone"  # runtime/roles/generator.py's admission refusal
 
 EXIT_NO_KERNEL = 3
 EXIT_PROBLEM = 4

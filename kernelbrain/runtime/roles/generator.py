@@ -8,13 +8,13 @@ from dataclasses import replace
 
 from kernelbrain import generators
 from kernelbrain.core.events import CandidateProposed, GenerationDone, GenerationFailed, ProblemAnalysed
+from kernelbrain.core.problem import TOO_BIG
 from kernelbrain.core.protocol import AnalyseReply, AnalyseRequest
 from kernelbrain.core.state import RunState
 from kernelbrain.generators.prompt import describe_numbers
 from kernelbrain.runtime.role import Role, Task
 from kernelbrain.runtime.sandbox import SandboxFault
 from kernelbrain.store import NewEvent
-from kernelbrain.views.ending import TOO_BIG
 
 # a problem is admitted where a timed task's estimated footprint is at most this share of the device's
 # memory: the rest is the pool's CUDA contexts and the estimate's error
