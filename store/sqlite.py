@@ -118,6 +118,20 @@ def _boundary(fn: Callable[Concatenate[EventStore, A], T]) -> Callable[Concatena
     return _translated(guarded)
 
 
+def _unwritable(name: str) -> bool:
+    """Whether the file exists and cannot be opened for writing. One open, not access-then-exists: the
+    -wal and -shm come and go with other processes' connections, and a file made between the two calls
+    (access failing on its absence, exists finding it) read as read-only under eight appenders."""
+    try:
+        fd = os.open(name, os.O_WRONLY)
+    except FileNotFoundError:
+        return False
+    except OSError:
+        return True
+    os.close(fd)
+    return False
+
+
 class EventStore(Store):
     """The generic event store: an append-only log of events in one SQLite file.
 
@@ -285,7 +299,7 @@ class EventStore(Store):
         """The first of `names` (default: the database's files, itself, its -wal and -shm) that exists
         and cannot be written (a read-only mount, an immutable file, its mode), else None."""
         for name in names or (self._path, self._path + "-wal", self._path + "-shm"):
-            if not os.access(name, os.W_OK) and os.path.exists(name):  # (access first: one call a file)
+            if not os.access(name, os.W_OK) and _unwritable(name):  # (access first: one call a file)
                 return name
         return None
 

@@ -32,7 +32,16 @@ from kernelbrain.runtime.reconnect import OUTAGE, retrying
 from kernelbrain.runtime.role import Task, owner_alive
 from kernelbrain.runtime.roles import ROLE_CLASSES, SchedulerRole
 from kernelbrain.runtime.sandbox import Sandbox
-from kernelbrain.store import Lease, NewEvent, StaleLease, Store, StoreError, StoreUnavailable, open_store
+from kernelbrain.store import (
+    Lease,
+    NewEvent,
+    StaleLease,
+    Store,
+    StoredEvent,
+    StoreError,
+    StoreUnavailable,
+    open_store,
+)
 
 log = logging.getLogger("kernelbrain.worker")
 
@@ -145,6 +154,25 @@ class Loop:
         return seen, self.step()
 
 
+class Router:
+    """A projection of the whole log that hands each event to its run's RunState: the states of many runs
+    folded by one read. `runs`: the runs to keep (a batch's); None: every run, a state made at its
+    first event."""
+
+    def __init__(self, states: dict[str, RunState], runs: set[str] | None) -> None:
+        self.states, self.runs = states, runs
+        self.position = 0
+
+    def apply(self, event: StoredEvent) -> None:
+        if self.runs is not None and event.run_id not in self.runs:
+            return
+        state = self.states.get(event.run_id)
+        if state is None:
+            state = self.states[event.run_id] = RunState(event.run_id)
+        if event.seq > state.position:
+            state.apply(event)
+
+
 class Worker(Loop):
     """One role's polling loop over one run, the runs of one batch, or every unfinished run."""
 
@@ -168,6 +196,7 @@ class Worker(Loop):
         self.batch_ids: list[str] = []  # the batch's runs, read once (they are started before its pool)
         self.ttl_s = ttl_s
         self.states: dict[str, RunState] = {}
+        self.router = Router(self.states, None if batch is None else set())
         self.stopping = False
         self.warmed = False
         self.in_task = False
@@ -181,19 +210,20 @@ class Worker(Loop):
             self.warmed = True
 
     def refresh(self) -> list[RunState]:
-        if self.batch is not None and not self.batch_ids:
-            self.batch_ids = batch_runs(self.store, self.batch)
-        ids = (
-            [self.run_id]
-            if self.run_id
-            else self.batch_ids
-            if self.batch is not None
-            else self.store.run_ids()
-        )
-        for rid in ids:
-            state = self.states.setdefault(rid, RunState(rid))
-            self.store.fold(state, run_id=rid)
-        return [self.states[rid] for rid in ids if self.states[rid].finished is None]
+        """Fold what the log gained into the states of the runs served: one query for them all (a pool's
+        worker serves a batch of a hundred runs, ten times a second)."""
+        if self.run_id:
+            ids = [self.run_id]
+            self.store.fold(self.states.setdefault(self.run_id, RunState(self.run_id)), run_id=self.run_id)
+        else:
+            if self.batch is not None and not self.batch_ids:
+                self.batch_ids = batch_runs(self.store, self.batch)
+                self.router.runs = set(self.batch_ids)
+            if self.batch is None or self.batch_ids:  # (a batch not found yet: no event goes by unread)
+                self.store.fold(self.router)
+            ids = self.batch_ids if self.batch is not None else list(self.states)
+        live = [self.states.get(rid) for rid in ids]
+        return [s for s in live if s is not None and s.finished is None]
 
     def step(self) -> bool:
         """Do at most one unit of work on each live run; True when something was done."""
