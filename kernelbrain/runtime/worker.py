@@ -35,6 +35,7 @@ from kernelbrain.runtime.sandbox import Sandbox
 from kernelbrain.store import (
     Lease,
     NewEvent,
+    Projection,
     StaleLease,
     Store,
     StoredEvent,
@@ -154,14 +155,14 @@ class Loop:
         return seen, self.step()
 
 
-class Router:
+class Router(Projection):
     """A projection of the whole log that hands each event to its run's RunState: the states of many runs
     folded by one read. `runs`: the runs to keep (a batch's); None: every run, a state made at its
     first event."""
 
     def __init__(self, states: dict[str, RunState], runs: set[str] | None) -> None:
+        super().__init__()
         self.states, self.runs = states, runs
-        self.position = 0
 
     def apply(self, event: StoredEvent) -> None:
         if self.runs is not None and event.run_id not in self.runs:
