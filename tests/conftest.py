@@ -7,9 +7,12 @@ A test that needs what the machine may lack (tests/needs.py: PostgreSQL, Chromiu
 `pg_server` fixture, or the mark `needs("chromium")`) is skipped where it is missing, and the session
 ends with one line per missing piece naming the tests skipped for it; under CI (CI=true) it fails."""
 
+import atexit
 import fcntl
 import os
+import shutil
 import sys
+import tempfile
 from collections import Counter
 from pathlib import Path
 
@@ -22,6 +25,12 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from tests import needs  # noqa: E402  (the in-tree packages first)
+
+# the device lock (kernelbrain/runtime/gpu_lock.py) of this test process and of the kb processes it
+# starts: one folder a pytest-xdist worker, so that one test's timing never waits for another test's
+# gates (the runs of one test still exclude each other: tests/test_batch.py checks it)
+os.environ["KB_LOCKS"] = tempfile.mkdtemp(prefix="kb-locks-")
+atexit.register(shutil.rmtree, os.environ["KB_LOCKS"], ignore_errors=True)
 
 
 def require(piece: str) -> None:

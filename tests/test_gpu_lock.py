@@ -15,10 +15,9 @@ from kernelbrain.runtime import gpu_lock
 from kernelbrain.runtime.sandbox import TIMED
 
 HOLDER = """
-import sys, time
-from pathlib import Path
+import os, sys, time
 from kernelbrain.runtime import gpu_lock
-gpu_lock.LOCKS = Path(sys.argv[1])
+os.environ["KB_LOCKS"] = sys.argv[1]
 with gpu_lock.held("0", alone=sys.argv[2] == "alone"):
     print("held", flush=True)
     time.sleep(float(sys.argv[3]))
@@ -48,7 +47,7 @@ def waited(alone: bool) -> float:
 def test_timing_waits_for_the_gpus_other_work_and_other_work_for_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, other_alone: bool, alone: bool, blocks: bool
 ) -> None:
-    monkeypatch.setattr(gpu_lock, "LOCKS", tmp_path)
+    monkeypatch.setenv("KB_LOCKS", str(tmp_path))
     other = hold(tmp_path, other_alone, 1.5)
     try:
         took = waited(alone)
@@ -63,7 +62,7 @@ def test_a_timing_waiting_goes_before_later_shared_requests(
     """A pool of gatekeepers holds the lock shared one after another: a timing request waits for those
     holding it when it came, while one that comes after it waits for the timing (flock alone would let
     the later ones in, and the timing could wait for ever)."""
-    monkeypatch.setattr(gpu_lock, "LOCKS", tmp_path)
+    monkeypatch.setenv("KB_LOCKS", str(tmp_path))
     first = hold(tmp_path, False, 1.5)  # a gate, holding it shared
     timing = subprocess.Popen(  # waits for the gate, then holds it alone for 0.5 s
         [sys.executable, "-c", HOLDER, str(tmp_path), "alone", "0.5"], stdout=subprocess.PIPE, text=True
@@ -82,7 +81,7 @@ def test_a_timing_waiting_goes_before_later_shared_requests(
 
 
 def test_another_gpu_is_another_lock(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(gpu_lock, "LOCKS", tmp_path)
+    monkeypatch.setenv("KB_LOCKS", str(tmp_path))
     other = hold(tmp_path, True, 1.5)
     try:
         start = time.monotonic()

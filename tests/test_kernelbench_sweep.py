@@ -141,11 +141,11 @@ def test_the_sweep_resumes_times_winners_and_names_every_miss(tmp_path):
     assert json.loads((out / "level1" / "1_Softmax.json").read_text())["run_id"] == first
 
     # a result decided by kb code that changed since (its hash differs) runs again; the rest stay
-    stale = json.loads((out / "level1" / "2_Sort.json").read_text())
-    (out / "level1" / "2_Sort.json").write_text(json.dumps({**stale, "code": "0" * 16}))
+    stale = json.loads((out / "level1" / "3_NoInputs.json").read_text())
+    (out / "level1" / "3_NoInputs.json").write_text(json.dumps({**stale, "code": "0" * 16}))
     r = _sweep(kernelbench, tmp_path)
     assert "2 done earlier, 1 to go (1 decided by kb code changed since)" in r.stdout, r.stdout
-    assert json.loads((out / "level1" / "2_Sort.json").read_text())["run_id"] != stale["run_id"]
+    assert json.loads((out / "level1" / "3_NoInputs.json").read_text())["code"] == stale["code"]
     assert json.loads((out / "level1" / "1_Softmax.json").read_text())["run_id"] == first
     pieces = json.loads((out / "pieces.json").read_text())["pieces"]
     assert len(pieces) == 5 and all(p["wall_s"] > 0 for p in pieces)

@@ -16,7 +16,7 @@ from kernelbrain.child import memory
 from tests.kbcli import ROOT, kb, kb_env
 
 PROBLEMS = ROOT / "tests" / "problems"
-RUN = ["--device", "cpu", "--max-candidates", "2", "--ladder", "smallest:2:0,primary:2:0"]
+RUN = ["--device", "cpu", "--max-candidates", "1", "--ladder", "smallest:1:0,primary:1:0"]
 
 
 def _events(db: Path, run_id: str) -> list[dict]:
@@ -50,21 +50,17 @@ def test_admission_refuses_what_the_card_cannot_hold_and_runs_the_rest(tmp_path:
 
 def test_an_out_of_memory_error_under_load_is_tried_again_and_charged_to_no_one(tmp_path: Path) -> None:
     db, inject = tmp_path / "kb.db", tmp_path / "oom"
-    inject.write_text("2")  # the first two bench requests find the device's memory taken by others
+    inject.write_text("1")  # the first bench request finds the device's memory taken by others
     env = kb_env(TRITON_INTERPRET="1", KB_INJECT_OOM=str(inject))
     r = kb("run", str(PROBLEMS / "softmax_small.py"), "--db", str(db), *RUN, "--quiet", env=env)
     assert r.returncode == 0 and "winner" in r.stdout, r.stdout + r.stderr
     assert inject.read_text() == "0"
     events = _events(db, r.stdout.split()[1])
     faults = [e["payload"] for e in events if e["type"] == "TaskFaulted"]
-    assert len(faults) == 2 and all("DeviceBusy" in f["error"] and "/bench/" in f["task"] for f in faults)
+    assert len(faults) == 1 and "DeviceBusy" in faults[0]["error"] and "/bench/" in faults[0]["task"]
     assert not [e for e in events if e["type"] in ("BenchmarkFailed", "GateFailed", "ProblemFailed")]
-    rung0 = {
-        e["payload"]["candidate"]
-        for e in events
-        if e["type"] == "RungBenchmarked" and e["payload"]["rung"] == 0
-    }
-    assert len(rung0) == 2  # both candidates measured in the end
+    rungs = [e["payload"]["rung"] for e in events if e["type"] == "RungBenchmarked"]
+    assert rungs == [0, 1]  # the candidate measured at both rungs in the end, the failed try redone
 
 
 def test_the_peak_counts_what_is_live_at_once_on_the_meta_device() -> None:

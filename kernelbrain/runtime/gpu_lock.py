@@ -23,7 +23,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-LOCKS = Path.home() / ".cache" / "kernelbrain" / "locks"
+
+def folder() -> Path:
+    """Where the lock files live: KB_LOCKS (a folder every user of a shared machine can write, so that
+    their runs exclude each other too), else ~/.cache/kernelbrain/locks."""
+    return Path(os.environ.get("KB_LOCKS") or Path.home() / ".cache" / "kernelbrain" / "locks")
 
 
 def gpu_name(gpu: int | None) -> str:
@@ -52,9 +56,10 @@ class Hold:
 @contextmanager
 def held(device: str, *, alone: bool) -> Iterator[Hold]:
     """The lock of `device`, exclusive where `alone`, shared otherwise, for the body's duration."""
-    LOCKS.mkdir(parents=True, exist_ok=True)
+    locks = folder()
+    locks.mkdir(parents=True, exist_ok=True)
     hold = Hold(device, alone)
-    with open(LOCKS / f"gpu-{device}.turnstile", "a+") as gate, open(LOCKS / f"gpu-{device}.lock", "a+") as f:
+    with open(locks / f"gpu-{device}.turnstile", "a+") as gate, open(locks / f"gpu-{device}.lock", "a+") as f:
         fcntl.flock(gate, fcntl.LOCK_EX)  # a timing request waiting holds this: later ones queue here
         try:
             fcntl.flock(f, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
