@@ -124,7 +124,7 @@ def _unwritable(name: str) -> bool:
     (access failing on its absence, exists finding it) read as read-only under eight appenders."""
     try:
         fd = os.open(name, os.O_WRONLY)
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):  # not there (nor, under a file, can it be)
         return False
     except OSError:
         return True
