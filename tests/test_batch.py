@@ -138,3 +138,19 @@ def test_the_batch_view_says_where_the_batch_stands_every_30_s(capsys) -> None:
     assert (
         "batch: 0 of 2 runs ended, 1 live (1 measured); device held alone for timing 6 s of 31 s (19%)" in out
     )
+
+
+def test_a_batch_in_json_names_its_runs_first_and_ends_with_a_result_each(tmp_path: Path) -> None:
+    import json
+
+    shutil.copy(PROBLEMS / "softmax_small.py", tmp_path / "a.py")
+    (tmp_path / "b.py").write_text("x = 1\n")
+    args = ["--device", "cpu", "--max-candidates", "1", "--ladder", "smallest:1:0", "--json"]
+    env = kb_env(TRITON_INTERPRET="1")
+    r = kb(
+        "run", str(tmp_path / "a.py"), str(tmp_path / "b.py"), "--db", str(tmp_path / "kb.db"), *args, env=env
+    )
+    assert r.returncode == 4, r.stdout + r.stderr  # a file refused; the other ran
+    first, *rest = (json.loads(line) for line in r.stdout.splitlines())
+    assert first["kind"] == "batch" and len(first["runs"]) == 1 and first["refused"][0]["problem"] == "b.py"
+    assert [x["run_id"] for x in rest] == first["runs"] and rest[0]["kind"] == "result" and rest[0]["winner"]

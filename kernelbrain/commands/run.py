@@ -110,7 +110,17 @@ def start_batch(
                 refused.append(batch_view.refused(str(path), str(e).splitlines()[0]))
                 continue
             run_ids.append(start_run(store, str(path), config))
-    if not as_json:
+    if as_json:  # the batch first, as a run's JSON starts with its RunStarted: a reader has its ids
+        from kernelbrain.views import progress
+
+        said = {
+            "kind": "batch",
+            "batch": batch,
+            "runs": run_ids,
+            "refused": [r.model_dump() for r in refused],
+        }
+        lines.echo(progress.json_line(said))
+    else:
         lines.echo(f"batch {batch}: {len(run_ids)} runs, {len(refused)} files refused")
         for row in refused:
             lines.echo(f"{row.problem}: {row.outcome}")
