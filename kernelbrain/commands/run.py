@@ -142,7 +142,7 @@ def drive_batch(
     quiet: bool,
     as_json: bool,
     lease: RunLease,
-    ended_before: int = 0,
+    earlier: list[str] | None = None,
 ) -> None:
     """Supervise the batch's runs through one pool, a line as each ends, then the table and its code."""
     import time
@@ -151,8 +151,9 @@ def drive_batch(
     from kernelbrain.views import ending, progress
 
     since = time.time()
-    view = batch_view.BatchView(len(run_ids) + ended_before)
-    view.said.update(f"earlier-{i}" for i in range(ended_before))  # counted as ended: [k/N] goes on
+    earlier = earlier or []  # the batch's runs that had finished before this session: in its table
+    view = batch_view.BatchView(len(run_ids) + len(earlier))
+    view.said.update(earlier)  # counted as ended: [k/N] goes on
     lines.flush()
     reader = open_store(db)
     try:
@@ -166,13 +167,14 @@ def drive_batch(
             progress=None if as_json or quiet else view,
             lease=lease,
         )
-        states = {rid: load_state(reader, rid) for rid in run_ids}
+        states = {rid: load_state(reader, rid) for rid in [*earlier, *run_ids]}
+        ended |= {rid: states[rid].finished for rid in earlier}
         share = batch_view.timed_share(reader, run_ids, since, time.time())
     except StoreError as e:
         sys.exit(ending.store_failed(batch, e))
     finally:
         reader.close()
-    rows = [batch_view.row(states[rid], ended[rid]) for rid in run_ids] + refused
+    rows = [batch_view.row(states[rid], ended[rid]) for rid in [*earlier, *run_ids]] + refused
     if as_json:
         for rid in run_ids:
             lines.result(progress.json_line(progress.result(states[rid], ended[rid]).model_dump(mode="json")))
@@ -422,9 +424,8 @@ def resume_batch(batch: str, db: str, gpu: int | None, inprocess: bool, quiet: b
                 prepare_resume(store, rid)
         if not as_json:
             lines.echo(f"batch {batch} resumed: {len(todo)} of {len(run_ids)} runs unfinished")
-        drive_batch(
-            db, batch, todo, [], gpu, inprocess, False, quiet, as_json, lease, len(run_ids) - len(todo)
-        )
+        done = [rid for rid in run_ids if rid not in todo]
+        drive_batch(db, batch, todo, [], gpu, inprocess, False, quiet, as_json, lease, done)
 
 
 @click.command()
