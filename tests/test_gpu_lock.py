@@ -3,8 +3,10 @@ GPU to end, and they wait for it; requests that do not time share the GPU. Real 
 
 from __future__ import annotations
 
+import fcntl
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -18,9 +20,13 @@ HOLDER = """
 import os, sys, time
 from kernelbrain.runtime import gpu_lock
 os.environ["KB_LOCKS"] = sys.argv[1]
-with gpu_lock.held("0", alone=sys.argv[2] == "alone"):
+with gpu_lock.held("0", alone=sys.argv[2] == "alone") as hold:
     print("held", flush=True)
-    time.sleep(float(sys.argv[3]))
+    if sys.argv[3] == "stdin":
+        sys.stdin.readline()
+    else:
+        time.sleep(float(sys.argv[3]))
+print("released", hold.to, flush=True)
 """
 
 
@@ -61,23 +67,55 @@ def test_a_timing_waiting_goes_before_later_shared_requests(
 ) -> None:
     """A pool of gatekeepers holds the lock shared one after another: a timing request waits for those
     holding it when it came, while one that comes after it waits for the timing (flock alone would let
-    the later ones in, and the timing could wait for ever)."""
+    the later ones in, and the timing could wait for ever). Ordered by the holds' own clocks, not by
+    sleeps: a loaded machine changes nothing."""
     monkeypatch.setenv("KB_LOCKS", str(tmp_path))
-    first = hold(tmp_path, False, 1.5)  # a gate, holding it shared
-    timing = subprocess.Popen(  # waits for the gate, then holds it alone for 0.5 s
-        [sys.executable, "-c", HOLDER, str(tmp_path), "alone", "0.5"], stdout=subprocess.PIPE, text=True
+    gate = subprocess.Popen(  # holds it shared until told
+        [sys.executable, "-c", HOLDER, str(tmp_path), "shared", "stdin"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert gate.stdout is not None and gate.stdin is not None and gate.stdout.readline().strip() == "held"
+    timing = subprocess.Popen(  # waits for the gate, then holds it alone for 0.3 s
+        [sys.executable, "-c", HOLDER, str(tmp_path), "alone", "0.3"], stdout=subprocess.PIPE, text=True
     )
     try:
-        time.sleep(0.5)  # the timing is waiting now
-        start = time.monotonic()
-        with gpu_lock.held("0", alone=False) as got:
-            took = time.monotonic() - start
-        assert took > 1.2, f"a later shared request went before the waiting timing ({took:.2f} s)"
+        deadline = time.monotonic() + 60
+        while not _held(tmp_path / "gpu-0.turnstile"):  # the timing is waiting, at the turnstile
+            assert time.monotonic() < deadline and timing.poll() is None, "the timing never waited"
+            time.sleep(0.01)
+        later: list[gpu_lock.Hold] = []
+        shared = threading.Thread(target=lambda: later.append(_take_shared()))
+        shared.start()
+        gate.stdin.write("go\n")
+        gate.stdin.flush()
+        shared.join(timeout=60)
         assert timing.stdout is not None and timing.stdout.readline().strip() == "held"
-        assert got.since > 0 and got.to >= got.since and not got.alone
+        released = float(timing.stdout.readline().split()[1])
+        (got,) = later
+        assert got.since >= released, "a later shared request went before the waiting timing"
+        assert got.to >= got.since and not got.alone
     finally:
-        first.wait(timeout=10)
+        gate.wait(timeout=10)
         timing.wait(timeout=10)
+
+
+def _held(path: Path) -> bool:
+    """Whether another process holds the lock file (a non-blocking try fails)."""
+    with open(path, "a+") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        fcntl.flock(f, fcntl.LOCK_UN)
+        return False
+
+
+def _take_shared() -> gpu_lock.Hold:
+    with gpu_lock.held("0", alone=False) as got:
+        pass
+    return got
 
 
 def test_another_gpu_is_another_lock(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
