@@ -57,19 +57,16 @@ COMMAND = "python tools/kernelbench_sweep.py --kernelbench {dir} --levels {level
 
 
 def problem_files(kernelbench: Path, levels: list[int], only: str | None) -> list[tuple[int, Path]]:
-    """(level, file) for every problem file of the levels, in KernelBench's numeric order."""
-
-    def number(p: Path) -> int:
-        head = p.name.split("_", 1)[0]
-        return int(head) if head.isdigit() else 10**6
+    """(level, file) for every problem file of the levels, in KernelBench's numeric order (as `kb run
+    FOLDER` takes them)."""
+    from kernelbrain.runtime.batch import problem_paths
 
     out = []
     for level in levels:
         folder = kernelbench / f"level{level}"
         if not folder.is_dir():
             raise SystemExit(f"{folder} is not a folder: pass --kernelbench the folder holding level1, ...")
-        files = sorted(folder.glob("*.py"), key=lambda p: (number(p), p.name))
-        out += [(level, p) for p in files if only is None or re.search(only, p.name)]
+        out += [(level, p) for p in problem_paths((str(folder),)) if only is None or re.search(only, p.name)]
     return out
 
 
@@ -419,14 +416,14 @@ def record_piece(args: argparse.Namespace, began: float, files: int) -> None:
     share of it some run held the device alone for timing, to OUT/pieces.json."""
     from kernelbrain.store import open_store
 
-    from kernelbrain.views.batch import alone_spans
+    from kernelbrain.views.batch import alone_spans, alone_within
 
     ended = time.time()
     busy = 0.0
     if args.db.exists():
         with open_store(str(args.db), create=False, readonly=True) as store:
             for spans in alone_spans(store.read(types=["BudgetCharged"])).values():
-                busy += sum(max(0.0, min(b, ended) - max(a, began)) for a, b, _ in spans)
+                busy += alone_within(spans, began, ended)
     path = args.out / "pieces.json"
     pieces = load(path)["pieces"] if path.exists() else []
     pieces.append({"began": began, "wall_s": ended - began, "timed_alone_s": busy, "files": files})

@@ -94,7 +94,7 @@ def start_batch(
 ) -> None:
     """One run a readable problem file, all of one new batch, driven by one pool; a file refused before
     its run could start gets its row (and EXIT_PROBLEM), the others run."""
-    from kernelbrain.core.problem import ProblemError, read_problem
+    from kernelbrain.core.problem import ProblemError
     from kernelbrain.runtime.batch import new_batch_id
     from kernelbrain.views import batch as batch_view
 
@@ -104,12 +104,10 @@ def start_batch(
     run_ids: list[str] = []
     with open_store(db, create=True) as store:
         for path in paths:
-            try:
-                read_problem(path)
+            try:  # start_run reads the file and checks it first
+                run_ids.append(start_run(store, str(path), config))
             except ProblemError as e:
                 refused.append(batch_view.refused(str(path), str(e).splitlines()[0]))
-                continue
-            run_ids.append(start_run(store, str(path), config))
     if as_json:  # the batch first, as a run's JSON starts with its RunStarted: a reader has its ids
         from kernelbrain.views import progress
 

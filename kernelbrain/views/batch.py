@@ -167,13 +167,18 @@ def batch_status(store: Store, batch: str) -> dict[str, Any]:
     }
 
 
+def alone_within(spans: list[tuple[float, float, str]], since: float, until: float) -> float:
+    """The seconds of the spans (alone_spans') that fall between `since` and `until`."""
+    return sum(max(0.0, min(b, until) - max(a, since)) for a, b, _ in spans)
+
+
 def timed_share(store: Store, run_ids: list[str], since: float, until: float) -> str:
     """The devices' timed share of the batch's wall time, as a line (from the runs' BudgetCharged)."""
     chosen = set(run_ids)
     raws = [raw for raw in store.read(types=["BudgetCharged"]) if raw.run_id in chosen]
     parts = []
     for device, spans in alone_spans(raws).items():
-        busy = sum(max(0.0, min(b, until) - max(a, since)) for a, b, _ in spans)
+        busy = alone_within(spans, since, until)
         wall = max(until - since, 1e-9)
         parts.append(f"{device} {busy:.1f} s of {wall:.1f} s ({100 * busy / wall:.0f}%)")
     return "device held alone for timing: " + ("; ".join(parts) if parts else "never")
