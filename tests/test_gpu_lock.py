@@ -134,3 +134,80 @@ def test_what_times_holds_the_gpu_alone(monkeypatch: pytest.MonkeyPatch) -> None
     assert not issubclass(GateRequest, TIMED)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,1")
     assert gpu_lock.gpu_name(None) == "3" and gpu_lock.gpu_name(2) == "2"
+
+
+def test_a_shared_hold_goes_alone_once_the_others_let_go(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("KB_LOCKS", str(tmp_path))
+    other = hold(tmp_path, False, 1.5)
+    try:
+        start = time.monotonic()
+        with gpu_lock.held("0", alone=False) as mine:
+            assert time.monotonic() - start < 1.0  # shared beside the other
+            mine.go_alone()
+            assert time.monotonic() - start > 1.0 and mine.alone
+        out = other.communicate(timeout=10)[0].split()
+        assert mine.since >= float(out[-1])  # alone from when the other let go, not before
+    finally:
+        other.kill()
+
+
+def waiting_alone(locks: Path) -> bool:
+    """Whether a request waits to hold GPU 0 alone: it holds the turnstile while it does."""
+    with open(locks / "gpu-cpu.turnstile", "a+") as gate:
+        try:
+            fcntl.flock(gate, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        fcntl.flock(gate, fcntl.LOCK_UN)
+        return False
+
+
+def test_a_rung_prepares_sharing_the_device_and_times_alone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A rung's child builds, loads and warms while another request holds the device (a gate), then
+    waits for it; its hold is alone from when that request ended, so the timed span it records leaves
+    the preparation out."""
+    from kernelbrain.runtime.sandbox import Sandbox
+
+    here = Path(__file__).resolve().parent
+    monkeypatch.setenv("KB_LOCKS", str(tmp_path))
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLDER.replace('"0"', '"cpu"'), str(tmp_path), "shared", "stdin"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    box = Sandbox("cpu", fresh_untrusted=False)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        request = BenchRequest(
+            problem_source=(here / "problems" / "softmax_small.py").read_text(),
+            cand_source=(here / "candidates" / "good_softmax.py").read_text(),
+            device="cpu",
+            which="smallest",
+            repeats=2,
+            warmup=1,
+        )
+        started = time.time()
+        bench = threading.Thread(target=box.call, args=(request,), kwargs={"timeout_s": 300})
+        bench.start()
+        deadline = time.monotonic() + 240
+        while not waiting_alone(tmp_path):  # the child prepared beside the holder: it waits to time
+            assert bench.is_alive() and time.monotonic() < deadline
+            time.sleep(0.05)
+        time.sleep(1.0)
+        assert box.last_hold is not None and not box.last_hold.alone
+        assert holder.stdin is not None
+        holder.stdin.write("\n")
+        holder.stdin.flush()
+        released = float(holder.communicate(timeout=30)[0].split()[-1])
+        bench.join(timeout=240)
+        hold = box.last_hold
+        assert hold.alone and hold.since >= released > started and hold.to >= hold.since
+        assert box.bench_phases["bench.wait"] >= 1.0  # the child waited, prepared, for the device
+    finally:
+        holder.kill()
+        box.close()

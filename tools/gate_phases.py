@@ -4,7 +4,7 @@ comparison, the whole gate with the worker's part), then, with --bench, each pas
 smallest rung (the child's seconds, the judge's clean reference timings and how many). A run's figures
 per candidate are BudgetCharged's; this splits them.
 
-    python3 tools/gate_phases.py RUN.db [--device cuda] [--limit 8] [--bench]
+    python3 tools/gate_phases.py RUN.db [--run ID] [--device cuda] [--limit 8] [--bench]
 """
 
 from __future__ import annotations
@@ -19,13 +19,16 @@ from kernelbrain.core.protocol import BenchRequest, GateRequest
 from kernelbrain.runtime.sandbox import Sandbox, SandboxFault
 
 
-def sources(db: Path) -> tuple[str, list[str]]:
+def sources(db: Path, run: str = "") -> tuple[str, list[str]]:
+    """The problem's source and the candidates' of the first run whose id holds `run`."""
     con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
 
     def blob(h: str) -> str:
         return bytes(con.execute("SELECT data FROM blobs WHERE hash = ?", (h,)).fetchone()[0]).decode()
 
-    rows = [json.loads(p) for t, p in con.execute("SELECT type, payload FROM events ORDER BY seq") if t]
+    ids = [r for (r,) in con.execute("SELECT DISTINCT run_id FROM events ORDER BY seq") if run in r]
+    query = "SELECT payload FROM events WHERE run_id = ? ORDER BY seq"
+    rows = [json.loads(p) for (p,) in con.execute(query, (ids[0],))]
     started = next(r for r in rows if "problem_hash" in r)
     cands = [blob(r["source"]) for r in rows if "generator" in r and "source" in r]
     return blob(started["problem_hash"]), cands
@@ -35,11 +38,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("db", type=Path)
     ap.add_argument("--device", default="cuda")
+    ap.add_argument("--run", default="", help="the run (a part of its id) where the file holds several")
     ap.add_argument("--limit", type=int, default=8)
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--bench", action="store_true", help="and time each passing one at rung 0 (10, 3)")
     args = ap.parse_args()
-    problem, cands = sources(args.db)
+    problem, cands = sources(args.db, args.run)
     box = Sandbox(args.device)
     phases: list[dict[str, float]] = []
     try:

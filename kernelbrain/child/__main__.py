@@ -105,7 +105,8 @@ def main() -> None:
 
     from kernelbrain.child import marks
 
-    marks.channel(out.write)  # the timed batches' marks go on the protocol pipe, between replies
+    # the timed batches' marks go on the protocol pipe, between replies; `ready` reads the answer
+    marks.channel(out.write, lambda n: _read_exact(inp, n))
     import kernelbrain.child.ops  # imports torch and Triton: after the protocol is safe
 
     warm = os.environ.get("KB_WARM_CUDA")  # "first": a spare's, at its first request (under the GPU lock)

@@ -25,7 +25,7 @@ from kernelbrain.child.loading import (
     load_module,
     outputs,
 )
-from kernelbrain.child.marks import mark
+from kernelbrain.child.marks import mark, ready
 from kernelbrain.child.screen import CHANGED, screen
 from kernelbrain.child.steps import Steps
 from kernelbrain.core import handoff
@@ -272,6 +272,9 @@ def bench(
             for i in range(warmup):
                 ref(*inputs.load(i))
                 new(*inputs.load(i))
+            steps.done("warmup")
+            ready()  # the device alone from here (child/marks.py): what was prepared is timed
+            steps.done("wait")
             ref_t, new_t = [], []
             calls = timer.calls_for(lambda f=ref, a=live: f(*a), lambda f=new, a=live: f(*a))
             inputs.use_slots(calls)
@@ -280,8 +283,6 @@ def bench(
 
             def call(f: Any = new, out: list[Any] = last, r: Rotation = inputs) -> None:
                 out[0] = f(*r.next())
-
-            steps.done("warmup")
 
             # the interpreter leaves garbage behind: no collection may land inside a timed call
             _collect()
@@ -426,6 +427,7 @@ def duel(
             for i in range(warmup):
                 na(*inputs.load(i))
                 nb(*inputs.load(i))
+            ready()
             calls = timer.calls_for(lambda f=na, a=live: f(*a), lambda f=nb, a=live: f(*a))
             inputs.use_slots(calls)
             times: dict[str, list[float]] = {"A": [], "B": []}

@@ -19,6 +19,8 @@ from kernelbrain.core.events import GateCategory, ShapeTiming
 from kernelbrain.core.graph import Graph
 
 HEADER = struct.Struct("<I")
+# the worker's answer to a child's `ready` mark (child/marks.py): the device is held alone, time now
+GO = b"go"
 # the environment variable that names, to a bubblewrap child, the read-only folder of shared compiled
 # kernels behind its own Triton cache (runtime/triton_cache.py keeps it, child/shared_cache.py reads it)
 TRITON_SHARED_ENV = "KB_TRITON_SHARED"

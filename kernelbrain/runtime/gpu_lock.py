@@ -11,17 +11,20 @@ gatekeepers, one gate always running, would keep the benchmarker waiting for eve
 passes a turnstile first, which a timing request holds while it waits.
 
 `held` yields the wall-clock moments the lock was taken and let go (`Hold`): a timed task records them,
-so the log shows when each device was held alone, and that no two timings ever overlapped."""
+so the log shows when each device was held alone, and that no two timings ever overlapped. A rung or a
+duel prepares shared (its child builds the modules, draws the inputs, loads the kernels) and goes alone
+when its child is ready to time (`Hold.go_alone`): another task's timing runs while it prepares."""
 
 from __future__ import annotations
 
 import fcntl
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO
 
 
 def folder() -> Path:
@@ -45,12 +48,20 @@ def device_name(device: str, gpu: int | None) -> str:
 
 @dataclass
 class Hold:
-    """When the lock was taken and let go (time.time(); `to` is 0 while it is held)."""
+    """When the lock was taken and let go (time.time(); `to` is 0 while it is held); where a shared hold
+    went alone, `since` is when it did."""
 
     device: str
     alone: bool
     since: float = 0.0
     to: float = 0.0
+    _alone: Callable[[], None] | None = field(default=None, repr=False, compare=False)
+
+    def go_alone(self) -> None:
+        """Hold the device alone from now until the hold ends: the shared lock is let go, then the
+        exclusive one taken through the turnstile (a no-op where it is held alone already)."""
+        if not self.alone and self._alone is not None:
+            self._alone()
 
 
 @contextmanager
@@ -58,16 +69,26 @@ def held(device: str, *, alone: bool) -> Iterator[Hold]:
     """The lock of `device`, exclusive where `alone`, shared otherwise, for the body's duration."""
     locks = folder()
     locks.mkdir(parents=True, exist_ok=True)
-    hold = Hold(device, alone)
     with open(locks / f"gpu-{device}.turnstile", "a+") as gate, open(locks / f"gpu-{device}.lock", "a+") as f:
-        fcntl.flock(gate, fcntl.LOCK_EX)  # a timing request waiting holds this: later ones queue here
-        try:
-            fcntl.flock(f, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
-        finally:
-            fcntl.flock(gate, fcntl.LOCK_UN)
+
+        def go_alone() -> None:
+            fcntl.flock(f, fcntl.LOCK_UN)
+            _take(gate, f, alone=True)
+            hold.alone, hold.since = True, time.time()
+
+        hold = Hold(device, alone, _alone=go_alone)
+        _take(gate, f, alone=alone)
         hold.since = time.time()
         try:
             yield hold
         finally:
             hold.to = time.time()
             fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _take(gate: IO[str], f: IO[str], *, alone: bool) -> None:
+    fcntl.flock(gate, fcntl.LOCK_EX)  # a timing request waiting holds this: later ones queue here
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+    finally:
+        fcntl.flock(gate, fcntl.LOCK_UN)

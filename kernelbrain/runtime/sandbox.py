@@ -35,6 +35,7 @@ import kernelbrain
 from kernelbrain.core import descriptors
 from kernelbrain.core.events import GateCategory
 from kernelbrain.core.protocol import (
+    GO,
     HEADER,
     TRITON_SHARED_ENV,
     BenchRequest,
@@ -70,6 +71,8 @@ R = TypeVar("R", bound=Message)
 
 # what times or profiles on the GPU: no other request may run there meanwhile (runtime/gpu_lock.py)
 TIMED = (BenchRequest, DuelRequest, ReferenceTimeRequest, RooflineRequest, NcuRequest)
+# of those, what prepares sharing the device and holds it alone from its child's `ready` (child/marks.py)
+PREPARED = (BenchRequest, DuelRequest)
 # what reads a candidate child's outputs: the only requests its descriptors are sent with (any other judge
 # request in between, a launcher build, ends by closing what it was sent)
 READS_OUTPUTS = (JudgeRequest, KeptRequest)
@@ -112,6 +115,7 @@ class Sandbox:
         self.tmp: Path | None = None
         self.executions = 0
         self.last_hold: gpu_lock.Hold | None = None  # the device lock's last hold (call)
+        self.hold: gpu_lock.Hold | None = None  # the one a call holds now: a child's `ready` goes alone
         self.stderr_mark = 0
         self.isolation: isolation.Isolation | None = None  # chosen when the first child starts
         self.writable = writable  # host paths beside its own folder the child may write (tests' logs)
@@ -247,10 +251,13 @@ class Sandbox:
         (runtime/reference_retiming.py). `own_code`: its candidates are kb's own template code. On a
         The request holds its device's lock, alone where it times or profiles; `last_hold` says when."""
         try:
-            timed = isinstance(request, TIMED)
-            with gpu_lock.held(gpu_lock.device_name(self.device, self.gpu), alone=timed) as hold:
-                self.last_hold = hold
-                reply, busy = self._dispatch(request, timeout_s=timeout_s, task=task, own_code=own_code)
+            alone = isinstance(request, TIMED) and not isinstance(request, PREPARED)
+            with gpu_lock.held(gpu_lock.device_name(self.device, self.gpu), alone=alone) as hold:
+                self.last_hold = self.hold = hold
+                try:
+                    reply, busy = self._dispatch(request, timeout_s=timeout_s, task=task, own_code=own_code)
+                finally:
+                    self.hold = None
         finally:
             if self.untrusted(request, own_code):  # its child goes (also where kb's side raised)
                 self.recycle_due = self.recycle_due or self.proc is not None
@@ -403,6 +410,11 @@ class Sandbox:
                 document, when = self._read(deadline, timeout_s)
                 if not (isinstance(document, dict) and document.keys() == {"mark"}):
                     break
+                if document["mark"] == "ready":
+                    deadline += self._ready()
+                    continue
+                if self.hold is not None and not self.hold.alone:
+                    raise self._fault("policy", "the child timed a batch before it was ready (not kb's code)")
                 if len(self.marks) >= MAX_MARKS:
                     raise self._fault("crash", f"the child sent over {MAX_MARKS} batch marks")
                 self.marks.append((str(document["mark"]), when))
@@ -451,6 +463,20 @@ class Sandbox:
             self.judge.incoming += given
         else:
             descriptors.close_all(given)
+
+    def _ready(self) -> float:
+        """The child is ready to time: the call's hold goes alone (it prepared sharing the device) and the
+        child is told to go on. The seconds it waited for the device, which its deadline does not count."""
+        t0 = time.monotonic()
+        if self.hold is not None:
+            self.hold.go_alone()
+        assert self.proc and self.proc.stdin
+        try:
+            self.proc.stdin.write(HEADER.pack(len(GO)) + GO)
+            self.proc.stdin.flush()
+        except BrokenPipeError:
+            raise self._death() from None
+        return time.monotonic() - t0
 
     def _read(self, deadline: float, timeout_s: float) -> tuple[object, float]:
         """The child's next frame, as the JSON document it holds, and this worker's monotonic clock when

@@ -29,11 +29,13 @@ def worker_processes(device: str, generator: str) -> tuple[str, ...]:
 def pool_processes(device: str, generator: str, cpus: int) -> list[str]:
     """The worker processes `kb run` starts for a batch, by role or crew name (a name may repeat). On a
     GPU: the roles whose work is the host's (analysis, compiles, gates at fitted shapes) spread over its
-    cores, one benchmarker and one profiler (what they do holds the GPU alone: a second would only
-    wait), one scheduler. On a CPU one process steps every role per core (the interpreter is the work)."""
+    cores; two benchmarkers, one preparing its rung (sharing the GPU) while the other times (alone:
+    runtime/gpu_lock.py); one profiler (a profile holds the GPU alone throughout); one scheduler. On a
+    CPU one process steps every role per core (the interpreter is the work)."""
     if device == "cuda":
         generators = ["generator"] * max(1, cpus // 8)
-        return [*generators, *["gatekeeper"] * max(1, cpus // 4), "benchmarker", "profiler", "scheduler"]
+        benchmarkers = ["benchmarker"] * 2
+        return [*generators, *["gatekeeper"] * max(1, cpus // 4), *benchmarkers, "profiler", "scheduler"]
     if generator == "llm":
         return ["generator", *["candidates"] * max(1, cpus), "scheduler"]
     return ["all"] * max(1, cpus)
