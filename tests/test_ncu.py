@@ -108,3 +108,36 @@ def test_the_command_keeps_clocks_and_profiles_one_forward():
     assert cmd[cmd.index("--clock-control") + 1] == "none"
     assert cmd[cmd.index("--profile-from-start") + 1] == "off"
     assert cmd[-5:] == ["python3", "-m", "kernelbrain.child.ncu_target", "p.py", "c.py"]
+
+
+TARGET = """
+import sys, time
+from pathlib import Path
+from kernelbrain.core.nsight import ready
+print("warm", time.time(), flush=True)
+ready(Path.cwd())
+print("profiled", time.time())
+"""
+
+
+def test_the_profiled_range_waits_for_go_and_the_rest_does_not(tmp_path: Path, monkeypatch) -> None:
+    """ncu's target says ready once warm and goes on only when its child, having asked its worker for the
+    GPU alone (child/marks.py), says go: a worker's answer that takes 3 s holds the profiled range
+    back 3 s, and the seconds it waited do not count against the timeout."""
+    import sys
+    import time
+
+    from kernelbrain.child import marks, profile
+
+    asked: list[float] = []
+
+    def worker_answers() -> None:  # the worker's side: the GPU is had alone 3 s later
+        asked.append(time.time())
+        time.sleep(3.0)
+
+    monkeypatch.setattr(marks, "ready", worker_answers)
+    code, out, err = profile.run_ready([sys.executable, "-c", TARGET], tmp_path, timeout_s=2.5)
+    assert code == 0, err
+    (_, warm), (_, profiled) = (line.split() for line in out.splitlines())
+    assert len(asked) == 1 and float(warm) <= asked[0] and float(profiled) >= asked[0] + 3.0
+    assert (tmp_path / "ready").exists() and (tmp_path / "go").exists()

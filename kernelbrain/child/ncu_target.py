@@ -1,7 +1,9 @@
 """The program Nsight Compute profiles: `python -m kernelbrain.child.ncu_target PROBLEM CANDIDATE`.
 
 Warms the candidate up at the primary shape, then runs one forward between cudaProfilerStart and
-cudaProfilerStop, so `ncu --profile-from-start off` sees exactly the kernels of one call.
+cudaProfilerStop, so `ncu --profile-from-start off` sees exactly the kernels of one call. Between the two
+it says it is ready (a file `ready` in its folder) and waits for `go`: the worker holds the GPU alone
+from then (child/profile.py), and shared it while this imported, built and warmed up.
 """
 
 from __future__ import annotations
@@ -10,6 +12,8 @@ import sys
 from pathlib import Path
 
 import torch
+
+from kernelbrain.core import nsight
 
 
 def main(problem_path: str, candidate_path: str) -> None:
@@ -24,6 +28,7 @@ def main(problem_path: str, candidate_path: str) -> None:
         for _ in range(3):  # compile and autotune outside the profiled range
             new(*inputs)
         torch.cuda.synchronize()
+        nsight.ready(Path.cwd())
         torch.cuda.profiler.start()
         new(*inputs)
         torch.cuda.synchronize()

@@ -96,11 +96,41 @@ def ncu(problem_source: str, cand_source: str, device: str, timeout_s: float = 4
     (workdir / "candidate.py").write_text(cand_source)
     cmd = nsight.command(sys.executable, str(workdir / "problem.py"), str(workdir / "candidate.py"))
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, cwd=workdir)
+        code, out, err = run_ready(cmd, workdir, timeout_s)
     except subprocess.TimeoutExpired:
         return {"error": f"ncu took longer than {timeout_s:g} s"}
     try:
-        metrics, kernels = nsight.parse(proc.stdout)
+        metrics, kernels = nsight.parse(out)
     except nsight.NcuError as e:
-        return {"error": f"{e} (exit {proc.returncode}): {proc.stderr.strip()[-300:]}"}
-    return {"metrics": metrics, "kernels": kernels, "raw": proc.stdout}
+        return {"error": f"{e} (exit {code}): {err.strip()[-300:]}"}
+    return {"metrics": metrics, "kernels": kernels, "raw": out}
+
+
+def run_ready(cmd: list[str], workdir: Path, timeout_s: float) -> tuple[int, str, str]:
+    """`cmd` run in `workdir` to its end: its exit code, stdout and stderr. When its target says ready
+    (child/ncu_target.py) the worker is told (child/marks.py) and, holding the GPU alone, answers; the
+    target is then told to go on. `timeout_s` leaves out the wait for the GPU."""
+    import subprocess
+    import time
+
+    from kernelbrain.child import marks
+    from kernelbrain.core.nsight import GO, READY
+
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=workdir)
+    deadline = time.monotonic() + timeout_s
+    went = False
+    while True:
+        try:
+            out, err = proc.communicate(timeout=0.02)  # retried, it loses no output
+            return proc.returncode, out, err
+        except subprocess.TimeoutExpired:
+            if not went and (workdir / READY).exists():
+                t0 = time.monotonic()
+                marks.ready()
+                deadline += time.monotonic() - t0
+                (workdir / GO).touch()
+                went = True
+            if time.monotonic() > deadline:
+                proc.kill()
+                proc.communicate()
+                raise

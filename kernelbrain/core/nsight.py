@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import csv
 import io
+import time
 from collections import defaultdict
+from pathlib import Path
 
 # our name -> Nsight Compute metric
 METRICS = {
@@ -52,6 +54,17 @@ def command(python: str, problem_file: str, candidate_file: str) -> list[str]:
         "--print-units", "base", "--metrics", ",".join(METRICS.values()),
         python, "-m", "kernelbrain.child.ncu_target", problem_file, candidate_file,
     ]  # fmt: skip
+
+
+READY, GO = "ready", "go"  # the target's handshake with the child that runs ncu: files in ncu's folder
+
+
+def ready(folder: Path, poll_s: float = 0.005) -> None:
+    """The target's side: what is profiled next is warm; wait for the child's `go` (the worker holds the
+    GPU alone from then, child/profile.py)."""
+    (folder / READY).touch()
+    while not (folder / GO).exists():
+        time.sleep(poll_s)
 
 
 def _number(text: str) -> float | None:
