@@ -23,6 +23,7 @@ from kernelbrain.runtime.batch import batch_runs, problem_paths
 from kernelbrain.views.batch import alone_spans
 from tests.invariants import check_run
 from tests.kbcli import ROOT, kb, kb_env
+from tools import timed_spans
 
 PROBLEMS = ROOT / "tests" / "problems"
 RUN = ["--device", "cpu", "--max-candidates", "2", "--ladder", "smallest:2:0,primary:2:0"]
@@ -94,6 +95,9 @@ def test_a_folder_runs_as_one_batch_killed_and_resumed(tmp_path: Path) -> None:
     assert len(cpu) >= 6, cpu  # two rungs of two candidates each, three runs (some lost to the kill)
     for (_, end, task), (begin, _, later) in itertools.pairwise(cpu):
         assert end <= begin, f"{task} and {later} held the device alone at once"
+    summed = timed_spans.spans(db)  # the tool that reads where a sweep's GPU time went agrees
+    assert summed["overlaps"] == 0 and summed["by_kind_s"]["rung"] > 0 and 0 < summed["alone_share"] < 1
+    assert abs(summed["alone_s"] - sum(b - a for a, b, _ in cpu)) < 1e-6
 
 
 def test_a_batch_of_only_refused_files_exits_as_the_problems_fault(tmp_path: Path) -> None:

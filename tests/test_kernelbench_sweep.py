@@ -113,6 +113,10 @@ def test_the_sweep_resumes_times_winners_and_names_every_miss(tmp_path):
     times = soft["timing"]["times"]
     assert {"eager", "kb"} <= set(times) and times["kb"]["max_abs_err_vs_eager"] < 1e-4
     assert soft["speedup"]["vs_eager"] == times["eager"]["median_s"] / times["kb"]["median_s"]
+    # the winner's timing held the device alone (kb's lock), and the piece counts that span as timed
+    since, to = soft["timing"]["alone"]
+    piece = json.loads((out / "pieces.json").read_text())["pieces"][-1]
+    assert piece["began"] < since < to and piece["timed_alone_s"] >= to - since
     unmatched = json.loads((out / "level1" / "2_Sort.json").read_text())
     assert unmatched["winner"] is None and unmatched["miss"] == "no offline template", unmatched
     refused = json.loads((out / "level1" / "3_NoInputs.json").read_text())

@@ -12,7 +12,9 @@ analyses, compiles and gates, the GPU is held alone for each timing), runs left 
 their batch (`kb resume BATCH`). Started again, it skips what has a result, so the sweep can be spread
 over device calls of 10 minutes and over days: --time-limit-s stops it in time (kb is sent SIGTERM, its
 own resumable stop; so it is when the sweep itself gets SIGTERM or SIGINT, which then exits 130
-without timing anything). Every winner is timed alone, afterwards.
+without timing anything). Each winner is timed as its run ends, while the other runs go on: the
+`measure` process imports and builds beside them, then holds the device alone (kb's device lock, the
+one the runs' timing takes) from its first draw to its last sample.
 
 Writes OUT/levelN/STEM.json per problem and OUT/README.md: per problem the family kb matched, what the
 gate said, the winner's speedup over eager and over torch.compile, or why there is none; per level
@@ -52,6 +54,7 @@ from tools.h200_records import dump, load  # noqa: E402
 REFUSED = {"run_id": None, "finished": True, "families": [], "candidates": 0, "gate_passed": 0}
 REFUSED |= {"gate_failed": {}, "winner": None, "winner_family": None, "gpu_s": 0.0, "speedup": {}}
 STOPPED = threading.Event()  # the sweep got SIGTERM or SIGINT: stop the runs in flight, start none
+POLL_S = 2.0  # while the runs go on, how often the sweep looks for one that ended
 EXIT_PROBLEM = 4  # kb run's code for a problem file it refused (kernelbrain.views.ending)
 COMMAND = "python tools/kernelbench_sweep.py --kernelbench {dir} --levels {levels}"
 
@@ -114,11 +117,9 @@ def kb_run_command(files: list[Path], db: Path, args: argparse.Namespace) -> lis
     return cmd + (["--allow-torch", args.allow_torch] if args.allow_torch else [])
 
 
-def drive(files: list[Path], db: Path, args: argparse.Namespace, deadline: float) -> dict[Path, str]:
-    """The files' runs, through kb's pool: the unfinished ones resumed (a batch at a time; alone, a run an
-    older sweep started alone), then the rest started as one batch. Per file, kb's line where it refused
-    the file (no run was started)."""
-    kb = [sys.executable, "-m", "kernelbrain"]
+def plan(files: list[Path], db: Path, args: argparse.Namespace) -> tuple[list[str], list[Path]]:
+    """What the files need: the batches or runs to resume (an older sweep's unfinished runs, a batch at a
+    time, or alone where a run was started alone), and the files to start as one batch."""
     resume: dict[str, None] = {}  # batch or run ids, in order
     start: list[Path] = []
     for path in files:
@@ -130,6 +131,15 @@ def drive(files: list[Path], db: Path, args: argparse.Namespace, deadline: float
             start.append(path)
         elif not _finished(db, run_id):
             resume[_batch_of(db, run_id) or run_id] = None
+    return list(resume), start
+
+
+def drive(
+    resume: list[str], start: list[Path], db: Path, args: argparse.Namespace, deadline: float
+) -> dict[Path, str]:
+    """The runs through kb's pool: `resume` resumed, then `start` started as one batch. Per file, kb's
+    line where it refused the file (no run was started)."""
+    kb = [sys.executable, "-m", "kernelbrain"]
     for ident in resume:
         if time.monotonic() < deadline and not STOPPED.is_set():
             kb_call([*kb, "resume", ident, "--db", str(db), "--quiet"], deadline)
@@ -248,6 +258,7 @@ def measure_winner(problem_file: Path, db: Path, run_id: str, out: Path, repeats
     from kernelbrain.store import open_store
 
     from kernelbrain.child.loading import Problem, build, load_module
+    from kernelbrain.runtime import gpu_lock
     from kernelbrain.runtime.runner import load_state
     from tools.h200_compare import side_by_side
 
@@ -263,8 +274,12 @@ def measure_winner(problem_file: Path, db: Path, run_id: str, out: Path, repeats
     for key, mode in COMPILE_MODES.items():
         if device == "cuda" or mode == "default":
             fns[key] = torch.compile(build(problem, None, shape, device)[0], mode=mode)
-    rows, calls, draws = side_by_side(problem, shape, device, fns, repeats, problem_file.stem)
+    # alone on the device from the first draw: the compiles autotune by timing, and no run's child may
+    # start to allocate beside the draws sized to the free memory
+    with gpu_lock.held(gpu_lock.device_name(device, None), alone=True) as hold:
+        rows, calls, draws = side_by_side(problem, shape, device, fns, repeats, problem_file.stem)
     timing = {"shape": "file's own", "calls": calls, "draws": draws, "repeats": repeats, "device": device}
+    timing["alone"] = [hold.since, hold.to]
     dump(out, {**timing, "gpu": gpu_info(device), "times": rows})
 
 
@@ -312,19 +327,20 @@ def timed(problem_file: Path, db: Path, run_id: str, args: argparse.Namespace, d
     scratch = Path(tempfile.mkdtemp(prefix="kb-sweep-")) / f"{problem_file.stem}.json"
     cmd = [sys.executable, __file__, "measure", str(problem_file), "--db", str(args.db), "--run", run_id]
     cmd += ["--to", str(scratch), "--repeats", str(args.repeats), "--device", args.device or _device()]
-    try:
-        r = subprocess.run(cmd, capture_output=True, text=True, timeout=_left(deadline))
-    except subprocess.TimeoutExpired:
-        return {"error": "timing did not finish before the sweep's time limit"}
-    if r.returncode != 0 or not scratch.exists():
-        tail = (r.stderr.strip().splitlines() or ["no output"])[-1]
-        return {"error": f"timing failed (exit {r.returncode}): {tail[:300]}"}
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    while True:
+        try:
+            _, err = proc.communicate(timeout=0.25)  # retried, it loses no output
+            break
+        except subprocess.TimeoutExpired:
+            if STOPPED.is_set() or time.monotonic() >= deadline:  # timed again by the next sweep
+                proc.kill()
+                proc.communicate()
+                return {"error": "timing did not finish before the sweep's time limit or its stop"}
+    if proc.returncode != 0 or not scratch.exists():
+        tail = (err.strip().splitlines() or ["no output"])[-1]
+        return {"error": f"timing failed (exit {proc.returncode}): {tail[:300]}"}
     return load(scratch)
-
-
-def _left(deadline: float) -> float | None:
-    """Seconds to the deadline (at least one), None for no deadline."""
-    return None if deadline == float("inf") else max(1.0, deadline - time.monotonic())
 
 
 def _device() -> str:
@@ -359,6 +375,7 @@ def sweep(args: argparse.Namespace) -> None:
     # results decided by kb code that has changed since: their files run again (new runs), the old
     # results kept until replaced
     args.stale = {p for lv, p in files if _stale(result_path(args.out, lv, p))}
+    args.measured = []  # the spans each winner's timing held the device alone
     todo = [
         (lv, p)
         for lv, p in files
@@ -377,38 +394,72 @@ def sweep(args: argparse.Namespace) -> None:
 
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: STOPPED.set())
-    refused = drive([p for _, p in todo], args.db, args, runs_until)
-    for level, path in todo:  # timed one at a time, nothing else running
-        run_id = run_for(args.db, path)
-        result = {"level": level, "problem": path.stem, "file": f"level{level}/{path.name}"}
-        if run_id is None:
-            if path in refused:  # kb refused the file before recording a run: its line says why
-                print(f"level{level}/{path.name}: kb refused it: {refused[path][:160]}", flush=True)
-                result |= {**REFUSED, "miss": f"kb refused the file: {refused[path]}", "gpu": args.gpu}
-                result["code"] = result_code(result)
-                dump(result_path(args.out, level, path), result)
-            continue  # not started: the time limit, or a stop
-        ended = _finished(args.db, run_id)
-        print(
-            f"level{level}/{path.name}: {'ended' if ended else 'stopped, resumable'} ({run_id})", flush=True
-        )
-        result |= outcome(args.db, run_id)
-        if not result["finished"]:
-            continue  # stopped by the time limit: resumed next time
-        result |= {"gpu": args.gpu, "code": result_code(result)}
-        if result["winner"]:
-            if time.monotonic() >= deadline or STOPPED.is_set():
-                continue  # timed by the next sweep (its run is finished: nothing is run again)
-            result["timing"] = timed(path, args.db, run_id, args, deadline)
-            if "error" in result["timing"] and "time limit" in result["timing"]["error"]:
-                continue
-        result["speedup"] = speedups(result)
-        dump(result_path(args.out, level, path), result)
+    resume, start = plan([p for _, p in todo], args.db, args)
+    # a file started anew counts only its new run: the one it had (stale, unmatched, --fresh) is not it
+    old = {path: run_for(args.db, path) for path in start}
+    refused: dict[Path, str] = {}
+    runner = threading.Thread(
+        target=lambda: refused.update(drive(resume, start, args.db, args, runs_until)), daemon=True
+    )
+    runner.start()
+    left = list(todo)
+    while runner.is_alive():  # each winner timed as its run ends, while the other runs go on
+        left = [row for row in left if not settle(*row, old, refused, args, deadline, ended_only=True)]
+        runner.join(timeout=POLL_S)
+    for row in left:
+        settle(*row, old, refused, args, deadline, ended_only=False)
     record_piece(args, began, len(todo))
     table(args)
     if STOPPED.is_set():
         print("stopped by a signal: the same command goes on where this one stopped", flush=True)
         raise SystemExit(130)
+
+
+def settle(
+    level: int,
+    path: Path,
+    old: dict[Path, str | None],
+    refused: dict[Path, str],
+    args: argparse.Namespace,
+    deadline: float,
+    *,
+    ended_only: bool,
+) -> bool:
+    """The file's result written, its winner timed first (`measure`, holding the device alone while it
+    times: the runs still going wait), where its run has ended; whether the file needs no more from this
+    sweep. `ended_only`: while the runs go on, a file whose run has not ended waits."""
+    run_id = run_for(args.db, path)
+    if run_id is not None and path in old and run_id == old[path]:
+        run_id = None  # not started anew yet
+    result: dict[str, Any] = {"level": level, "problem": path.stem, "file": f"level{level}/{path.name}"}
+    if run_id is None:
+        if ended_only:
+            return False
+        if path in refused:  # kb refused the file before recording a run: its line says why
+            print(f"level{level}/{path.name}: kb refused it: {refused[path][:160]}", flush=True)
+            result |= {**REFUSED, "miss": f"kb refused the file: {refused[path]}", "gpu": args.gpu}
+            result["code"] = result_code(result)
+            dump(result_path(args.out, level, path), result)
+        return True  # not started: the time limit, or a stop
+    ended = _finished(args.db, run_id)
+    if ended_only and not ended:
+        return False
+    print(f"level{level}/{path.name}: {'ended' if ended else 'stopped, resumable'} ({run_id})", flush=True)
+    result |= outcome(args.db, run_id)
+    if not result["finished"]:
+        return True  # stopped by the time limit: resumed next time
+    result |= {"gpu": args.gpu, "code": result_code(result)}
+    if result["winner"]:
+        if time.monotonic() >= deadline or STOPPED.is_set():
+            return True  # timed by the next sweep (its run is finished: nothing is run again)
+        result["timing"] = timed(path, args.db, run_id, args, deadline)
+        if "error" in result["timing"] and "the sweep's time limit" in result["timing"]["error"]:
+            return True
+        if alone := result["timing"].get("alone"):
+            args.measured.append(alone)
+    result["speedup"] = speedups(result)
+    dump(result_path(args.out, level, path), result)
+    return True
 
 
 def record_piece(args: argparse.Namespace, began: float, files: int) -> None:
@@ -419,7 +470,7 @@ def record_piece(args: argparse.Namespace, began: float, files: int) -> None:
     from kernelbrain.views.batch import alone_spans, alone_within
 
     ended = time.time()
-    busy = 0.0
+    busy = alone_within([(a, b, "measure") for a, b in args.measured], began, ended)
     if args.db.exists():
         with open_store(str(args.db), create=False, readonly=True) as store:
             for spans in alone_spans(store.read(types=["BudgetCharged"])).values():
@@ -436,7 +487,11 @@ def pieces_line(out: Path) -> str:
     pieces = load(path)["pieces"] if path.exists() else []
     wall = sum(p["wall_s"] for p in pieces)
     busy = sum(p["timed_alone_s"] for p in pieces)
-    share = f", the device held alone for the runs' timing {100 * busy / wall:.0f}% of it" if wall else ""
+    share = (
+        f", the device held alone for timing (the runs' and the winners') {100 * busy / wall:.0f}% of it"
+        if wall
+        else ""
+    )
     return f"The sweep took {wall / 60:.1f} minutes of wall time over {len(pieces)} pieces{share}."
 
 

@@ -1,0 +1,72 @@
+"""Where a database's GPU time went: the spans each task held its device alone (BudgetCharged's
+`alone_from`/`alone_to`), summed by kind of task (rung, ncu, roofline, duel), against the wall time of the
+log; whether any two overlapped; each run's winner and end.
+
+    python3 tools/timed_spans.py RUN.db [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import sqlite3
+from pathlib import Path
+
+
+def kind(action: str) -> str:
+    """A task's kind from its key (RUN/bench/CAND/RUNG, RUN/profile/CAND/ncu, ...)."""
+    parts = action.split("/")
+    return {"bench": "rung", "adjudicate": "duel"}.get(parts[1], parts[1]) + (
+        "/ncu" if parts[-1] == "ncu" else ""
+    )
+
+
+def spans(db: Path) -> dict:
+    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    stamps = [ts for (ts,) in con.execute("SELECT ts FROM events ORDER BY seq")]
+    alone: list[tuple[float, float, str]] = []
+    for (payload,) in con.execute("SELECT payload FROM events WHERE type = 'BudgetCharged' ORDER BY seq"):
+        p = json.loads(payload)
+        if p.get("alone_from") and p.get("alone_to"):
+            alone.append((p["alone_from"], p["alone_to"], p["action"]))
+    alone.sort()
+    by_kind: dict[str, float] = collections.defaultdict(float)
+    for a, b, action in alone:
+        by_kind[kind(action)] += b - a
+    ends = {
+        run: json.loads(p)
+        for run, p in con.execute("SELECT run_id, payload FROM events WHERE type = 'RunFinished'")
+    }
+    wall = stamps[-1] - stamps[0] if stamps else 0.0
+    held = sum(b - a for a, b, _ in alone)
+    return {
+        "wall_s": wall,
+        "alone_s": held,
+        "alone_share": held / wall if wall else 0.0,
+        "by_kind_s": dict(by_kind),
+        "overlaps": sum(alone[i + 1][0] < alone[i][1] for i in range(len(alone) - 1)),
+        "runs": {run: {"winner": e.get("winner"), "reason": e.get("reason")} for run, e in ends.items()},
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("db", type=Path)
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    out = spans(args.db)
+    if args.json:
+        print(json.dumps(out, indent=1))
+        return
+    print(
+        f"log {out['wall_s']:.1f} s, held alone {out['alone_s']:.1f} s ({100 * out['alone_share']:.0f}%), "
+        f"overlapping spans {out['overlaps']}"
+    )
+    print("  " + ", ".join(f"{k} {v:.1f} s" for k, v in sorted(out["by_kind_s"].items())))
+    for run, end in out["runs"].items():
+        print(f"  {run}: {end['winner'] or 'no winner'} ({(end['reason'] or '')[:80]})")
+
+
+if __name__ == "__main__":
+    main()
