@@ -19,6 +19,7 @@ from pathlib import Path
 from kernelbrain.store import open_store
 
 from kernelbrain.core.state import RunState
+from kernelbrain.runtime import device_room
 from kernelbrain.runtime.batch import batch_runs, problem_paths
 from kernelbrain.views.batch import alone_spans
 from tests.invariants import check_run
@@ -81,6 +82,10 @@ def test_a_folder_runs_as_one_batch_killed_and_resumed(tmp_path: Path) -> None:
     status = kb("status", batch, "--db", str(db), env=env)
     assert status.returncode == 0 and f"batch {batch}: 3 of 3 runs ended" in status.stdout, status.stdout
     assert status.stdout.count("winner:") == 3 and "device held alone for timing: cpu" in status.stdout
+    # the rungs reserved their problems' memory on the device, and the SIGKILLed pool's reservations
+    # hold nothing: the next reader drops them
+    assert (Path(os.environ["KB_LOCKS"]) / "gpu-cpu.room").exists()
+    assert device_room.reservations("cpu") == {"held": [], "waiting": []}
 
     workers_of: dict[str, set[str]] = {}
     with open_store(str(db), readonly=True) as store:

@@ -12,7 +12,8 @@ from typing import Generic, TypeVar
 from kernelbrain.core.events import BudgetCharged, Event, GateCategory, ProblemFailed
 from kernelbrain.core.protocol import Fit, Message, Request
 from kernelbrain.core.state import RunState
-from kernelbrain.runtime import processes
+from kernelbrain.runtime import device_room, processes
+from kernelbrain.runtime.device_room import Need
 from kernelbrain.runtime.gpu_lock import Hold
 from kernelbrain.runtime.sandbox import ProblemFault, Sandbox, SandboxError, SandboxFault
 from kernelbrain.store import NewEvent, Store
@@ -61,6 +62,12 @@ class Consulted(Generic[R]):
     def line(self) -> str:
         """The fault in one line, as events record it."""
         return str(self.fault).splitlines()[0] if self.fault is not None else ""
+
+
+def problem_need(state: RunState) -> Need | None:
+    """The run's problem's memory on its device, as its analysis estimated it (None: not known)."""
+    a = state.analysis
+    return device_room.need(a.footprint, a.device_memory) if a is not None else None
 
 
 def _alone(box: Sandbox | None) -> Hold | None:
@@ -139,16 +146,18 @@ class Role(abc.ABC):
         task: str,
         started: float | None = None,
         own_code: bool = False,
+        need: Need | None = None,
     ) -> Consulted[R]:
         """One request to this role's child on `device`; a fault (the candidate's or kb's) is returned,
         not raised, so every role records it and its cost the same way. `own_code`: the request runs
-        only kb's own template code (what its child compiles may be shared)."""
+        only kb's own template code (what its child compiles may be shared). `need`: the problem's
+        memory, reserved on the device while a rung, a duel or a profile prepares and times there."""
         t0 = time.perf_counter() if started is None else started
         box: Sandbox | None = None
         try:
             box = self.sandbox(device)
             box.last_hold = None
-            reply, busy = box.call(request, timeout_s=timeout_s, task=task, own_code=own_code)
+            reply, busy = box.call(request, timeout_s=timeout_s, task=task, own_code=own_code, need=need)
         except (SandboxFault, SandboxError) as e:
             return Consulted(None, e, 0.0, t0, _alone(box))
         return Consulted(reply, None, busy, t0, _alone(box))
@@ -251,6 +260,7 @@ class CandidateRole(Role, Generic[R]):
             task=task.key,
             started=t0,
             own_code=task.candidate is not None and state.candidates[task.candidate].proposal.own_code,
+            need=problem_need(state),
         )
         if isinstance(asked.fault, ProblemFault):
             # the problem's own code failed where no candidate code runs: the run ends as the problem's

@@ -53,6 +53,7 @@ from kernelbrain.core.protocol import (
     TrialRequest,
 )
 from kernelbrain.runtime import (
+    device_room,
     gate,
     gpu_lock,
     isolation,
@@ -243,16 +244,25 @@ class Sandbox:
             self.spare = self._spawn(spare=True)
 
     def call(
-        self, request: Request[R], *, timeout_s: float, task: str = "-", own_code: bool = False
+        self,
+        request: Request[R],
+        *,
+        timeout_s: float,
+        task: str = "-",
+        own_code: bool = False,
+        need: device_room.Need | None = None,
     ) -> tuple[R, float]:
         """Run one request; returns (its reply, busy seconds). Raises SandboxFault when the child dies or
         the candidate failed a check, SandboxError when kb's own code failed in the child. A gate runs
         across two children (runtime/gate.py), a bench times the reference alone after it
         (runtime/reference_retiming.py). `own_code`: its candidates are kb's own template code. On a
-        The request holds its device's lock, alone where it times or profiles; `last_hold` says when."""
+        The request holds its device's lock, alone where it times or profiles; `last_hold` says when. One
+        that prepares on the device first reserves `need` (its problem's memory, runtime/device_room.py)."""
+        device = gpu_lock.device_name(self.device, self.gpu)
         try:
             alone = isinstance(request, TIMED) and not isinstance(request, PREPARED)
-            with gpu_lock.held(gpu_lock.device_name(self.device, self.gpu), alone=alone) as hold:
+            room = need if isinstance(request, PREPARED) else None
+            with device_room.reserved(device, room), gpu_lock.held(device, alone=alone) as hold:
                 self.last_hold = self.hold = hold
                 try:
                     reply, busy = self._dispatch(request, timeout_s=timeout_s, task=task, own_code=own_code)

@@ -9,7 +9,7 @@ from kernelbrain.core.events import Adjudicated, BenchmarkFailed, Event, GateCat
 from kernelbrain.core.protocol import BenchReply, BenchRequest, DuelReply, DuelRequest
 from kernelbrain.core.scoring import DUEL_PAIRS, adjudicate, reference_moved, score
 from kernelbrain.core.state import RunState
-from kernelbrain.runtime.role import CandidateRole, Task
+from kernelbrain.runtime.role import CandidateRole, Task, problem_need
 from kernelbrain.store import NewEvent
 
 
@@ -73,6 +73,7 @@ class BenchmarkerRole(CandidateRole[BenchReply]):
             task=task.key,
             started=t0,
             own_code=own_code,
+            need=problem_need(state),
         )
         slowed = None if asked.reply is None else self.slowed(state, task, asked.reply)
         if asked.reply is not None and slowed is None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import replace
 
@@ -12,20 +11,10 @@ from kernelbrain.core.problem import TOO_BIG
 from kernelbrain.core.protocol import AnalyseReply, AnalyseRequest
 from kernelbrain.core.state import RunState
 from kernelbrain.generators.prompt import describe_numbers
+from kernelbrain.runtime.device_room import ADMIT_SHARE, admitted_memory
 from kernelbrain.runtime.role import Role, Task
 from kernelbrain.runtime.sandbox import SandboxFault
 from kernelbrain.store import NewEvent
-
-# a problem is admitted where a timed task's estimated footprint is at most this share of the device's
-# memory: the rest is the pool's CUDA contexts and the estimate's error
-ADMIT_SHARE = 0.9
-
-
-def admitted_memory(measured: float) -> float:
-    """The device memory admission holds a problem up against: KB_DEVICE_MEMORY_GIB where set (a share of
-    a card, or a made-up small one), else what the analysis' child measured."""
-    text = os.environ.get("KB_DEVICE_MEMORY_GIB", "").strip()
-    return float(text) * 2**30 if text else measured
 
 
 def admission(analysis: ProblemAnalysed, device: str) -> str | None:

@@ -8,7 +8,7 @@ from kernelbrain.core.diagnosis import ncu_labels, roofline_labels
 from kernelbrain.core.events import Event, GateCategory, ProfileCaptured
 from kernelbrain.core.protocol import NcuRequest, RooflineReply, RooflineRequest
 from kernelbrain.core.state import RunState
-from kernelbrain.runtime.role import CandidateRole, Task
+from kernelbrain.runtime.role import CandidateRole, Task, problem_need
 from kernelbrain.store import NewEvent
 
 # timed calls of the roofline: under the interpreter one call is seconds and its time only a smoke figure
@@ -78,7 +78,9 @@ class ProfilerRole(CandidateRole[RooflineReply]):
             fits=self.fits(state),
             cand_source=self.candidate_source(state, task.candidate),
         )
-        asked = self.consult("cuda", request, timeout_s=self.timeout_s(state), task=ncu_task.key, started=t0)
+        timeout_s = self.timeout_s(state)
+        need = problem_need(state)
+        asked = self.consult("cuda", request, timeout_s=timeout_s, task=ncu_task.key, started=t0, need=need)
         ncu = asked.reply
         error = asked.line if ncu is None else ncu.error
         if ncu is None or error is not None:

@@ -1,0 +1,133 @@
+"""Admission by memory on one device, among the processes of one host. What prepares and times a
+problem on the device (a rung, a duel, an ncu profile) reserves the problem's estimated footprint
+(`ProblemAnalysed.footprint`) for as long as it runs, and waits while the reservations held beside its
+own would pass the share of the device's memory kb fills (`ADMIT_SHARE`). A request alone on the device
+is always admitted: a problem too big even alone was refused at its analysis. Among those waiting the
+largest goes first (then the earliest), so that a stream of small problems never starves a large one.
+
+Without it the pool's two benchmarkers could each prepare a problem of 40 GB on an 80 GB card, and one
+would run out of memory (kb's fault, retried, but a wasted preparation).
+
+The reservations live in a JSON file beside the device's lock (`gpu_lock.folder()`), changed under
+flock; an entry whose process is gone (a SIGKILLed worker) is dropped by the next reader."""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+from kernelbrain.runtime import gpu_lock
+
+# a problem is admitted where a timed task's estimated footprint is at most this share of the device's
+# memory: the rest is the pool's CUDA contexts and the estimate's error
+ADMIT_SHARE = 0.9
+
+
+class Need(BaseModel):
+    """What a request reserves: its problem's footprint, against the memory kb fills on the device."""
+
+    model_config = ConfigDict(frozen=True)
+
+    bytes: float
+    capacity: float
+
+
+def admitted_memory(measured: float) -> float:
+    """The device memory admission holds a problem up against: KB_DEVICE_MEMORY_GIB where set (a share of
+    a card, or a made-up small one), else what the analysis' child measured."""
+    text = os.environ.get("KB_DEVICE_MEMORY_GIB", "").strip()
+    return float(text) * 2**30 if text else measured
+
+
+def need(footprint: float, device_memory: float) -> Need | None:
+    """A problem's need against the device memory its analysis recorded (`admitted_memory`'s), or None
+    where either is unknown (nothing is reserved)."""
+    capacity = ADMIT_SHARE * device_memory
+    return Need(bytes=footprint, capacity=capacity) if footprint > 0 and capacity > 0 else None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process: alive
+        return True
+    return True
+
+
+def _change(device: str, change: Callable[[dict[str, Any]], bool]) -> bool:
+    """`change` applied to the device's reservations (held, waiting) under the file's lock; its answer."""
+    folder = gpu_lock.folder()
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / f"gpu-{device}.room", "a+") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        f.seek(0)
+        text = f.read()
+        room: dict[str, Any] = json.loads(text) if text.strip() else {}
+        room = {
+            k: {t: e for t, e in room.get(k, {}).items() if _alive(e["pid"])} for k in ("held", "waiting")
+        }
+        answer = change(room)
+        f.seek(0)
+        f.truncate()
+        f.write(json.dumps(room))
+        return answer
+
+
+def reservations(device: str) -> dict[str, list[float]]:
+    """The bytes held and waiting on `device` now, by live processes."""
+    seen: dict[str, list[float]] = {}
+
+    def read(room: dict[str, Any]) -> bool:
+        seen.update({k: [e["bytes"] for e in room[k].values()] for k in ("held", "waiting")})
+        return True
+
+    _change(device, read)
+    return seen
+
+
+@contextmanager
+def reserved(device: str, want: Need | None, poll_s: float = 0.05) -> Iterator[float]:
+    """The body runs with `want` reserved on `device`, once admitted (module docstring); yields the
+    seconds it waited. None: nothing to reserve."""
+    if want is None:
+        yield 0.0
+        return
+    token = uuid.uuid4().hex
+    entry = {"pid": os.getpid(), "bytes": want.bytes, "since": time.time()}
+
+    def wait(room: dict[str, Any]) -> bool:
+        room["waiting"][token] = entry
+        return False
+
+    def admit(room: dict[str, Any]) -> bool:
+        held = room["held"]
+        first = min(room["waiting"].items(), key=lambda te: (-te[1]["bytes"], te[1]["since"], te[0]))[0]
+        fits = not held or sum(e["bytes"] for e in held.values()) + want.bytes <= want.capacity
+        if first != token or not fits:
+            return False
+        held[token] = room["waiting"].pop(token)
+        return True
+
+    def leave(room: dict[str, Any]) -> bool:
+        room["held"].pop(token, None)
+        room["waiting"].pop(token, None)
+        return True
+
+    t0 = time.monotonic()
+    try:
+        _change(device, wait)
+        while not _change(device, admit):
+            time.sleep(poll_s)
+        yield time.monotonic() - t0
+    finally:
+        _change(device, leave)

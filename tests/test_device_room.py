@@ -1,0 +1,110 @@
+"""Admission by memory on one device (runtime/device_room.py): what prepares and times a problem waits
+while the problems reserved beside it would overfill the device, is admitted alone whatever its size,
+goes largest first, and is never held up by a reservation of a process that is gone."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from kernelbrain.runtime import device_room
+from kernelbrain.runtime.device_room import Need
+
+GIB = 2**30
+
+
+@pytest.fixture(autouse=True)
+def locks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("KB_LOCKS", str(tmp_path))
+    return tmp_path
+
+
+def admitted_in_order(needs: list[float], first: float, capacity: float) -> list[float]:
+    """Reservations of `needs` GiB (started in that order, each once the last waits) while one of
+    `first` GiB is held; the order they were admitted in, once it is let go."""
+    order: list[float] = []
+    held = threading.Event()
+    release = threading.Event()
+
+    def holder() -> None:
+        with device_room.reserved("0", Need(bytes=first * GIB, capacity=capacity * GIB)):
+            held.set()
+            release.wait(30)
+
+    def waiter(gib: float) -> None:
+        with device_room.reserved("0", Need(bytes=gib * GIB, capacity=capacity * GIB)):
+            order.append(gib)
+            time.sleep(0.2)  # held a while: the next admitted sees it
+
+    threads = [threading.Thread(target=holder)]
+    threads[0].start()
+    assert held.wait(30)
+    for i, gib in enumerate(needs):
+        threads.append(threading.Thread(target=waiter, args=(gib,)))
+        threads[-1].start()
+        deadline = time.monotonic() + 30
+        while len(device_room.reservations("0")["waiting"]) < i + 1:  # waiting before the next comes
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+    assert order == [], "admitted beside a reservation the device cannot hold with it"
+    release.set()
+    for t in threads:
+        t.join(30)
+    return order
+
+
+def test_a_problem_waits_while_the_device_cannot_hold_it_beside_the_others_and_the_largest_goes_first():
+    # 50 GiB held on a 72 GiB share: neither 30 nor 45 fits beside it; once it goes, 45 first though 30
+    # came first, then 30 (they do not fit together either: 30 waits for 45 to end)
+    assert admitted_in_order([30, 45], first=50, capacity=72) == [45, 30]
+
+
+def test_problems_that_fit_together_are_admitted_together() -> None:
+    capacity = Need(bytes=10 * GIB, capacity=72 * GIB)
+    with device_room.reserved("0", capacity) as waited_first:
+        start = time.monotonic()
+        with device_room.reserved("0", capacity) as waited:
+            assert waited < 1.0 and time.monotonic() - start < 1.0 and waited_first < 1.0
+
+
+def test_a_problem_alone_is_admitted_whatever_its_size(locks: Path) -> None:
+    with device_room.reserved("0", Need(bytes=500 * GIB, capacity=72 * GIB)) as waited:
+        assert waited < 1.0
+        assert device_room.reservations("0") == {"held": [500 * GIB], "waiting": []}
+    assert device_room.reservations("0") == {"held": [], "waiting": []}
+
+
+def test_a_reservation_of_a_killed_process_holds_nothing_up(locks: Path) -> None:
+    code = (
+        "import os, sys, time\n"
+        "from kernelbrain.runtime import device_room\n"
+        f"need = device_room.Need(bytes=60 * {GIB}, capacity=72 * {GIB})\n"
+        "with device_room.reserved('0', need):\n"
+        "    print('held', flush=True)\n"
+        "    time.sleep(60)\n"
+    )
+    other = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert other.stdout is not None and other.stdout.readline().strip() == "held"
+        other.kill()  # SIGKILL: its entry stays in the file
+        other.wait(10)
+        assert json.loads((locks / "gpu-0.room").read_text())["held"]  # still in the file
+        assert device_room.reservations("0")["held"] == []  # and holding nothing
+        with device_room.reserved("0", Need(bytes=60 * GIB, capacity=72 * GIB)) as waited:
+            assert waited < 1.0
+    finally:
+        other.kill()
+
+
+def test_an_unknown_need_reserves_nothing(locks: Path) -> None:
+    assert device_room.need(0.0, 80 * GIB) is None and device_room.need(GIB, 0.0) is None
+    assert device_room.need(GIB, 80 * GIB) == Need(bytes=GIB, capacity=0.9 * 80 * GIB)
+    with device_room.reserved("0", None) as waited:
+        assert waited == 0.0
+    assert not (locks / "gpu-0.room").exists()
