@@ -337,7 +337,7 @@ def test_the_sweep_passes_allow_torch_and_marks_partial_winners(tmp_path: Path) 
         kernelbench=tmp_path / "kb", levels=[2], only=None, out=out, budget_gpu_s=60.0, max_candidates=8,
         repeats=20, allow_torch="conv", device="cpu", gpu={"name": "cpu", "driver": ""},
     )  # fmt: skip
-    sweep.table(args)
+    sweep.table(args, sweep.level_counts(args))
     text = (out / "README.md").read_text()
     assert "--allow-torch conv`" in text
     assert "| 2 | 2/2 (1 partial) |" in text, text

@@ -73,7 +73,7 @@ R = TypeVar("R", bound=Message)
 # what times or profiles on the GPU: no other request may run there meanwhile (runtime/gpu_lock.py)
 TIMED = (BenchRequest, DuelRequest, ReferenceTimeRequest, RooflineRequest, NcuRequest)
 # of those, what prepares sharing the device and holds it alone from its child's `ready` (child/marks.py)
-PREPARED = (BenchRequest, DuelRequest, NcuRequest)
+PREPARED = (BenchRequest, DuelRequest, RooflineRequest, NcuRequest)
 # what reads a candidate child's outputs: the only requests its descriptors are sent with (any other judge
 # request in between, a launcher build, ends by closing what it was sent)
 READS_OUTPUTS = (JudgeRequest, KeptRequest)
