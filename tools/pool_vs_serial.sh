@@ -14,7 +14,7 @@ if [ "${MODE:?pool or serial}" = pool ]; then
   OUT=$OUT STATE=$OUT/pool LIMIT=${LIMIT:-470} RESERVE=${RESERVE:-130} ONLY=$six \
     bash tools/kernelbench_sweep.sh > "$OUT/pool.log" 2>&1
   tail -20 "$OUT/pool.log"
-  python3 tools/timed_spans.py "$OUT/pool/sweep.db"
+  PYTHONPATH=/tmp/kb:/tmp/site python3 tools/timed_spans.py "$OUT/pool/sweep.db"  # kb as the sweep installed it
 else
   rm -rf /tmp/bw && mkdir -p /tmp/bw && dpkg -x .whl/bubblewrap.deb /tmp/bw || exit 1
   export KB_BWRAP=/tmp/bw/usr/bin/bwrap

@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import collections
 import json
-import sqlite3
 from pathlib import Path
 
 
@@ -23,22 +22,19 @@ def kind(action: str) -> str:
 
 
 def spans(db: Path) -> dict:
-    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
-    stamps = [ts for (ts,) in con.execute("SELECT ts FROM events ORDER BY seq")]
-    alone: list[tuple[float, float, str]] = []
-    for (payload,) in con.execute("SELECT payload FROM events WHERE type = 'BudgetCharged' ORDER BY seq"):
-        p = json.loads(payload)
-        if p.get("alone_from") and p.get("alone_to"):
-            alone.append((p["alone_from"], p["alone_to"], p["action"]))
-    alone.sort()
+    from kernelbrain.store import open_store
+
+    from kernelbrain.core.events import decode
+    from kernelbrain.views.batch import alone_spans
+
+    with open_store(str(db), create=False, readonly=True) as store:
+        events = store.read()
+    alone = sorted(s for device in alone_spans(events).values() for s in device)
     by_kind: dict[str, float] = collections.defaultdict(float)
     for a, b, action in alone:
         by_kind[kind(action)] += b - a
-    ends = {
-        run: json.loads(p)
-        for run, p in con.execute("SELECT run_id, payload FROM events WHERE type = 'RunFinished'")
-    }
-    wall = stamps[-1] - stamps[0] if stamps else 0.0
+    ends = {raw.run_id: decode(raw) for raw in events if raw.type == "RunFinished"}
+    wall = events[-1].ts - events[0].ts if events else 0.0
     held = sum(b - a for a, b, _ in alone)
     return {
         "wall_s": wall,
@@ -46,7 +42,7 @@ def spans(db: Path) -> dict:
         "alone_share": held / wall if wall else 0.0,
         "by_kind_s": dict(by_kind),
         "overlaps": sum(alone[i + 1][0] < alone[i][1] for i in range(len(alone) - 1)),
-        "runs": {run: {"winner": e.get("winner"), "reason": e.get("reason")} for run, e in ends.items()},
+        "runs": {run: {"winner": e.winner, "reason": e.reason} for run, e in ends.items()},
     }
 
 
