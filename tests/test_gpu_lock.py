@@ -153,17 +153,6 @@ def test_a_shared_hold_goes_alone_once_the_others_let_go(
         other.kill()
 
 
-def waiting_alone(locks: Path) -> bool:
-    """Whether a request waits to hold GPU 0 alone: it holds the turnstile while it does."""
-    with open(locks / "gpu-cpu.turnstile", "a+") as gate:
-        try:
-            fcntl.flock(gate, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return True
-        fcntl.flock(gate, fcntl.LOCK_UN)
-        return False
-
-
 def test_a_rung_prepares_sharing_the_device_and_times_alone(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -195,7 +184,9 @@ def test_a_rung_prepares_sharing_the_device_and_times_alone(
         bench = threading.Thread(target=box.call, args=(request,), kwargs={"timeout_s": 300})
         bench.start()
         deadline = time.monotonic() + 240
-        while not waiting_alone(tmp_path):  # the child prepared beside the holder: it waits to time
+        # the child prepared beside the holder and waits to time: a request waiting to go alone holds
+        # the turnstile
+        while not _held(tmp_path / "gpu-cpu.turnstile"):
             assert bench.is_alive() and time.monotonic() < deadline
             time.sleep(0.05)
         time.sleep(1.0)

@@ -12,17 +12,35 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # for tools.*; appended, so an installed kb comes first
     sys.path.append(str(ROOT))
 
+if TYPE_CHECKING:
+    from kernelbrain.core.state import RunState
 
-def winner(db: str, run_id: str) -> tuple[str, str, str, list[str], object]:
-    """The run's problem hash and source, its winner's id, source and allowed torch classes, its state."""
+
+@dataclass
+class Winner:
+    """A finished run's winner: its problem (hash and source), its id, its source and the classes of
+    torch ops it may run, and the run's state."""
+
+    problem_hash: str
+    problem: str
+    candidate: str
+    source: str
+    torch_ops: list[str]
+    state: RunState
+
+
+def winner(db: str, run_id: str) -> Winner:
     from kernelbrain.store import open_store
 
+    from kernelbrain.runtime.role import Role
     from kernelbrain.runtime.runner import load_state
 
     with open_store(db, create=False, readonly=True) as store:
@@ -32,31 +50,27 @@ def winner(db: str, run_id: str) -> tuple[str, str, str, list[str], object]:
         assert cid, f"{run_id} has no winner"
         problem = store.get_blob(state.started.problem_hash).decode()
         source = store.get_blob(state.candidates[cid].proposal.source).decode()
-    ops = [c for c in state.candidates[cid].proposal.torch_ops if c in state.config.allow_torch]
-    return state.started.problem_hash, problem, cid, source, (ops, state)
+    return Winner(state.started.problem_hash, problem, cid, source, Role.torch_classes(state, cid), state)
 
 
 def duel(a: tuple[str, str], b: tuple[str, str], device: str, rung: int | None) -> dict:
-    """The duel of A's winner against B's (each (database, run id)); its verdict as a dict."""
-    from kernelbrain.core.protocol import DuelRequest, Fit
-    from kernelbrain.core.scoring import DUEL_PAIRS, adjudicate
+    """The duel of A's winner against B's (each (database, run id)), at `rung` of A's run (None: its
+    top rung); its verdict as a dict."""
+    from kernelbrain.core.scoring import adjudicate
+    from kernelbrain.runtime.role import Role
+    from kernelbrain.runtime.roles.benchmarker import duel_request
     from kernelbrain.runtime.sandbox import Sandbox
 
-    hash_a, problem, cid_a, src_a, (ops_a, state) = winner(*a)
-    hash_b, _, cid_b, src_b, (ops_b, _) = winner(*b)
-    assert hash_a == hash_b, "the two runs are of different problems"
-    top = state.config.rungs[len(state.config.rungs) - 1 if rung is None else rung]
-    request = DuelRequest(
-        problem_source=problem,
-        device=device,
-        fits=[Fit.model_validate(f) for f in state.analysis.fits] if state.analysis is not None else [],
-        a_source=src_a,
-        b_source=src_b,
-        which=top.shapes,
-        repeats=max(DUEL_PAIRS, 2 * top.repeats),
-        warmup=top.warmup,
-        a_torch_ops=ops_a,
-        b_torch_ops=ops_b,
+    wa, wb = winner(*a), winner(*b)
+    assert wa.problem_hash == wb.problem_hash, "the two runs are of different problems"
+    rungs = wa.state.config.rungs
+    request = duel_request(
+        wa.problem,
+        device,
+        Role.fits(wa.state),
+        rungs[len(rungs) - 1 if rung is None else rung],
+        (wa.source, wa.torch_ops),
+        (wb.source, wb.torch_ops),
     )
     box = Sandbox(device)
     try:
@@ -64,8 +78,8 @@ def duel(a: tuple[str, str], b: tuple[str, str], device: str, rung: int | None) 
     finally:
         box.close()
     outcome, med, q1, q3 = adjudicate(reply.ratios)
-    return {"a": cid_a, "b": cid_b, "outcome": outcome, "ratio_median": med, "ratio_q1": q1, "ratio_q3": q3,
-            "pairs": len(reply.ratios), "same": src_a == src_b}  # fmt: skip
+    return {"a": wa.candidate, "b": wb.candidate, "outcome": outcome, "ratio_median": med, "ratio_q1": q1,
+            "ratio_q3": q3, "pairs": len(reply.ratios), "same": wa.source == wb.source}  # fmt: skip
 
 
 def main() -> None:

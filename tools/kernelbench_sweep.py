@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import functools
 import hashlib
 import json
 import os
@@ -41,6 +42,8 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -82,35 +85,70 @@ def result_path(out: Path, level: int, path: Path) -> Path:
     return out / f"level{level}" / f"{path.stem}.json"
 
 
-def run_for(db: Path, path: Path) -> str | None:
-    """The newest run in the database of this exact file (same name, same source), if any."""
-    if not db.exists():
-        return None
-    from kernelbrain.store import open_store
-
-    from kernelbrain.core.events import decode
+@functools.cache
+def _source_hash(path: Path) -> str:
     from kernelbrain.core.problem import source_hash
 
-    want = source_hash(path.read_text())
-    with open_store(str(db), create=False, readonly=True) as store:
-        runs = [raw.run_id for raw in store.read(types=["RunStarted"]) if decode(raw).problem_hash == want]
-    return runs[-1] if runs else None
+    return source_hash(path.read_text())
+
+
+@dataclass
+class Runs:
+    """What the database holds of the sweep's files, from one read of it: each problem source's newest
+    run (by the source's hash) and the runs that have finished."""
+
+    newest: dict[str, str]
+    finished: set[str]
+
+    @classmethod
+    def read(cls, db: Path) -> Runs:
+        if not db.exists():
+            return cls({}, set())
+        from kernelbrain.store import open_store
+
+        from kernelbrain.core.events import decode
+
+        newest: dict[str, str] = {}
+        finished: set[str] = set()
+        with open_store(str(db), create=False, readonly=True) as store:
+            for raw in store.read(types=["RunStarted", "RunFinished"]):  # in order: the newest run last
+                if raw.type == "RunStarted":
+                    newest[decode(raw).problem_hash] = raw.run_id
+                else:
+                    finished.add(raw.run_id)
+        return cls(newest, finished)
+
+    def run_for(self, path: Path) -> str | None:
+        """The newest run of this exact file (same source), if any."""
+        return self.newest.get(_source_hash(path))
+
+
+def run_for(db: Path, path: Path) -> str | None:
+    """The newest run in the database of this exact file (same source), if any."""
+    return Runs.read(db).run_for(path)
 
 
 def kb_call(cmd: list[str], deadline: float) -> tuple[int, str]:
     """One `kb run` or `kb resume` until it ends, the deadline, or a stop of the sweep (SIGTERM to kb:
     its resumable stop, 130): its exit code and output."""
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    # SIGTERM: kb stops its workers and leaves the runs resumable
+    out, _, _ = finish(proc, deadline, lambda: proc.send_signal(signal.SIGTERM))
+    return proc.returncode, out
+
+
+def finish(proc: subprocess.Popen[str], deadline: float, stop: Callable[[], object]) -> tuple[str, str, bool]:
+    """`proc`'s stdout and stderr once it ends, and whether it was stopped: at the deadline or a stop of
+    the sweep, `stop` is called first."""
     while True:
         try:
-            out, _ = proc.communicate(timeout=0.25)
-            break
-        except subprocess.TimeoutExpired:  # retrying communicate loses no output
+            out, err = proc.communicate(timeout=0.25)  # retried, it loses no output
+            return out or "", err or "", False
+        except subprocess.TimeoutExpired:
             if STOPPED.is_set() or time.monotonic() >= deadline:
-                proc.send_signal(signal.SIGTERM)  # kb stops its workers and leaves the runs resumable
-                out, _ = proc.communicate()
-                break
-    return proc.returncode, out or ""
+                stop()
+                out, err = proc.communicate()
+                return out or "", err or "", True
 
 
 def kb_run_command(files: list[Path], db: Path, args: argparse.Namespace) -> list[str]:
@@ -127,14 +165,15 @@ def plan(files: list[Path], db: Path, args: argparse.Namespace) -> tuple[list[st
     time, or alone where a run was started alone), and the files to start as one batch."""
     resume: dict[str, None] = {}  # batch or run ids, in order
     start: list[Path] = []
+    runs = Runs.read(db)
     for path in files:
         fresh = (args.fresh is not None and re.search(args.fresh, path.name)) or path in args.stale
-        run_id = None if fresh else run_for(db, path)
+        run_id = None if fresh else runs.run_for(path)
         if run_id is not None and args.redo_unmatched and not _matched(db, run_id):
             run_id = None  # the newest run found no family: kb of today starts a new one
         if run_id is None:
             start.append(path)
-        elif not _finished(db, run_id):
+        elif run_id not in runs.finished:
             resume[_batch_of(db, run_id) or run_id] = None
     return list(resume), start
 
@@ -169,15 +208,6 @@ def _batch_of(db: Path, run_id: str) -> str | None:
 
     with open_store(str(db), create=False, readonly=True) as store:
         return load_state(store, run_id).config.batch
-
-
-def _finished(db: Path, run_id: str) -> bool:
-    from kernelbrain.store import open_store
-
-    from kernelbrain.runtime.runner import load_state
-
-    with open_store(str(db), create=False, readonly=True) as store:
-        return load_state(store, run_id).finished is not None
 
 
 def _matched(db: Path, run_id: str) -> bool:
@@ -333,15 +363,9 @@ def timed(problem_file: Path, db: Path, run_id: str, args: argparse.Namespace, d
     cmd = [sys.executable, __file__, "measure", str(problem_file), "--db", str(args.db), "--run", run_id]
     cmd += ["--to", str(scratch), "--repeats", str(args.repeats), "--device", args.device or _device()]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    while True:
-        try:
-            _, err = proc.communicate(timeout=0.25)  # retried, it loses no output
-            break
-        except subprocess.TimeoutExpired:
-            if STOPPED.is_set() or time.monotonic() >= deadline:  # timed again by the next sweep
-                proc.kill()
-                proc.communicate()
-                return {"error": "timing did not finish before the sweep's time limit or its stop"}
+    _, err, stopped = finish(proc, deadline, proc.kill)
+    if stopped:  # timed again by the next sweep
+        return {"error": "timing did not finish before the sweep's time limit or its stop"}
     if proc.returncode != 0 or not scratch.exists():
         tail = (err.strip().splitlines() or ["no output"])[-1]
         return {"error": f"timing failed (exit {proc.returncode}): {tail[:300]}"}
@@ -401,7 +425,8 @@ def sweep(args: argparse.Namespace) -> None:
         signal.signal(signum, lambda *_: STOPPED.set())
     resume, start = plan([p for _, p in todo], args.db, args)
     # a file started anew counts only its new run: the one it had (stale, unmatched, --fresh) is not it
-    old = {path: run_for(args.db, path) for path in start}
+    before = Runs.read(args.db)
+    old = {path: before.run_for(path) for path in start}
     refused: dict[Path, str] = {}
     runner = threading.Thread(
         target=lambda: refused.update(drive(resume, start, args.db, args, runs_until)), daemon=True
@@ -409,10 +434,12 @@ def sweep(args: argparse.Namespace) -> None:
     runner.start()
     left = list(todo)
     while runner.is_alive():  # each winner timed as its run ends, while the other runs go on
-        left = [row for row in left if not settle(*row, old, refused, args, deadline, ended_only=True)]
+        runs = Runs.read(args.db)  # one read a poll, whatever the number of files
+        left = [row for row in left if not settle(*row, runs, old, refused, args, deadline, ended_only=True)]
         runner.join(timeout=POLL_S)
+    runs = Runs.read(args.db)
     for row in left:
-        settle(*row, old, refused, args, deadline, ended_only=False)
+        settle(*row, runs, old, refused, args, deadline, ended_only=False)
     record_piece(args, began, len(todo))
     table(args, level_counts(args))
     if STOPPED.is_set():
@@ -423,6 +450,7 @@ def sweep(args: argparse.Namespace) -> None:
 def settle(
     level: int,
     path: Path,
+    runs: Runs,
     old: dict[Path, str | None],
     refused: dict[Path, str],
     args: argparse.Namespace,
@@ -432,8 +460,9 @@ def settle(
 ) -> bool:
     """The file's result written, its winner timed first (`measure`, holding the device alone while it
     times: the runs still going wait), where its run has ended; whether the file needs no more from this
-    sweep. `ended_only`: while the runs go on, a file whose run has not ended waits."""
-    run_id = run_for(args.db, path)
+    sweep. `runs`: the database as last read. `ended_only`: while the runs go on, a file whose run has
+    not ended waits."""
+    run_id = runs.run_for(path)
     if run_id is not None and path in old and run_id == old[path]:
         run_id = None  # not started anew yet
     result: dict[str, Any] = {"level": level, "problem": path.stem, "file": f"level{level}/{path.name}"}
@@ -446,7 +475,7 @@ def settle(
             result["code"] = result_code(result)
             dump(result_path(args.out, level, path), result)
         return True  # not started: the time limit, or a stop
-    ended = _finished(args.db, run_id)
+    ended = run_id in runs.finished
     if ended_only and not ended:
         return False
     print(f"level{level}/{path.name}: {'ended' if ended else 'stopped, resumable'} ({run_id})", flush=True)

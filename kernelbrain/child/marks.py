@@ -5,8 +5,8 @@ them with its own clock, outside this process, and holds the times the child rep
 clock.
 
 `ready` is the one mark the worker answers: what is timed next is built, loaded and warmed, and the
-child waits for the worker to hold the device alone before its first timed batch (a rung or a duel
-prepares while another task times)."""
+child waits for the worker to hold the device alone before its first timed batch (a rung, a duel or a
+roofline prepares while another task times)."""
 
 from __future__ import annotations
 

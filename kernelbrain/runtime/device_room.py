@@ -29,6 +29,7 @@ from kernelbrain.runtime import gpu_lock
 # a problem is admitted where a timed task's estimated footprint is at most this share of the device's
 # memory: the rest is the pool's CUDA contexts and the estimate's error
 ADMIT_SHARE = 0.9
+KINDS = ("held", "waiting")  # the reservations admitted, and those waiting to be
 
 
 class Need(BaseModel):
@@ -73,13 +74,12 @@ def _change(device: str, change: Callable[[dict[str, Any]], bool]) -> bool:
         f.seek(0)
         text = f.read()
         room: dict[str, Any] = json.loads(text) if text.strip() else {}
-        room = {
-            k: {t: e for t, e in room.get(k, {}).items() if _alive(e["pid"])} for k in ("held", "waiting")
-        }
+        room = {k: {t: e for t, e in room.get(k, {}).items() if _alive(e["pid"])} for k in KINDS}
         answer = change(room)
-        f.seek(0)
-        f.truncate()
-        f.write(json.dumps(room))
+        if (after := json.dumps(room)) != text:  # a waiter's poll that changed nothing writes nothing
+            f.seek(0)
+            f.truncate()
+            f.write(after)
         return answer
 
 
@@ -88,7 +88,7 @@ def reservations(device: str) -> dict[str, list[float]]:
     seen: dict[str, list[float]] = {}
 
     def read(room: dict[str, Any]) -> bool:
-        seen.update({k: [e["bytes"] for e in room[k].values()] for k in ("held", "waiting")})
+        seen.update({k: [e["bytes"] for e in room[k].values()] for k in KINDS})
         return True
 
     _change(device, read)

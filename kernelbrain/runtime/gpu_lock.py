@@ -11,9 +11,10 @@ gatekeepers, one gate always running, would keep the benchmarker waiting for eve
 passes a turnstile first, which a timing request holds while it waits.
 
 `held` yields the wall-clock moments the lock was taken and let go (`Hold`): a timed task records them,
-so the log shows when each device was held alone, and that no two timings ever overlapped. A rung or a
-duel prepares shared (its child builds the modules, draws the inputs, loads the kernels) and goes alone
-when its child is ready to time (`Hold.go_alone`): another task's timing runs while it prepares."""
+so the log shows when each device was held alone, and that no two timings ever overlapped. A rung, a
+duel, a roofline or an ncu profile prepares shared (its child builds the modules, draws the inputs,
+loads the kernels) and goes alone when its child is ready to time (`Hold.go_alone`): another task's
+timing runs while it prepares."""
 
 from __future__ import annotations
 

@@ -30,8 +30,8 @@ def pool_processes(device: str, generator: str, cpus: int) -> list[str]:
     """The worker processes `kb run` starts for a batch, by role or crew name (a name may repeat). On a
     GPU: the roles whose work is the host's (analysis, compiles, gates at fitted shapes) spread over its
     cores; two benchmarkers, one preparing its rung (sharing the GPU) while the other times (alone:
-    runtime/gpu_lock.py); one profiler (a profile holds the GPU alone throughout); one scheduler. On a
-    CPU one process steps every role per core (the interpreter is the work)."""
+    runtime/gpu_lock.py); one profiler; one scheduler. On a CPU one process steps every role per core (the
+    interpreter is the work)."""
     if device == "cuda":
         generators = ["generator"] * max(1, cpus // 8)
         benchmarkers = ["benchmarker"] * 2

@@ -5,12 +5,43 @@ from __future__ import annotations
 
 import time
 
-from kernelbrain.core.events import Adjudicated, BenchmarkFailed, Event, GateCategory, RungBenchmarked
-from kernelbrain.core.protocol import BenchReply, BenchRequest, DuelReply, DuelRequest
+from kernelbrain.core.events import (
+    Adjudicated,
+    BenchmarkFailed,
+    Event,
+    GateCategory,
+    RungBenchmarked,
+    RungSpec,
+)
+from kernelbrain.core.protocol import BenchReply, BenchRequest, DuelReply, DuelRequest, Fit
 from kernelbrain.core.scoring import DUEL_PAIRS, adjudicate, reference_moved, score
 from kernelbrain.core.state import RunState
 from kernelbrain.runtime.role import CandidateRole, Task, problem_need
 from kernelbrain.store import NewEvent
+
+
+def duel_request(
+    problem_source: str,
+    device: str,
+    fits: list[Fit],
+    rung: RungSpec,
+    a: tuple[str, list[str]],
+    b: tuple[str, list[str]],
+) -> DuelRequest:
+    """Two candidates (each its source and the classes of torch ops it may run) dueled at `rung`: twice
+    its repeats in pairs, and at least DUEL_PAIRS (the fewest that can clear the verdict's sign test)."""
+    return DuelRequest(
+        problem_source=problem_source,
+        device=device,
+        fits=fits,
+        a_source=a[0],
+        b_source=b[0],
+        which=rung.shapes,
+        repeats=max(DUEL_PAIRS, 2 * rung.repeats),
+        warmup=rung.warmup,
+        a_torch_ops=a[1],
+        b_torch_ops=b[1],
+    )
 
 
 class BenchmarkerRole(CandidateRole[BenchReply]):
@@ -51,19 +82,14 @@ class BenchmarkerRole(CandidateRole[BenchReply]):
 
     def duel(self, task: Task, state: RunState) -> list[NewEvent]:
         assert task.candidate is not None and task.rival is not None and task.rung is not None
-        rung = state.config.rungs[task.rung]
         t0 = time.perf_counter()
-        request = DuelRequest(
-            problem_source=self.problem_source(state),
-            device=state.config.device,
-            fits=self.fits(state),
-            a_source=self.candidate_source(state, task.candidate),
-            b_source=self.candidate_source(state, task.rival),
-            which=rung.shapes,
-            repeats=max(DUEL_PAIRS, 2 * rung.repeats),
-            warmup=rung.warmup,
-            a_torch_ops=self.torch_classes(state, task.candidate),
-            b_torch_ops=self.torch_classes(state, task.rival),
+        request = duel_request(
+            self.problem_source(state),
+            state.config.device,
+            self.fits(state),
+            state.config.rungs[task.rung],
+            (self.candidate_source(state, task.candidate), self.torch_classes(state, task.candidate)),
+            (self.candidate_source(state, task.rival), self.torch_classes(state, task.rival)),
         )
         own_code = all(state.candidates[c].proposal.own_code for c in (task.candidate, task.rival))
         asked = self.consult(
