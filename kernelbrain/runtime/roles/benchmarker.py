@@ -13,7 +13,7 @@ from kernelbrain.core.events import (
     RungBenchmarked,
     RungSpec,
 )
-from kernelbrain.core.protocol import BenchReply, BenchRequest, DuelReply, DuelRequest, Fit
+from kernelbrain.core.protocol import BenchReply, BenchRequest, Device, DuelReply, DuelRequest, Fit
 from kernelbrain.core.scoring import DUEL_PAIRS, adjudicate, reference_moved, score
 from kernelbrain.core.state import RunState
 from kernelbrain.runtime.role import CandidateRole, Task, problem_need
@@ -22,7 +22,7 @@ from kernelbrain.store import NewEvent
 
 def duel_request(
     problem_source: str,
-    device: str,
+    device: Device,
     fits: list[Fit],
     rung: RungSpec,
     a: tuple[str, list[str]],
