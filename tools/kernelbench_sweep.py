@@ -281,40 +281,48 @@ def outcome(db: Path, run_id: str) -> dict[str, Any]:
 
 
 BASELINES = ("eager", "compile", "compile_max")  # what a user has: eager PyTorch, torch.compile's modes
-COMPILE_MODES = {"compile": "default", "compile_max": "max-autotune-no-cudagraphs"}
 
 
 def measure_winner(problem_file: Path, db: Path, run_id: str, out: Path, repeats: int, device: str) -> None:
     """The winner, eager PyTorch, torch.compile (default) and torch.compile(mode="max-autotune-no-
     cudagraphs") in this process, on the same fresh inputs at the file's own shape, timed interleaved
     (tools/h200_compare.side_by_side, its draws sized to the device's free memory). On a CPU only the
-    default mode: the interpreter's timings say nothing of speed, and max-autotune takes minutes there."""
+    default mode (compile_warm.modes). On a GPU their kernels are compiled first beside the runs
+    (tools/compile_warm), so that the device is held alone for what must be: autotuning and timing."""
     import torch
     from kernelbrain.store import open_store
 
     from kernelbrain.child.loading import Problem, build, load_module
     from kernelbrain.runtime import gpu_lock
+    from kernelbrain.runtime.role import problem_need
     from kernelbrain.runtime.runner import load_state
+    from tools.compile_warm import modes, shared_triton_cache, warm
     from tools.h200_compare import side_by_side
 
     with open_store(str(db), create=False, readonly=True) as store:
         state = load_state(store, run_id)
         assert state.finished is not None and state.finished.winner, f"{run_id} has no winner"
         source = store.get_blob(state.candidates[state.finished.winner].proposal.source).decode()
+    warmed = None
+    if device == "cuda":
+        shared_triton_cache()
+        warmed = warm(problem_file, source, device, problem_need(state))
     problem = Problem(problem_file.read_text())
     shape = problem.shapes[0]
     ref, _ = build(problem, None, shape, device)
     _, new = build(problem, load_module(source, "winner"), shape, device)
     fns = {"eager": ref, "kb": new}
-    for key, mode in COMPILE_MODES.items():
-        if device == "cuda" or mode == "default":
-            fns[key] = torch.compile(build(problem, None, shape, device)[0], mode=mode)
+    fns |= {
+        key: torch.compile(build(problem, None, shape, device)[0], mode=m) for key, m in modes(device).items()
+    }
     # alone on the device from the first draw: the compiles autotune by timing, and no run's child may
     # start to allocate beside the draws sized to the free memory
     with gpu_lock.held(gpu_lock.device_name(device, None), alone=True) as hold:
         rows, calls, draws = side_by_side(problem, shape, device, fns, repeats, problem_file.stem)
     timing = {"shape": "file's own", "calls": calls, "draws": draws, "repeats": repeats, "device": device}
     timing["alone"] = [hold.since, hold.to]
+    if warmed is not None:  # the cold first calls, made beside the runs
+        timing["warm"] = warmed
     dump(out, {**timing, "gpu": gpu_info(device), "times": rows})
 
 
