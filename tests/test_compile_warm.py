@@ -28,26 +28,31 @@ def _scratch_folders() -> set[str]:
     return {p.name for p in Path(tempfile.gettempdir()).glob("kb-warm-*")}
 
 
-def test_each_contender_is_compiled_once_a_failing_one_named_and_no_inductor_cache_left(
+def test_each_contender_is_called_once_a_failing_one_named_and_no_inductor_cache_left(
     tmp_path, monkeypatch
 ) -> None:
-    """One child (a compile on a CPU takes its C++ compiler some seconds): the winner fails, the baseline
-    still compiles."""
+    """The winner alone (torch.compile on a CPU is its C++ compiler's seconds; on a GPU the same loop
+    compiles both modes): a winner that works, then one that fails."""
     monkeypatch.setenv("KB_LOCKS", str(tmp_path / "locks"))
     monkeypatch.delenv("TRITON_CACHE_DIR", raising=False)
     monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)  # cache_dir() sets it
     before = _scratch_folders()
-    broken = WINNER.replace("return torch.softmax(x, dim=1)", "raise RuntimeError('no kernel for this')")
-    report = compile_warm.warm(SOFTMAX, broken, "cpu")
+    report = compile_warm.warm(SOFTMAX, WINNER, "cpu", compile_modes="")
     assert "error" not in report, report
     first = report["first_calls_s"]
-    # on a CPU only torch.compile's default mode, as the timing does
-    assert set(first) == {"kb", "compile"}, first
-    assert first["kb"] == "RuntimeError: no kernel for this"
-    assert isinstance(first["compile"], float) and 0 < first["compile"] <= report["wall_s"], report
+    assert set(first) == {"kb"} and isinstance(first["kb"], float), first
+    assert 0 < first["kb"] <= report["wall_s"], report
+    broken = WINNER.replace("return torch.softmax(x, dim=1)", "raise RuntimeError('no kernel for this')")
+    report = compile_warm.warm(SOFTMAX, broken, "cpu", compile_modes="")
+    assert report["first_calls_s"] == {"kb": "RuntimeError: no kernel for this"}, report
     # the Triton cache is named for the child and the timing alike; Inductor's private folder is gone
     assert os.environ["TRITON_CACHE_DIR"] == compile_warm.shared_triton_cache()
     assert _scratch_folders() == before
+
+
+def test_the_modes_timed_on_a_device_are_the_ones_compiled() -> None:
+    assert compile_warm.modes("cpu") == {"compile": "default"}
+    assert compile_warm.modes("cuda") == compile_warm.COMPILE_MODES
 
 
 def test_a_child_that_dies_is_one_error_not_a_failed_timing(tmp_path, monkeypatch) -> None:

@@ -9,7 +9,8 @@ thing with the `measure` process that then times them alone: Triton's cache of c
 other work ran on the device) stay in a private folder that is removed after, so every choice the timed
 baseline makes is made again, alone; only its kernels' compilation is already done.
 
-    python tools/compile_warm.py PROBLEM WINNER_SOURCE --device cuda   (the child; prints one JSON line)
+    python tools/compile_warm.py PROBLEM WINNER_SOURCE --device cuda --modes compile,compile_max
+        (the child; prints one JSON line)
 """
 
 from __future__ import annotations
@@ -45,16 +46,20 @@ def shared_triton_cache() -> str:
     return path
 
 
-def warm(problem_file: Path, source: str, device: str, need: Any = None) -> dict[str, Any]:
+def warm(
+    problem_file: Path, source: str, device: str, need: Any = None, compile_modes: str | None = None
+) -> dict[str, Any]:
     """Run the child (module docstring) under a shared hold of `device`'s lock with `need` reserved; its
     report: per contender the seconds its first call took, cold, or the error that stopped it. A child
-    that fails costs nothing but time: the timing compiles on its own."""
+    that fails costs nothing but time: the timing compiles on its own. `compile_modes` (comma-separated
+    keys of COMPILE_MODES): those alone, else every mode timed on the device."""
     from kernelbrain.runtime import device_room, gpu_lock
 
     scratch = Path(tempfile.mkdtemp(prefix="kb-warm-"))
     (scratch / "winner.py").write_text(source)
     env = {**os.environ, "TRITON_CACHE_DIR": shared_triton_cache(), "TORCHINDUCTOR_CACHE_DIR": str(scratch)}
     cmd = [sys.executable, __file__, str(problem_file), str(scratch / "winner.py"), "--device", device]
+    cmd += ["--modes", ",".join(modes(device)) if compile_modes is None else compile_modes]
     name = gpu_lock.device_name(device, None)
     t0 = time.perf_counter()
     try:
@@ -70,7 +75,7 @@ def warm(problem_file: Path, source: str, device: str, need: Any = None) -> dict
         shutil.rmtree(scratch, ignore_errors=True)
 
 
-def _child(problem_file: Path, winner: Path, device: str) -> dict[str, Any]:
+def _child(problem_file: Path, winner: Path, device: str, keys: list[str]) -> dict[str, Any]:
     import torch
 
     from kernelbrain.child.loading import Problem, build, load_module
@@ -78,9 +83,7 @@ def _child(problem_file: Path, winner: Path, device: str) -> dict[str, Any]:
     problem = Problem(problem_file.read_text())
     shape = problem.shapes[0]
     fns = {"kb": build(problem, load_module(winner.read_text(), "winner"), shape, device)[1]}
-    fns |= {
-        k: torch.compile(build(problem, None, shape, device)[0], mode=m) for k, m in modes(device).items()
-    }
+    fns |= {k: torch.compile(build(problem, None, shape, device)[0], mode=COMPILE_MODES[k]) for k in keys}
     inputs = problem.inputs(shape, 500, device)
     first: dict[str, Any] = {}
     with torch.no_grad():
@@ -101,8 +104,9 @@ def main() -> None:
     ap.add_argument("problem", type=Path)
     ap.add_argument("winner", type=Path, help="the winner's source")
     ap.add_argument("--device", default="cuda")
+    ap.add_argument("--modes", default="", help="the COMPILE_MODES keys to compile, comma-separated")
     args = ap.parse_args()
-    print(json.dumps(_child(args.problem, args.winner, args.device)))
+    print(json.dumps(_child(args.problem, args.winner, args.device, [k for k in args.modes.split(",") if k])))
 
 
 if __name__ == "__main__":
