@@ -37,13 +37,13 @@ def test_each_contender_is_called_once_a_failing_one_named_and_no_inductor_cache
     monkeypatch.delenv("TRITON_CACHE_DIR", raising=False)
     monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)  # cache_dir() sets it
     before = _scratch_folders()
-    report = compile_warm.warm(SOFTMAX, WINNER, "cpu", compile_modes="")
+    report = compile_warm.warm(SOFTMAX.read_text(), WINNER, "cpu", compile_modes="")
     assert "error" not in report, report
     first = report["first_calls_s"]
     assert set(first) == {"kb"} and isinstance(first["kb"], float), first
     assert 0 < first["kb"] <= report["wall_s"], report
     broken = WINNER.replace("return torch.softmax(x, dim=1)", "raise RuntimeError('no kernel for this')")
-    report = compile_warm.warm(SOFTMAX, broken, "cpu", compile_modes="")
+    report = compile_warm.warm(SOFTMAX.read_text(), broken, "cpu", compile_modes="")
     assert report["first_calls_s"] == {"kb": "RuntimeError: no kernel for this"}, report
     # the Triton cache is named for the child and the timing alike; Inductor's private folder is gone
     assert os.environ["TRITON_CACHE_DIR"] == compile_warm.shared_triton_cache()
@@ -59,6 +59,6 @@ def test_a_child_that_dies_is_one_error_not_a_failed_timing(tmp_path, monkeypatc
     monkeypatch.setenv("KB_LOCKS", str(tmp_path / "locks"))
     bad = tmp_path / "broken_problem.py"
     bad.write_text("import torch\nraise SystemExit('this problem file exits on import')\n")
-    report = compile_warm.warm(bad, WINNER, "cpu")
+    report = compile_warm.warm(bad.read_text(), WINNER, "cpu")
     assert report["error"].startswith("exit 1: this problem file exits on import"), report
     assert "first_calls_s" not in report

@@ -47,7 +47,7 @@ def shared_triton_cache() -> str:
 
 
 def warm(
-    problem_file: Path, source: str, device: str, need: Any = None, compile_modes: str | None = None
+    problem_source: str, source: str, device: str, need: Any = None, compile_modes: str | None = None
 ) -> dict[str, Any]:
     """Run the child (module docstring) under a shared hold of `device`'s lock with `need` reserved; its
     report: per contender the seconds its first call took, cold, or the error that stopped it. A child
@@ -57,8 +57,16 @@ def warm(
 
     scratch = Path(tempfile.mkdtemp(prefix="kb-warm-"))
     (scratch / "winner.py").write_text(source)
+    (scratch / "problem.py").write_text(problem_source)
     env = {**os.environ, "TRITON_CACHE_DIR": shared_triton_cache(), "TORCHINDUCTOR_CACHE_DIR": str(scratch)}
-    cmd = [sys.executable, __file__, str(problem_file), str(scratch / "winner.py"), "--device", device]
+    cmd = [
+        sys.executable,
+        __file__,
+        str(scratch / "problem.py"),
+        str(scratch / "winner.py"),
+        "--device",
+        device,
+    ]
     cmd += ["--modes", ",".join(modes(device)) if compile_modes is None else compile_modes]
     name = gpu_lock.device_name(device, None)
     t0 = time.perf_counter()

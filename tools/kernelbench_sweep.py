@@ -253,6 +253,7 @@ def outcome(db: Path, run_id: str) -> dict[str, Any]:
         "finished": fin is not None,
         "reason": fin.reason if fin else "unfinished",
         "families": a.families if a else [],
+        "mode": a.mode if a else None,  # the mode the reference ran in: training, or eval (--eval)
         "ops": sorted({o["op"] for o in a.ops}) if a else [],
         "candidates": len(state.candidates),
         "gate_passed": passed,
@@ -302,12 +303,15 @@ def measure_winner(problem_file: Path, db: Path, run_id: str, out: Path, repeats
     with open_store(str(db), create=False, readonly=True) as store:
         state = load_state(store, run_id)
         assert state.finished is not None and state.finished.winner, f"{run_id} has no winner"
+        assert state.started is not None
         source = store.get_blob(state.candidates[state.finished.winner].proposal.source).decode()
+        # the problem as the run recorded it (`kb run --eval` marks it so): the reference in its mode
+        problem_source = store.get_blob(state.started.problem_hash).decode()
     warmed = None
     if device == "cuda":
         shared_triton_cache()
-        warmed = warm(problem_file, source, device, problem_need(state))
-    problem = Problem(problem_file.read_text())
+        warmed = warm(problem_source, source, device, problem_need(state))
+    problem = Problem(problem_source)
     shape = problem.shapes[0]
     ref, _ = build(problem, None, shape, device)
     _, new = build(problem, load_module(source, "winner"), shape, device)
@@ -350,6 +354,7 @@ def code_hash(family: str | None) -> str:
     kb = ROOT / "kernelbrain"
     shared = [*kb.glob("templates/*.py"), *kb.glob("templates/compose/*.py"), *kb.glob("generators/*.py")]
     shared += [kb / "child" / f for f in ("gate.py", "judge.py", "draws.py", "timing.py", "analysis.py")]
+    shared += [kb / "child" / "loading.py"]  # how the reference is built: its mode, its weights
     shared += [kb / "core" / f for f in ("policy.py", "scoring.py", "graph.py")]
     own = sorted((kb / "templates" / "families" / family).rglob("*.py")) if family else []
     digest = hashlib.sha256()

@@ -16,6 +16,7 @@ from kernelbrain.child.graph import capture, mark_sized
 from kernelbrain.child.loading import (
     Problem,
     build,
+    in_mode,
     numel,
     outputs,
     signature,
@@ -124,9 +125,11 @@ def analyse(problem_source: str, device: str) -> dict:
     problem = Problem(problem_source)
     problem.fit_outputs = problem.meta_outputs  # no guard here: fits are checked against the reference
     shape = problem.ladder_shapes(device, "primary")[0]
+    modes: list[str] = []
 
     def trace(where: str) -> tuple[list[dict], dict | None, tuple[float, float]]:
         ref, _ = build(problem, None, shape, where)
+        modes.append("training" if ref.training else "eval")
         inputs = problem.inputs(shape, 0, where)
         calls = record_calls(ref, inputs)
         try:  # a graph that cannot be captured only narrows the generators
@@ -159,6 +162,7 @@ def analyse(problem_source: str, device: str) -> dict:
         "graph": graph,
         "footprint": footprint(problem, device),
         "device_memory": device_memory(device),
+        "mode": modes[-1],  # the mode the reference ran in (ProblemAnalysed.mode)
     }
 
 
@@ -218,7 +222,7 @@ def _on_meta(problem: Problem, shape: dict) -> tuple[torch.nn.Module, list]:
     init = problem.init_inputs(shape)
     torch.manual_seed(1234)
     with torch.device("meta"):
-        ref = problem.module.Model(*init).eval()
+        ref = in_mode(problem.module.Model(*init), problem.eval_mode)
     return ref, problem.inputs(shape, 0, "meta")
 
 

@@ -79,11 +79,26 @@ def _policy(check: Callable[..., None], *args: Any, prefix: str = "") -> None:
 
 def _build(cand: ModuleType, entry: dict[str, Any], device: str) -> torch.nn.Module:
     """ModelNew(*init) given the reference's weights where its parameters match them."""
-    new = construct(cand.ModelNew, entry["init"], device)
+    new = construct(cand.ModelNew, entry["init"], device, eval_mode=entry["eval"])
     state, mine = entry["state"], new.state_dict()
     if state.keys() == mine.keys() and all(state[k].shape == mine[k].shape for k in state):
         new.load_state_dict(state)
     return new
+
+
+def _running_state(new: torch.nn.Module, entry: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """The running state the reference updates in training mode (the judge's `running` keys), each with a
+    copy of the candidate's value as built: written after each call beside the outputs. A candidate that
+    keeps none under a key the reference updates computes a different model."""
+    state = new.state_dict()
+    missing = [k for k in entry["running"] if k not in state]
+    if missing:
+        raise CandidateFault(
+            "mismatch",
+            f"ModelNew keeps no {', '.join(missing)}: the reference updates it in training mode "
+            "(`kb run --eval` compares eval mode instead)",
+        )
+    return {k: state[k].detach().clone() for k in entry["running"]}
 
 
 def _drawn(path: Path, device: str) -> Any:
@@ -168,9 +183,13 @@ def _trial(request: TrialRequest, draws: _Draws, steps: Steps) -> str:
             raise CandidateFault(
                 "runtime", f"ModelNew(*get_init_inputs()) raised {type(e).__name__}: {e}"
             ) from e
+        running = _running_state(new, entry)
         del entry
         steps.done("build")
         for seed in range(seeds):
+            state = new.state_dict(keep_vars=True)
+            for k, start in running.items():  # each call from the state it was built with, as the judge's
+                state[k].data.copy_(start)
             before = draws.inputs(i, seed)
             inputs = [layout_copy(x) for x in before]
             steps.done("inputs")
@@ -200,7 +219,8 @@ def _trial(request: TrialRequest, draws: _Draws, steps: Steps) -> str:
             _policy(guard.check_outputs, got, inputs, prefix=f"{where}seed {seed}: ")
             steps.done("checks")
             try:
-                tensorfile.write(handoff.outputs_file(out, i, seed), got)
+                state = new.state_dict()
+                tensorfile.write(handoff.outputs_file(out, i, seed), [*got, *(state[k] for k in running)])
             except tensorfile.Unreadable as e:
                 raise CandidateFault("mismatch", f"{where}seed {seed}: {e}") from None
             del before, inputs, got

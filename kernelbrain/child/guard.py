@@ -7,15 +7,17 @@ working on a side stream or thread, mutating inputs, and patching timers or sync
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import math
 import os
 import secrets
 import signal
+import sys
 import threading
 import time
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -214,6 +216,26 @@ def dispatch_tables(packets: frozenset[str]) -> dict[str, str]:
 _PRISTINE_TORCH: dict[str, Any] = {}
 _PRISTINE_TABLES: dict[str, str] = {}  # the dispatch tables of every op a class of torch_ops admits
 _PRISTINE_CODE: dict[str, tuple[Any, Any]] = {}  # kb's own code and its libraries (own_code)
+
+
+@contextlib.contextmanager
+def own_imports() -> Iterator[None]:
+    """Around kb's own calls into torch that may import torch._dynamo for the first time (arithmetic on
+    the meta device does, as do some meta kernels): that import replaces torch.manual_seed and others as
+    it loads, and the checks would take it for the candidate's doing. What changed while the call ran,
+    where dynamo was imported by it and the name held its pristine object before, is torch's doing: the
+    new object becomes the pristine one. A name a candidate had replaced before stays caught."""
+    if not _PRISTINE_TORCH or "torch._dynamo" in sys.modules:
+        yield
+        return
+    before = torch_identities()
+    try:
+        yield
+    finally:
+        if "torch._dynamo" in sys.modules:
+            for k, v in torch_identities().items():
+                if before.get(k) is not v and k in _PRISTINE_TORCH and before.get(k) is _PRISTINE_TORCH[k]:
+                    _PRISTINE_TORCH[k] = v
 
 
 def moved(before: dict[str, Any], now: dict[str, Any]) -> list[str]:

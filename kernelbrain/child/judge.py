@@ -25,6 +25,8 @@ from kernelbrain.child.loading import (
     draw_digest,
     layout_copy,
     outputs,
+    running_state,
+    running_state_kept,
     signature,
     to_device,
 )
@@ -36,10 +38,13 @@ from kernelbrain.core.protocol import DrawsReply, DrawsRequest, GateReply, Judge
 
 class Truth(NamedTuple):
     """What a seed's draw at a gate shape is judged by: the float64 reference's outputs on its inputs (the
-    truth) and the reference's own at its own dtype (its error is part of the tolerance rule)."""
+    truth) and the reference's own at its own dtype (its error is part of the tolerance rule). In training
+    mode each list ends with the running state the call left (`running`, loading.running_state's keys),
+    one call from the state the model was built with, compared like outputs."""
 
     truth: list[torch.Tensor]
     native: list[torch.Tensor]
+    running: list[str] = []
 
 
 class Drawn(NamedTuple):
@@ -83,11 +88,16 @@ def _error(t: Truth) -> float:
 
 
 def _truth(ref: torch.nn.Module, inputs: list[Any], device: str) -> Truth:
+    """The call's truth; the reference's running state is put back after it, so every call starts from
+    the state it was built with."""
     ref64 = copy.deepcopy(ref).to(torch.float64)
-    with torch.no_grad():
+    with torch.no_grad(), running_state_kept(ref) as running:
         truth = outputs(ref64(*[to_device(x, device, torch.float64) for x in inputs]))
-        native = outputs(ref(*[layout_copy(x) for x in inputs]))
-    return Truth(truth, [n.detach() for n in native])
+        native = [n.detach() for n in outputs(ref(*[layout_copy(x) for x in inputs]))]
+        state, state64 = ref.state_dict(), ref64.state_dict()
+        truth += [state64[k] for k in running]
+        native += [state[k].clone() for k in running]
+    return Truth(truth, native, running)
 
 
 Draw = tuple[list[Any], Truth]
@@ -173,17 +183,24 @@ def draws(request: DrawsRequest) -> DrawsReply:
     held = 0
     for i, shape in enumerate(shapes):
         init = problem.init_inputs(shape)
-        ref = construct(problem.module.Model, init, device)
+        ref = construct(problem.module.Model, init, device, eval_mode=problem.eval_mode)
         refs.append(ref)
         state = {k: v.detach() for k, v in ref.state_dict().items()}
-        torch.save({"init": init, "state": state}, handoff.init_file(folder, i))
+        entry = {
+            "init": init,
+            "state": state,
+            "eval": problem.eval_mode,
+            "running": sorted(running_state(ref)),
+        }
+        torch.save(entry, handoff.init_file(folder, i))
         spans = _spans(problem, ref, shape, device) if seeds > 1 else []
         for seed in range(seeds):
             inputs, truth = _draw(problem, ref, shape, device, seed, spans)
             torch.save(inputs, handoff.inputs_file(folder, i, seed))
             prints[(i, seed)] = draw_digest(inputs)
             if seed == 0:  # traced on a copy of the problem's own draw: no second draw for it
-                traced = record_calls(ref, [layout_copy(x) for x in inputs])
+                with running_state_kept(ref):
+                    traced = record_calls(ref, [layout_copy(x) for x in inputs])
                 forbidden.append(sorted(guard.forbidden_ops(traced)))
             if held + _size(truth) <= request.keep_bytes:
                 kept[(i, seed)] = truth
@@ -254,6 +271,12 @@ def _truth_of(drawn: Drawn, shape: int, seed: int, device: str) -> Truth:
     return _truth(drawn.refs[shape], inputs, device)
 
 
+def _named(k: int, draw: Truth) -> str:
+    """What the k-th compared tensor is: an output, or the running state a training-mode call updates."""
+    n = len(draw.truth) - len(draw.running)
+    return f"output {k}" if k < n else f"running state {draw.running[k - n]} (updated in training mode)"
+
+
 def _judge(problem: Problem, drawn: Drawn, device: str, seeds: int, handed: Path) -> GateReply:
     """The passing verdict with its worst errors; a CandidateFault at the first check that fails."""
     worst_abs = worst_rel = tol = 0.0
@@ -264,8 +287,11 @@ def _judge(problem: Problem, drawn: Drawn, device: str, seeds: int, handed: Path
             got = _load_outputs(handoff.outputs_file(handed, i, seed), device)
             draw = _truth_of(drawn, i, seed, device)
             expected = draw.truth
-            if len(got) != len(expected):
-                raise CandidateFault("mismatch", f"{len(got)} outputs, the reference returns {len(expected)}")
+            if len(got) != len(expected):  # the candidate's child writes the running state the judge names
+                n = len(expected) - len(draw.running)
+                raise CandidateFault(
+                    "mismatch", f"{len(got) - len(draw.running)} outputs, the reference returns {n}"
+                )
             # the previous call's outputs again for inputs whose truth moved: a failure below is caching;
             # outputs that still pass were right (an output independent of its inputs, up to rounding)
             cached = previous is not None and _same(got, previous[0]) and not _same(expected, previous[1])
@@ -285,16 +311,16 @@ def _judge(problem: Problem, drawn: Drawn, device: str, seeds: int, handed: Path
                 if c.unwritten:
                     raise CandidateFault(
                         "nan",
-                        f"{where}seed {seed}: output {k} has {c.unwritten} NaN/Inf where the reference has "
-                        "none (outputs are allocated NaN-filled: are some elements never written? Or did it "
-                        "overflow?)",
+                        f"{where}seed {seed}: {_named(k, draw)} has {c.unwritten} NaN/Inf where the "
+                        "reference has none (outputs are allocated NaN-filled: are some elements never "
+                        "written? Or did it overflow?)",
                     )
                 if not is_wide(seed):  # the wide draws' errors measure the draw more than the kernel
                     worst_abs, worst_rel = max(worst_abs, c.max_abs_err), max(worst_rel, c.max_rel_err)
                 if c.failed:
                     raise CandidateFault(
                         "mismatch",
-                        f"{where}seed {seed}: output {k} differs from the reference at {c.failed} of "
+                        f"{where}seed {seed}: {_named(k, draw)} differs from the reference at {c.failed} of "
                         f"{c.numel} elements (max abs err {c.max_abs_err:.3g}, tolerance {tol:g} or "
                         f"{REFERENCE_MULTIPLE}x the reference's own error)",
                         max_abs_err=c.max_abs_err,

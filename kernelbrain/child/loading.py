@@ -4,6 +4,7 @@ the same way for reference and candidate, inputs drawn at a shape and seed."""
 from __future__ import annotations
 
 import ast
+import contextlib
 import copy
 import hashlib
 import importlib.util
@@ -11,7 +12,7 @@ import inspect
 import os
 import sys
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import CodeType, ModuleType
 from typing import Any, NamedTuple
@@ -135,6 +136,10 @@ class Problem:
         # shape is huge (a float64 reference of 500M outputs, three seeds) names cheaper ones here
         self.gate: list[dict] | None = [dict(s) for s in getattr(m, "KB_GATE_SHAPES", None) or []] or None
         self.tolerance = {**DEFAULT_TOLERANCE, **(getattr(m, "KB_TOLERANCE", None) or {})}
+        # the mode the reference runs in: the one Model(*get_init_inputs()) is left in (training, for a
+        # KernelBench file, as its harness runs it), or eval where the problem says KB_EVAL = True
+        # (`kb run --eval` adds that line to the problem it records)
+        self.eval_mode = bool(getattr(m, "KB_EVAL", False))
         self._fits: dict[FitKey, shapes.Fitted] = {}
         # where the reference may run (a child no guard watches: the analysis), each fit step is checked
         # against the reference's outputs on the meta device
@@ -159,7 +164,8 @@ class Problem:
         the host first. Tensors the problem puts on another device explicitly are moved."""
         self.use(shape)
         torch.manual_seed(seed)
-        with torch.device(device):
+        # on meta, torch's arithmetic may import torch._dynamo (kb's own doing: guard.own_imports)
+        with torch.device(device), guard.own_imports() if device == "meta" else contextlib.nullcontext():
             return [to_device(x, device) for x in self.module.get_inputs()]
 
     def init_inputs(self, shape: dict) -> list:
@@ -221,8 +227,8 @@ class Problem:
         init = self.init_inputs(shape)
         torch.manual_seed(1234)
         with torch.device("meta"):
-            ref = self.module.Model(*init).eval()
-        with torch.no_grad():
+            ref = in_mode(self.module.Model(*init), self.eval_mode)
+        with torch.no_grad(), guard.own_imports():  # a meta kernel may import torch._dynamo
             return outputs(ref(*self.inputs(shape, 0, "meta")))
 
     def _size(self, shape: dict) -> int:
@@ -248,18 +254,24 @@ def signature(fn: Callable) -> list[tuple[str, Any]]:
     return [(p.name, p.kind) for p in list(inspect.signature(fn).parameters.values())[1:]]
 
 
-def construct(cls: type, init: list, device: str) -> torch.nn.Module:
+def in_mode(model: torch.nn.Module, eval_mode: bool) -> torch.nn.Module:
+    """The model in eval mode where asked, else in the mode its constructor left it (training, unless
+    it chose otherwise): the reference is the user's module as constructed."""
+    return model.eval() if eval_mode else model
+
+
+def construct(cls: type, init: list, device: str, *, eval_mode: bool) -> torch.nn.Module:
     """cls(*init) built on the device, so a large layer's weights are drawn there rather than on one
     host core and copied; an __init__ that needs the host (numpy, a CPU generator) is built there and
-    moved. Seeded either way."""
+    moved. Seeded either way; in the problem's mode (`in_mode`)."""
     torch.manual_seed(1234)
     if device != "cpu":
         try:
             with torch.device(device):
-                return cls(*init).to(device).eval()
+                return in_mode(cls(*init).to(device), eval_mode)
         except Exception:
             torch.manual_seed(1234)
-    return cls(*init).to(device).eval()
+    return in_mode(cls(*init).to(device), eval_mode)
 
 
 _SAME_SIZE_INT = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
@@ -289,8 +301,38 @@ def layout_copy(x: Any) -> Any:
     return out.set_(x.untyped_storage().clone(), x.storage_offset(), x.size(), x.stride())
 
 
+def running_state(model: torch.nn.Module) -> set[str]:
+    """The state_dict keys its own forward rewrites: the running statistics and batch counters of torch's
+    norms in training mode. Their training-mode outputs never read them (a norm normalises by the
+    batch's statistics), so a candidate that changes them changes no reference output; the gate compares
+    them with the candidate's own after each call instead."""
+    keys = set()
+    for name, sub in model.named_modules():
+        if isinstance(sub, torch.nn.modules.batchnorm._NormBase) and sub.training:
+            prefix = f"{name}." if name else ""
+            keys |= {f"{prefix}{b}" for b, v in sub.named_buffers(recurse=False) if v is not None}
+    return keys
+
+
+@contextlib.contextmanager
+def running_state_kept(model: torch.nn.Module) -> Iterator[list[str]]:
+    """The model's running state (`running_state`'s keys, sorted) as it was before the body, put back
+    after it: calls made to find something out do not move the state the next call starts from."""
+    keys = sorted(running_state(model))
+    state = model.state_dict()
+    before = {k: state[k].clone() for k in keys}
+    try:
+        yield keys
+    finally:
+        with torch.no_grad():
+            for k in keys:
+                state[k].copy_(before[k])
+
+
 def weight_prints(model: torch.nn.Module) -> tuple:
-    return tuple(fingerprint(t) for t in model.state_dict().values())
+    """The fingerprints of the model's weights and buffers, but for its running state (`running_state`)."""
+    skip = running_state(model)
+    return tuple(fingerprint(t) for k, t in model.state_dict().items() if k not in skip)
 
 
 def build_guarded(
@@ -300,12 +342,12 @@ def build_guarded(
     were before any candidate code ran, and their fingerprints then (a candidate's __init__ may reach
     the reference through gc)."""
     init = problem.init_inputs(shape)
-    ref = construct(problem.module.Model, init, device)
+    ref = construct(problem.module.Model, init, device, eval_mode=problem.eval_mode)
     if cand is None:  # no candidate code runs: nothing to guard (and meta tensors have no bits)
         return ref, None, ()
     prints = weight_prints(ref)
     pristine = {k: v.detach().clone() for k, v in ref.state_dict().items()}
-    new = construct(cand.ModelNew, init, device)
+    new = construct(cand.ModelNew, init, device, eval_mode=problem.eval_mode)
     new_state = new.state_dict()
     if pristine.keys() == new_state.keys() and all(pristine[k].shape == new_state[k].shape for k in pristine):
         new.load_state_dict(pristine)

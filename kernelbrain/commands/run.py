@@ -258,6 +258,13 @@ def drive_batch(
     help="Let candidates keep these torch ops (comma list) and fuse the rest, labelled so: "
     f"{torch_ops.help_text()}. Default: none, all Triton.",
 )
+@click.option(
+    "--eval",
+    "eval_mode",
+    is_flag=True,
+    help="Build the reference and the candidates in eval mode (default: as Model(*get_init_inputs()) "
+    "leaves them, training for a KernelBench file: batch norms by batch statistics, dropout refused).",
+)
 @click.option("--gpu", type=click.IntRange(min=0), default=None, help="GPU index for the workers.")
 @click.option("--inprocess", is_flag=True, help="Step the workers in this process (tests, debugging).")
 @click.option(
@@ -288,6 +295,7 @@ def run(
     llm_concurrency: int | None,
     ladder: str | None,
     allow_torch: tuple[str, ...],
+    eval_mode: bool,
     gpu: int | None,
     inprocess: bool,
     external_workers: bool,
@@ -331,6 +339,7 @@ def run(
         llm_concurrency=llm_concurrency,
         analysis_timeout_s=env_seconds("KB_ANALYSIS_TIMEOUT_S", 60.0),
         allow_torch=allow_torch,
+        eval_mode=eval_mode,
     )
     if generator == "llm" and not (llm_model or os.environ.get("KB_LLM_MODEL")):
         raise click.UsageError("--generator llm needs a model: pass --llm-model or set KB_LLM_MODEL")

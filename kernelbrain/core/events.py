@@ -78,6 +78,7 @@ class RunConfig(BaseModel):
     allow_torch: tuple[str, ...] = ()  # torch op classes candidates may keep (--allow-torch); () all Triton
     batch: str | None = None  # the batch of `kb run A.py B.py ...` the run is one of, served by one pool
     max_profiles: int | None = Field(default=None, ge=1)  # finalists profiled at most (best first); None: all
+    eval_mode: bool = False  # --eval: reference and candidates in eval mode, else as constructed
 
     @field_validator("allow_torch")
     @classmethod
@@ -141,6 +142,7 @@ class ProblemAnalysed(Event):
     graph: Graph | None = None  # the ATen graph at the traced shape, sizes marked (newer; None: not captured)
     footprint: float = 0.0  # bytes a timed task needs at its largest rung shape, estimated (0: unknown)
     device_memory: float = 0.0  # the device memory admission held it up against (bytes; 0: none)
+    mode: Literal["training", "eval"] = "eval"  # the reference's: as constructed, or --eval (older: eval)
 
 
 class GenerationFailed(Event):

@@ -17,6 +17,19 @@ from pydantic import BaseModel
 
 INPUT = "input"  # a forward argument: args {"index": position}
 PARAM = "param"  # a parameter or buffer of the model: args {"name": its state-dict name}
+# ops that draw random numbers (dropout in training mode): no kernel can match their outputs exactly
+RANDOM_OPS = frozenset(
+    {
+        "aten.bernoulli_.float",
+        "aten.bernoulli.default",
+        "aten.bernoulli.p",
+        "aten.native_dropout.default",
+        "aten.rand_like.default",
+        "aten.randn_like.default",
+        "aten.uniform_.default",
+        "aten.normal_.default",
+    }
+)
 
 
 class Meta(BaseModel):

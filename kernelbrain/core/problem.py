@@ -32,6 +32,19 @@ DEFAULT_TOLERANCE = {"float32": 1e-4, "float64": 1e-6, "float16": 1e-2, "bfloat1
 REFERENCE_MULTIPLE = 16
 # the words of admission's refusal (runtime/roles/generator.py): a problem no device of this size holds
 TOO_BIG = "too big for this device even alone"
+# the words of the refusal of a problem that draws random numbers in training mode (dropout): no kernel
+# can match its outputs call for call; in eval mode it is the identity (`kb run --eval`)
+RANDOM_IN_TRAINING = "draws random numbers in training mode"
+# what `kb run --eval` adds to the problem source it records: the reference and every candidate are then
+# built and run in eval mode (kernelbrain/child/loading.py, Problem.eval_mode)
+EVAL_LINE = "\n\nKB_EVAL = True  # kb run --eval: the reference and the candidates run in eval mode\n"
+
+
+def in_eval_mode(source: str) -> str:
+    """The problem's source as a run with --eval records it."""
+    return source if source.endswith(EVAL_LINE) else source.rstrip("\n") + EVAL_LINE
+
+
 REQUIRED = {"Model": ast.ClassDef, "get_inputs": ast.FunctionDef, "get_init_inputs": ast.FunctionDef}
 
 

@@ -49,7 +49,8 @@ def _kb_shape_label(shape):
 
 
 class _KbProblem:
-    """A KernelBench problem plus kb's optional KB_SHAPES, KB_SMOKE_SHAPE, KB_GATE_SHAPES, KB_TOLERANCE."""
+    """A KernelBench problem plus kb's optional KB_SHAPES, KB_SMOKE_SHAPE, KB_GATE_SHAPES, KB_TOLERANCE,
+    KB_EVAL."""
 
     def __init__(self, module, default_tolerance, reference_multiple, derived=()):
         self.module = module
@@ -61,6 +62,8 @@ class _KbProblem:
         self.smoke = dict(smoke) if smoke else None
         self.gate = [dict(s) for s in (getattr(module, "KB_GATE_SHAPES", None) or [])]
         self.tolerance = {**default_tolerance, **(getattr(module, "KB_TOLERANCE", None) or {})}
+        # the mode the modules run in, as kb's gate ran them: as constructed, or eval where KB_EVAL says
+        self.eval_mode = bool(getattr(module, "KB_EVAL", False))
 
     def use(self, shape):
         for k, v in self.base.items():
@@ -114,9 +117,11 @@ class _KbProblem:
         self.use(shape)
         init = list(self.module.get_init_inputs())
         torch.manual_seed(1234)
-        ref = self.module.Model(*init).to(device).eval()
+        ref = self.module.Model(*init).to(device)
         torch.manual_seed(1234)
-        new = model_new(*init).to(device).eval()
+        new = model_new(*init).to(device)
+        if self.eval_mode:
+            ref, new = ref.eval(), new.eval()
         a, b = ref.state_dict(), new.state_dict()
         if a.keys() == b.keys() and all(a[k].shape == b[k].shape for k in a):
             new.load_state_dict(a)  # same weights in both, as kb's gate does

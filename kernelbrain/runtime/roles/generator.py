@@ -7,7 +7,8 @@ from dataclasses import replace
 
 from kernelbrain import generators
 from kernelbrain.core.events import CandidateProposed, GenerationDone, GenerationFailed, ProblemAnalysed
-from kernelbrain.core.problem import TOO_BIG
+from kernelbrain.core.graph import RANDOM_OPS
+from kernelbrain.core.problem import RANDOM_IN_TRAINING, TOO_BIG
 from kernelbrain.core.protocol import AnalyseReply, AnalyseRequest
 from kernelbrain.core.state import RunState
 from kernelbrain.generators.prompt import describe_numbers
@@ -15,6 +16,20 @@ from kernelbrain.runtime.device_room import ADMIT_SHARE, admitted_memory
 from kernelbrain.runtime.role import Role, Task
 from kernelbrain.runtime.sandbox import SandboxFault
 from kernelbrain.store import NewEvent
+
+
+def stochastic(analysis: ProblemAnalysed) -> str | None:
+    """Why a reference run in training mode cannot be matched (one line), or None: it draws random numbers
+    (dropout), so no kernel gives its outputs call for call; in eval mode the draw is the identity."""
+    if analysis.mode != "training" or analysis.graph is None:
+        return None
+    drawn = sorted({n.op for n in analysis.graph.nodes if n.op in RANDOM_OPS})
+    if not drawn:
+        return None
+    return (
+        f"{RANDOM_IN_TRAINING} ({', '.join(drawn)}: dropout?), as Model(*get_init_inputs()) is left, so "
+        "no kernel can match its outputs; `kb run --eval` compares eval mode, where dropout is the identity"
+    )
 
 
 def admission(analysis: ProblemAnalysed, device: str) -> str | None:
@@ -65,6 +80,7 @@ class GeneratorRole(Role):
             graph=reply.graph,
             footprint=reply.footprint,
             device_memory=admitted_memory(reply.device_memory),
+            mode=reply.mode,
         )
 
     def analyse(self, task: Task, state: RunState) -> tuple[ProblemAnalysed, float]:
@@ -85,8 +101,8 @@ class GeneratorRole(Role):
         else:
             analysis = self.analysed(asked.reply)
             busy = 0.0 if analysis.traced_on == "meta" else asked.busy_s  # shapes only: no GPU used
-            if too_big := admission(analysis, cfg.device):
-                analysis = analysis.model_copy(update={"error": too_big})
+            if refused := stochastic(analysis) or admission(analysis, cfg.device):
+                analysis = analysis.model_copy(update={"error": refused})
         from kernelbrain.templates import FAMILIES  # every family's module: in the generator alone
 
         # the template families that match, for the record

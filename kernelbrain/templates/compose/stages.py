@@ -28,7 +28,7 @@ import math
 from collections.abc import Collection
 from typing import Any
 
-from kernelbrain.core.graph import INPUT, PARAM, Graph, Meta, Node
+from kernelbrain.core.graph import INPUT, PARAM, RANDOM_OPS, Graph, Meta, Node
 from kernelbrain.templates.base import Refusal
 from kernelbrain.templates.compose import cut
 from kernelbrain.templates.compose.cut import NotTail
@@ -53,17 +53,6 @@ SOFTMAX = {
     "aten.softmax.int": True,
     "aten._log_softmax.default": False,
     "aten.log_softmax.int": False,
-}
-# ops that draw random numbers (dropout in training mode): no kernel can match them exactly
-RANDOM = {
-    "aten.bernoulli_.float",
-    "aten.bernoulli.default",
-    "aten.bernoulli.p",
-    "aten.native_dropout.default",
-    "aten.rand_like.default",
-    "aten.randn_like.default",
-    "aten.uniform_.default",
-    "aten.normal_.default",
 }
 _RESHAPES = {"aten.view.default", "aten._unsafe_view.default", "aten.reshape.default"}
 
@@ -227,7 +216,7 @@ def _first_foreign(graph: Graph, views: Collection[str]) -> str | None:
     """The first op of the stage that is neither elementwise, a view, a reduction, a norm, a pooling nor
     a convolution (one that draws random numbers first: dropout in training mode)."""
     wanted = {n for n, _ in graph.needed()}
-    random = next((n.op for i, n in enumerate(graph.nodes) if i in wanted and n.op in RANDOM), None)
+    random = next((n.op for i, n in enumerate(graph.nodes) if i in wanted and n.op in RANDOM_OPS), None)
     if random is not None:
         return f"{random} (random numbers: dropout in training mode)"
     for i, n in enumerate(graph.nodes):

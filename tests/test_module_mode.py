@@ -1,0 +1,181 @@
+"""The module as constructed (issue 37): the reference runs in the mode Model(*get_init_inputs()) leaves it
+in, training for a KernelBench file, unless `kb run --eval` asks for eval mode. A batch norm in training
+mode normalises by the batch's statistics and updates its running ones, and the gate compares those
+after each call like outputs; a reference that draws random numbers in training mode (dropout) is refused
+with the --eval hint; the reference's own running statistics are never taken for a candidate's tampering."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from kernelbrain.store import EventStore
+
+from kernelbrain.child.analysis import analyse
+from kernelbrain.core.graph import Graph
+from kernelbrain.core.problem import EVAL_LINE, in_eval_mode
+from kernelbrain.core.protocol import GateRequest
+from kernelbrain.templates.families import moments
+from tests.kbcli import kb, kb_env
+from tests.runs import QUICK_RUNGS, run_inprocess, run_interpreted
+
+BATCH_NORM = """
+import torch
+import torch.nn as nn
+
+class Model(nn.Module):
+    def __init__(self, channels):
+        super().__init__()
+        self.bn = nn.BatchNorm2d(channels, momentum=MOMENTUM)
+
+    def forward(self, x):
+        return self.bn(x)
+
+batch_size = 4
+channels = 6
+height = 5
+width = 7
+
+def get_inputs():
+    return [torch.randn(batch_size, channels, height, width) * 3 + 1]
+
+def get_init_inputs():
+    return [channels]
+"""
+
+DROPOUT = """
+import torch
+import torch.nn as nn
+
+class Model(nn.Module):
+    def __init__(self, p):
+        super().__init__()
+        self.drop = nn.Dropout(p)
+
+    def forward(self, x):
+        return torch.relu(self.drop(x * 2.0))
+
+batch_size = 8
+dim = 64
+
+def get_inputs():
+    return [torch.randn(batch_size, dim)]
+
+def get_init_inputs():
+    return [0.25]
+"""
+
+
+def _norm(momentum: float, eval_mode: bool = False) -> str:
+    source = BATCH_NORM.replace("MOMENTUM", str(momentum))
+    return in_eval_mode(source) if eval_mode else source
+
+
+def _rendered(source: str) -> tuple[dict, str]:
+    """The analysis of a problem and the moments family's first round-0 candidate for it."""
+    analysis = analyse(source, "cpu")
+    spec = moments.refine(moments.matches(analysis["ops"], Graph.model_validate(analysis["graph"])), source)
+    assert spec is not None
+    return analysis, moments.render(spec, moments.ROUND0[0], analysis["signature"])
+
+
+def test_the_reference_runs_as_constructed_and_in_eval_mode_where_asked() -> None:
+    analysis = analyse(_norm(0.1), "cpu")
+    assert analysis["mode"] == "training"
+    spec = moments.matches(analysis["ops"], Graph.model_validate(analysis["graph"]))
+    assert spec is not None and spec["mode"] == "batch" and spec["running"], spec
+    analysis = analyse(_norm(0.1, eval_mode=True), "cpu")
+    assert analysis["mode"] == "eval"
+    spec = moments.matches(analysis["ops"], Graph.model_validate(analysis["graph"]))
+    assert spec is not None and spec["mode"] == "running", spec
+    assert in_eval_mode(in_eval_mode(BATCH_NORM)).count(EVAL_LINE) == 1
+
+
+def test_the_gate_compares_the_running_statistics_a_training_call_updates(box) -> None:
+    """The same batch statistics, so the same outputs, but a momentum of 0.3 where the reference's is 0.1:
+    only the running statistics tell them apart. An eval-mode kernel for the training-mode reference
+    computes a different model."""
+    problem = _norm(0.1)
+    _, right = _rendered(problem)
+    _, other_momentum = _rendered(_norm(0.3))
+    _, eval_kernel = _rendered(_norm(0.1, eval_mode=True))
+
+    def gate(cand: str, source: str = problem):
+        request = GateRequest(problem_source=source, cand_source=cand, device="cpu", seeds=3)
+        return box.call(request, timeout_s=120)[0]
+
+    reply = gate(right)
+    assert reply.passed, reply
+    reply = gate(other_momentum)
+    assert not reply.passed and reply.category == "mismatch", reply
+    assert "running state bn.running_mean (updated in training mode)" in reply.detail, reply.detail
+    reply = gate(eval_kernel)
+    assert not reply.passed and reply.category == "mismatch" and "output 0" in reply.detail, reply
+    # in eval mode the eval kernel is right, the training one is not
+    assert gate(eval_kernel, _norm(0.1, eval_mode=True)).passed
+    assert not gate(right, _norm(0.1, eval_mode=True)).passed
+
+
+def test_a_training_batch_norm_run_times_its_winner_and_never_blames_it_for_the_running_statistics(
+    tmp_path,
+) -> None:
+    """The rungs run the reference beside the candidate: the statistics the reference's own calls update
+    are not weights a candidate changed."""
+    problem = tmp_path / "batch_norm.py"
+    problem.write_text(_norm(0.1))
+    state = run_inprocess(problem, tmp_path / "kb.db", max_candidates=2, rungs=QUICK_RUNGS)
+    assert state.analysis is not None and state.analysis.mode == "training"
+    faults = [c.gate.detail for c in state.candidates.values() if getattr(c.gate, "detail", None)]
+    assert not any("weights" in f for f in faults), faults
+    assert state.finished is not None and state.finished.winner, (state.finished, faults)
+
+
+def test_dropout_in_training_mode_is_refused_and_runs_with_eval(tmp_path) -> None:
+    problem = tmp_path / "dropout.py"
+    problem.write_text(DROPOUT)
+    db = tmp_path / "kb.db"
+    args = ["--db", str(db), "--device", "cpu", "--max-candidates", "1", "--inprocess", "--quiet"]
+    r = kb("run", str(problem), *args, env=kb_env())
+    assert r.returncode == 4, (r.stdout, r.stderr)
+    last = r.stdout.strip().splitlines()[-1]
+    assert f"the problem file {problem} draws random numbers in training mode" in last, last
+    assert "aten.bernoulli_.float" in last and "`kb run --eval`" in last and "(exit 4)" in last, last
+    r = kb("run", str(problem), *args, "--eval", "--ladder", "smallest:2:1", env=kb_env())
+    assert r.returncode == 0, (r.stdout, r.stderr)
+    run_id = r.stdout.split()[1]
+    with EventStore(db, create=False) as store:
+        started = next(e for e in store.read(run_id=run_id) if e.type == "RunStarted")
+        source = store.get_blob(started.payload["problem_hash"]).decode()
+        analysed = next(e for e in store.read(run_id=run_id) if e.type == "ProblemAnalysed")
+    assert source == in_eval_mode(DROPOUT) and Path(problem).read_text() == DROPOUT
+    assert started.payload["config"]["eval_mode"] is True and analysed.payload["mode"] == "eval"
+
+
+OWN_IMPORTS = """
+import json, sys, torch
+from kernelbrain.child import guard
+from kernelbrain.child.loading import Problem
+
+problem = Problem(sys.argv[1])
+guard.install()
+assert "torch._dynamo" not in sys.modules
+if sys.argv[2] == "tampered":
+    torch.manual_seed = lambda seed: None  # what a candidate might do before kb sizes the inputs
+problem.inputs({}, 0, "meta")  # its arithmetic on meta imports torch._dynamo
+try:
+    guard.check_untouched(None, {})
+    said = None
+except guard.Violation as v:
+    said = str(v)
+print(json.dumps({"dynamo": "torch._dynamo" in sys.modules, "said": said}))
+"""
+
+
+def test_what_torch_replaces_importing_dynamo_under_kbs_own_call_is_not_the_candidates() -> None:
+    """On CPU, sizing get_inputs on the meta device imports torch._dynamo, which replaces torch.manual_seed:
+    torch's doing under kb's own call, not the candidate's. A seed function the candidate had replaced
+    before is still named."""
+    source = _norm(0.1)
+    clean = run_interpreted(OWN_IMPORTS, source, "clean")
+    assert clean == {"dynamo": True, "said": None}, clean
+    tampered = run_interpreted(OWN_IMPORTS, source, "tampered")
+    assert tampered["dynamo"] and "the candidate replaced torch.manual_seed" in tampered["said"], tampered
