@@ -41,7 +41,10 @@ def get_init_inputs():
     return []
 """
 
-SORT = SOFTMAX.replace("torch.softmax(x, dim=1)", "torch.sort(x, dim=1).values")
+# dropout before the sort: refused as constructed (training mode), run again with --eval
+SORT = SOFTMAX.replace(
+    "torch.softmax(x, dim=1)", "torch.sort(torch.nn.functional.dropout(x, 0.25, self.training), dim=1).values"
+)
 NO_INPUTS = SOFTMAX.replace("def get_inputs():", "def make_inputs():")
 
 
@@ -119,18 +122,21 @@ def test_the_sweep_resumes_times_winners_and_names_every_miss(tmp_path):
     assert piece["began"] < since < to and piece["timed_alone_s"] >= to - since
     unmatched = json.loads((out / "level1" / "2_Sort.json").read_text())
     assert unmatched["winner"] is None and unmatched["miss"] == "no offline template", unmatched
+    assert unmatched["mode"] == "eval" and soft["mode"] == "training", (unmatched, soft)
     refused = json.loads((out / "level1" / "3_NoInputs.json").read_text())
     assert refused["miss"].startswith("kb refused the file") and "get_inputs" in refused["miss"], refused
 
     table = (out / "README.md").read_text()
     assert "| 1 | 1/3 |" in table, table  # one correct kernel of three files
     assert "no offline template (1)" in table and "kb refused the file (1)" in table
-    assert "| level1/2_Sort.py | - | 0 / 0 |" in table
+    assert "| level1/2_Sort.py | - [eval] | 0 / 0 |" in table and "Run with `--eval`, marked [eval] below: 1," in table
 
     again = _sweep(kernelbench, tmp_path)
     assert "3 done earlier, 0 to go" in again.stdout, again.stdout
     with EventStore(str(tmp_path / "sweep.db"), create=False, readonly=True) as store:
-        assert len(store.run_ids()) == 2  # softmax and sort; kb refused the third before any run
+        # softmax and sort, that one twice (refused in training mode, then --eval); kb refused the third
+        # before any run
+        assert len(store.run_ids()) == 3
 
     # --redo-unmatched: the files whose result found no family run again (a new run, not the old one
     # resumed), their old results kept until replaced; the matched softmax is left alone
@@ -139,9 +145,10 @@ def test_the_sweep_resumes_times_winners_and_names_every_miss(tmp_path):
     assert redo.returncode == 0, redo.stderr
     assert "1 done earlier, 2 to go" in redo.stdout, redo.stdout
     with EventStore(str(tmp_path / "sweep.db"), create=False, readonly=True) as store:
-        assert len(store.run_ids()) == 3
+        assert len(store.run_ids()) == 4  # the sort's new run in eval mode at once
     again_sort = json.loads((out / "level1" / "2_Sort.json").read_text())
     assert again_sort["run_id"] != before and again_sort["miss"] == "no offline template"
+    assert again_sort["mode"] == "eval"
     assert json.loads((out / "level1" / "1_Softmax.json").read_text())["run_id"] == first
 
     # a result decided by kb code that changed since (its hash differs) runs again; the rest stay

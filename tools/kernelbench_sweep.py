@@ -24,7 +24,9 @@ fast_0 (a correct kernel) and fast_1 (correct and faster than eager, and than to
 --redo-unmatched runs again the files whose result found no template family (made before the family
 existed): their old results stay until the new ones replace them. --allow-torch passes through to
 `kb run`: candidates may keep those classes of torch ops (partial kernels).
-A row whose winner is one is marked `[torch: conv]` in the table, and counted apart per level.
+A row whose winner is one is marked `[torch: conv]` in the table, and counted apart per level. A file
+whose reference draws random numbers in training mode (dropout), which kb refuses as constructed, runs
+again with `kb run --eval`; its row is marked `[eval]`.
 """
 
 from __future__ import annotations
@@ -99,28 +101,40 @@ class Runs:
 
     newest: dict[str, str]
     finished: set[str]
+    order: dict[str, int]  # each run's place in the database: the newest of two sources wins
 
     @classmethod
     def read(cls, db: Path) -> Runs:
         if not db.exists():
-            return cls({}, set())
+            return cls({}, set(), {})
         from kernelbrain.store import open_store
 
         from kernelbrain.core.events import decode
 
         newest: dict[str, str] = {}
         finished: set[str] = set()
+        order: dict[str, int] = {}
         with open_store(str(db), create=False, readonly=True) as store:
             for raw in store.read(types=["RunStarted", "RunFinished"]):  # in order: the newest run last
                 if raw.type == "RunStarted":
                     newest[decode(raw).problem_hash] = raw.run_id
+                    order[raw.run_id] = len(order)
                 else:
                     finished.add(raw.run_id)
-        return cls(newest, finished)
+        return cls(newest, finished, order)
 
     def run_for(self, path: Path) -> str | None:
-        """The newest run of this exact file (same source), if any."""
-        return self.newest.get(_source_hash(path))
+        """The newest run of this exact file (its source as it is, or as `kb run --eval` records it)."""
+        runs = [r for h in _source_hashes(path) if (r := self.newest.get(h)) is not None]
+        return max(runs, key=self.order.__getitem__, default=None)
+
+
+def _source_hashes(path: Path) -> tuple[str, str]:
+    """The hashes a run of this file records: of its source, and of its source in eval mode (--eval)."""
+    from kernelbrain.core.problem import in_eval_mode, source_hash
+
+    source = path.read_text()
+    return source_hash(source), source_hash(in_eval_mode(source))
 
 
 def run_for(db: Path, path: Path) -> str | None:
@@ -151,54 +165,100 @@ def finish(proc: subprocess.Popen[str], deadline: float, stop: Callable[[], obje
                 return out or "", err or "", True
 
 
-def kb_run_command(files: list[Path], db: Path, args: argparse.Namespace) -> list[str]:
-    """`kb run` of the files (a batch where there are several), with the sweep's settings."""
+def kb_run_command(
+    files: list[Path], db: Path, args: argparse.Namespace, eval_mode: bool = False
+) -> list[str]:
+    """`kb run` of the files (a batch where there are several), with the sweep's settings; in eval mode
+    for files whose reference draws random numbers in training mode."""
     cmd = [sys.executable, "-m", "kernelbrain", "run", *map(str, files), "--db", str(db), "--quiet"]
+    cmd += ["--eval"] if eval_mode else []
     cmd += ["--budget-gpu-s", str(args.budget_gpu_s), "--max-candidates", str(args.max_candidates)]
     cmd += ["--max-profiles", "1"]  # ncu for the best finalist alone: one profile a problem
     cmd += ["--device", args.device] if args.device else []
     return cmd + (["--allow-torch", args.allow_torch] if args.allow_torch else [])
 
 
-def plan(files: list[Path], db: Path, args: argparse.Namespace) -> tuple[list[str], list[Path]]:
+def plan(files: list[Path], db: Path, args: argparse.Namespace) -> tuple[list[str], list[Path], list[Path]]:
     """What the files need: the batches or runs to resume (an older sweep's unfinished runs, a batch at a
-    time, or alone where a run was started alone), and the files to start as one batch."""
+    time, or alone where a run was started alone), the files to start as one batch, and those to start
+    in eval mode (their reference draws random numbers in training mode: `needs_eval`)."""
     resume: dict[str, None] = {}  # batch or run ids, in order
     start: list[Path] = []
+    start_eval: list[Path] = []
     runs = Runs.read(db)
     for path in files:
         fresh = (args.fresh is not None and re.search(args.fresh, path.name)) or path in args.stale
-        run_id = None if fresh else runs.run_for(path)
+        newest = runs.run_for(path)
+        run_id = None if fresh else newest
         if run_id is not None and args.redo_unmatched and not _matched(db, run_id):
             run_id = None  # the newest run found no family: kb of today starts a new one
-        if run_id is None:
-            start.append(path)
+        if run_id is not None and run_id in runs.finished and needs_eval(db, run_id):
+            start_eval.append(path)  # refused in training mode: its run in eval mode is next
+        elif run_id is None:
+            (start_eval if newest is not None and _in_eval(db, newest) else start).append(path)
         elif run_id not in runs.finished:
             resume[_batch_of(db, run_id) or run_id] = None
-    return list(resume), start
+    return list(resume), start, start_eval
 
 
 def drive(
-    resume: list[str], start: list[Path], db: Path, args: argparse.Namespace, deadline: float
+    resume: list[str],
+    start: list[Path],
+    start_eval: list[Path],
+    db: Path,
+    args: argparse.Namespace,
+    deadline: float,
 ) -> dict[Path, str]:
-    """The runs through kb's pool: `resume` resumed, then `start` started as one batch. Per file, kb's
-    line where it refused the file (no run was started)."""
+    """The runs through kb's pool: `resume` resumed, then `start` started as one batch, then in eval mode
+    `start_eval` and the files of `start` whose reference draws random numbers in training mode. Per
+    file, kb's line where it refused the file (no run was started)."""
     kb = [sys.executable, "-m", "kernelbrain"]
     for ident in resume:
         if time.monotonic() < deadline and not STOPPED.is_set():
             kb_call([*kb, "resume", ident, "--db", str(db), "--quiet"], deadline)
     refused: dict[Path, str] = {}
-    if start and time.monotonic() < deadline and not STOPPED.is_set():
-        code, out = kb_call(kb_run_command(start, db, args), deadline)
+    for eval_mode in (False, True):
+        files = start if not eval_mode else [*start_eval, *(p for p in start if _refused_in_training(db, p))]
+        if not files or time.monotonic() >= deadline or STOPPED.is_set():
+            continue
+        code, out = kb_call(kb_run_command(files, db, args, eval_mode), deadline)
         lines = out.strip().splitlines()
-        if len(start) == 1 and code == EXIT_PROBLEM and run_for(db, start[0]) is None:
-            refused[start[0]] = lines[-1]  # kb run of one file: not a batch; its `Error:` line
-        for path in start:  # a batch's refusals: `NAME: refused: LINE`
+        if len(files) == 1 and code == EXIT_PROBLEM and run_for(db, files[0]) is None:
+            refused[files[0]] = lines[-1]  # kb run of one file: not a batch; its `Error:` line
+        for path in files:  # a batch's refusals: `NAME: refused: LINE`
             said = f"{path.name}: refused: "
             for line in lines:
                 if line.startswith(said):
                     refused[path] = line.removeprefix(said)
     return refused
+
+
+def _refused_in_training(db: Path, path: Path) -> bool:
+    run_id = run_for(db, path)
+    return run_id is not None and needs_eval(db, run_id)
+
+
+def needs_eval(db: Path, run_id: str) -> bool:
+    """Whether the run ended refused for drawing random numbers in training mode (dropout): the sweep runs
+    its file again with --eval, and labels its row so."""
+    from kernelbrain.store import open_store
+
+    from kernelbrain.core.problem import RANDOM_IN_TRAINING
+    from kernelbrain.runtime.runner import load_state
+
+    with open_store(str(db), create=False, readonly=True) as store:
+        state = load_state(store, run_id)
+    fault = state.problem_fault or ""
+    return state.finished is not None and not state.config.eval_mode and fault.startswith(RANDOM_IN_TRAINING)
+
+
+def _in_eval(db: Path, run_id: str) -> bool:
+    from kernelbrain.store import open_store
+
+    from kernelbrain.runtime.runner import load_state
+
+    with open_store(str(db), create=False, readonly=True) as store:
+        return load_state(store, run_id).config.eval_mode
 
 
 def _batch_of(db: Path, run_id: str) -> str | None:
@@ -436,13 +496,14 @@ def sweep(args: argparse.Namespace) -> None:
 
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: STOPPED.set())
-    resume, start = plan([p for _, p in todo], args.db, args)
+    resume, start, start_eval = plan([p for _, p in todo], args.db, args)
     # a file started anew counts only its new run: the one it had (stale, unmatched, --fresh) is not it
     before = Runs.read(args.db)
-    old = {path: before.run_for(path) for path in start}
+    old = {path: before.run_for(path) for path in [*start, *start_eval]}
     refused: dict[Path, str] = {}
     runner = threading.Thread(
-        target=lambda: refused.update(drive(resume, start, args.db, args, runs_until)), daemon=True
+        target=lambda: refused.update(drive(resume, start, start_eval, args.db, args, runs_until)),
+        daemon=True,
     )
     runner.start()
     left = list(todo)
@@ -491,6 +552,8 @@ def settle(
     ended = run_id in runs.finished
     if ended_only and not ended:
         return False
+    if ended and needs_eval(args.db, run_id):  # its run in eval mode comes next, here or next time
+        return not ended_only
     print(f"level{level}/{path.name}: {'ended' if ended else 'stopped, resumable'} ({run_id})", flush=True)
     result |= outcome(args.db, run_id)
     if not result["finished"]:

@@ -88,6 +88,12 @@ def table(args: argparse.Namespace, total: dict[int, int]) -> None:
         "",
         "Most common reasons for a miss: " + "; ".join(f"{k} ({n})" for k, n in misses.most_common()),
     ]
+    if evals := sum(r.get("mode") == "eval" for r in results):
+        lines += [
+            "",
+            f"Run with `--eval`, marked [eval] below: {evals}, whose reference draws random numbers in "
+            "training mode (dropout), which kb refuses as constructed.",
+        ]
     if partial_rows:
         lines += [
             "",
@@ -107,6 +113,8 @@ def table(args: argparse.Namespace, total: dict[int, int]) -> None:
         family = r["winner_family"] or ", ".join(r["families"]) or "-"
         if r.get("winner_torch_ops"):
             family += f" [torch: {', '.join(r['winner_torch_ops'])}]"
+        if r.get("mode") == "eval":  # its reference draws random numbers in training mode: run with --eval
+            family += " [eval]"
         lines.append(
             f"| {r['file']} | {family} | "
             f"{r['gate_passed']} / {failed} | {_x(s.get('vs_eager'))} | {_x(s.get('vs_compile'))} | "
