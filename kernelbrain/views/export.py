@@ -158,9 +158,22 @@ def _header(state: RunState, c: Candidate, fmt: Format) -> str:
         f"# Exported by kernelbrain from run {state.run_id}, problem {state.started.problem_name}.\n"
         f"# Candidate {c.id} ({c.proposal.family}/{c.proposal.strategy}); best rung "
         f"{max(c.results) if c.results else '-'}: {numbers} [{top.timer if top else '-'}]\n"
+        + _mode(state)
         + _partial(c)
         + _checked_at(state, c, fmt)
     )
+
+
+def _mode(state: RunState) -> str:
+    """The mode the reference and this kernel were compared in: a kernel for a batch norm in training mode
+    computes batch statistics, one in eval mode reads the running ones."""
+    a = state.analysis
+    if a is None:
+        return ""
+    if a.mode == "training":
+        return "# Mode: training, as Model(*get_init_inputs()) leaves it; checked against it so.\n"
+    why = " (kb run --eval)" if state.config.eval_mode else ""
+    return f"# Mode: eval{why}; checked against the reference in eval mode.\n"
 
 
 def _partial(c: Candidate) -> str:
