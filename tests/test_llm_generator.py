@@ -121,6 +121,16 @@ def test_prompts_are_deterministic() -> None:
     assert a == b and hint.text in a
 
 
+def test_the_prompt_says_which_mode_the_modules_are_called_in() -> None:
+    """A batch norm kernel for training mode updates the running statistics; one for eval mode reads them."""
+    training = prompt.render(prompt.build_messages(PROBLEM, ANALYSIS.model_copy(update={"mode": "training"})))
+    assert "## Mode\nModel and ModelNew are called in training mode" in training
+    assert "compared with the reference's after each call" in training
+    assert "## Mode\nModel and ModelNew are called in eval mode" in prompt.render(
+        prompt.build_messages(PROBLEM, ANALYSIS)
+    )
+
+
 # --- repair of the reply corpus ----------------------------------------------------------------------
 
 REPAIRABLE = {

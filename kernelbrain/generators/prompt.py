@@ -97,6 +97,15 @@ GATE_RULES: tuple[str, ...] = (
     "against float64) on several random inputs, some signed and wide-ranged (magnitudes up to ~100).",
 )
 
+# the mode the reference and ModelNew are built and called in (ProblemAnalysed.mode)
+MODES = {
+    "training": "Model and ModelNew are called in training mode, as constructed: a batch norm normalises "
+    "by the batch's statistics and updates its running_mean, running_var and num_batches_tracked buffers in "
+    "place as torch does; those buffers are compared with the reference's after each call, like outputs.",
+    "eval": "Model and ModelNew are called in eval mode: a batch norm normalises by its running statistics "
+    "and updates nothing; dropout is the identity.",
+}
+
 SYSTEM = (
     "You are an expert GPU kernel engineer. You write correct, fast Triton kernels that replace "
     "PyTorch reference modules. Answer with one complete Python module in a single ```python code "
@@ -156,6 +165,7 @@ def build_messages(
     ]
     if analysis.shapes:
         parts.append(f"## Shapes it is benchmarked on (primary first)\n{', '.join(analysis.shapes)}")
+    parts.append(f"## Mode\n{MODES[analysis.mode]}")
     if parent_source is not None:
         parts.append(f"## Current kernel (the parent to improve)\n```python\n{parent_source.rstrip()}\n```")
     if numbers:
