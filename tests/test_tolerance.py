@@ -100,6 +100,24 @@ def test_a_correct_long_float32_sum_passes_where_plain_allclose_fails() -> None:
     assert c.max_abs_err > 1e-4
 
 
+def test_a_correct_triangular_product_passes_where_half_the_truth_is_exact_zeros() -> None:
+    """tril(A @ B) of lower-triangular A and B: the zeros above the diagonal are exact in every computation
+    and measure nothing of the reference's precision; floored by them, the bound of an element the
+    reference happened to round well would allow a correct kernel's rounding nothing. A bfloat16 product
+    still fails."""
+    n = 512
+    torch.manual_seed(2)
+    a, b = variant([torch.rand(n, n), torch.rand(n, n)], 2)  # a wide draw: products near 1e4
+    a, b = torch.tril(a), torch.tril(b)
+    truth, ref = torch.tril(a.double() @ b.double()), torch.tril(a @ b)
+    tiled = torch.tril(sum(a[:, k : k + 32] @ b[k : k + 32] for k in range(0, n, 32)))  # a kernel's order
+    errs = (ref.double() - truth).abs()
+    assert float(errs.median()) < 1e-3 * float(errs[errs > 0].median())  # the zeros sink the plain median
+    assert compare(tiled, truth, ref, 1e-4).failed == 0
+    low = compare(torch.tril((a.bfloat16() @ b.bfloat16()).float()), truth, ref, 1e-4)
+    assert low.failed > low.numel // 4, low
+
+
 def test_a_precision_downgrade_fails_on_every_draw() -> None:
     for seed in (1, 2):
         truth, ref, _, low = _bmv_draw(seed)
