@@ -414,7 +414,7 @@ def code_hash(family: str | None) -> str:
     kb = ROOT / "kernelbrain"
     shared = [*kb.glob("templates/*.py"), *kb.glob("templates/compose/*.py"), *kb.glob("generators/*.py")]
     shared += [kb / "child" / f for f in ("gate.py", "judge.py", "draws.py", "timing.py", "analysis.py")]
-    shared += [kb / "child" / "loading.py"]  # how the reference is built: its mode, its weights
+    shared += [kb / "child" / f for f in ("loading.py", "tolerance.py")]  # the reference as built, the bound
     shared += [kb / "core" / f for f in ("policy.py", "scoring.py", "graph.py")]
     own = sorted((kb / "templates" / "families" / family).rglob("*.py")) if family else []
     digest = hashlib.sha256()
