@@ -118,6 +118,16 @@ def test_a_correct_triangular_product_passes_where_half_the_truth_is_exact_zeros
     assert low.failed > low.numel // 4, low
 
 
+def test_elements_the_reference_copies_exactly_still_floor_the_bound() -> None:
+    """Where most of an output is computed exactly (nonzero copies) and a few elements err, the few do
+    not widen the bound of the exact ones: an error the reference never makes there still fails."""
+    truth = torch.linspace(0.5, 1.5, 1000, dtype=torch.float64)
+    ref = truth.float()
+    ref[:100] += 0.01  # a tenth of the elements err
+    got = truth.float() + 0.1  # wrong everywhere by 0.1 (about 10%)
+    assert compare(got, truth, ref, 1e-4).failed >= 900
+
+
 def test_a_precision_downgrade_fails_on_every_draw() -> None:
     for seed in (1, 2):
         truth, ref, _, low = _bmv_draw(seed)

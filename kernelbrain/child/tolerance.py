@@ -8,8 +8,8 @@ is within either bound:
 - REFERENCE_MULTIPLE times the reference's own error there: the reference run at its own dtype (the
   user's PyTorch, what the candidate replaces) against the same truth. An element where the reference
   happened to round exactly right would allow nothing, so its error is floored at the median of the
-  reference's nonzero errors over that output (the elements it gets exactly right, such as the zeros of a
-  triangular product, are no measure of its precision).
+  reference's errors over that output where the truth is not zero (an output's exact zeros, such as the
+  upper half of a triangular product, are no measure of its precision).
 
 The dtype is the reference's: an output of another dtype or shape is refused before any error is computed
 (`same_as_reference`), so an fp16 output for an fp32 problem is never judged at fp16's tolerance.
@@ -49,11 +49,12 @@ def compare(got: torch.Tensor, truth: torch.Tensor, native: torch.Tensor, tol: f
     finite = torch.isfinite(t)
     err = (g - t).abs()
     ref_err = torch.where(finite & torch.isfinite(native), (native.detach().to(torch.float64) - t).abs(), 0)
-    # the floor: the reference's typical error where it errs at all. Elements it gets exactly right (exact
-    # zeros, copies) say nothing of its precision: over an output half zeros (a triangular matmul) they
-    # would sink the median to nothing, and a correct kernel's rounding elsewhere would fail
-    erring = ref_err[finite & (ref_err > 0)]
-    floor = float(erring.median()) if erring.numel() else 0.0
+    # the floor: the reference's typical error where the truth is not zero. An output's exact zeros (the
+    # upper half of a triangular product) are right in every computation and say nothing of its
+    # precision: they would sink the median to nothing, and a correct kernel's rounding elsewhere would
+    # fail. Elements the reference computes exactly where the truth is not zero still count
+    measured = ref_err[finite & (t != 0)]
+    floor = float(measured.median()) if measured.numel() else 0.0
     bound = torch.maximum(tol + tol * t.abs(), REFERENCE_MULTIPLE * ref_err.clamp_min(floor))
     ok = ~finite | (err <= bound)  # a NaN error is never <= a bound
     err = err.masked_fill(~finite, 0)

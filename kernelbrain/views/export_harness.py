@@ -139,7 +139,7 @@ def _kb_outputs(out):
 def _kb_within(got, truth, native, tol, multiple):
     """(elements failed, max abs err at the truth's scale): kb's tolerance rule (kernelbrain/child/
     tolerance.py). An element passes within tol + tol |truth| or within `multiple` x the reference's own
-    error there (floored at the median of its nonzero errors), where the reference runs at its own dtype
+    error there (floored at its median where the truth is not zero), where the reference runs at its own dtype
     and the truth in float64. The error is absolute where |truth| <= 1, relative above."""
     import torch
 
@@ -147,8 +147,8 @@ def _kb_within(got, truth, native, tol, multiple):
     finite = torch.isfinite(t)
     err = (g - t).abs()
     ref_err = torch.where(finite & torch.isfinite(native), (native.to(torch.float64) - t).abs(), 0)
-    erring = ref_err[finite & (ref_err > 0)]  # where it errs at all: its exact zeros measure nothing
-    floor = float(erring.median()) if erring.numel() else 0.0
+    measured = ref_err[finite & (t != 0)]  # where the truth is not zero: its exact zeros measure nothing
+    floor = float(measured.median()) if measured.numel() else 0.0
     bound = torch.maximum(tol + tol * t.abs(), multiple * ref_err.clamp_min(floor))
     ok = ~finite | (err <= bound)
     err = err.masked_fill(~finite, 0) / t.abs().clamp_min(1.0)  # absolute where |t| <= 1, relative above
