@@ -11,6 +11,7 @@ from pathlib import Path
 from kernelbrain.store import EventStore
 
 from kernelbrain.child.analysis import analyse
+from kernelbrain.child.loading import Problem, build, load_module
 from kernelbrain.core.graph import Graph
 from kernelbrain.core.problem import EVAL_LINE, in_eval_mode
 from kernelbrain.core.protocol import GateRequest
@@ -179,3 +180,45 @@ def test_what_torch_replaces_importing_dynamo_under_kbs_own_call_is_not_the_cand
     assert clean == {"dynamo": True, "said": None}, clean
     tampered = run_interpreted(OWN_IMPORTS, source, "tampered")
     assert tampered["dynamo"] and "the candidate replaced torch.manual_seed" in tampered["said"], tampered
+
+
+def test_a_constructor_that_chooses_eval_is_matched_in_eval(box) -> None:
+    """Model's own self.eval() in __init__: the reference runs in eval, and so is every candidate built."""
+    built = "        self.bn = nn.BatchNorm2d(channels, momentum=0.1)\n"
+    source = _norm(0.1).replace(built, built + "        self.eval()\n")
+    assert "self.eval()" in source
+    analysis, kernel = _rendered(source)
+    assert analysis["mode"] == "eval"
+    # a ModelNew whose own constructor leaves it in training is built in the reference's mode
+    plain = "import torch.nn as nn\nclass ModelNew(nn.Module):\n    def __init__(self, channels):\n"
+    plain += "        super().__init__()\n        self.bn = nn.BatchNorm2d(channels)\n"
+    problem = Problem(source)
+    ref, new = build(problem, load_module(plain, "cand"), problem.shapes[0], "cpu")
+    assert not ref.training and new is not None and not new.training
+    request = GateRequest(problem_source=source, cand_source=kernel, device="cpu", seeds=3)
+    reply = box.call(request, timeout_s=120)[0]
+    assert reply.passed, reply
+
+
+def test_the_batch_counter_is_compared_only_where_it_weighs_the_average() -> None:
+    import torch
+
+    from kernelbrain.child.loading import running_state
+
+    with_momentum, cumulative = torch.nn.BatchNorm1d(3), torch.nn.BatchNorm1d(3, momentum=None)
+    assert running_state(with_momentum) == {"running_mean", "running_var", "num_batches_tracked"}
+    assert running_state(with_momentum, compared=True) == {"running_mean", "running_var"}
+    assert "num_batches_tracked" in running_state(cumulative, compared=True)
+    assert running_state(with_momentum.eval()) == set()  # eval mode updates nothing
+
+
+def test_a_run_analysed_before_modules_ran_as_built_stays_in_eval_mode() -> None:
+    """Its verdicts were all made in eval mode: resumed, its children see the problem in eval mode."""
+    from kernelbrain.core.state import RunState
+
+    fixture = Path(__file__).resolve().parent / "fixtures" / "softmax_run.db"
+    with EventStore(fixture, create=False, readonly=True) as store:
+        (run_id,) = store.run_ids()
+        state = store.fold(RunState(run_id), run_id=run_id)
+    assert state.analysis is not None and state.analysis.mode is None and not state.config.eval_mode
+    assert state.eval_mode

@@ -313,7 +313,7 @@ def outcome(db: Path, run_id: str) -> dict[str, Any]:
         "finished": fin is not None,
         "reason": fin.reason if fin else "unfinished",
         "families": a.families if a else [],
-        "mode": a.mode if a else None,  # the mode the reference ran in: training, or eval (--eval)
+        "mode": (a.mode or "eval") if a else None,  # the reference's: training, or eval (--eval, older)
         "ops": sorted({o["op"] for o in a.ops}) if a else [],
         "candidates": len(state.candidates),
         "gate_passed": passed,
@@ -354,6 +354,7 @@ def measure_winner(problem_file: Path, db: Path, run_id: str, out: Path, repeats
     from kernelbrain.store import open_store
 
     from kernelbrain.child.loading import Problem, build, load_module
+    from kernelbrain.core.problem import in_eval_mode
     from kernelbrain.runtime import gpu_lock
     from kernelbrain.runtime.role import problem_need
     from kernelbrain.runtime.runner import load_state
@@ -367,6 +368,7 @@ def measure_winner(problem_file: Path, db: Path, run_id: str, out: Path, repeats
         source = store.get_blob(state.candidates[state.finished.winner].proposal.source).decode()
         # the problem as the run recorded it (`kb run --eval` marks it so): the reference in its mode
         problem_source = store.get_blob(state.started.problem_hash).decode()
+        problem_source = in_eval_mode(problem_source) if state.eval_mode else problem_source
     warmed = None
     if device == "cuda":
         shared_triton_cache()

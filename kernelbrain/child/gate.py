@@ -101,6 +101,28 @@ def _running_state(new: torch.nn.Module, entry: dict[str, Any]) -> dict[str, tor
     return {k: state[k].detach().clone() for k in entry["running"]}
 
 
+def _restart(new: torch.nn.Module, running: dict[str, torch.Tensor], where: str) -> None:
+    """The candidate's running state put back as built; one it rebound to another shape, or dropped, is
+    its fault."""
+    state = new.state_dict(keep_vars=True)
+    for k, start in running.items():
+        try:
+            state[k].data.copy_(start)
+        except (KeyError, AttributeError, RuntimeError) as e:
+            raise CandidateFault("runtime", f"{where}: its running state {k} cannot be reset ({e})") from None
+
+
+def _kept(
+    new: torch.nn.Module, running: dict[str, torch.Tensor], where: str, seed: int
+) -> list[torch.Tensor]:
+    """The candidate's running state after a call, for the judge beside its outputs."""
+    state = new.state_dict()
+    missing = [k for k in running if k not in state]
+    if missing:
+        raise CandidateFault("mismatch", f"{where}seed {seed}: ModelNew no longer keeps {', '.join(missing)}")
+    return [state[k] for k in running]
+
+
 def _drawn(path: Path, device: str) -> Any:
     """One of the judge's files. Only a candidate can spoil one (where the sandbox does not bind the
     judge's folder read-only), so one that does not read back is this candidate's doing."""
@@ -187,9 +209,7 @@ def _trial(request: TrialRequest, draws: _Draws, steps: Steps) -> str:
         del entry
         steps.done("build")
         for seed in range(seeds):
-            state = new.state_dict(keep_vars=True)
-            for k, start in running.items():  # each call from the state it was built with, as the judge's
-                state[k].data.copy_(start)
+            _restart(new, running, f"{where}seed {seed}")  # each call from the state as built, as the judge's
             before = draws.inputs(i, seed)
             inputs = [layout_copy(x) for x in before]
             steps.done("inputs")
@@ -219,8 +239,9 @@ def _trial(request: TrialRequest, draws: _Draws, steps: Steps) -> str:
             _policy(guard.check_outputs, got, inputs, prefix=f"{where}seed {seed}: ")
             steps.done("checks")
             try:
-                state = new.state_dict()
-                tensorfile.write(handoff.outputs_file(out, i, seed), [*got, *(state[k] for k in running)])
+                tensorfile.write(
+                    handoff.outputs_file(out, i, seed), [*got, *_kept(new, running, where, seed)]
+                )
             except tensorfile.Unreadable as e:
                 raise CandidateFault("mismatch", f"{where}seed {seed}: {e}") from None
             del before, inputs, got

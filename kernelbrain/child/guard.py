@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import inspect
 import math
 import os
 import secrets
@@ -223,8 +224,9 @@ def own_imports() -> Iterator[None]:
     """Around kb's own calls into torch that may import torch._dynamo for the first time (arithmetic on
     the meta device does, as do some meta kernels): that import replaces torch.manual_seed and others as
     it loads, and the checks would take it for the candidate's doing. What changed while the call ran,
-    where dynamo was imported by it and the name held its pristine object before, is torch's doing: the
-    new object becomes the pristine one. A name a candidate had replaced before stays caught."""
+    where dynamo was imported by it, the name held its pristine object before and the new one wraps it,
+    is torch's doing: the new object becomes the pristine one. A name a candidate had replaced before,
+    or one replaced by anything but a wrapper of the pristine object, stays caught."""
     if not _PRISTINE_TORCH or "torch._dynamo" in sys.modules:
         yield
         return
@@ -234,8 +236,18 @@ def own_imports() -> Iterator[None]:
     finally:
         if "torch._dynamo" in sys.modules:
             for k, v in torch_identities().items():
-                if before.get(k) is not v and k in _PRISTINE_TORCH and before.get(k) is _PRISTINE_TORCH[k]:
+                was = before.get(k)
+                if was is not v and k in _PRISTINE_TORCH and was is _PRISTINE_TORCH[k] and _wraps(v, was):
                     _PRISTINE_TORCH[k] = v
+
+
+def _wraps(new: Any, old: Any) -> bool:
+    """Whether `new` is a wrapper of `old` (dynamo's import wraps torch.manual_seed to disable itself in
+    it): only such a replacement is torch's own; anything else changed in the window stays caught."""
+    try:
+        return new is not old and inspect.unwrap(new) is old
+    except ValueError:  # a cycle of __wrapped__
+        return False
 
 
 def moved(before: dict[str, Any], now: dict[str, Any]) -> list[str]:

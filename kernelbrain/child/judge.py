@@ -189,8 +189,8 @@ def draws(request: DrawsRequest) -> DrawsReply:
         entry = {
             "init": init,
             "state": state,
-            "eval": problem.eval_mode,
-            "running": sorted(running_state(ref)),
+            "eval": not ref.training,  # the candidate in the reference's mode (a constructor may choose eval)
+            "running": sorted(running_state(ref, compared=True)),
         }
         torch.save(entry, handoff.init_file(folder, i))
         spans = _spans(problem, ref, shape, device) if seeds > 1 else []

@@ -301,28 +301,33 @@ def layout_copy(x: Any) -> Any:
     return out.set_(x.untyped_storage().clone(), x.storage_offset(), x.size(), x.stride())
 
 
-def running_state(model: torch.nn.Module) -> set[str]:
+def running_state(model: torch.nn.Module, compared: bool = False) -> set[str]:
     """The state_dict keys its own forward rewrites: the running statistics and batch counters of torch's
     norms in training mode. Their training-mode outputs never read them (a norm normalises by the
     batch's statistics), so a candidate that changes them changes no reference output; the gate compares
-    them with the candidate's own after each call instead."""
+    them with the candidate's own after each call instead (`compared`: those it compares; a batch counter
+    only where it weighs the running average, momentum None, as it decides nothing else)."""
     keys = set()
     for name, sub in model.named_modules():
         if isinstance(sub, torch.nn.modules.batchnorm._NormBase) and sub.training:
             prefix = f"{name}." if name else ""
-            keys |= {f"{prefix}{b}" for b, v in sub.named_buffers(recurse=False) if v is not None}
+            for b, v in sub.named_buffers(recurse=False):
+                counter = b == "num_batches_tracked" and sub.momentum is not None
+                if v is not None and not (compared and counter):
+                    keys.add(f"{prefix}{b}")
     return keys
 
 
 @contextlib.contextmanager
 def running_state_kept(model: torch.nn.Module) -> Iterator[list[str]]:
-    """The model's running state (`running_state`'s keys, sorted) as it was before the body, put back
-    after it: calls made to find something out do not move the state the next call starts from."""
+    """The model's running state (`running_state`'s keys) as it was before the body, put back after it:
+    calls made to find something out do not move the state the next call starts from. Yields the keys
+    the gate compares, sorted."""
     keys = sorted(running_state(model))
     state = model.state_dict()
     before = {k: state[k].clone() for k in keys}
     try:
-        yield keys
+        yield sorted(running_state(model, compared=True))
     finally:
         with torch.no_grad():
             for k in keys:
@@ -347,7 +352,8 @@ def build_guarded(
         return ref, None, ()
     prints = weight_prints(ref)
     pristine = {k: v.detach().clone() for k, v in ref.state_dict().items()}
-    new = construct(cand.ModelNew, init, device, eval_mode=problem.eval_mode)
+    # in the reference's mode: a Model whose constructor chose eval is matched in eval
+    new = construct(cand.ModelNew, init, device, eval_mode=problem.eval_mode or not ref.training)
     new_state = new.state_dict()
     if pristine.keys() == new_state.keys() and all(pristine[k].shape == new_state[k].shape for k in pristine):
         new.load_state_dict(pristine)

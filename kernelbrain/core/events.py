@@ -142,7 +142,7 @@ class ProblemAnalysed(Event):
     graph: Graph | None = None  # the ATen graph at the traced shape, sizes marked (newer; None: not captured)
     footprint: float = 0.0  # bytes a timed task needs at its largest rung shape, estimated (0: unknown)
     device_memory: float = 0.0  # the device memory admission held it up against (bytes; 0: none)
-    mode: Literal["training", "eval"] = "eval"  # the reference's: as constructed, or --eval (older: eval)
+    mode: Literal["training", "eval"] | None = None  # the reference's: as constructed or --eval; None: eval
 
 
 class GenerationFailed(Event):

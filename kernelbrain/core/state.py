@@ -184,6 +184,13 @@ class RunState(Projection):
         self.problem_failed = self.problem_failed or e
 
     @property
+    def eval_mode(self) -> bool:
+        """Whether the run's reference and candidates are built in eval mode whatever their constructor
+        leaves them in: `kb run --eval`, or a run analysed before kb built them as constructed (its
+        ProblemAnalysed records no mode), whose verdicts were all made in eval mode."""
+        return self.config.eval_mode or (self.analysis is not None and self.analysis.mode is None)
+
+    @property
     def problem_fault(self) -> str | None:
         """Why the problem itself cannot be evaluated (its analysis, or its code in a later stage)."""
         if self.analysis is not None and self.analysis.error:

@@ -165,7 +165,7 @@ def build_messages(
     ]
     if analysis.shapes:
         parts.append(f"## Shapes it is benchmarked on (primary first)\n{', '.join(analysis.shapes)}")
-    parts.append(f"## Mode\n{MODES[analysis.mode]}")
+    parts.append(f"## Mode\n{MODES[analysis.mode or 'eval']}")
     if parent_source is not None:
         parts.append(f"## Current kernel (the parent to improve)\n```python\n{parent_source.rstrip()}\n```")
     if numbers:

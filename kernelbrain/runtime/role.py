@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 from kernelbrain.core.events import BudgetCharged, Event, GateCategory, ProblemFailed
+from kernelbrain.core.problem import in_eval_mode
 from kernelbrain.core.protocol import Fit, Message, Request
 from kernelbrain.core.state import RunState
 from kernelbrain.runtime import device_room, processes
@@ -209,8 +210,10 @@ class Role(abc.ABC):
         )
 
     def problem_source(self, state: RunState) -> str:
+        """The problem as the run records it, in eval mode where the run is (RunState.eval_mode)."""
         assert state.started
-        return self.store.get_blob(state.started.problem_hash).decode()
+        source = self.store.get_blob(state.started.problem_hash).decode()
+        return in_eval_mode(source) if state.eval_mode else source
 
     @staticmethod
     def fits(state: RunState) -> list[Fit]:

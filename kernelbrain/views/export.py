@@ -22,7 +22,7 @@ from typing import Literal
 from kernelbrain.core import torch_ops
 from kernelbrain.core.errors import RunError
 from kernelbrain.core.events import GatePassed
-from kernelbrain.core.problem import DEFAULT_TOLERANCE, REFERENCE_MULTIPLE
+from kernelbrain.core.problem import DEFAULT_TOLERANCE, REFERENCE_MULTIPLE, in_eval_mode
 from kernelbrain.core.state import Candidate, RunState
 from kernelbrain.store import Store
 
@@ -172,7 +172,13 @@ def _mode(state: RunState) -> str:
         return ""
     if a.mode == "training":
         return "# Mode: training, as Model(*get_init_inputs()) leaves it; checked against it so.\n"
-    why = " (kb run --eval)" if state.config.eval_mode else ""
+    why = (
+        " (kb run --eval)"
+        if state.config.eval_mode
+        else " (a run from before kb ran modules as built)"
+        if a.mode is None
+        else ""
+    )
     return f"# Mode: eval{why}; checked against the reference in eval mode.\n"
 
 
@@ -244,6 +250,7 @@ def export_source(
         return _header(state, c, fmt) + KERNELBENCH_NOTE + "\n" + source
     assert state.started is not None
     problem = store.get_blob(state.started.problem_hash).decode()
+    problem = in_eval_mode(problem) if state.eval_mode else problem  # as its run checked it
     return (
         _header(state, c, fmt)
         + "# `python kernel.py` checks ModelNew against the reference below and prints the speedup\n"
