@@ -28,7 +28,7 @@ if str(ROOT) not in sys.path:
     sys.path.append(str(ROOT))
 
 from kernelbrain.child.analysis import analyse  # noqa: E402
-from kernelbrain.child.loading import Problem  # noqa: E402
+from kernelbrain.child.loading import Problem, in_mode  # noqa: E402
 from kernelbrain.core.events import ProblemAnalysed  # noqa: E402
 from kernelbrain.generators.base import Proposal  # noqa: E402
 from kernelbrain.generators.expert import ExpertGenerator  # noqa: E402
@@ -74,7 +74,8 @@ def probe(
     problem = Problem(source)
     shape = problem.ladder_shapes("cuda", "primary")[0]
     inputs = problem.inputs(shape, 0, "cuda")
-    ref = problem.module.Model(*problem.module.get_init_inputs()).cuda().eval()  # as kb's judge builds it
+    # as kb's judge builds it: in the mode its constructor leaves it (KB_EVAL: eval)
+    ref = in_mode(problem.module.Model(*problem.module.get_init_inputs()).cuda(), problem.eval_mode)
     with torch.no_grad():
         expected = ref(*inputs)
         rows = []
