@@ -32,8 +32,6 @@ again with `kb run --eval`; its row is marked `[eval]`.
 from __future__ import annotations
 
 import argparse
-import collections
-import functools
 import hashlib
 import json
 import os
@@ -45,7 +43,6 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +51,16 @@ if str(ROOT) not in sys.path:  # for tools.*; appended, so an installed kb comes
     sys.path.append(str(ROOT))
 
 from tools.h200_records import dump, load  # noqa: E402
+from tools.kernelbench_runs import (  # noqa: E402
+    Runs,
+    batch_of,
+    in_eval,
+    matched,
+    needs_eval,
+    outcome,
+    refused_in_training,
+    run_for,
+)
 from tools.kernelbench_table import record_piece, table  # noqa: E402
 
 # the fields of a result whose file kb refused before starting a run
@@ -85,61 +92,6 @@ def level_counts(args: argparse.Namespace) -> dict[int, int]:
 
 def result_path(out: Path, level: int, path: Path) -> Path:
     return out / f"level{level}" / f"{path.stem}.json"
-
-
-@functools.cache
-def _source_hash(path: Path) -> str:
-    from kernelbrain.core.problem import source_hash
-
-    return source_hash(path.read_text())
-
-
-@dataclass
-class Runs:
-    """What the database holds of the sweep's files, from one read of it: each problem source's newest
-    run (by the source's hash) and the runs that have finished."""
-
-    newest: dict[str, str]
-    finished: set[str]
-    order: dict[str, int]  # each run's place in the database: the newest of two sources wins
-
-    @classmethod
-    def read(cls, db: Path) -> Runs:
-        if not db.exists():
-            return cls({}, set(), {})
-        from kernelbrain.store import open_store
-
-        from kernelbrain.core.events import decode
-
-        newest: dict[str, str] = {}
-        finished: set[str] = set()
-        order: dict[str, int] = {}
-        with open_store(str(db), create=False, readonly=True) as store:
-            for raw in store.read(types=["RunStarted", "RunFinished"]):  # in order: the newest run last
-                if raw.type == "RunStarted":
-                    newest[decode(raw).problem_hash] = raw.run_id
-                    order[raw.run_id] = len(order)
-                else:
-                    finished.add(raw.run_id)
-        return cls(newest, finished, order)
-
-    def run_for(self, path: Path) -> str | None:
-        """The newest run of this exact file (its source as it is, or as `kb run --eval` records it)."""
-        runs = [r for h in _source_hashes(path) if (r := self.newest.get(h)) is not None]
-        return max(runs, key=self.order.__getitem__, default=None)
-
-
-def _source_hashes(path: Path) -> tuple[str, str]:
-    """The hashes a run of this file records: of its source, and of its source in eval mode (--eval)."""
-    from kernelbrain.core.problem import in_eval_mode, source_hash
-
-    source = path.read_text()
-    return source_hash(source), source_hash(in_eval_mode(source))
-
-
-def run_for(db: Path, path: Path) -> str | None:
-    """The newest run in the database of this exact file (same source), if any."""
-    return Runs.read(db).run_for(path)
 
 
 def kb_call(cmd: list[str], deadline: float) -> tuple[int, str]:
@@ -190,14 +142,14 @@ def plan(files: list[Path], db: Path, args: argparse.Namespace) -> tuple[list[st
         fresh = (args.fresh is not None and re.search(args.fresh, path.name)) or path in args.stale
         newest = runs.run_for(path)
         run_id = None if fresh else newest
-        if run_id is not None and args.redo_unmatched and not _matched(db, run_id):
+        if run_id is not None and args.redo_unmatched and not matched(db, run_id):
             run_id = None  # the newest run found no family: kb of today starts a new one
         if run_id is not None and run_id in runs.finished and needs_eval(db, run_id):
             start_eval.append(path)  # refused in training mode: its run in eval mode is next
         elif run_id is None:
-            (start_eval if newest is not None and _in_eval(db, newest) else start).append(path)
+            (start_eval if newest is not None and in_eval(db, newest) else start).append(path)
         elif run_id not in runs.finished:
-            resume[_batch_of(db, run_id) or run_id] = None
+            resume[batch_of(db, run_id) or run_id] = None
     return list(resume), start, start_eval
 
 
@@ -218,7 +170,7 @@ def drive(
             kb_call([*kb, "resume", ident, "--db", str(db), "--quiet"], deadline)
     refused: dict[Path, str] = {}
     for eval_mode in (False, True):
-        files = start if not eval_mode else [*start_eval, *(p for p in start if _refused_in_training(db, p))]
+        files = start if not eval_mode else [*start_eval, *(p for p in start if refused_in_training(db, p))]
         if not files or time.monotonic() >= deadline or STOPPED.is_set():
             continue
         code, out = kb_call(kb_run_command(files, db, args, eval_mode), deadline)
@@ -233,54 +185,6 @@ def drive(
     return refused
 
 
-def _refused_in_training(db: Path, path: Path) -> bool:
-    run_id = run_for(db, path)
-    return run_id is not None and needs_eval(db, run_id)
-
-
-def needs_eval(db: Path, run_id: str) -> bool:
-    """Whether the run ended refused for drawing random numbers in training mode (dropout): the sweep runs
-    its file again with --eval, and labels its row so."""
-    from kernelbrain.store import open_store
-
-    from kernelbrain.core.problem import RANDOM_IN_TRAINING
-    from kernelbrain.runtime.runner import load_state
-
-    with open_store(str(db), create=False, readonly=True) as store:
-        state = load_state(store, run_id)
-    fault = state.problem_fault or ""
-    return state.finished is not None and not state.config.eval_mode and fault.startswith(RANDOM_IN_TRAINING)
-
-
-def _in_eval(db: Path, run_id: str) -> bool:
-    from kernelbrain.store import open_store
-
-    from kernelbrain.runtime.runner import load_state
-
-    with open_store(str(db), create=False, readonly=True) as store:
-        return load_state(store, run_id).config.eval_mode
-
-
-def _batch_of(db: Path, run_id: str) -> str | None:
-    from kernelbrain.store import open_store
-
-    from kernelbrain.runtime.runner import load_state
-
-    with open_store(str(db), create=False, readonly=True) as store:
-        return load_state(store, run_id).config.batch
-
-
-def _matched(db: Path, run_id: str) -> bool:
-    """Whether the run's analysis found a template family (a run before its family existed did not)."""
-    from kernelbrain.store import open_store
-
-    from kernelbrain.runtime.runner import load_state
-
-    with open_store(str(db), create=False, readonly=True) as store:
-        analysis = load_state(store, run_id).analysis
-    return bool(analysis and analysis.families)
-
-
 def _stale(path: Path) -> bool:
     """A result whose kb code (code_hash of its family) is not today's: made before a change to it."""
     if not path.exists():
@@ -292,53 +196,6 @@ def _stale(path: Path) -> bool:
 def _unmatched(path: Path) -> bool:
     """A result file recording no template family: made before the file's family existed, or a miss."""
     return path.exists() and not json.loads(path.read_text()).get("families")
-
-
-def outcome(db: Path, run_id: str) -> dict[str, Any]:
-    """What the run recorded: its end, the families, the gate's verdicts, the winner, or why none."""
-    from kernelbrain.store import open_store
-
-    from kernelbrain.runtime.runner import load_state
-
-    with open_store(str(db), create=False, readonly=True) as store:
-        state = load_state(store, run_id)
-    gates = [c.gate for c in state.candidates.values() if c.gate is not None]
-    failed = collections.Counter(g.category for g in gates if g.TYPE == "GateFailed")
-    passed = sum(g.TYPE == "GatePassed" for g in gates)
-    fin = state.finished
-    winner = fin.winner if fin else None
-    a = state.analysis
-    out = {
-        "run_id": run_id,
-        "finished": fin is not None,
-        "reason": fin.reason if fin else "unfinished",
-        "families": a.families if a else [],
-        "mode": (a.mode or "eval") if a else None,  # the reference's: training, or eval (--eval, older)
-        "ops": sorted({o["op"] for o in a.ops}) if a else [],
-        "candidates": len(state.candidates),
-        "gate_passed": passed,
-        "gate_failed": dict(failed),
-        "winner": winner,
-        "winner_family": state.candidates[winner].proposal.family if winner else None,
-        "winner_torch_ops": state.candidates[winner].proposal.torch_ops if winner else [],
-        "gpu_s": state.gpu_s,
-        "wall_s": state.wall_s,
-    }
-    if state.problem_fault:
-        out["miss"] = f"problem fault: {state.problem_fault}"
-    elif fin is None:
-        out["miss"] = "run unfinished"
-    elif not state.candidates:
-        note = state.generation.get("round0")
-        out["miss"] = "no offline template" if note is None or "template" in note.note else note.note
-    elif winner is None:
-        benched = [c.bench_failed for c in state.candidates.values() if c.bench_failed is not None]
-        out["bench_failed"] = dict(collections.Counter(b.category for b in benched))
-        said = [f"gate {k} x{n}" for k, n in sorted(failed.items())]
-        said += [f"benchmark {k} x{n}" for k, n in sorted(out["bench_failed"].items())]
-        first = (benched[0].detail if benched else "").splitlines()[:1]
-        out["miss"] = "every candidate failed: " + ", ".join(said) + (f" ({first[0][:120]})" if first else "")
-    return out
 
 
 BASELINES = ("eager", "compile", "compile_max")  # what a user has: eager PyTorch, torch.compile's modes
