@@ -222,3 +222,18 @@ def test_a_run_analysed_before_modules_ran_as_built_stays_in_eval_mode() -> None
         state = store.fold(RunState(run_id), run_id=run_id)
     assert state.analysis is not None and state.analysis.mode is None and not state.config.eval_mode
     assert state.eval_mode
+
+
+def test_a_draw_made_even_in_eval_mode_is_refused_without_the_eval_hint() -> None:
+    """F.dropout's training=True by default: random in eval mode too, so --eval is no way out."""
+    from kernelbrain.core.protocol import AnalyseReply
+    from kernelbrain.runtime.roles.generator import GeneratorRole, stochastic
+
+    always = in_eval_mode(DROPOUT.replace("self.drop(x * 2.0)", "torch.nn.functional.dropout(x * 2.0, 0.25)"))
+    said = stochastic(GeneratorRole.analysed(AnalyseReply.model_validate(analyse(always, "cpu"))))
+    assert said is not None and said.startswith("draws random numbers even in eval mode"), said
+    assert "--eval" not in said and "self.training" in said
+    assert (
+        stochastic(GeneratorRole.analysed(AnalyseReply.model_validate(analyse(in_eval_mode(DROPOUT), "cpu"))))
+        is None
+    )

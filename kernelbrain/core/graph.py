@@ -28,6 +28,17 @@ RANDOM_OPS = frozenset(
         "aten.randn_like.default",
         "aten.uniform_.default",
         "aten.normal_.default",
+        "aten.exponential_.default",
+        "aten.random_.default",
+        "aten.random_.from",
+        "aten.random_.to",
+        "aten.rand.default",
+        "aten.randn.default",
+        "aten.randint.default",
+        "aten.randint.low",
+        "aten.randperm.default",
+        "aten.rrelu_with_noise.default",
+        "aten.multinomial.default",
     }
 )
 

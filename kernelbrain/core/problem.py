@@ -35,6 +35,7 @@ TOO_BIG = "too big for this device even alone"
 # the words of the refusal of a problem that draws random numbers in training mode (dropout): no kernel
 # can match its outputs call for call; in eval mode it is the identity (`kb run --eval`)
 RANDOM_IN_TRAINING = "draws random numbers in training mode"
+RANDOM_IN_EVAL = "draws random numbers even in eval mode"
 # what `kb run --eval` adds to the problem source it records: the reference and every candidate are then
 # built and run in eval mode (kernelbrain/child/loading.py, Problem.eval_mode)
 EVAL_LINE = "\n\nKB_EVAL = True  # kb run --eval: the reference and the candidates run in eval mode\n"

@@ -15,7 +15,7 @@ import click
 
 from kernelbrain.core.events import RunFinished
 from kernelbrain.core.policy import stalled
-from kernelbrain.core.problem import RANDOM_IN_TRAINING, TOO_BIG
+from kernelbrain.core.problem import RANDOM_IN_EVAL, RANDOM_IN_TRAINING, TOO_BIG
 from kernelbrain.core.state import RunState
 from kernelbrain.views import lines
 
@@ -56,7 +56,7 @@ def report(run_id: str, state: RunState, finished: RunFinished | None, as_json: 
             f"{finished.winner_score:.4g} ({speed}); `kb audit {run_id}` says why, "
             f"`kb export {run_id} -o kernel.py` writes it"
         )
-    elif problem_fault and problem_fault.startswith((TOO_BIG, RANDOM_IN_TRAINING)):
+    elif problem_fault and problem_fault.startswith((TOO_BIG, RANDOM_IN_TRAINING, RANDOM_IN_EVAL)):
         where = state.started.problem_path if state.started is not None else "of the run"
         verb = "is " if problem_fault.startswith(TOO_BIG) else ""
         lines.result(f"the problem file {where} {verb}{problem_fault} (exit {EXIT_PROBLEM})")

@@ -8,7 +8,7 @@ from dataclasses import replace
 from kernelbrain import generators
 from kernelbrain.core.events import CandidateProposed, GenerationDone, GenerationFailed, ProblemAnalysed
 from kernelbrain.core.graph import RANDOM_OPS
-from kernelbrain.core.problem import RANDOM_IN_TRAINING, TOO_BIG
+from kernelbrain.core.problem import RANDOM_IN_EVAL, RANDOM_IN_TRAINING, TOO_BIG
 from kernelbrain.core.protocol import AnalyseReply, AnalyseRequest
 from kernelbrain.core.state import RunState
 from kernelbrain.generators.prompt import describe_numbers
@@ -19,16 +19,23 @@ from kernelbrain.store import NewEvent
 
 
 def stochastic(analysis: ProblemAnalysed) -> str | None:
-    """Why a reference run in training mode cannot be matched (one line), or None: it draws random numbers
-    (dropout), so no kernel gives its outputs call for call; in eval mode the draw is the identity."""
-    if analysis.mode != "training" or analysis.graph is None:
+    """Why a reference that draws random numbers cannot be matched (one line), or None: no kernel gives its
+    outputs call for call. In training mode (dropout) eval mode is the way out; a draw made in eval mode
+    too (F.dropout with training=True, noise added) has none."""
+    if analysis.graph is None:
         return None
     drawn = sorted({n.op for n in analysis.graph.nodes if n.op in RANDOM_OPS})
     if not drawn:
         return None
+    if analysis.mode == "training":
+        return (
+            f"{RANDOM_IN_TRAINING} ({', '.join(drawn)}: dropout?), as Model(*get_init_inputs()) is left, "
+            "so no kernel can match its outputs; `kb run --eval` compares eval mode, where dropout is the "
+            "identity"
+        )
     return (
-        f"{RANDOM_IN_TRAINING} ({', '.join(drawn)}: dropout?), as Model(*get_init_inputs()) is left, so "
-        "no kernel can match its outputs; `kb run --eval` compares eval mode, where dropout is the identity"
+        f"{RANDOM_IN_EVAL} ({', '.join(drawn)}: a dropout called with training=True, or noise?), so no "
+        "kernel can match its outputs; make the draw depend on self.training, or take it out of forward"
     )
 
 
