@@ -65,57 +65,43 @@ def refused_in_training(db: Path, path: Path) -> bool:
     return run_id is not None and needs_eval(db, run_id)
 
 
-def needs_eval(db: Path, run_id: str) -> bool:
-    """Whether the run ended refused for drawing random numbers in training mode (dropout): the sweep runs
-    its file again with --eval, and labels its row so."""
+def state_of(db: Path, run_id: str) -> Any:
+    """The run's state (kernelbrain's RunState), folded from the database read-only."""
     from kernelbrain.store import open_store
 
-    from kernelbrain.core.problem import RANDOM_IN_TRAINING
     from kernelbrain.runtime.runner import load_state
 
     with open_store(str(db), create=False, readonly=True) as store:
-        state = load_state(store, run_id)
+        return load_state(store, run_id)
+
+
+def needs_eval(db: Path, run_id: str) -> bool:
+    """Whether the run ended refused for drawing random numbers in training mode (dropout): the sweep runs
+    its file again with --eval, and labels its row so."""
+    from kernelbrain.core.problem import RANDOM_IN_TRAINING
+
+    state = state_of(db, run_id)
     fault = state.problem_fault or ""
     return state.finished is not None and not state.config.eval_mode and fault.startswith(RANDOM_IN_TRAINING)
 
 
 def in_eval(db: Path, run_id: str) -> bool:
-    from kernelbrain.store import open_store
-
-    from kernelbrain.runtime.runner import load_state
-
-    with open_store(str(db), create=False, readonly=True) as store:
-        return load_state(store, run_id).config.eval_mode
+    return bool(state_of(db, run_id).config.eval_mode)
 
 
 def batch_of(db: Path, run_id: str) -> str | None:
-    from kernelbrain.store import open_store
-
-    from kernelbrain.runtime.runner import load_state
-
-    with open_store(str(db), create=False, readonly=True) as store:
-        return load_state(store, run_id).config.batch
+    return state_of(db, run_id).config.batch
 
 
 def matched(db: Path, run_id: str) -> bool:
     """Whether the run's analysis found a template family (a run before its family existed did not)."""
-    from kernelbrain.store import open_store
-
-    from kernelbrain.runtime.runner import load_state
-
-    with open_store(str(db), create=False, readonly=True) as store:
-        analysis = load_state(store, run_id).analysis
+    analysis = state_of(db, run_id).analysis
     return bool(analysis and analysis.families)
 
 
 def outcome(db: Path, run_id: str) -> dict[str, Any]:
     """What the run recorded: its end, the families, the gate's verdicts, the winner, or why none."""
-    from kernelbrain.store import open_store
-
-    from kernelbrain.runtime.runner import load_state
-
-    with open_store(str(db), create=False, readonly=True) as store:
-        state = load_state(store, run_id)
+    state = state_of(db, run_id)
     gates = [c.gate for c in state.candidates.values() if c.gate is not None]
     failed = collections.Counter(g.category for g in gates if g.TYPE == "GateFailed")
     passed = sum(g.TYPE == "GatePassed" for g in gates)
