@@ -179,7 +179,7 @@ def interpreter_env() -> dict[str, str]:
 
 
 # what kb's sandboxed child runs candidates with (kernelbrain/child/interpreted.py), first in every script
-_PRELUDE = "from kernelbrain.child.interpreted import fast_device_calls\nfast_device_calls()\n"
+_PRELUDE = "from kernelbrain.child.interpreted import fast_interpreter\nfast_interpreter()\n"
 
 
 def run_interpreted(script: str, *args: str, timeout: float = 300) -> Any:

@@ -63,3 +63,55 @@ def test_a_launch_patches_once_and_its_helpers_run_as_before():
     # whose globals name tl.core) once; with the skip, tl.core is patched at the first tl.cumsum only
     assert plain["calls"] == ["_kernel"] + ["_twice", "_twice", "cumsum"] * 4
     assert fast["calls"] == ["_kernel", "cumsum"]
+
+
+OVERFLOW = """
+import json
+import torch
+import triton
+import triton.language as tl
+from triton.language.semantic import TritonSemantic
+
+asserts = []
+original = TritonSemantic.device_assert
+def counted(self, cond, msg, mask):
+    asserts.append(msg)
+    return original(self, cond, msg, mask)
+TritonSemantic.device_assert = counted
+
+@triton.jit
+def _index(x_ptr, y_ptr, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    v = tl.load(x_ptr + offs)
+    tl.store(y_ptr + offs, v * 1000003 + offs - 7)  # int32 products past 2**31 wrap
+
+def launch():
+    asserts.clear()
+    x = torch.arange(-2**20, 2**20, 4096, dtype=torch.int32)
+    y = torch.empty_like(x)
+    _index[(x.numel() // 64,)](x, y, BLOCK=64)
+    wide = x.to(torch.int64) * 1000003 + torch.arange(x.numel()) - 7
+    want = ((wide + 2**31) % 2**32 - 2**31).to(torch.int32)
+    return {"equal": bool(torch.equal(y, want)), "asserts": len(asserts)}
+
+from triton.runtime import interpreter
+debug = interpreter.interpreter_builder.options.debug
+plain = launch()
+from kernelbrain.child.interpreted import no_dead_overflow_checks
+assert no_dead_overflow_checks()
+print(json.dumps({"debug": debug, "plain": plain, "fast": launch()}))
+"""
+
+
+def test_the_overflow_checks_whose_asserts_are_off_are_not_computed():
+    """Triton's interpreter computes an int64 overflow check for every integer add, sub and mul, for a
+    device assert that is a no-op outside debug mode, which the interpreter never is: without the check,
+    the same values (int32 wrap-around included) and no assert built."""
+    proc = subprocess.run(
+        [sys.executable, "-c", OVERFLOW], env=interpreter_env(), capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["debug"] is False
+    assert out["plain"]["equal"] and out["fast"]["equal"]
+    assert out["plain"]["asserts"] > 0 and out["fast"]["asserts"] == 0, out

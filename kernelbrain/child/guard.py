@@ -321,7 +321,7 @@ def prepare_profiler() -> None:
 def install() -> None:
     """Hooks that must be in place before a candidate module is imported, and torch as it was then."""
     _Launches.install()
-    interpreted.fast_device_calls()
+    interpreted.fast_interpreter()
     _Streams.install()
     if not _PRISTINE_TORCH:
         if torch.cuda.is_available():
