@@ -237,3 +237,16 @@ def test_a_draw_made_even_in_eval_mode_is_refused_without_the_eval_hint() -> Non
         stochastic(GeneratorRole.analysed(AnalyseReply.model_validate(analyse(in_eval_mode(DROPOUT), "cpu"))))
         is None
     )
+
+
+def test_kb_check_eval_gates_a_kernel_against_the_reference_in_eval_mode(tmp_path) -> None:
+    """`kb check --eval` holds a file to the problem as `kb run --eval` records it: an eval-mode batch norm
+    kernel fails against the training-mode reference the file builds, and passes with --eval."""
+    problem, kernel = tmp_path / "batch_norm.py", tmp_path / "kernel.py"
+    problem.write_text(_norm(0.1))
+    kernel.write_text(_rendered(_norm(0.1, eval_mode=True))[1])
+    r = kb("check", str(problem), str(kernel), "--device", "cpu", env=kb_env())
+    assert r.returncode == 1 and r.stdout.startswith("FAILED [mismatch]"), (r.stdout, r.stderr)
+    r = kb("check", str(problem), str(kernel), "--device", "cpu", "--eval", env=kb_env())
+    assert r.returncode == 0 and r.stdout.startswith("PASSED"), (r.stdout, r.stderr)
+    assert problem.read_text() == _norm(0.1)

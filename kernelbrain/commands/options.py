@@ -67,6 +67,16 @@ def json_option(f: F) -> F:
     return click.option("--json", "as_json", is_flag=True, help="Machine-readable JSON output.")(f)
 
 
+def eval_option(f: F) -> F:
+    return click.option(
+        "--eval",
+        "eval_mode",
+        is_flag=True,
+        help="Build the reference and the candidates in eval mode (default: as Model(*get_init_inputs()) "
+        "leaves them, training for a KernelBench file: batch norms by batch statistics, dropout refused).",
+    )(f)
+
+
 def user_errors(f: Callable[P, T]) -> Callable[P, T]:
     """Known failures become one clear line (click prints 'Error: ...') and exit 1, or EXIT_PROBLEM where
     the problem file is at fault, EXIT_BUSY where another process drives the run. First, the scratch

@@ -14,6 +14,7 @@ from kernelbrain.commands.options import (
     db_option,
     echo_json,
     env_seconds,
+    eval_option,
     json_option,
     open_store,
     resolve_device,
@@ -258,13 +259,7 @@ def drive_batch(
     help="Let candidates keep these torch ops (comma list) and fuse the rest, labelled so: "
     f"{torch_ops.help_text()}. Default: none, all Triton.",
 )
-@click.option(
-    "--eval",
-    "eval_mode",
-    is_flag=True,
-    help="Build the reference and the candidates in eval mode (default: as Model(*get_init_inputs()) "
-    "leaves them, training for a KernelBench file: batch norms by batch statistics, dropout refused).",
-)
+@eval_option
 @click.option("--gpu", type=click.IntRange(min=0), default=None, help="GPU index for the workers.")
 @click.option("--inprocess", is_flag=True, help="Step the workers in this process (tests, debugging).")
 @click.option(
@@ -368,10 +363,17 @@ def run(
     metavar="CLASSES",
     help="Let it keep these classes of torch ops (comma list; as kb run's). Default: none, all Triton.",
 )
+@eval_option
 @json_option
 @user_errors
 def check(
-    problem: str, candidate: str, device: str, bench: bool, allow_torch: tuple[str, ...], as_json: bool
+    problem: str,
+    candidate: str,
+    device: str,
+    bench: bool,
+    allow_torch: tuple[str, ...],
+    eval_mode: bool,
+    as_json: bool,
 ) -> None:
     """Gate one candidate file (ModelNew) against PROBLEM, outside any run; exit 1 when it fails.
 
@@ -388,7 +390,8 @@ def check(
     from kernelbrain.views.describe import fmt_s
 
     dev = resolve_device(device)
-    result = do_check(problem, candidate, dev, DEFAULT_RUNGS[dev] if bench else None, torch_ops=allow_torch)
+    rungs = DEFAULT_RUNGS[dev] if bench else None
+    result = do_check(problem, candidate, dev, rungs, torch_ops=allow_torch, eval_mode=eval_mode)
     if as_json:
         echo_json(result.model_dump())
     elif result.passed:

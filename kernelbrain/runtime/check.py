@@ -8,7 +8,7 @@ from pydantic import BaseModel, ConfigDict
 
 from kernelbrain.core import subset
 from kernelbrain.core.events import RungSpec, ShapeTiming
-from kernelbrain.core.problem import ProblemError, read_problem
+from kernelbrain.core.problem import ProblemError, in_eval_mode, read_problem
 from kernelbrain.core.protocol import AnalyseRequest, BenchRequest, Device, Fit, GateReply, GateRequest
 from kernelbrain.core.scoring import score
 from kernelbrain.runtime.sandbox import ProblemFault, Sandbox, SandboxError, SandboxFault
@@ -53,12 +53,15 @@ def check(
     seeds: int = 3,
     torch_ops: tuple[str, ...] = (),
     trusted: bool = False,
+    eval_mode: bool = False,
 ) -> CheckResult:
     """The gate, then each rung while it passes; `torch_ops`: the classes of torch ops the candidate may
     keep in PyTorch (core/torch_ops.py), none by default. The file is first held to kb's candidate
     subset (core/subset.py), before any child starts; `trusted` skips that, for code kb wrote itself and
-    for the sandbox's own tests, which reach the layers beneath it (`kb check` never passes it)."""
+    for the sandbox's own tests, which reach the layers beneath it (`kb check` never passes it);
+    `eval_mode`: the problem as `kb run --eval` records it."""
     problem_source, cand_source = read_problem(problem), read_candidate(candidate)
+    problem_source = in_eval_mode(problem_source) if eval_mode else problem_source
     refused = None if trusted else subset.check(cand_source, torch_ops)
     if refused is not None:
         return CheckResult(passed=False, category="policy", detail=refused)
