@@ -6,6 +6,8 @@ with the --eval hint; the reference's own running statistics are never taken for
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 from kernelbrain.store import EventStore
@@ -128,6 +130,30 @@ def test_a_training_batch_norm_run_times_its_winner_and_never_blames_it_for_the_
     faults = [c.gate.detail for c in state.candidates.values() if getattr(c.gate, "detail", None)]
     assert not any("weights" in f for f in faults), faults
     assert state.finished is not None and state.finished.winner, (state.finished, faults)
+    # the exported file checks the running statistics too: against a reference of another momentum
+    # (the same outputs), its check fails there
+    kernel = tmp_path / "kernel.py"
+    r = kb("export", state.run_id, "--db", str(tmp_path / "kb.db"), "-o", str(kernel), env=kb_env())
+    assert r.returncode == 0, r.stderr
+    text = kernel.read_text()
+    kernel_part, reference_part = text.split('_KB_REFERENCE_SOURCE = r"""')
+    assert reference_part.count("momentum=0.1") == 1
+    other = (
+        kernel_part + '_KB_REFERENCE_SOURCE = r"""' + reference_part.replace("momentum=0.1", "momentum=0.3")
+    )
+    (tmp_path / "other.py").write_text(other)
+    env = {**kb_env(), "TRITON_INTERPRET": "1"}
+    for name, code in (("kernel.py", 0), ("other.py", 1)):
+        r = subprocess.run(
+            [sys.executable, name, "--seeds", "2", "--repeats", "1", "--warmup", "0"],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert r.returncode == code, (name, r.stdout, r.stderr)
+    assert "seed 0: running state bn.running_mean (updated in training mode) differs" in r.stdout, r.stdout
 
 
 def test_dropout_in_training_mode_is_refused_and_runs_with_eval(tmp_path) -> None:

@@ -155,16 +155,46 @@ def _kb_within(got, truth, native, tol, multiple):
     return int((~ok).sum()), float(err.max()) if err.numel() else 0.0
 
 
+def _kb_running(model):
+    """The state_dict keys a training-mode call rewrites and kb's gate compares after it like an output:
+    the running statistics of torch's norms in training mode (a batch counter only where it weighs the
+    running average, momentum None), as kernelbrain/child/loading.py's running_state."""
+    import torch
+
+    keys = []
+    for name, sub in model.named_modules():
+        if isinstance(sub, torch.nn.modules.batchnorm._NormBase) and sub.training:
+            for b, v in sub.named_buffers(recurse=False):
+                if v is not None and not (b == "num_batches_tracked" and sub.momentum is not None):
+                    keys.append(f"{name}.{b}" if name else b)
+    return sorted(keys)
+
+
 def _kb_check(problem, ref, new, shape, device, seeds):
-    """(passed, max abs err, tolerance, detail): ModelNew against the float64 reference on `seeds` draws."""
+    """(passed, max abs err, tolerance, detail): ModelNew against the float64 reference on `seeds` draws,
+    its outputs and the running state the reference updates (each call from the state as built)."""
     import copy
 
     import torch
 
     ref64 = copy.deepcopy(ref).to(torch.float64)
+    running = _kb_running(ref)
+    missing = [k for k in running if k not in new.state_dict()]
+    if missing:
+        return (
+            False,
+            0.0,
+            0.0,
+            f"ModelNew keeps no {', '.join(missing)}: the reference updates it in training mode",
+        )
+    built = [{k: m.state_dict()[k].clone() for k in running} for m in (ref, ref64, new)]
     worst, tol = 0.0, 0.0
     with torch.no_grad():
         for seed in range(seeds):
+            for m, start in zip((ref, ref64, new), built, strict=True):
+                state = m.state_dict()
+                for k, v in start.items():
+                    state[k].copy_(v)
             inputs = problem.inputs(shape, seed, device)
             wide = [
                 x.to(torch.float64) if torch.is_tensor(x) and x.is_floating_point() else x for x in inputs
@@ -174,11 +204,17 @@ def _kb_check(problem, ref, new, shape, device, seeds):
             got = _kb_outputs(new(*inputs))
             if len(got) != len(expected):
                 return False, worst, tol, f"{len(got)} outputs, the reference returns {len(expected)}"
+            n = len(got)
+            for m, out in ((ref64, expected), (ref, native), (new, got)):
+                out += [m.state_dict()[k] for k in running]
             for i, (g, e) in enumerate(zip(got, expected, strict=True)):
+                what = (
+                    f"output {i}" if i < n else f"running state {running[i - n]} (updated in training mode)"
+                )
                 if (g.dtype, g.shape) != (native[i].dtype, native[i].shape):  # before any error: as kb's gate
                     want = f"{str(native[i].dtype).removeprefix('torch.')} {tuple(native[i].shape)}"
                     have = f"{str(g.dtype).removeprefix('torch.')} {tuple(g.shape)}"
-                    return False, worst, tol, f"output {i} is {have}; the reference returns {want}"
+                    return False, worst, tol, f"{what} is {have}; the reference returns {want}"
                 tol = problem.tolerance.get(str(native[i].dtype).removeprefix("torch."), 1e-4)
                 failed, err = _kb_within(g, e, native[i], tol, problem.reference_multiple)
                 worst = max(worst, err)
@@ -187,7 +223,7 @@ def _kb_check(problem, ref, new, shape, device, seeds):
                         False,
                         worst,
                         tol,
-                        f"seed {seed}: output {i} differs at {failed} of {e.numel()} elements",
+                        f"seed {seed}: {what} differs at {failed} of {e.numel()} elements",
                     )
     return True, worst, tol, ""
 
