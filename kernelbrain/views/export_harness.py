@@ -155,30 +155,23 @@ def _kb_within(got, truth, native, tol, multiple):
     return int((~ok).sum()), float(err.max()) if err.numel() else 0.0
 
 
-def _kb_running(model):
-    """The state_dict keys a training-mode call rewrites and kb's gate compares after it like an output:
-    the running statistics of torch's norms in training mode (a batch counter only where it weighs the
-    running average, momentum None), as kernelbrain/child/loading.py's running_state."""
-    import torch
-
-    keys = []
-    for name, sub in model.named_modules():
-        if isinstance(sub, torch.nn.modules.batchnorm._NormBase) and sub.training:
-            for b, v in sub.named_buffers(recurse=False):
-                if v is not None and not (b == "num_batches_tracked" and sub.momentum is not None):
-                    keys.append(f"{name}.{b}" if name else b)
-    return sorted(keys)
-
-
 def _kb_check(problem, ref, new, shape, device, seeds):
     """(passed, max abs err, tolerance, detail): ModelNew against the float64 reference on `seeds` draws,
-    its outputs and the running state the reference updates (each call from the state as built)."""
+    its outputs and, after each call (from the state as built), the running state kb's gate compares:
+    the running statistics of torch's norms in training mode, a batch counter only where it weighs the
+    running average (momentum None), as kernelbrain/child/loading.py's running_state."""
     import copy
 
     import torch
 
     ref64 = copy.deepcopy(ref).to(torch.float64)
-    running = _kb_running(ref)
+    running = []
+    for name, sub in ref.named_modules():
+        if isinstance(sub, torch.nn.modules.batchnorm._NormBase) and sub.training:
+            for b, v in sub.named_buffers(recurse=False):
+                if v is not None and not (b == "num_batches_tracked" and sub.momentum is not None):
+                    running.append(f"{name}.{b}" if name else b)
+    running.sort()  # in the judge's order
     missing = [k for k in running if k not in new.state_dict()]
     if missing:
         return (
