@@ -19,7 +19,7 @@ from kernelbrain.core.problem import EVAL_LINE, in_eval_mode
 from kernelbrain.core.protocol import GateRequest
 from kernelbrain.templates.families import moments
 from tests.kbcli import kb, kb_env
-from tests.runs import QUICK_RUNGS, run_inprocess, run_interpreted
+from tests.runs import QUICK_RUNGS, interpreter_env, run_inprocess, run_interpreted
 
 BATCH_NORM = """
 import torch
@@ -142,12 +142,11 @@ def test_a_training_batch_norm_run_times_its_winner_and_never_blames_it_for_the_
         kernel_part + '_KB_REFERENCE_SOURCE = r"""' + reference_part.replace("momentum=0.1", "momentum=0.3")
     )
     (tmp_path / "other.py").write_text(other)
-    env = {**kb_env(), "TRITON_INTERPRET": "1"}
     for name, code in (("kernel.py", 0), ("other.py", 1)):
         r = subprocess.run(
             [sys.executable, name, "--seeds", "2", "--repeats", "1", "--warmup", "0"],
             cwd=tmp_path,
-            env=env,
+            env=interpreter_env(),
             capture_output=True,
             text=True,
             timeout=300,
