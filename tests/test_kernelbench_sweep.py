@@ -1,8 +1,8 @@
 """tools/kernelbench_sweep.py on a small KernelBench-format folder, on CPU: a file kb has a template for
 (its sweep stopped by SIGTERM once the run's gate began, then resumed by the next sweep to a timed
-winner), one it has none for, and
-one kb refuses; each gets its JSON, the table counts fast_0/fast_1 per level and names every miss, and a
-sweep started again redoes nothing."""
+winner), one it has none for, and one kb refuses; each gets its JSON (the winner's timing, run out of
+memory by injection, is kb's fault: tried again, then left to the next sweep), the table counts
+fast_0/fast_1 per level and names every miss, and a sweep started again redoes nothing."""
 
 from __future__ import annotations
 
@@ -54,9 +54,10 @@ def _command(kernelbench: Path, tmp: Path, *extra: str) -> list[str]:
     return [*cmd, "--max-candidates", "2", "--budget-gpu-s", "600", *extra]
 
 
-def _sweep(kernelbench: Path, tmp: Path, *extra: str) -> subprocess.CompletedProcess:
+def _sweep(kernelbench: Path, tmp: Path, *extra: str, **env: str) -> subprocess.CompletedProcess:
     cmd = _command(kernelbench, tmp, *extra)
-    return subprocess.run(cmd, capture_output=True, text=True, env=kb_env(TRITON_INTERPRET="1"), timeout=600)
+    env = kb_env(TRITON_INTERPRET="1", **env)
+    return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
 
 
 def _stopped_once_gating(kernelbench: Path, tmp: Path, *extra: str) -> subprocess.CompletedProcess:
@@ -106,9 +107,23 @@ def test_the_sweep_resumes_times_winners_and_names_every_miss(tmp_path):
         (first,) = store.run_ids()
         assert not store.count(run_id=first, type="RunFinished")
 
-    r = _sweep(kernelbench, tmp_path)
+    # the winner's timing runs out of memory on every attempt (injected: the pool's neighbours on a GPU):
+    # kb's fault, so the file gets no result, and the next sweep times it without running it again
+    oom = tmp_path / "timing-ooms"
+    oom.write_text("3")
+    r = _sweep(kernelbench, tmp_path, KB_INJECT_TIMING_OOM=str(oom))
     assert r.returncode == 0, r.stderr
+    said = "level1/1_Softmax.py: timing: out of memory on the host (out of memory (injected by"
+    assert said in r.stdout and "3 attempts (kb's fault); timed by the next sweep" in r.stdout, r.stdout
+    assert not (out / "level1" / "1_Softmax.json").exists() and oom.read_text() == "0"
+    assert (out / "level1" / "2_Sort.json").exists()
+    # two out-of-memory errors, then the third attempt times it
+    oom.write_text("2")
+    r = _sweep(kernelbench, tmp_path, KB_INJECT_TIMING_OOM=str(oom))
+    assert r.returncode == 0, r.stderr
+    assert "2 done earlier, 1 to go" in r.stdout, r.stdout
     soft = json.loads((out / "level1" / "1_Softmax.json").read_text())
+    assert soft["timing"]["attempts"] == 3 and oom.read_text() == "0", soft["timing"]
     assert soft["run_id"] == first, "the stopped run was resumed, not started again"
     assert soft["gpu"] == {"name": "cpu", "driver": ""} and len(soft["code"]) == 16
     assert soft["speedup"]["best_baseline"] in ("eager", "compile") and soft["speedup"]["vs_best"] > 0
@@ -160,5 +175,5 @@ def test_the_sweep_resumes_times_winners_and_names_every_miss(tmp_path):
     assert json.loads((out / "level1" / "3_NoInputs.json").read_text())["code"] == stale["code"]
     assert json.loads((out / "level1" / "1_Softmax.json").read_text())["run_id"] == first
     pieces = json.loads((out / "pieces.json").read_text())["pieces"]
-    assert len(pieces) == 5 and all(p["wall_s"] > 0 for p in pieces)
+    assert len(pieces) == 6 and all(p["wall_s"] > 0 for p in pieces)
     assert "The sweep took" in (out / "README.md").read_text()

@@ -120,6 +120,8 @@ def side_by_side(problem, shape: dict, device: str, fns: dict[str, Any], repeats
                         err = max(err, _max_err(got, outputs(fns["eager"](*s))))
                     del got
                 sync()
+            except torch.OutOfMemoryError:
+                raise  # the device's, not the contender's: the caller decides (the sweep tries again)
             except Exception as e:  # a compile mode that fails is reported, not fatal
                 rows[key] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"}
                 del fns[key]

@@ -212,7 +212,6 @@ def measure_winner(problem_file: Path, db: Path, run_id: str, out: Path, repeats
 
     from kernelbrain.child.loading import Problem, build, load_module
     from kernelbrain.core.problem import in_eval_mode
-    from kernelbrain.runtime import gpu_lock
     from kernelbrain.runtime.role import problem_need
     from kernelbrain.runtime.runner import load_state
     from tools.compile_warm import modes, shared_triton_cache, warm
@@ -238,15 +237,77 @@ def measure_winner(problem_file: Path, db: Path, run_id: str, out: Path, repeats
     fns |= {
         key: torch.compile(build(problem, None, shape, device)[0], mode=m) for key, m in modes(device).items()
     }
-    # alone on the device from the first draw: the compiles autotune by timing, and no run's child may
-    # start to allocate beside the draws sized to the free memory
-    with gpu_lock.held(gpu_lock.device_name(device, None), alone=True) as hold:
-        rows, calls, draws = side_by_side(problem, shape, device, fns, repeats, problem_file.stem)
+    compare = lambda: side_by_side(problem, shape, device, fns, repeats, problem_file.stem)  # noqa: E731
+    (rows, calls, draws), hold, attempts = timed_alone(compare, device, problem_need(state))
     timing = {"shape": "file's own", "calls": calls, "draws": draws, "repeats": repeats, "device": device}
-    timing["alone"] = [hold.since, hold.to]
+    timing |= {"alone": [hold.since, hold.to], "attempts": attempts}
     if warmed is not None:  # the cold first calls, made beside the runs
         timing["warm"] = warmed
     dump(out, {**timing, "gpu": gpu_info(device), "times": rows})
+
+
+TIMING_ATTEMPTS = 3  # a timing that runs out of memory beside the runs' children is tried this often
+ROOM_WAIT_S = 60.0  # the most a timing waits, alone on the device, for the memory its problem needs
+EXIT_BUSY = 75  # `measure`'s code where the device stayed too full to time on: the next sweep times it
+
+
+def timed_alone(timing: Callable[[], Any], device: str, need: Any) -> tuple[Any, Any, int]:
+    """`timing`'s answer, its hold of the device lock (alone from the first draw to the last sample: the
+    compiles autotune by timing, and no run's child may start to allocate beside draws sized to the free
+    memory) and the attempts it took. An out-of-memory error while other processes held part of the
+    device (the runs' children: kb's fault, never the problem's) is tried again, after the memory the
+    problem needs (`need`, its analysis' footprint) is free or ROOM_WAIT_S passed; after TIMING_ATTEMPTS
+    the process exits EXIT_BUSY with one line saying so. KB_INJECT_TIMING_OOM (a file holding a count)
+    injects such errors on a CPU, as KB_INJECT_OOM does for the runs' benches."""
+    import gc
+
+    import torch
+
+    from kernelbrain.child.memory import DeviceBusy, injected, verdict
+    from kernelbrain.runtime import gpu_lock
+
+    name = gpu_lock.device_name(device, None)
+    for attempt in range(1, TIMING_ATTEMPTS + 1):
+        try:
+            with gpu_lock.held(name, alone=True) as hold:
+                if device == "cuda" and need is not None:
+                    _wait_for_room(need.bytes)
+                injected("KB_INJECT_TIMING_OOM")
+                answer = timing()
+            return answer, hold, attempt
+        except torch.OutOfMemoryError as e:
+            busy = verdict(e, "timing")
+            if not isinstance(busy, DeviceBusy):
+                raise  # too big for the device even alone: the problem's own, reported as an error
+        gc.collect()  # out of the except clause: its traceback no longer holds the draws
+        if device == "cuda":
+            torch.cuda.empty_cache()
+            time.sleep(attempt)
+    print(f"{busy}{_holders(device)}, {TIMING_ATTEMPTS} attempts (kb's fault)", file=sys.stderr)
+    raise SystemExit(EXIT_BUSY)
+
+
+def _wait_for_room(need: float) -> None:
+    """Until the device's free memory holds `need` bytes, or ROOM_WAIT_S: the runs' idle children hand
+    their cached memory back after each request (kernelbrain/child/ops.release_memory)."""
+    import torch
+
+    until = time.monotonic() + ROOM_WAIT_S
+    while torch.cuda.mem_get_info()[0] < need and time.monotonic() < until:
+        time.sleep(0.5)
+
+
+def _holders(device: str) -> str:
+    """The other processes on the device and the most one of them held, from nvidia-smi (empty on a CPU)."""
+    if device != "cuda":
+        return ""
+    q = ["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits", "-i", "0"]
+    try:
+        out = subprocess.run(q, capture_output=True, text=True, timeout=30).stdout
+        used = [float(line.split(",")[1]) for line in out.splitlines() if line.strip()]
+    except (OSError, ValueError, IndexError, subprocess.TimeoutExpired):
+        return ""
+    return f" ({len(used)} processes, the largest {max(used, default=0) / 1024:.1f} GiB)"
 
 
 def gpu_info(device: str) -> dict[str, str]:
@@ -298,8 +359,10 @@ def timed(problem_file: Path, db: Path, run_id: str, args: argparse.Namespace, d
     _, err, stopped = finish(proc, deadline, proc.kill)
     if stopped:  # timed again by the next sweep
         return {"error": "timing did not finish before the sweep's time limit or its stop"}
+    tail = (err.strip().splitlines() or ["no output"])[-1]
+    if proc.returncode == EXIT_BUSY:  # kb's fault, not the problem's: timed again by the next sweep
+        return {"error": tail[:300], "busy": True}
     if proc.returncode != 0 or not scratch.exists():
-        tail = (err.strip().splitlines() or ["no output"])[-1]
         return {"error": f"timing failed (exit {proc.returncode}): {tail[:300]}"}
     return load(scratch)
 
@@ -423,6 +486,10 @@ def settle(
             return True  # timed by the next sweep (its run is finished: nothing is run again)
         result["timing"] = timed(path, args.db, run_id, args, deadline)
         if "error" in result["timing"] and "the sweep's time limit" in result["timing"]["error"]:
+            return True
+        if result["timing"].get("busy"):  # no result: the next sweep times it (its run is not run again)
+            said = f"level{level}/{path.name}: {result['timing']['error']}; timed by the next sweep"
+            print(said, flush=True)
             return True
         if alone := result["timing"].get("alone"):
             args.measured.append(alone)

@@ -48,9 +48,10 @@ def verdict(e: BaseException, where: str) -> Exception:
     return DeviceBusy(f"{where}: out of memory while other processes held {others:.1f} GiB of the device")
 
 
-def injected() -> None:
-    """Raise an out-of-memory error where KB_INJECT_OOM's count is above zero (taking one off)."""
-    path = os.environ.get("KB_INJECT_OOM")
+def injected(variable: str = "KB_INJECT_OOM") -> None:
+    """Raise an out-of-memory error where the count in the file `variable` names is above zero (taking
+    one off)."""
+    path = os.environ.get(variable)
     if not path:
         return
     with open(path, "r+") as f:
@@ -61,7 +62,7 @@ def injected() -> None:
         f.seek(0)
         f.truncate()
         f.write(str(left - 1))
-    raise torch.OutOfMemoryError("out of memory (injected by KB_INJECT_OOM)")
+    raise torch.OutOfMemoryError(f"out of memory (injected by {variable})")
 
 
 class Peak(TorchDispatchMode):  # type: ignore[no-untyped-call]
