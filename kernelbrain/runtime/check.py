@@ -77,7 +77,7 @@ def check(
                 seeds=seeds,
                 torch_ops=list(torch_ops),
             )
-            r, _ = sandbox.call(gate, timeout_s=GATE_TIMEOUT_S, task="check/gate")
+            r, _ = sandbox.call(gate, timeout_s=GATE_TIMEOUT_S, task="check/gate", spare=bool(rungs))
         except SandboxFault as f:
             return CheckResult(passed=False, category=f.category, detail=f.detail)
         except ProblemFault as e:  # the problem, not the candidate, failed
@@ -85,7 +85,8 @@ def check(
         except SandboxError as e:
             return CheckResult(passed=False, category="runtime", detail=str(e).splitlines()[0])
         result = CheckResult.model_validate(r, from_attributes=True)
-        for i, rung in enumerate(rungs if result.passed and rungs else ()):
+        ladder = rungs if result.passed and rungs else ()
+        for i, rung in enumerate(ladder):
             try:
                 b, _ = sandbox.call(
                     BenchRequest(
@@ -100,6 +101,7 @@ def check(
                     ),
                     timeout_s=BENCH_TIMEOUT_S,
                     task=f"check/{i}",
+                    spare=i < len(ladder) - 1,
                 )
             except (SandboxFault, SandboxError) as e:
                 return result.model_copy(

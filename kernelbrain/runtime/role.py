@@ -148,17 +148,21 @@ class Role(abc.ABC):
         started: float | None = None,
         own_code: bool = False,
         need: Need | None = None,
+        spare: bool = True,
     ) -> Consulted[R]:
         """One request to this role's child on `device`; a fault (the candidate's or kb's) is returned,
         not raised, so every role records it and its cost the same way. `own_code`: the request runs
         only kb's own template code (what its child compiles may be shared). `need`: the problem's
-        memory, reserved on the device while a rung, a duel or a profile prepares and times there."""
+        memory, reserved on the device while a rung, a duel or a profile prepares and times there.
+        `spare`: another request of this role may run a candidate from outside (`spare_wanted`)."""
         t0 = time.perf_counter() if started is None else started
         box: Sandbox | None = None
         try:
             box = self.sandbox(device)
             box.last_hold = None
-            reply, busy = box.call(request, timeout_s=timeout_s, task=task, own_code=own_code, need=need)
+            reply, busy = box.call(
+                request, timeout_s=timeout_s, task=task, own_code=own_code, need=need, spare=spare
+            )
         except (SandboxFault, SandboxError) as e:
             return Consulted(None, e, 0.0, t0, _alone(box))
         return Consulted(reply, None, busy, t0, _alone(box))
@@ -254,6 +258,13 @@ class CandidateRole(Role, Generic[R]):
             return self.on_fault(task, "runtime", asked.line)
         return self.on_result(task, asked.reply)
 
+    def spare_wanted(self, task: Task, state: RunState) -> bool:
+        """Whether a request of this role after `task` may run a candidate kb did not write (so a child
+        that ran none is worth starting now): a live one other than the task's, whose work is not done."""
+        return any(
+            c.id != task.candidate and not c.proposal.own_code and c.terminal is None for c in state.live()
+        )
+
     def execute(self, task: Task, state: RunState) -> list[NewEvent]:
         t0 = time.perf_counter()
         asked = self.consult(
@@ -264,6 +275,7 @@ class CandidateRole(Role, Generic[R]):
             started=t0,
             own_code=task.candidate is not None and state.candidates[task.candidate].proposal.own_code,
             need=problem_need(state),
+            spare=self.spare_wanted(task, state),
         )
         if isinstance(asked.fault, ProblemFault):
             # the problem's own code failed where no candidate code runs: the run ends as the problem's

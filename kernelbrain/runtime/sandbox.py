@@ -141,6 +141,7 @@ class Sandbox:
         self.fresh_untrusted = fresh_untrusted
         self.ran_candidate = False  # the child has run some candidate's code: no place for one from outside
         self.spare: Started | None = None  # a child started ahead of the next candidate from outside
+        self.spares = True  # whether the current request's caller expects another from outside after it
         self.channel: socket.socket | None = None  # the child's descriptors' socket (core/descriptors.py)
         self.cgroup: Path | None = None  # the child's own cgroup (runtime/limits.py), where it has one
         # descriptors for this child (a judge's: the candidate child's outputs in GPU memory), sent with
@@ -239,8 +240,10 @@ class Sandbox:
         return Started(proc, stderr, tmp, chosen, self._bound(), channel, cgroup)
 
     def start_spare(self) -> None:
-        """Start the next child now, while the worker does other things (a torch import: seconds)."""
-        if self.spare is None:
+        """Start the next child now, while the worker does other things (a torch import: seconds); only
+        where the current request's caller expects another candidate from outside (`call`'s `spare`): a
+        spare no request takes is an import of torch and Triton for nothing."""
+        if self.spare is None and self.spares:
             self.spare = self._spawn(spare=True)
 
     def call(
@@ -251,13 +254,17 @@ class Sandbox:
         task: str = "-",
         own_code: bool = False,
         need: device_room.Need | None = None,
+        spare: bool = True,
     ) -> tuple[R, float]:
         """Run one request; returns (its reply, busy seconds). Raises SandboxFault when the child dies or
         the candidate failed a check, SandboxError when kb's own code failed in the child. A gate runs
         across two children (runtime/gate.py), a bench times the reference alone after it
         (runtime/reference_retiming.py). `own_code`: its candidates are kb's own template code. On a
         The request holds its device's lock, alone where it times or profiles; `last_hold` says when. One
-        that prepares on the device first reserves `need` (its problem's memory, runtime/device_room.py)."""
+        that prepares on the device first reserves `need` (its problem's memory, runtime/device_room.py).
+        `spare`: another request running a candidate from outside may follow, so one that runs such a
+        candidate starts the child for the next one as it begins."""
+        self.spares = spare
         device = gpu_lock.device_name(self.device, self.gpu)
         try:
             alone = isinstance(request, TIMED) and not isinstance(request, PREPARED)

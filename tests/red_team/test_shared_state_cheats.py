@@ -14,6 +14,7 @@ from kernelbrain.store import EventStore
 from kernelbrain.core.protocol import DuelReply, DuelRequest, DuelShape, GateReply, GateRequest
 from kernelbrain.runtime.role import Task
 from kernelbrain.runtime.roles.benchmarker import BenchmarkerRole
+from kernelbrain.runtime.roles.gatekeeper import GatekeeperRole
 from kernelbrain.runtime.sandbox import Sandbox, SandboxFault
 from tests.red_team.test_gate_cheats import SOFTMAX
 from tests.runs import SyntheticRun
@@ -31,9 +32,9 @@ SABOTEUR = HONEST.replace("_softmax_kernel", "_saboteur_kernel") + (
 )
 
 
-def gate(box: Sandbox, source: str, own_code: bool = False) -> GateReply:
+def gate(box: Sandbox, source: str, own_code: bool = False, spare: bool = True) -> GateReply:
     request = GateRequest(problem_source=SOFTMAX, cand_source=source, device="cpu", seeds=1)
-    return box.call(request, timeout_s=300, own_code=own_code)[0]
+    return box.call(request, timeout_s=300, own_code=own_code, spare=spare)[0]
 
 
 def alive(pid: int) -> bool:
@@ -68,8 +69,34 @@ def test_a_candidate_that_patches_triton_leaves_no_child_for_the_next_one(box: S
         assert honest.passed, honest  # in the spare, which ran no candidate
         assert not alive(spare) and box.proc is None
         assert box.spare is not None and box.spare.proc.pid not in {patched, spare}
+
+        # the last candidate from outside (no other waits): it takes the spare, and none is started
+        last = box.spare.proc.pid
+        assert gate(box, HONEST, spare=False).passed
+        assert not alive(last) and box.proc is None and box.spare is None
     finally:
         box.fresh_untrusted = False
+
+
+def test_a_spare_child_is_wanted_only_while_another_candidate_from_outside_waits() -> None:
+    """The roles start a spare child (an import of torch and Triton) for a candidate from outside only
+    where another such candidate will need one: the gatekeeper while another waits for the gate, the
+    benchmarker while another's work is not done; the last one's spare would be imported for nothing."""
+    with EventStore(":memory:") as store:
+        run = SyntheticRun(store)
+        for cid in ("a", "b"):
+            run.propose(cid)
+        keeper, bencher = GatekeeperRole(store), BenchmarkerRole(store)
+        gate_a, bench_a = Task("r/gate/a", "a"), Task("r/bench/0/a", "a", 0)
+        assert keeper.spare_wanted(gate_a, run.state())  # b waits for the gate
+        run.gate("b", ok=False)
+        state = run.state()
+        assert not keeper.spare_wanted(gate_a, state)  # b was judged: a is the gate's last
+        assert not bencher.spare_wanted(bench_a, state)  # b's work is done: a is the last
+        run.propose("c")
+        run.gate("c")
+        assert bencher.spare_wanted(bench_a, run.state())  # c's rungs are still to run
+        assert not keeper.spare_wanted(gate_a, run.state())
 
 
 # a duel's side A that slows its rival B: torch.empty_like, which B allocates its output with, sleeps

@@ -100,6 +100,7 @@ class BenchmarkerRole(CandidateRole[BenchReply]):
             started=t0,
             own_code=own_code,
             need=problem_need(state),
+            spare=self.spare_wanted(task, state),
         )
         slowed = None if asked.reply is None else self.slowed(state, task, asked.reply)
         if asked.reply is not None and slowed is None:

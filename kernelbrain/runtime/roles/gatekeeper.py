@@ -17,6 +17,10 @@ class GatekeeperRole(CandidateRole[GateReply]):
     name = "gatekeeper"
     warms_judge = True
 
+    def spare_wanted(self, task: Task, state: RunState) -> bool:
+        """Whether another candidate kb did not write waits for the gate (its child is worth starting)."""
+        return any(c.id != task.candidate and not c.proposal.own_code for c in state.gate_tasks())
+
     def wants_warm(self, state: RunState) -> bool:
         """While a candidate may still come to the gate: a resumed run whose candidates are all judged and
         that proposes no more never starts the judge's child nor its own (a torch import each)."""
