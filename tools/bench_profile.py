@@ -3,6 +3,7 @@
 Prints the bench's own steps and the functions with the most time.
 
     python3 tools/bench_profile.py benchmarks/problems/softmax.py [--device cuda] [--top 25]
+        [--which smallest|primary|all]
 """
 
 from __future__ import annotations
@@ -24,14 +25,15 @@ def main() -> None:
     ap.add_argument("problem", type=Path)
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--top", type=int, default=25)
+    ap.add_argument("--which", default="smallest", help="the rung's shapes: smallest, primary or all")
     args = ap.parse_args()
     source = args.problem.read_text()
     analysis = ProblemAnalysed(**analyse(source, args.device), families=[])
     candidate = get("expert").first_round(analysis, problem_source=source)[0].source
-    bench(source, candidate, args.device, "smallest", 10, 3)  # compiles, warms the caches
+    bench(source, candidate, args.device, args.which, 10, 3)  # compiles, warms the caches
     profiler = cProfile.Profile()
     profiler.enable()
-    reply = bench(source, candidate, args.device, "smallest", 10, 3)
+    reply = bench(source, candidate, args.device, args.which, 10, 3)
     profiler.disable()
     steps = {k: round(v, 4) for k, v in reply["steps"].items()}
     print("steps:", steps, "calls:", reply["shapes"][0]["calls"])
