@@ -32,7 +32,8 @@ def main() -> None:
     n = int(args.gib * 2**30 / 4)
     x = torch.randn(n, device="cuda")
     pinned = torch.empty(n, pin_memory=True)
-    keys = ("d2h_pageable_new", "pin_alloc", "d2h_pinned_new", "d2h_pinned_reused", "h2d_pageable", "h2d_pinned")
+    keys = ("d2h_pageable_new", "pin_alloc", "d2h_pinned_new", "d2h_pinned_reused")
+    keys += ("h2d_pageable", "h2d_pinned")
     rows: dict[str, list[float]] = {k: [] for k in keys}
     for _ in range(args.repeats):
         rows["d2h_pageable_new"].append(timed(lambda: x.to("cpu", copy=True)))
