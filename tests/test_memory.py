@@ -25,26 +25,26 @@ def _events(db: Path, run_id: str) -> list[dict]:
 
 
 def test_admission_refuses_what_the_card_cannot_hold_and_runs_the_rest(tmp_path: Path) -> None:
-    """A 24 KiB card (KB_DEVICE_MEMORY_GIB) holds layernorm_small's timed runs (16 KiB) but not
-    softmax_small's (31 KiB): the batch refuses that one in one line, as the problem's (exit 4), and
-    finishes the other."""
+    """A 32 KiB card (KB_DEVICE_MEMORY_GIB) holds layernorm_small's timed runs (about 22 KiB) but not
+    softmax_small's (44 KiB: five copies of its input, its output twice): the batch refuses that one in
+    one line, as the problem's (exit 4), and finishes the other."""
     folder, db = tmp_path / "p", tmp_path / "kb.db"
     folder.mkdir()
     for name in ("softmax_small", "layernorm_small"):
         shutil.copy(PROBLEMS / f"{name}.py", folder / f"{name}.py")
-    env = kb_env(TRITON_INTERPRET="1", KB_DEVICE_MEMORY_GIB=str(24 / 2**20))
+    env = kb_env(TRITON_INTERPRET="1", KB_DEVICE_MEMORY_GIB=str(32 / 2**20))
     r = kb("run", str(folder), "--db", str(db), *RUN, "--quiet", env=env)
     assert r.returncode == 0, r.stdout + r.stderr  # both ended: one with a kernel, one refused by admission
     table = r.stdout[r.stdout.index("problem ") :]
     row = next(line for line in table.splitlines() if line.startswith("softmax_small.py"))
-    assert "too big for this device even alone" in row and "holds 2.29e-05 GiB" in row, row
+    assert "too big for this device even alone" in row and "holds 3.05e-05 GiB" in row, row
     assert "winner:" in next(line for line in table.splitlines() if line.startswith("layernorm_small.py"))
     with open_store(str(db), readonly=True) as store:
         refused = next(
             rid for rid in store.run_ids() if "softmax" in store.read(run_id=rid)[0].payload["problem_name"]
         )
     analysed = next(e for e in _events(db, refused) if e["type"] == "ProblemAnalysed")["payload"]
-    assert analysed["footprint"] == 32000 and analysed["device_memory"] == 24 * 2**10
+    assert analysed["footprint"] == 5 * 6400 + 2 * 6400 and analysed["device_memory"] == 32 * 2**10
     assert not [e for e in _events(db, refused) if e["type"] == "CandidateProposed"]  # nothing charged
 
 

@@ -166,15 +166,20 @@ def analyse(problem_source: str, device: str) -> dict:
     }
 
 
-# a bench holds this many copies of a shape's inputs: three drawn sets and the slot it loads
-BENCH_INPUT_COPIES = 4
+# a bench holds this many copies of a shape's inputs: three drawn sets, the slot it loads, and the fresh
+# copy a check of the candidate's outputs runs the reference on
+BENCH_INPUT_COPIES = 5
+# and this many of the reference's working memory at its most: the candidate's outputs, held while the
+# reference's are computed to check them (a pool's two benches of KernelBench's 6 GiB softmax, admitted
+# on an 80 GB H100 under the estimate that counted one, ran out of memory)
+BENCH_OUTPUT_COPIES = 2
 
 
 def footprint(problem: Problem, device: str) -> float:
     """The most device memory a timed task of the problem needs at a shape its rungs time (0: unknown):
-    the bench's input copies, the module's parameters and the reference's working memory at its most
-    (its outputs included), counted on the meta device. What admission (roles/generator.py) holds up
-    against the device's memory."""
+    the bench's input copies, the module's parameters and twice the reference's working memory at its
+    most (its outputs included: the candidate's beside the reference's), counted on the meta device.
+    What admission (roles/generator.py) holds up against the device's memory."""
     most = 0.0
     for shape in problem.ladder_shapes(device, "all"):
         try:
@@ -187,7 +192,7 @@ def footprint(problem: Problem, device: str) -> float:
             return 0.0
         held = sum(x.numel() * x.element_size() for x in inputs if isinstance(x, torch.Tensor))
         weights = sum(t.numel() * t.element_size() for t in (*ref.parameters(), *ref.buffers()))
-        most = max(most, BENCH_INPUT_COPIES * held + weights + peak.peak)
+        most = max(most, BENCH_INPUT_COPIES * held + weights + BENCH_OUTPUT_COPIES * peak.peak)
     return most
 
 

@@ -219,6 +219,32 @@ def _check_kept(
         del got, expected
 
 
+def _checked(
+    problem: Problem,
+    shape: dict,
+    ref: torch.nn.Module,
+    weights: tuple,
+    inputs: Rotation,
+    call: tuple[int, Any],
+    own: bool,
+    side: str = "",
+) -> list[Kept]:
+    """A timed call's outputs (`call`: its sample and what it returned), checked against the reference's
+    on the contents its inputs held. Code from outside: kept for after the timing, checked in the judge
+    (no expected output is in memory while such code runs). kb's own code: checked here and now, the
+    reference untouched first, nothing copied (a 6 GiB output took 4 s to copy to the host on an H100,
+    five a rung)."""
+    i, returned = call
+    if not own:
+        return [(i, inputs.current, inputs.last_mix(), keep(outputs(returned)))]
+    where = f"benchmark shape {shape_label(shape)}"
+    untouched(problem, ref, weights, where)
+    _check_kept(
+        problem, shape, ref, inputs, [(i, inputs.current, inputs.last_mix(), outputs(returned))], side
+    )
+    return []
+
+
 def _hand(outbox: str, shape: int, kept: list[Kept], side: str = "") -> list[dict[str, Any]]:
     """The kept timed calls' outputs written into the outbox for the judge, and what it needs to rebuild
     their inputs."""
@@ -294,7 +320,7 @@ def bench(
                     inputs.load(i)  # the reference's call may not leave the candidate anything either
                     new_t.append(timer(call, calls, side="cand"))
                     if i >= repeats - len(inputs.sets) or secrets.randbelow(repeats) < CHECKED_SAMPLES:
-                        kept.append((i, inputs.current, inputs.last_mix(), keep(outputs(last[0]))))
+                        kept += _checked(problem, shape, ref, weights, inputs, (i, last[0]), outbox is None)
                     last[0] = None
             finally:
                 _gc_on()
@@ -307,17 +333,15 @@ def bench(
                     check_launches(call, triton_kernel_names(cand), allowed_aten=allowed)
                 except guard.Violation as v:
                     raise CandidateFault("policy", f"{label}, a timed call: {v}") from None
-                kept.append((repeats, inputs.current, inputs.last_mix(), keep(outputs(last[0]))))
+                kept += _checked(problem, shape, ref, weights, inputs, (repeats, last[0]), outbox is None)
                 last[0] = None
                 steps.done("launches")
             # a reference slowed or changed while the candidate was timed beside it (a patched torch
             # function, weights reached through gc) would fake the ratio; it is checked before it says
-            # what the kept calls should have returned (computed only now: no expected output is in
-            # memory while the candidate runs)
+            # what the kept calls should have returned (computed only now for code from outside: no
+            # expected output is in memory while it runs)
             untouched(problem, ref, weights, label)
-            if outbox is None:
-                _check_kept(problem, shape, ref, inputs, kept)
-            else:
+            if outbox is not None:
                 handed += _hand(outbox, len(shapes), kept)
             del kept
             steps.done("kept")
@@ -402,6 +426,7 @@ def duel(
     kept calls' outputs go to the judge where `outbox` is given, as a bench's."""
     problem = Problem(problem_source)
     guard.install()
+    own = outbox is None  # kb's own code: its timed calls checked at once (_checked)
     ma, mb = load_module(a_source, "cand"), load_module(b_source, "cand")
     timer = Timer(device)
     logs = [0.0] * repeats
@@ -445,7 +470,10 @@ def duel(
 
                         times[name].append(timer(call, calls, side=name))
                         if i >= repeats - len(inputs.sets) or secrets.randbelow(repeats) < CHECKED_SAMPLES:
-                            kept[name].append((i, inputs.current, inputs.last_mix(), keep(outputs(last[0]))))
+                            call_out = (i, last[0])
+                            kept[name] += _checked(
+                                problem, shape, ref, weights, inputs, call_out, own, f", candidate {name}"
+                            )
                         last[0] = None
                     logs[i] += math.log(times["A"][-1] / times["B"][-1]) / len(shapes)
             finally:
@@ -464,14 +492,14 @@ def duel(
                         raise CandidateFault(
                             "policy", f"{label}, candidate {name}'s timed call: {v}"
                         ) from None
-                    kept[name].append((repeats, inputs.current, inputs.last_mix(), keep(outputs(last[0]))))
+                    call_out = (repeats, last[0])
+                    kept[name] += _checked(
+                        problem, shape, ref, weights, inputs, call_out, own, f", candidate {name}"
+                    )
                     last[0] = None
             untouched(problem, ref, weights, label)
-            for name in sides:
-                if outbox is None:
-                    _check_kept(problem, shape, ref, inputs, kept[name], side=f", candidate {name}")
-                else:
-                    handed += _hand(outbox, len(per_shape), kept[name], side=name)
+            for name in sides if outbox is not None else ():
+                handed += _hand(outbox, len(per_shape), kept[name], side=name)
             del kept
             (am, ai), (bm, bi) = quartiles(times["A"]), quartiles(times["B"])
             per_shape.append(

@@ -25,24 +25,29 @@ WATCHED_ONLY = softmax_cheat(
 HONEST = softmax_cheat("y = torch.empty_like(x)\nreturn kernel_softmax(x, y)")
 
 
-def bench_fault(box, source: str) -> SandboxFault:
+def bench_fault(box, source: str, own_code: bool = False) -> SandboxFault:
     """The candidate's failed check when its benchmark is run (it must fail one)."""
     with pytest.raises(SandboxFault) as caught:
-        bench(box, source)
+        bench(box, source, own_code=own_code)
     return caught.value
 
 
-def bench(box, source: str, repeats: int = 6):
+def bench(box, source: str, repeats: int = 6, own_code: bool = False):
     args = {"problem_source": SOFTMAX, "cand_source": source, "device": "cpu", "which": "smallest"}
-    return box.call(BenchRequest(**args, repeats=repeats, warmup=1), timeout_s=300)[0]
+    return box.call(BenchRequest(**args, repeats=repeats, warmup=1), timeout_s=300, own_code=own_code)[0]
 
 
-def test_a_cheat_that_behaves_only_while_watched_passes_the_gate_and_fails_the_timed_calls(box) -> None:
+# code from outside: its kept timed calls checked in the judge after the timing; kb's own (a template
+# with a bug that showed only unwatched): each checked in its child as soon as it returned
+@pytest.mark.parametrize("own_code", [False, True], ids=["from-outside", "kb-own"])
+def test_a_cheat_that_behaves_only_while_watched_passes_the_gate_and_fails_the_timed_calls(
+    box, own_code: bool
+) -> None:
     gate = box.call(
         GateRequest(problem_source=SOFTMAX, cand_source=WATCHED_ONLY, device="cpu", seeds=3), timeout_s=300
     )
     assert gate[0].passed is True, gate  # the gate alone cannot see it
-    raised = bench_fault(box, WATCHED_ONLY)
+    raised = bench_fault(box, WATCHED_ONLY, own_code)
     assert raised is not None and getattr(raised, "category", None) == "mismatch", raised
     assert "timed call" in raised.detail and "earlier call" in raised.detail, raised.detail
 
