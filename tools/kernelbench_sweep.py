@@ -247,31 +247,30 @@ def measure_winner(problem_file: Path, db: Path, run_id: str, out: Path, repeats
 
 
 TIMING_ATTEMPTS = 3  # a timing that runs out of memory beside the runs' children is tried this often
-ROOM_WAIT_S = 60.0  # the most a timing waits, alone on the device, for the memory its problem needs
 EXIT_BUSY = 75  # `measure`'s code where the device stayed too full to time on: the next sweep times it
 
 
 def timed_alone(timing: Callable[[], Any], device: str, need: Any) -> tuple[Any, Any, int]:
     """`timing`'s answer, its hold of the device lock (alone from the first draw to the last sample: the
     compiles autotune by timing, and no run's child may start to allocate beside draws sized to the free
-    memory) and the attempts it took. An out-of-memory error while other processes held part of the
-    device (the runs' children: kb's fault, never the problem's) is tried again, after the memory the
-    problem needs (`need`, its analysis' footprint) is free or ROOM_WAIT_S passed; after TIMING_ATTEMPTS
-    the process exits EXIT_BUSY with one line saying so. KB_INJECT_TIMING_OOM (a file holding a count)
-    injects such errors on a CPU, as KB_INJECT_OOM does for the runs' benches."""
+    memory) and the attempts it took. It first reserves the problem's memory (`need`, its analysis'
+    footprint) beside the runs' reservations (runtime/device_room.py), as their benches do: it waits
+    there, not holding the device, while their prepared benches hold memory. An out-of-memory error while
+    other processes held part of the device is kb's fault, never the problem's: tried again after a
+    pause, and after TIMING_ATTEMPTS the process exits EXIT_BUSY with one line saying so.
+    KB_INJECT_TIMING_OOM (a file holding a count) injects such errors on a CPU, as KB_INJECT_OOM does
+    for the runs' benches."""
     import gc
 
     import torch
 
     from kernelbrain.child.memory import DeviceBusy, injected, verdict
-    from kernelbrain.runtime import gpu_lock
+    from kernelbrain.runtime import device_room, gpu_lock
 
     name = gpu_lock.device_name(device, None)
     for attempt in range(1, TIMING_ATTEMPTS + 1):
         try:
-            with gpu_lock.held(name, alone=True) as hold:
-                if device == "cuda" and need is not None:
-                    _wait_for_room(need.bytes)
+            with device_room.reserved(name, need), gpu_lock.held(name, alone=True) as hold:
                 injected("KB_INJECT_TIMING_OOM")
                 answer = timing()
             return answer, hold, attempt
@@ -282,19 +281,9 @@ def timed_alone(timing: Callable[[], Any], device: str, need: Any) -> tuple[Any,
         gc.collect()  # out of the except clause: its traceback no longer holds the draws
         if device == "cuda":
             torch.cuda.empty_cache()
-            time.sleep(attempt)
+            time.sleep(5 * attempt)  # the runs' children hand their cached memory back after each request
     print(f"{busy}{_holders(device)}, {TIMING_ATTEMPTS} attempts (kb's fault)", file=sys.stderr)
     raise SystemExit(EXIT_BUSY)
-
-
-def _wait_for_room(need: float) -> None:
-    """Until the device's free memory holds `need` bytes, or ROOM_WAIT_S: the runs' idle children hand
-    their cached memory back after each request (kernelbrain/child/ops.release_memory)."""
-    import torch
-
-    until = time.monotonic() + ROOM_WAIT_S
-    while torch.cuda.mem_get_info()[0] < need and time.monotonic() < until:
-        time.sleep(0.5)
 
 
 def _holders(device: str) -> str:

@@ -6,11 +6,10 @@ own temporary directory, no core dumps and capped file sizes, and it dies with i
 `SandboxFault` with its category; the next call starts a fresh child. A check the candidate fails
 inside an op (the child's CandidateFault) is a `SandboxFault` too, with the check's category, and the
 child lives on. A warm child is reused until one faults, because importing torch and Triton costs
-seconds; but a
-request that runs a candidate from outside (an LLM's: `own_code` False) gets a child that has run no
-other candidate, and that child is stopped after it: code in a process can patch what every later
-request there relies on (Triton's launcher, a Tensor method) in ways no check of the namespaces sees.
-A spare child is started as such a request begins, so that the next one mostly finds a child imported.
+seconds; but a request that runs a candidate from outside (an LLM's: `own_code` False) gets a child that
+has run no other candidate, and that child is stopped after it: code in a process can patch what every
+later request there relies on (Triton's launcher, a Tensor method) in ways no check of the namespaces
+sees. A spare child is started as such a request begins where another is to follow (`call`'s `spare`).
 
 A gate runs across this child and its judge (runtime/gate.py); a bench times the reference again alone
 in the judge (runtime/reference_retiming.py).
@@ -141,13 +140,12 @@ class Sandbox:
         self.fresh_untrusted = fresh_untrusted
         self.ran_candidate = False  # the child has run some candidate's code: no place for one from outside
         self.spare: Started | None = None  # a child started ahead of the next candidate from outside
-        self.spares = True  # whether the current request's caller expects another from outside after it
+        self.spares = True  # whether the caller expects another candidate from outside after this one
         self.channel: socket.socket | None = None  # the child's descriptors' socket (core/descriptors.py)
         self.cgroup: Path | None = None  # the child's own cgroup (runtime/limits.py), where it has one
-        # descriptors for this child (a judge's: the candidate child's outputs in GPU memory), sent with
-        # its next request; and those the child gave during its current request
+        # descriptors for this child (a judge's: the candidate child's GPU outputs), for its next request
         self.incoming: list[tuple[str, int]] = []
-        self.given: list[tuple[str, int]] = []
+        self.given: list[tuple[str, int]] = []  # and those it gave during its current request
 
     def _env(self, tmp: Path, chosen: isolation.Isolation, spare: bool = False) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if child_env_allowed(k)}
@@ -240,9 +238,8 @@ class Sandbox:
         return Started(proc, stderr, tmp, chosen, self._bound(), channel, cgroup)
 
     def start_spare(self) -> None:
-        """Start the next child now, while the worker does other things (a torch import: seconds); only
-        where the current request's caller expects another candidate from outside (`call`'s `spare`): a
-        spare no request takes is an import of torch and Triton for nothing."""
+        """Start the next child now, while the worker does other things (a torch import: seconds), where
+        the caller expects another candidate from outside (`call`'s `spare`): else it would go unused."""
         if self.spare is None and self.spares:
             self.spare = self._spawn(spare=True)
 
@@ -259,11 +256,10 @@ class Sandbox:
         """Run one request; returns (its reply, busy seconds). Raises SandboxFault when the child dies or
         the candidate failed a check, SandboxError when kb's own code failed in the child. A gate runs
         across two children (runtime/gate.py), a bench times the reference alone after it
-        (runtime/reference_retiming.py). `own_code`: its candidates are kb's own template code. On a
-        The request holds its device's lock, alone where it times or profiles; `last_hold` says when. One
+        (runtime/reference_retiming.py). `own_code`: its candidates are kb's own template code. The
+        request holds its device's lock, alone where it times or profiles; `last_hold` says when. One
         that prepares on the device first reserves `need` (its problem's memory, runtime/device_room.py).
-        `spare`: another request running a candidate from outside may follow, so one that runs such a
-        candidate starts the child for the next one as it begins."""
+        `spare`: another request may run a candidate from outside after it (its child is started now)."""
         self.spares = spare
         device = gpu_lock.device_name(self.device, self.gpu)
         try:
