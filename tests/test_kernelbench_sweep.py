@@ -16,6 +16,7 @@ from pathlib import Path
 from kernelbrain.store import EventStore
 
 from tests.kbcli import kb_env
+from tools import kernelbench_sweep
 
 ROOT = Path(__file__).resolve().parents[1]
 SWEEP = ROOT / "tools" / "kernelbench_sweep.py"
@@ -176,4 +177,10 @@ def test_the_sweep_resumes_times_winners_and_names_every_miss(tmp_path):
     assert json.loads((out / "level1" / "1_Softmax.json").read_text())["run_id"] == first
     pieces = json.loads((out / "pieces.json").read_text())["pieces"]
     assert len(pieces) == 6 and all(p["wall_s"] > 0 for p in pieces)
+    # the line a sweep prints each minute while its runs go on, counted from the database
+    with EventStore(str(tmp_path / "sweep.db"), create=False, readonly=True) as store:
+        ended, rungs = store.count(type="RunFinished"), store.count(type="RungBenchmarked")
+        runs = len(store.run_ids())
+    line = kernelbench_sweep.progress(tmp_path / "sweep.db", 0.0)
+    assert f"rungs {rungs}; runs ended {ended};" in line and rungs >= 1 and ended == runs, line
     assert "The sweep took" in (out / "README.md").read_text()

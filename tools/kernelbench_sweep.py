@@ -68,6 +68,7 @@ REFUSED = {"run_id": None, "finished": True, "families": [], "candidates": 0, "g
 REFUSED |= {"gate_failed": {}, "winner": None, "winner_family": None, "gpu_s": 0.0, "speedup": {}}
 STOPPED = threading.Event()  # the sweep got SIGTERM or SIGINT: stop the runs in flight, start none
 POLL_S = 2.0  # while the runs go on, how often the sweep looks for one that ended
+PROGRESS_S = 60.0  # and how often it says how far the runs are (a call cut short still tells)
 EXIT_PROBLEM = 4  # kb run's code for a problem file it refused (kernelbrain.views.ending)
 
 
@@ -418,10 +419,14 @@ def sweep(args: argparse.Namespace) -> None:
     )
     runner.start()
     left = list(todo)
+    said = time.monotonic()
     while runner.is_alive():  # each winner timed as its run ends, while the other runs go on
         runs = Runs.read(args.db)  # one read a poll, whatever the number of files
         left = [row for row in left if not settle(*row, runs, old, refused, args, deadline, ended_only=True)]
         runner.join(timeout=POLL_S)
+        if time.monotonic() - said >= PROGRESS_S:
+            said = time.monotonic()
+            print(progress(args.db, began), flush=True)
     runs = Runs.read(args.db)
     for row in left:
         settle(*row, runs, old, refused, args, deadline, ended_only=False)
@@ -430,6 +435,26 @@ def sweep(args: argparse.Namespace) -> None:
     if STOPPED.is_set():
         print("stopped by a signal: the same command goes on where this one stopped", flush=True)
         raise SystemExit(130)
+
+
+def progress(db: Path, began: float) -> str:
+    """One line on the runs so far: what was gated, measured and ended, the faults, and the seconds the
+    GPU was held alone since the sweep began (BudgetCharged's spans)."""
+    from kernelbrain.store import open_store
+
+    kinds = ["GatePassed", "GateFailed", "RungBenchmarked", "RunFinished", "TaskFaulted", "BudgetCharged"]
+    with open_store(str(db), create=False, readonly=True) as store:
+        events = [e for e in store.read(types=kinds) if e.ts >= began]
+    n = {k: sum(e.type == k for e in events) for k in kinds}
+    spans = [
+        (e.payload.get("alone_from"), e.payload.get("alone_to")) for e in events if e.type == "BudgetCharged"
+    ]
+    alone = sum(b - a for a, b in spans if a is not None and b is not None)
+    return (
+        f"[{time.time() - began:.0f} s] gates {n['GatePassed']} passed, {n['GateFailed']} failed; "
+        f"rungs {n['RungBenchmarked']}; runs ended {n['RunFinished']}; faults {n['TaskFaulted']}; "
+        f"GPU held alone {alone:.0f} s"
+    )
 
 
 def settle(
