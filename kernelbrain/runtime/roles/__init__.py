@@ -35,7 +35,9 @@ def pool_processes(device: str, generator: str, cpus: int) -> list[str]:
     if device == "cuda":
         generators = ["generator"] * max(1, cpus // 8)
         benchmarkers = ["benchmarker"] * 2
-        return [*generators, *["gatekeeper"] * max(1, cpus // 4), *benchmarkers, "profiler", "scheduler"]
+        # a gatekeeper per 2 cores: its gates compile single-threaded, and in the H100 sweep's first piece
+        # (one per 4 cores) the four were 85% busy while most of the 16 cores and the GPU waited on them
+        return [*generators, *["gatekeeper"] * max(1, cpus // 2), *benchmarkers, "profiler", "scheduler"]
     if generator == "llm":
         return ["generator", *["candidates"] * max(1, cpus), "scheduler"]
     return ["all"] * max(1, cpus)
