@@ -44,7 +44,7 @@ def test_admission_refuses_what_the_card_cannot_hold_and_runs_the_rest(tmp_path:
             rid for rid in store.run_ids() if "softmax" in store.read(run_id=rid)[0].payload["problem_name"]
         )
     analysed = next(e for e in _events(db, refused) if e["type"] == "ProblemAnalysed")["payload"]
-    assert analysed["footprint"] == 5 * 6400 + 2 * 6400 and analysed["device_memory"] == 32 * 2**10
+    assert analysed["footprint"] == 5 * 6400 + 6400 + 6400 and analysed["device_memory"] == 32 * 2**10
     assert not [e for e in _events(db, refused) if e["type"] == "CandidateProposed"]  # nothing charged
 
 

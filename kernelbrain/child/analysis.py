@@ -169,17 +169,15 @@ def analyse(problem_source: str, device: str) -> dict:
 # a bench holds this many copies of a shape's inputs: three drawn sets, the slot it loads, and the fresh
 # copy a check of the candidate's outputs runs the reference on
 BENCH_INPUT_COPIES = 5
-# and this many of the reference's working memory at its most: the candidate's outputs, held while the
-# reference's are computed to check them (a pool's two benches of KernelBench's 6 GiB softmax, admitted
-# on an 80 GB H100 under the estimate that counted one, ran out of memory)
-BENCH_OUTPUT_COPIES = 2
 
 
 def footprint(problem: Problem, device: str) -> float:
     """The most device memory a timed task of the problem needs at a shape its rungs time (0: unknown):
-    the bench's input copies, the module's parameters and twice the reference's working memory at its
-    most (its outputs included: the candidate's beside the reference's), counted on the meta device.
-    What admission (roles/generator.py) holds up against the device's memory."""
+    the bench's input copies, the module's parameters, the reference's working memory at its most (its
+    outputs included) and the candidate's outputs beside it (held while the reference's are computed to
+    check them), counted on the meta device. What admission (roles/generator.py) holds up against the
+    device's memory. (Counting one output, not two, a pool admitted two benches of KernelBench's 6 GiB
+    softmax together on an 80 GB H100, and they ran out of memory.)"""
     most = 0.0
     for shape in problem.ladder_shapes(device, "all"):
         try:
@@ -187,12 +185,13 @@ def footprint(problem: Problem, device: str) -> float:
             inputs = problem.inputs(shape, 0, "meta")
             peak = memory.Peak()
             with torch.no_grad(), peak:
-                ref(*inputs)
+                returned = outputs(ref(*inputs))
         except Exception:  # a reference that needs real values: no estimate
             return 0.0
         held = sum(x.numel() * x.element_size() for x in inputs if isinstance(x, torch.Tensor))
         weights = sum(t.numel() * t.element_size() for t in (*ref.parameters(), *ref.buffers()))
-        most = max(most, BENCH_INPUT_COPIES * held + weights + BENCH_OUTPUT_COPIES * peak.peak)
+        candidate = sum(o.numel() * o.element_size() for o in returned)
+        most = max(most, BENCH_INPUT_COPIES * held + weights + peak.peak + candidate)
     return most
 
 
