@@ -48,10 +48,10 @@ def admission(analysis: ProblemAnalysed, device: str) -> str | None:
         return None
     where = "GPU" if device == "cuda" else "CPU child (its memory cap)"
     return (
-        f"{TOO_BIG}: a timed run of it needs about {analysis.footprint / 2**30:.3g} GiB (the bench's four "
-        "copies of its inputs, its parameters and the reference's working memory at the shape its rungs "
-        f"time), the {where} holds {analysis.device_memory / 2**30:.3g} GiB; shrink get_inputs()'s sizes "
-        "or use a larger device"
+        f"{TOO_BIG}: a timed run of it needs about {analysis.footprint / 2**30:.3g} GiB (the bench's five "
+        "copies of its inputs, its parameters, the reference's working memory and the candidate's outputs "
+        f"at the shape its rungs time), the {where} holds {analysis.device_memory / 2**30:.3g} GiB; shrink "
+        "get_inputs()'s sizes or use a larger device"
     )
 
 
