@@ -221,9 +221,9 @@ def _check_kept(
 
 def _checked(
     problem: Problem,
-    shape: dict,
+    shape: dict[str, Any],
     ref: torch.nn.Module,
-    weights: tuple,
+    weights: tuple[Any, ...],
     inputs: Rotation,
     call: tuple[int, Any],
     own: bool,
@@ -498,8 +498,9 @@ def duel(
                     )
                     last[0] = None
             untouched(problem, ref, weights, label)
-            for name in sides if outbox is not None else ():
-                handed += _hand(outbox, len(per_shape), kept[name], side=name)
+            if outbox is not None:
+                for name in sides:
+                    handed += _hand(outbox, len(per_shape), kept[name], side=name)
             del kept
             (am, ai), (bm, bi) = quartiles(times["A"]), quartiles(times["B"])
             per_shape.append(
