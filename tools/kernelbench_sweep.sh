@@ -21,7 +21,7 @@ mkdir -p "$state"
 # a copy of the runs' database every minute (SQLite's backup: consistent while kb writes): a call cut
 # before the end still brings back what its runs recorded, in $OUT/sweep_snapshot.db
 ( while sleep 60; do
-    python3 -c "import sqlite3, sys; sqlite3.connect(sys.argv[1]).backup(sqlite3.connect(sys.argv[2]))" \
+    [ -f "$state/sweep.db" ] && python3 -c "import sqlite3, sys; sqlite3.connect(sys.argv[1]).backup(sqlite3.connect(sys.argv[2]))" \
       "$state/sweep.db" "$OUT/sweep_snapshot.db" 2>/dev/null
   done ) &
 snapshots=$!
