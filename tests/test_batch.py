@@ -16,14 +16,17 @@ import sys
 import time
 from pathlib import Path
 
-from kernelbrain.store import open_store
+from kernelbrain.store import EventStore, open_store
 
+from kernelbrain.core.events import BudgetCharged, RunFinished, TaskClaimed
 from kernelbrain.core.state import RunState
 from kernelbrain.runtime import device_room
 from kernelbrain.runtime.batch import batch_runs, problem_paths
 from kernelbrain.views.batch import alone_spans
 from tests.invariants import check_run
 from tests.kbcli import ROOT, kb, kb_env
+from tests.runs import RUN as SYNTHETIC_RUN
+from tests.runs import SyntheticRun
 from tools import timed_spans
 
 PROBLEMS = ROOT / "tests" / "problems"
@@ -103,6 +106,24 @@ def test_a_folder_runs_as_one_batch_killed_and_resumed(tmp_path: Path) -> None:
     summed = timed_spans.spans(db)  # the tool that reads where a sweep's GPU time went agrees
     assert summed["overlaps"] == 0 and summed["by_kind_s"]["rung"] > 0 and 0 < summed["alone_share"] < 1
     assert abs(summed["alone_s"] - sum(b - a for a, b, _ in cpu)) < 1e-6
+    with open_store(str(db), readonly=True) as store:
+        assert timed_spans.open_tasks(store.read()) == []  # every run ended: nothing left claimed
+
+
+def test_the_tasks_claimed_and_never_done_are_named() -> None:
+    """What a stalled or cut-off pool was doing: a claim with no charge, fault or parking after it."""
+    with EventStore(":memory:") as store:
+        run = SyntheticRun(store)
+        for cid in ("a", "b"):
+            run.propose(cid)
+            gate = f"{SYNTHETIC_RUN}/gate/{cid}"
+            run.add(TaskClaimed(task=gate, worker=f"w{cid}@h:1:1", token=1, deadline=0), cid)
+        charge = BudgetCharged(action=f"{SYNTHETIC_RUN}/gate/a", role="gatekeeper", gpu_s=0.1, wall_s=0.1)
+        run.add(charge, "charge")
+        (still,) = timed_spans.open_tasks(store.read())
+        assert still[:2] == (f"{SYNTHETIC_RUN}/gate/b", "wb@h:1:1") and still[2] >= 0
+        run.add(RunFinished(basis=0, reason="test", winner=None, winner_rung=None, winner_score=None), "end")
+        assert timed_spans.open_tasks(store.read()) == []  # a finished run's leftovers are not open
 
 
 def test_a_batch_of_only_refused_files_exits_as_the_problems_fault(tmp_path: Path) -> None:

@@ -1,6 +1,7 @@
 """Where a database's GPU time went: the spans each task held its device alone (BudgetCharged's
 `alone_from`/`alone_to`), summed by kind of task (rung, ncu, roofline, duel), against the wall time of the
-log; whether any two overlapped; each run's winner and end.
+log; whether any two overlapped; each run's winner and end; and the tasks of unfinished runs claimed and
+never done by the log's end (what a stalled or cut-off pool was doing: a sweep's `sweep_snapshot.db`).
 
     python3 tools/timed_spans.py RUN.db [--json]
 """
@@ -46,6 +47,26 @@ def spans(db: Path) -> dict:
     }
 
 
+def open_tasks(events: list) -> list[tuple[str, str, float]]:
+    """The tasks of runs not finished that were claimed and neither charged (BudgetCharged, a task's last
+    event), faulted nor parked after their last claim: (task, worker, seconds from that claim to the
+    log's end), oldest first."""
+    claimed: dict[str, tuple[str, float]] = {}
+    finished = set()
+    for e in events:
+        if e.type == "TaskClaimed":
+            claimed[e.payload["task"]] = (e.payload["worker"], e.ts)
+        elif e.type == "BudgetCharged":
+            claimed.pop(e.payload["action"], None)
+        elif e.type in ("TaskFaulted", "TaskParked"):
+            claimed.pop(e.payload["task"], None)
+        elif e.type == "RunFinished":
+            finished.add(e.run_id)
+    end = events[-1].ts if events else 0.0
+    rows = [(t, w, end - ts) for t, (w, ts) in claimed.items() if t.split("/")[0] not in finished]
+    return sorted(rows, key=lambda row: -row[2])
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("db", type=Path)
@@ -62,6 +83,13 @@ def main() -> None:
     print("  " + ", ".join(f"{k} {v:.1f} s" for k, v in sorted(out["by_kind_s"].items())))
     for run, end in out["runs"].items():
         print(f"  {run}: {end['winner'] or 'no winner'} ({(end['reason'] or '')[:80]})")
+    from kernelbrain.store import open_store
+
+    with open_store(str(args.db), create=False, readonly=True) as store:
+        still = open_tasks(store.read())
+    print(f"claimed and not done at the log's end: {len(still)}")
+    for task, worker, age in still[:20]:
+        print(f"  {task} by {worker}, claimed {age:.0f} s before the end")
 
 
 if __name__ == "__main__":
