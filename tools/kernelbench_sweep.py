@@ -442,14 +442,13 @@ def progress(db: Path, began: float) -> str:
     GPU was held alone since the sweep began (BudgetCharged's spans)."""
     from kernelbrain.store import open_store
 
+    from kernelbrain.views.batch import alone_spans
+
     kinds = ["GatePassed", "GateFailed", "RungBenchmarked", "RunFinished", "TaskFaulted", "BudgetCharged"]
     with open_store(str(db), create=False, readonly=True) as store:
         events = [e for e in store.read(types=kinds) if e.ts >= began]
     n = {k: sum(e.type == k for e in events) for k in kinds}
-    spans = [
-        (e.payload.get("alone_from"), e.payload.get("alone_to")) for e in events if e.type == "BudgetCharged"
-    ]
-    alone = sum(b - a for a, b in spans if a is not None and b is not None)
+    alone = sum(b - a for device in alone_spans(events).values() for a, b, _ in device)
     return (
         f"[{time.time() - began:.0f} s] gates {n['GatePassed']} passed, {n['GateFailed']} failed; "
         f"rungs {n['RungBenchmarked']}; runs ended {n['RunFinished']}; faults {n['TaskFaulted']}; "

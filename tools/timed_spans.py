@@ -44,6 +44,7 @@ def spans(db: Path) -> dict:
         "by_kind_s": dict(by_kind),
         "overlaps": sum(alone[i + 1][0] < alone[i][1] for i in range(len(alone) - 1)),
         "runs": {run: {"winner": e.winner, "reason": e.reason} for run, e in ends.items()},
+        "open": open_tasks(events),
     }
 
 
@@ -83,12 +84,8 @@ def main() -> None:
     print("  " + ", ".join(f"{k} {v:.1f} s" for k, v in sorted(out["by_kind_s"].items())))
     for run, end in out["runs"].items():
         print(f"  {run}: {end['winner'] or 'no winner'} ({(end['reason'] or '')[:80]})")
-    from kernelbrain.store import open_store
-
-    with open_store(str(args.db), create=False, readonly=True) as store:
-        still = open_tasks(store.read())
-    print(f"claimed and not done at the log's end: {len(still)}")
-    for task, worker, age in still[:20]:
+    print(f"claimed and not done at the log's end: {len(out['open'])}")
+    for task, worker, age in out["open"][:20]:
         print(f"  {task} by {worker}, claimed {age:.0f} s before the end")
 
 
