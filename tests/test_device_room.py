@@ -108,3 +108,31 @@ def test_an_unknown_need_reserves_nothing(locks: Path) -> None:
     with device_room.reserved("0", None) as waited:
         assert waited == 0.0
     assert not (locks / "gpu-0.room").exists()
+
+
+def test_a_shared_hold_waiting_for_room_never_blocks_a_timing_going_alone(locks: Path) -> None:
+    """A bench holds room and its lock shared, then goes alone to time; another process wants room for a
+    shared hold meanwhile (the sweep's compile warm-up did, lock first: piece 2 of the H100 sweep stood
+    still). Room first, it waits holding nothing: the bench times, lets go, and then it runs."""
+    code = (
+        "import sys, time\n"
+        "from kernelbrain.runtime import device_room\n"
+        f"need = device_room.Need(bytes=60 * {GIB}, capacity=72 * {GIB})\n"
+        "with device_room.on_device('0', need, alone=False) as hold:\n"
+        "    print('prepared', flush=True)\n"
+        "    time.sleep(float(sys.argv[1]))\n"
+        "    hold.go_alone()\n"
+        "    print('timed', flush=True)\n"
+    )
+    bench = subprocess.Popen([sys.executable, "-c", code, "1.0"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert bench.stdout is not None and bench.stdout.readline().strip() == "prepared"
+        warm = subprocess.Popen([sys.executable, "-c", code, "0"], stdout=subprocess.PIPE, text=True)
+        try:
+            out, _ = warm.communicate(timeout=30)  # a deadlock stands still: the timeout fails the test
+            assert out.split() == ["prepared", "timed"]
+            assert bench.wait(10) == 0 and bench.stdout.read().split() == ["timed"]
+        finally:
+            warm.kill()
+    finally:
+        bench.kill()

@@ -49,7 +49,7 @@ def shared_triton_cache() -> str:
 def warm(
     problem_source: str, source: str, device: str, need: Any = None, compile_modes: str | None = None
 ) -> dict[str, Any]:
-    """Run the child (module docstring) under a shared hold of `device`'s lock with `need` reserved; its
+    """Run the child (module docstring) with `need` reserved, then `device`'s lock held shared; its
     report: per contender the seconds its first call took, cold, or the error that stopped it. A child
     that fails costs nothing but time: the timing compiles on its own. `compile_modes` (comma-separated
     keys of COMPILE_MODES): those alone, else every mode timed on the device."""
@@ -71,7 +71,7 @@ def warm(
     name = gpu_lock.device_name(device, None)
     t0 = time.perf_counter()
     try:
-        with gpu_lock.held(name, alone=False), device_room.reserved(name, need):
+        with device_room.on_device(name, need, alone=False):
             proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=WARM_TIMEOUT_S)
         if proc.returncode != 0:
             tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]

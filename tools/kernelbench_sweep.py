@@ -271,7 +271,7 @@ def timed_alone(timing: Callable[[], Any], device: str, need: Any) -> tuple[Any,
     name = gpu_lock.device_name(device, None)
     for attempt in range(1, TIMING_ATTEMPTS + 1):
         try:
-            with device_room.reserved(name, need), gpu_lock.held(name, alone=True) as hold:
+            with device_room.on_device(name, need, alone=True) as hold:
                 injected("KB_INJECT_TIMING_OOM")
                 answer = timing()
             return answer, hold, attempt

@@ -9,7 +9,11 @@ Without it the pool's two benchmarkers could each prepare a problem of 40 GB on 
 would run out of memory (kb's fault, retried, but a wasted preparation).
 
 The reservations live in a JSON file beside the device's lock (`gpu_lock.folder()`), changed under
-flock; an entry whose process is gone (a SIGKILLed worker) is dropped by the next reader."""
+flock; an entry whose process is gone (a SIGKILLed worker) is dropped by the next reader.
+
+Work on the device takes both through `on_device`, room first: a process that waited for room while it
+held the lock shared would deadlock every timing (one that holds room and goes alone waits for that
+shared hold, and everyone else queues behind it at the lock's turnstile)."""
 
 from __future__ import annotations
 
@@ -25,6 +29,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from kernelbrain.runtime import gpu_lock
+from kernelbrain.runtime.gpu_lock import Hold
 
 # a problem is admitted where a timed task's estimated footprint is at most this share of the device's
 # memory: the rest is the pool's CUDA contexts and the estimate's error
@@ -131,3 +136,11 @@ def reserved(device: str, want: Need | None, poll_s: float = 0.05) -> Iterator[f
         yield time.monotonic() - t0
     finally:
         _change(device, leave)
+
+
+@contextmanager
+def on_device(device: str, want: Need | None, *, alone: bool) -> Iterator[Hold]:
+    """The body runs with `want` reserved on `device` (`reserved`) and then its lock held, alone or shared
+    (`gpu_lock.held`); yields the hold. The one order every user of both takes (module docstring)."""
+    with reserved(device, want), gpu_lock.held(device, alone=alone) as hold:
+        yield hold

@@ -265,7 +265,7 @@ class Sandbox:
         try:
             alone = isinstance(request, TIMED) and not isinstance(request, PREPARED)
             room = need if isinstance(request, PREPARED) else None
-            with device_room.reserved(device, room), gpu_lock.held(device, alone=alone) as hold:
+            with device_room.on_device(device, room, alone=alone) as hold:
                 self.last_hold = self.hold = hold
                 try:
                     reply, busy = self._dispatch(request, timeout_s=timeout_s, task=task, own_code=own_code)
