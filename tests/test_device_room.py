@@ -136,3 +136,24 @@ def test_a_shared_hold_waiting_for_room_never_blocks_a_timing_going_alone(locks:
             warm.kill()
     finally:
         bench.kill()
+
+
+def test_on_device_records_the_wait_for_memory(locks: Path) -> None:
+    held = threading.Event()
+    done = threading.Event()
+
+    def other() -> None:
+        with device_room.reserved("0", Need(bytes=60 * GIB, capacity=72 * GIB)):
+            held.set()
+            done.wait(10)
+
+    t = threading.Thread(target=other)
+    t.start()
+    try:
+        assert held.wait(10)
+        threading.Timer(1.0, done.set).start()
+        with device_room.on_device("0", Need(bytes=60 * GIB, capacity=72 * GIB), alone=False) as got:
+            assert 0.8 < got.room_s < 10.0 and got.lock_s < 0.5
+    finally:
+        done.set()
+        t.join(10)

@@ -43,8 +43,24 @@ def hold(tmp_path: Path, alone: bool, seconds: float) -> subprocess.Popen:
 
 def waited(alone: bool) -> float:
     start = time.monotonic()
-    with gpu_lock.held("0", alone=alone):
-        return time.monotonic() - start
+    with gpu_lock.held("0", alone=alone) as got:
+        took = time.monotonic() - start
+    assert took - 0.2 <= got.lock_s <= took  # the hold records what it waited (BudgetCharged's lock_wait_s)
+    return took
+
+
+def test_going_alone_records_the_wait_for_the_shared_holders(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("KB_LOCKS", str(tmp_path))
+    with gpu_lock.held("0", alone=False) as got:
+        assert got.lock_s < 0.5
+        other = hold(tmp_path, False, 1.5)  # a gate that came while this bench prepared
+        try:
+            got.go_alone()
+        finally:
+            other.kill()
+        assert got.alone and 1.0 < got.lock_s < 10.0
 
 
 @pytest.mark.parametrize(

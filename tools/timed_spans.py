@@ -1,7 +1,9 @@
 """Where a database's GPU time went: the spans each task held its device alone (BudgetCharged's
 `alone_from`/`alone_to`), summed by kind of task (rung, ncu, roofline, duel), against the wall time of the
-log; whether any two overlapped; each run's winner and end; and the tasks of unfinished runs claimed and
-never done by the log's end (what a stalled or cut-off pool was doing: a sweep's `sweep_snapshot.db`).
+log; whether any two overlapped; what the tasks of each kind waited on their device (for memory, for the
+lock: BudgetCharged's `room_wait_s`, `lock_wait_s`) against their wall time; each run's winner and end;
+and the tasks of unfinished runs claimed and never done by the log's end (what a stalled or cut-off pool
+was doing: a sweep's `sweep_snapshot.db`).
 
     python3 tools/timed_spans.py RUN.db [--json]
 """
@@ -43,9 +45,27 @@ def spans(db: Path) -> dict:
         "alone_share": held / wall if wall else 0.0,
         "by_kind_s": dict(by_kind),
         "overlaps": sum(alone[i + 1][0] < alone[i][1] for i in range(len(alone) - 1)),
+        "waits": waits(events),
         "runs": {run: {"winner": e.winner, "reason": e.reason} for run, e in ends.items()},
         "open": open_tasks(events),
     }
+
+
+def waits(events: list) -> dict[str, dict[str, float]]:
+    """Per kind of task: how many were charged, their wall seconds, and the seconds they waited for the
+    device's memory and for its lock (summed)."""
+    out: dict[str, dict[str, float]] = {}
+    for e in events:
+        if e.type != "BudgetCharged":
+            continue
+        row = out.setdefault(
+            kind(e.payload["action"]), {"tasks": 0, "wall_s": 0.0, "room_s": 0.0, "lock_s": 0.0}
+        )
+        row["tasks"] += 1
+        row["wall_s"] += e.payload.get("wall_s", 0.0)
+        row["room_s"] += e.payload.get("room_wait_s", 0.0)
+        row["lock_s"] += e.payload.get("lock_wait_s", 0.0)
+    return out
 
 
 def open_tasks(events: list) -> list[tuple[str, str, float]]:
@@ -82,6 +102,11 @@ def main() -> None:
         f"overlapping spans {out['overlaps']}"
     )
     print("  " + ", ".join(f"{k} {v:.1f} s" for k, v in sorted(out["by_kind_s"].items())))
+    for k, w in sorted(out["waits"].items()):
+        print(
+            f"  {k}: {w['tasks']:.0f} tasks, {w['wall_s']:.0f} s of wall, waited {w['room_s']:.0f} s for "
+            f"memory and {w['lock_s']:.0f} s for the lock"
+        )
     for run, end in out["runs"].items():
         print(f"  {run}: {end['winner'] or 'no winner'} ({(end['reason'] or '')[:80]})")
     print(f"claimed and not done at the log's end: {len(out['open'])}")

@@ -322,7 +322,7 @@ class TaskParked(Event):
 
 class BudgetCharged(Event):
     TYPE = "BudgetCharged"
-    VERSION = 2  # 2: the device lock held alone (`device`, `alone_from`, `alone_to`)
+    VERSION = 3  # 2: the device lock held alone (`device`, `alone_from`, `alone_to`); 3: the waits
     action: str  # the task it paid for
     role: str
     gpu_s: float = 0.0
@@ -333,6 +333,10 @@ class BudgetCharged(Event):
     device: str | None = None  # the device lock it held alone (a GPU's index, or cpu; None: it timed nothing)
     alone_from: float | None = None  # wall clock (time.time) when it took that lock
     alone_to: float | None = None  # wall clock when it let go
+    # seconds it waited on its device: for memory (runtime/device_room.py), and for the lock (to take it,
+    # and to go alone: a timing waits there for the shared holders of the moment, every gate in flight)
+    room_wait_s: float = 0.0
+    lock_wait_s: float = 0.0
 
 
 # --- the log itself ------------------------------------------------------------------------------

@@ -142,5 +142,6 @@ def reserved(device: str, want: Need | None, poll_s: float = 0.05) -> Iterator[f
 def on_device(device: str, want: Need | None, *, alone: bool) -> Iterator[Hold]:
     """The body runs with `want` reserved on `device` (`reserved`) and then its lock held, alone or shared
     (`gpu_lock.held`); yields the hold. The one order every user of both takes (module docstring)."""
-    with reserved(device, want), gpu_lock.held(device, alone=alone) as hold:
+    with reserved(device, want) as waited, gpu_lock.held(device, alone=alone) as hold:
+        hold.room_s = waited
         yield hold

@@ -50,12 +50,15 @@ def device_name(device: str, gpu: int | None) -> str:
 @dataclass
 class Hold:
     """When the lock was taken and let go (time.time(); `to` is 0 while it is held); where a shared hold
-    went alone, `since` is when it did."""
+    went alone, `since` is when it did. `lock_s`: the seconds spent waiting for the lock (taking it, and
+    going alone); `room_s`: for the device's memory before it (runtime/device_room.on_device)."""
 
     device: str
     alone: bool
     since: float = 0.0
     to: float = 0.0
+    lock_s: float = 0.0
+    room_s: float = 0.0
     _alone: Callable[[], None] | None = field(default=None, repr=False, compare=False)
 
     def go_alone(self) -> None:
@@ -74,11 +77,15 @@ def held(device: str, *, alone: bool) -> Iterator[Hold]:
 
         def go_alone() -> None:
             fcntl.flock(f, fcntl.LOCK_UN)
+            t0 = time.monotonic()
             _take(gate, f, alone=True)
+            hold.lock_s += time.monotonic() - t0
             hold.alone, hold.since = True, time.time()
 
         hold = Hold(device, alone, _alone=go_alone)
+        t0 = time.monotonic()
         _take(gate, f, alone=alone)
+        hold.lock_s = time.monotonic() - t0
         hold.since = time.time()
         try:
             yield hold
