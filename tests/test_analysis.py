@@ -115,3 +115,42 @@ def test_a_model_whose_init_needs_the_host_is_built_there_and_moved() -> None:
     assert [op["op"] for op in result["ops"]] == ["mul", "softmax"]
     ref, _ = loading.build(loading.Problem(NEEDS_HOST), None, {"n": 16}, "meta")
     assert ref.w.device.type == "meta"
+
+
+# KernelBench's softmax at its own size (4096 x 393216 float32, 6 GiB an input), counted on the meta device
+BIG_SOFTMAX = """
+import torch
+import torch.nn as nn
+
+batch_size = 4096
+dim = 393216
+
+
+class Model(nn.Module):
+    def forward(self, x):
+        return torch.softmax(x, dim=1)
+
+
+def get_inputs():
+    return [torch.rand(batch_size, dim)]
+
+
+def get_init_inputs():
+    return []
+"""
+
+
+def test_a_gate_reserves_what_its_fitted_shapes_hold_not_a_benchs() -> None:
+    """A bench at the file's size holds five inputs, the reference's peak (its output) and the candidate's
+    output: 7 x 6 GiB; the gate runs at shapes fitted to its budget, and reserves what they hold
+    (device_room: eight gatekeepers each reserving a bench's 42 GiB would gate one at a time)."""
+    from kernelbrain.child import analysis, loading
+
+    problem = loading.Problem(BIG_SOFTMAX)
+    one = 4096 * 393216 * 4
+    assert analysis.footprint(problem, "cuda") == 7 * one
+    gate = analysis.gate_footprint(problem, "cuda")
+    assert 0 < gate < one / 16, gate / 2**20  # fitted: tens of MiB
+    (shape,) = problem.gate_shapes("cuda")
+    rows, cols = shape.get("batch_size", 4096), shape.get("dim", 393216)
+    assert gate == 7 * rows * cols * 4

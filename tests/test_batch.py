@@ -184,3 +184,13 @@ def test_a_batch_in_json_names_its_runs_first_and_ends_with_a_result_each(tmp_pa
     first, *rest = (json.loads(line) for line in r.stdout.splitlines())
     assert first["kind"] == "batch" and len(first["runs"]) == 1 and first["refused"][0]["problem"] == "b.py"
     assert [x["run_id"] for x in rest] == first["runs"] and rest[0]["kind"] == "result" and rest[0]["winner"]
+
+
+def test_a_gpu_pool_spreads_gates_and_preparations_over_the_cores() -> None:
+    from kernelbrain.runtime.roles import pool_processes
+
+    roles = pool_processes("cuda", "offline", 16)
+    assert roles.count("gatekeeper") == 8 and roles.count("benchmarker") == 4
+    assert roles.count("profiler") == roles.count("scheduler") == 1
+    assert pool_processes("cuda", "offline", 2).count("benchmarker") == 2
+    assert pool_processes("cpu", "offline", 2) == ["all", "all"]

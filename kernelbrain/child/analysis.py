@@ -161,6 +161,7 @@ def analyse(problem_source: str, device: str) -> dict:
         "fits": fits(problem, device),
         "graph": graph,
         "footprint": footprint(problem, device),
+        "gate_footprint": gate_footprint(problem, device),
         "device_memory": device_memory(device),
         "mode": modes[-1],  # the mode the reference ran in (ProblemAnalysed.mode)
     }
@@ -178,8 +179,21 @@ def footprint(problem: Problem, device: str) -> float:
     check them), counted on the meta device. What admission (roles/generator.py) holds up against the
     device's memory. (Counting one output, not two, a pool admitted two benches of KernelBench's 6 GiB
     softmax together on an 80 GB H100, and they ran out of memory.)"""
+    return _most(problem, problem.ladder_shapes(device, "all"))
+
+
+def gate_footprint(problem: Problem, device: str) -> float:
+    """The same count at the gate's shapes (0: unknown), what a gate reserves on the device: the judge's
+    draws hold about as much (the inputs and their float64 copies, the reference run at both precisions),
+    and the candidate's child its inputs, outputs and workspace. Small where the gate's shapes were
+    fitted; the file's own where a problem refuses a smaller size (in the H100 sweep eight gates of such
+    a loss, 4-5 GiB each, ran the device out of memory beside a 30 GiB bench)."""
+    return _most(problem, _gate_shapes(problem, device))
+
+
+def _most(problem: Problem, shapes: list[dict[str, Any]]) -> float:
     most = 0.0
-    for shape in problem.ladder_shapes(device, "all"):
+    for shape in shapes:
         try:
             ref, _ = build(problem, None, shape, "meta")
             inputs = problem.inputs(shape, 0, "meta")

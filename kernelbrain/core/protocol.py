@@ -116,6 +116,7 @@ class AnalyseReply(Message):
     fits: list[Fit] = []  # the shapes fitted for this device, handed to every later child
     graph: Graph | None = None  # the reference's ATen graph at the traced shape, where it could be captured
     footprint: float = 0.0  # bytes a timed task needs at its largest rung shape (0: unknown)
+    gate_footprint: float = 0.0  # bytes a gate needs at its shapes (0: unknown)
     device_memory: float = 0.0  # bytes one child may hold: the GPU's, or a CPU child's cap
     mode: Literal["training", "eval"] = "eval"  # the mode the reference ran in
 

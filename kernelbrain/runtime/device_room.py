@@ -1,11 +1,12 @@
 """Admission by memory on one device, among the processes of one host. What prepares and times a
 problem on the device (a rung, a duel, an ncu profile) reserves the problem's estimated footprint
-(`ProblemAnalysed.footprint`) for as long as it runs, and waits while the reservations held beside its
-own would pass the share of the device's memory kb fills (`ADMIT_SHARE`). A request alone on the device
-is always admitted: a problem too big even alone was refused at its analysis. Among those waiting the
-largest goes first (then the earliest), so that a stream of small problems never starves a large one.
+(`ProblemAnalysed.footprint`) for as long as it runs, a gate the footprint at the gate's shapes
+(`gate_footprint`), and waits while the reservations held beside its own would pass the share of the
+device's memory kb fills (`ADMIT_SHARE`). A request alone on the device is always admitted: a problem
+too big even alone was refused at its analysis. Among those waiting the largest goes first (then the
+earliest), so that a stream of small problems never starves a large one.
 
-Without it the pool's two benchmarkers could each prepare a problem of 40 GB on an 80 GB card, and one
+Without it two of the pool's benchmarkers could each prepare a problem of 40 GB on an 80 GB card, and one
 would run out of memory (kb's fault, retried, but a wasted preparation).
 
 The reservations live in a JSON file beside the device's lock (`gpu_lock.folder()`), changed under

@@ -72,6 +72,13 @@ def problem_need(state: RunState) -> Need | None:
     return device_room.need(a.footprint, a.device_memory) if a is not None else None
 
 
+def gate_need(state: RunState) -> Need | None:
+    """What a gate of the run's problem holds on its device, as its analysis estimated it (None: not
+    known, as in a run analysed before it was recorded)."""
+    a = state.analysis
+    return device_room.need(a.gate_footprint, a.device_memory) if a is not None else None
+
+
 def _last(box: Sandbox | None) -> Hold | None:
     """The hold of the device lock a request just had, alone or shared."""
     return box.last_hold if box is not None else None
@@ -271,6 +278,11 @@ class CandidateRole(Role, Generic[R]):
             return self.on_fault(task, "runtime", asked.line)
         return self.on_result(task, asked.reply)
 
+    def need(self, state: RunState) -> Need | None:
+        """The device memory this role's request reserves (runtime/device_room.py): the problem's
+        footprint, where it prepares and times."""
+        return problem_need(state)
+
     def spare_wanted(self, task: Task, state: RunState) -> bool:
         """Whether a request of this role after `task` may run a candidate kb did not write (so a child
         that ran none is worth starting now): a live one other than the task's, whose work is not done."""
@@ -287,7 +299,7 @@ class CandidateRole(Role, Generic[R]):
             task=task.key,
             started=t0,
             own_code=task.candidate is not None and state.candidates[task.candidate].proposal.own_code,
-            need=problem_need(state),
+            need=self.need(state),
             spare=self.spare_wanted(task, state),
         )
         if isinstance(asked.fault, ProblemFault):

@@ -258,13 +258,13 @@ class Sandbox:
         across two children (runtime/gate.py), a bench times the reference alone after it
         (runtime/reference_retiming.py). `own_code`: its candidates are kb's own template code. The
         request holds its device's lock, alone where it times or profiles; `last_hold` says when. One
-        that prepares on the device first reserves `need` (its problem's memory, runtime/device_room.py).
+        that prepares on the device, and a gate, first reserves `need` (its memory, runtime/device_room.py).
         `spare`: another request may run a candidate from outside after it (its child is started now)."""
         self.spares = spare
         device = gpu_lock.device_name(self.device, self.gpu)
         try:
             alone = isinstance(request, TIMED) and not isinstance(request, PREPARED)
-            room = need if isinstance(request, PREPARED) else None
+            room = need if isinstance(request, (*PREPARED, GateRequest)) else None
             with device_room.on_device(device, room, alone=alone) as hold:
                 self.last_hold = self.hold = hold
                 try:

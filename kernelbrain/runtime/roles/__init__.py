@@ -29,12 +29,14 @@ def worker_processes(device: str, generator: str) -> tuple[str, ...]:
 def pool_processes(device: str, generator: str, cpus: int) -> list[str]:
     """The worker processes `kb run` starts for a batch, by role or crew name (a name may repeat). On a
     GPU: the roles whose work is the host's (analysis, compiles, gates at fitted shapes) spread over its
-    cores; two benchmarkers, one preparing its rung (sharing the GPU) while the other times (alone:
-    runtime/gpu_lock.py); one profiler; one scheduler. On a CPU one process steps every role per core (the
-    interpreter is the work)."""
+    cores; a benchmarker per 4 cores (at least two), the others preparing their rungs (sharing the GPU)
+    while one times (alone: runtime/gpu_lock.py); one profiler; one scheduler. On a CPU one process steps
+    every role per core (the interpreter is the work)."""
     if device == "cuda":
         generators = ["generator"] * max(1, cpus // 8)
-        benchmarkers = ["benchmarker"] * 2
+        # in the H100 sweep's second piece two benchmarkers prepared 1.7 s a rung (median) for 0.7 s alone,
+        # and the GPU was held alone 24% of the time: more of them overlap the preparations
+        benchmarkers = ["benchmarker"] * max(2, cpus // 4)
         # a gatekeeper per 2 cores: its gates compile single-threaded, and in the H100 sweep's first piece
         # (one per 4 cores) the four were 85% busy while most of the 16 cores and the GPU waited on them
         return [*generators, *["gatekeeper"] * max(1, cpus // 2), *benchmarkers, "profiler", "scheduler"]

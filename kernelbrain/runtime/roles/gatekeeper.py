@@ -9,13 +9,18 @@ from kernelbrain.core import subset
 from kernelbrain.core.events import Event, GateCategory, GateFailed, GatePassed
 from kernelbrain.core.protocol import GateReply, GateRequest
 from kernelbrain.core.state import RunState
-from kernelbrain.runtime.role import CandidateRole, Task
+from kernelbrain.runtime.device_room import Need
+from kernelbrain.runtime.role import CandidateRole, Task, gate_need
 from kernelbrain.store import NewEvent
 
 
 class GatekeeperRole(CandidateRole[GateReply]):
     name = "gatekeeper"
     warms_judge = True
+
+    def need(self, state: RunState) -> Need | None:
+        """A gate's memory at the gate's shapes, not a bench's."""
+        return gate_need(state)
 
     def spare_wanted(self, task: Task, state: RunState) -> bool:
         """Whether another candidate kb did not write waits for the gate (its child is worth starting)."""

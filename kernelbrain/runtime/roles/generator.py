@@ -86,6 +86,7 @@ class GeneratorRole(Role):
             fits=[f.model_dump() for f in reply.fits],
             graph=reply.graph,
             footprint=reply.footprint,
+            gate_footprint=reply.gate_footprint,
             device_memory=admitted_memory(reply.device_memory),
             mode=reply.mode,
         )
