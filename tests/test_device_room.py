@@ -65,6 +65,41 @@ def test_a_problem_waits_while_the_device_cannot_hold_it_beside_the_others_and_t
     assert admitted_in_order([30, 45], first=50, capacity=72) == [45, 30]
 
 
+def test_one_that_fits_goes_before_the_largest_until_the_largest_has_waited_long(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """30 GiB held on a 72 GiB share, 45 waits for it: a gate's 1 GiB fits now and goes before it; once
+    the 45 has waited OVERTAKE_S, the next 1 GiB waits behind it."""
+    monkeypatch.setattr(device_room, "OVERTAKE_S", 1.5)
+    release = threading.Event()
+    order: list[float] = []
+
+    def take(gib: float, hold_s: float | None = None) -> None:
+        with device_room.reserved("0", Need(bytes=gib * GIB, capacity=72 * GIB)):
+            order.append(gib)
+            release.wait(30) if hold_s is None else time.sleep(hold_s)
+
+    held = threading.Thread(target=take, args=(30,))
+    held.start()
+    while device_room.reservations("0")["held"] != [30 * GIB]:
+        time.sleep(0.01)
+    largest = threading.Thread(target=take, args=(45, 0.1))
+    largest.start()
+    while device_room.reservations("0")["waiting"] != [45 * GIB]:
+        time.sleep(0.01)
+    with device_room.reserved("0", Need(bytes=GIB, capacity=72 * GIB)) as waited:
+        assert waited < 1.0  # overtook the 45
+    time.sleep(1.6)
+    late = threading.Thread(target=take, args=(1, 0.0))
+    late.start()
+    time.sleep(0.5)
+    assert order == [30]  # the late one waits behind the 45, which waits for the 30
+    release.set()
+    for t in (held, largest, late):
+        t.join(30)
+    assert order == [30, 45, 1]
+
+
 def test_problems_that_fit_together_are_admitted_together() -> None:
     capacity = Need(bytes=10 * GIB, capacity=72 * GIB)
     with device_room.reserved("0", capacity) as waited_first:
