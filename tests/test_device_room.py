@@ -68,8 +68,9 @@ def test_a_problem_waits_while_the_device_cannot_hold_it_beside_the_others_and_t
 def test_one_that_fits_goes_before_the_largest_until_the_largest_has_waited_long(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """30 GiB held on a 72 GiB share, 45 waits for it: a gate's 1 GiB fits now and goes before it; once
-    the 45 has waited OVERTAKE_S, the next 1 GiB waits behind it."""
+    """30 GiB held on a 72 GiB share, 45 waits for it: 2 GiB fit now and go before it; once the 45 has
+    waited OVERTAKE_S, the next 2 GiB wait behind it, but a fitted gate's 0.5 GiB (SMALL_SHARE) still
+    goes."""
     monkeypatch.setattr(device_room, "OVERTAKE_S", 1.5)
     release = threading.Event()
     order: list[float] = []
@@ -87,17 +88,33 @@ def test_one_that_fits_goes_before_the_largest_until_the_largest_has_waited_long
     largest.start()
     while device_room.reservations("0")["waiting"] != [45 * GIB]:
         time.sleep(0.01)
-    with device_room.reserved("0", Need(bytes=GIB, capacity=72 * GIB)) as waited:
+    with device_room.reserved("0", Need(bytes=2 * GIB, capacity=72 * GIB)) as waited:
         assert waited < 1.0  # overtook the 45
     time.sleep(1.6)
-    late = threading.Thread(target=take, args=(1, 0.0))
+    with device_room.reserved("0", Need(bytes=GIB / 2, capacity=72 * GIB)) as waited:
+        assert waited < 1.0  # small: overtakes however long the 45 has waited
+    late = threading.Thread(target=take, args=(2, 0.0))
     late.start()
     time.sleep(0.5)
     assert order == [30]  # the late one waits behind the 45, which waits for the 30
     release.set()
     for t in (held, largest, late):
         t.join(30)
-    assert order == [30, 45, 1]
+    assert order == [30, 45, 2]
+
+
+def test_the_largest_goes_beside_small_ones_as_if_alone() -> None:
+    admitted = threading.Event()
+
+    def largest() -> None:
+        with device_room.reserved("0", Need(bytes=72 * GIB, capacity=72 * GIB)):
+            admitted.set()
+
+    with device_room.reserved("0", Need(bytes=GIB, capacity=72 * GIB)):  # a gate's
+        t = threading.Thread(target=largest, daemon=True)
+        t.start()
+        assert admitted.wait(5)  # beside a large one it would wait (admitted_in_order's tests)
+    t.join(5)
 
 
 def test_problems_that_fit_together_are_admitted_together() -> None:

@@ -5,7 +5,8 @@ problem on the device (a rung, a duel, an ncu profile) reserves the problem's es
 device's memory kb fills (`ADMIT_SHARE`). A request alone on the device is always admitted: a problem
 too big even alone was refused at its analysis. Among those waiting the largest goes first (then the
 earliest), so that a stream of small problems never starves a large one; one that fits goes before
-it only while the largest does not fit and has waited less than OVERTAKE_S.
+it only while the largest does not fit, and has waited less than OVERTAKE_S unless the one is small
+(SMALL_SHARE: a fitted gate), and the largest goes beside small ones as if alone.
 
 Without it two of the pool's benchmarkers could each prepare a problem of 40 GB on an 80 GB card, and one
 would run out of memory (kb's fault, retried, but a wasted preparation).
@@ -38,6 +39,7 @@ from kernelbrain.runtime.gpu_lock import Hold
 ADMIT_SHARE = 0.9
 KINDS = ("held", "waiting")  # the reservations admitted, and those waiting to be
 OVERTAKE_S = 10.0  # how long the largest waiting request lets others that fit go before it
+SMALL_SHARE = 0.02  # a request this share of the memory or less (a fitted gate) goes whenever it fits
 
 
 class Need(BaseModel):
@@ -120,14 +122,15 @@ def reserved(device: str, want: Need | None, poll_s: float = 0.05) -> Iterator[f
     def admit(room: dict[str, Any]) -> bool:
         held = room["held"]
         first, ahead = min(room["waiting"].items(), key=lambda te: (-te[1]["bytes"], te[1]["since"], te[0]))
+        small = SMALL_SHARE * want.capacity
         taken = sum(e["bytes"] for e in held.values())
-        fits = not held or taken + want.bytes <= want.capacity
-        # one behind the first goes where it fits now and the first does not, until the first has waited
-        # OVERTAKE_S: gates of a few MiB no longer wait behind a 40 GiB bench that waits for the device to
-        # empty (in the H100 sweep they waited 1610 s of their 2875 s so); the bench waits at most that
-        # much longer
+        # beside small ones only (gates) a request goes as if alone: they never starve a large one
+        fits = all(e["bytes"] <= small for e in held.values()) or taken + want.bytes <= want.capacity
+        # one behind the first goes where it fits now and the first does not: a small one always (in the
+        # H100 sweep gates of a few MiB waited 1610 s of their 2875 s behind a 40 GiB bench waiting for
+        # the device to empty), another until the first has waited OVERTAKE_S
         stuck = bool(held) and taken + ahead["bytes"] > want.capacity
-        overtakes = stuck and time.time() - ahead["since"] < OVERTAKE_S
+        overtakes = stuck and (want.bytes <= small or time.time() - ahead["since"] < OVERTAKE_S)
         if not fits or (first != token and not overtakes):
             return False
         held[token] = room["waiting"].pop(token)
