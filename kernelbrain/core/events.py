@@ -334,10 +334,8 @@ class BudgetCharged(Event):
     device: str | None = None  # the device lock it held alone (a GPU's index, or cpu; None: it timed nothing)
     alone_from: float | None = None  # wall clock (time.time) when it took that lock
     alone_to: float | None = None  # wall clock when it let go
-    # seconds it waited on its device: for memory (runtime/device_room.py), and for the lock (to take it,
-    # and to go alone: a timing waits there for the shared holders of the moment, every gate in flight)
-    room_wait_s: float = 0.0
-    lock_wait_s: float = 0.0
+    room_wait_s: float = 0.0  # seconds it waited for its device's memory (runtime/device_room.py)
+    lock_wait_s: float = 0.0  # seconds it waited for the device's lock: to take it, and to go alone
 
 
 # --- the log itself ------------------------------------------------------------------------------
