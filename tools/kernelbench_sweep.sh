@@ -30,4 +30,5 @@ python3 tools/kernelbench_sweep.py --kernelbench "${KB_DIR:-.kernelbench}" --lev
   --timing-reserve-s "${RESERVE:-150}" ${FRESH:+--fresh "$FRESH"} ${MAXC:+--max-candidates "$MAXC"} \
   ${ONLY:+--only "$ONLY"} ${REDO:+--redo-unmatched} 2>&1 | tee "$OUT/sweep_full.log" | tail -150
 kill $snapshots 2>/dev/null; rm -f "$OUT/sweep_snapshot.db"
-tar -czf "$OUT/sweep.tgz" -C "$state" .
+# the archive holds the database once, unpacked (the committed .gz is rewritten from it)
+tar -czf "$OUT/sweep.tgz" -C "$state" --exclude ./sweep.db.gz .
