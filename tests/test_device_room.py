@@ -209,3 +209,43 @@ def test_on_device_records_the_wait_for_memory(locks: Path) -> None:
     finally:
         done.set()
         t.join(10)
+
+
+def test_the_childrens_cuda_contexts_count_against_what_problems_reserve_side_by_side() -> None:
+    """Twenty live children with CUDA contexts (0.75 GiB each, 15 GiB) on a 72 GiB share: 40 GiB held
+    leaves room for 25 beside it with no contexts (65), not with them (80); once they die, the 25 goes.
+    A request alone is admitted whatever the contexts hold."""
+
+    class Child:  # a sandbox child's process, as device_room.counted sees it
+        def __init__(self) -> None:
+            self.proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+            self.pid = self.proc.pid
+
+    children = [Child() for _ in range(20)]
+    try:
+        assert device_room.counted(children[0], "cpu", None) is children[0]  # a CPU has no contexts
+        assert device_room.contexts("0") == 0.0
+        for c in children:
+            device_room.counted(c, "cuda", 0)
+        assert device_room.contexts("0") == 20 * device_room.CONTEXT_BYTES == 15 * GIB
+        with device_room.reserved("0", Need(bytes=50 * GIB, capacity=72 * GIB)) as waited:
+            assert waited < 1.0  # alone
+        admitted = threading.Event()
+
+        def beside() -> None:
+            with device_room.reserved("0", Need(bytes=25 * GIB, capacity=72 * GIB)):
+                admitted.set()
+
+        with device_room.reserved("0", Need(bytes=40 * GIB, capacity=72 * GIB)):
+            t = threading.Thread(target=beside, daemon=True)
+            t.start()
+            assert not admitted.wait(1.0)  # 40 + 25 + 15 > 72: waits
+            for c in children:
+                c.proc.kill()
+                c.proc.wait(10)
+            assert admitted.wait(10)  # their contexts gone: 65 fits in 72
+        t.join(10)
+        assert device_room.contexts("0") == 0.0
+    finally:
+        for c in children:
+            c.proc.kill()

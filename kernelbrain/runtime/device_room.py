@@ -2,11 +2,12 @@
 problem on the device (a rung, a duel, an ncu profile) reserves the problem's estimated footprint
 (`ProblemAnalysed.footprint`) for as long as it runs, a gate the footprint at the gate's shapes
 (`gate_footprint`), and waits while the reservations held beside its own would pass the share of the
-device's memory kb fills (`ADMIT_SHARE`). A request alone on the device is always admitted: a problem
-too big even alone was refused at its analysis. Among those waiting the largest goes first (then the
-earliest), so that a stream of small problems never starves a large one; one that fits goes before
-it only while the largest does not fit, and has waited less than OVERTAKE_S unless the one is small
-(SMALL_SHARE: a fitted gate), and the largest goes beside small ones as if alone.
+device's memory kb fills (`ADMIT_SHARE`), the CUDA contexts of the host's sandbox children counted
+among them (`counted`). A request alone on the device is always admitted: a problem too big even
+alone was refused at its analysis. Among those waiting the largest goes first (then the earliest), so
+that a stream of small problems never starves a large one; one that fits goes before it only while the
+largest does not fit, and has waited less than OVERTAKE_S unless the one is small (SMALL_SHARE: a
+fitted gate), and the largest goes beside small ones as if alone.
 
 Without it two of the pool's benchmarkers could each prepare a problem of 40 GB on an 80 GB card, and one
 would run out of memory (kb's fault, retried, but a wasted preparation).
@@ -27,7 +28,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 from pydantic import BaseModel, ConfigDict
 
@@ -35,9 +36,22 @@ from kernelbrain.runtime import gpu_lock
 from kernelbrain.runtime.gpu_lock import Hold
 
 # a problem is admitted where a timed task's estimated footprint is at most this share of the device's
-# memory: the rest is the pool's CUDA contexts and the estimate's error
+# memory, less the children's CUDA contexts (`counted`): the rest is the estimate's error
 ADMIT_SHARE = 0.9
+
+
+class Process(Protocol):
+    """What `counted` needs of a child's process (a Popen)."""
+
+    pid: int
+
+
+P = TypeVar("P", bound=Process)
 KINDS = ("held", "waiting")  # the reservations admitted, and those waiting to be
+# what a sandbox child with a CUDA context holds on its device whatever it runs: the context and what it
+# keeps loaded (the H100 sweep's pool: 27 processes, median 738 MiB, 13-21 GiB in all, more than the
+# 10% ADMIT_SHARE leaves); counted against what two problems may reserve side by side
+CONTEXT_BYTES = 0.75 * 2**30
 OVERTAKE_S = 10.0  # how long the largest waiting request lets others that fit go before it
 SMALL_SHARE = 0.02  # a request this share of the memory or less (a fitted gate) goes whenever it fits
 
@@ -84,13 +98,40 @@ def _change(device: str, change: Callable[[dict[str, Any]], bool]) -> bool:
         f.seek(0)
         text = f.read()
         room: dict[str, Any] = json.loads(text) if text.strip() else {}
-        room = {k: {t: e for t, e in room.get(k, {}).items() if _alive(e["pid"])} for k in KINDS}
+        room = {
+            k: {t: e for t, e in room.get(k, {}).items() if _alive(e["pid"])} for k in (*KINDS, "contexts")
+        }
         answer = change(room)
         if (after := json.dumps(room)) != text:  # a waiter's poll that changed nothing writes nothing
             f.seek(0)
             f.truncate()
             f.write(after)
         return answer
+
+
+def counted(proc: P, device: str, gpu: int | None) -> P:
+    """`proc`, a sandbox child just started on `device`, counted among its device's CUDA contexts while
+    it lives (a CPU has none)."""
+    if device == "cuda":
+
+        def add(room: dict[str, Any]) -> bool:
+            room["contexts"][str(proc.pid)] = {"pid": proc.pid, "bytes": CONTEXT_BYTES}
+            return True
+
+        _change(gpu_lock.device_name(device, gpu), add)
+    return proc
+
+
+def contexts(device: str) -> float:
+    """The bytes the live sandbox children's CUDA contexts hold on `device` (`counted`)."""
+    seen: list[float] = []
+
+    def read(room: dict[str, Any]) -> bool:
+        seen.extend(e["bytes"] for e in room["contexts"].values())
+        return True
+
+    _change(device, read)
+    return sum(seen)
 
 
 def reservations(device: str) -> dict[str, list[float]]:
@@ -123,7 +164,7 @@ def reserved(device: str, want: Need | None, poll_s: float = 0.05) -> Iterator[f
         held = room["held"]
         first, ahead = min(room["waiting"].items(), key=lambda te: (-te[1]["bytes"], te[1]["since"], te[0]))
         small = SMALL_SHARE * want.capacity
-        taken = sum(e["bytes"] for e in held.values())
+        taken = sum(e["bytes"] for e in held.values()) + sum(e["bytes"] for e in room["contexts"].values())
         # beside small ones only (gates) a request goes as if alone: they never starve a large one
         fits = all(e["bytes"] <= small for e in held.values()) or taken + want.bytes <= want.capacity
         # one behind the first goes where it fits now and the first does not: a small one always (in the

@@ -156,8 +156,7 @@ class Sandbox:
             env["KB_WARM_CUDA"] = "first" if spare else "1"
         env.setdefault("TRITON_CACHE_DIR", str(Path.home() / ".cache" / "kernelbrain" / "triton"))
         if chosen == "bwrap":
-            # the child writes only its own folder: a shared cache would let one candidate replace
-            # another's compiled kernels
+            # the child writes only its own folder: a shared cache would let one replace another's kernels
             env.update(TRITON_CACHE_DIR=str(tmp / "triton"), USER="kb", LOGNAME="kb")
             env.update(TRITON_CACHE_MANAGER=triton_cache.MANAGER)
             env[TRITON_SHARED_ENV] = str(triton_cache.SHARED)
@@ -235,6 +234,7 @@ class Sandbox:
         if cgroup is not None and not limits.holds(cgroup, proc.pid):  # refused: RLIMIT_DATA alone holds
             limits.remove_cgroup(cgroup)
             cgroup = None
+        proc = device_room.counted(proc, self.device, self.gpu)  # its CUDA context, while it lives
         return Started(proc, stderr, tmp, chosen, self._bound(), channel, cgroup)
 
     def start_spare(self) -> None:
