@@ -181,6 +181,9 @@ def test_the_sweep_resumes_times_winners_and_names_every_miss(tmp_path):
     with EventStore(str(tmp_path / "sweep.db"), create=False, readonly=True) as store:
         ended, rungs = store.count(type="RunFinished"), store.count(type="RungBenchmarked")
         runs = len(store.run_ids())
+        charged = [e.payload for e in store.read(types=["BudgetCharged"])]
+    lock = sum(c["lock_wait_s"] for c in charged)
     line = kernelbench_sweep.progress(tmp_path / "sweep.db", 0.0)
     assert f"rungs {rungs}; runs ended {ended};" in line and rungs >= 1 and ended == runs, line
+    assert f"{lock:.0f} s for the lock" in line and all("room_wait_s" in c for c in charged), line
     assert "The sweep took" in (out / "README.md").read_text()

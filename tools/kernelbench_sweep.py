@@ -438,8 +438,9 @@ def sweep(args: argparse.Namespace) -> None:
 
 
 def progress(db: Path, began: float) -> str:
-    """One line on the runs so far: what was gated, measured and ended, the faults, and the seconds the
-    GPU was held alone since the sweep began (BudgetCharged's spans)."""
+    """One line on the runs so far: what was gated, measured and ended, the faults, the seconds the GPU
+    was held alone since the sweep began (BudgetCharged's spans), and what the tasks waited for its
+    memory and its lock (BudgetCharged's waits: where the pool's time goes, tools/timed_spans.py)."""
     from kernelbrain.store import open_store
 
     from kernelbrain.views.batch import alone_spans
@@ -449,10 +450,12 @@ def progress(db: Path, began: float) -> str:
         events = [e for e in store.read(types=kinds) if e.ts >= began]
     n = {k: sum(e.type == k for e in events) for k in kinds}
     alone = sum(b - a for device in alone_spans(events).values() for a, b, _ in device)
+    charged = [e.payload for e in events if e.type == "BudgetCharged"]
+    room, lock = (sum(c.get(k, 0.0) for c in charged) for k in ("room_wait_s", "lock_wait_s"))
     return (
         f"[{time.time() - began:.0f} s] gates {n['GatePassed']} passed, {n['GateFailed']} failed; "
         f"rungs {n['RungBenchmarked']}; runs ended {n['RunFinished']}; faults {n['TaskFaulted']}; "
-        f"GPU held alone {alone:.0f} s"
+        f"GPU held alone {alone:.0f} s; tasks waited {room:.0f} s for memory, {lock:.0f} s for the lock"
     )
 
 
