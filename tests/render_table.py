@@ -93,6 +93,7 @@ def proposals(table: dict[str, dict]) -> Iterator[tuple[str, Proposal | str]]:
         source = entry["source"]
         analysis = ProblemAnalysed(**entry["analysis"], families=[])
         for gname, gen in generators.items():
+            _match_once(gen)
             where = f"{key}/{gname}"
             try:
                 first = gen.first_round(analysis, problem_source=source)
@@ -109,6 +110,21 @@ def proposals(table: dict[str, dict]) -> Iterator[tuple[str, Proposal | str]]:
                         continue
                     for j, m in enumerate(moved):
                         yield f"{where}/r0.{i}/{label}.{j} {m.strategy}", m
+
+
+def _match_once(gen: ExpertGenerator) -> None:
+    """`gen` matches a problem's family once, not once per label of each candidate's mutation (what
+    `mutate` does on each call, most of this table's time): the same problem, the same answer."""
+    if not hasattr(gen, "_unmatched"):
+        gen._unmatched = gen.match_family  # type: ignore[attr-defined]
+    seen: dict[tuple[str | None, str | None], tuple] = {}
+
+    def match(analysis: ProblemAnalysed, name: str | None = None, problem_source: str | None = None) -> tuple:
+        if (name, problem_source) not in seen:
+            seen[name, problem_source] = gen._unmatched(analysis, name, problem_source)  # type: ignore[attr-defined]
+        return seen[name, problem_source]
+
+    gen.match_family = match  # type: ignore[method-assign]
 
 
 def renders(table: dict[str, dict]) -> Iterator[tuple[str, str]]:
