@@ -166,11 +166,12 @@ def reserved(device: str, want: Need | None, poll_s: float = 0.05) -> Iterator[f
         small = SMALL_SHARE * want.capacity
         taken = sum(e["bytes"] for e in held.values()) + sum(e["bytes"] for e in room["contexts"].values())
         # beside small ones only (gates) a request goes as if alone: they never starve a large one
-        fits = all(e["bytes"] <= small for e in held.values()) or taken + want.bytes <= want.capacity
+        beside_small = all(e["bytes"] <= small for e in held.values())
+        fits = beside_small or taken + want.bytes <= want.capacity
         # one behind the first goes where it fits now and the first does not: a small one always (in the
         # H100 sweep gates of a few MiB waited 1610 s of their 2875 s behind a 40 GiB bench waiting for
         # the device to empty), another until the first has waited OVERTAKE_S
-        stuck = bool(held) and taken + ahead["bytes"] > want.capacity
+        stuck = not beside_small and taken + ahead["bytes"] > want.capacity
         overtakes = stuck and (want.bytes <= small or time.time() - ahead["since"] < OVERTAKE_S)
         if not fits or (first != token and not overtakes):
             return False
