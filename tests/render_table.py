@@ -24,6 +24,7 @@ from kernelbrain.core.events import ProblemAnalysed
 from kernelbrain.generators.base import GenerationError, Proposal
 from kernelbrain.generators.expert import ExpertGenerator
 from kernelbrain.templates import FAMILIES
+from kernelbrain.templates.base import Family
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "fixtures" / "renders"
@@ -88,12 +89,11 @@ LABELS = sorted({label for f in FAMILIES for label in f.MUTATIONS})
 def proposals(table: dict[str, dict]) -> Iterator[tuple[str, Proposal | str]]:
     """(key, the proposal or what stopped it) for every render of the table: round 0, then each round-0
     candidate mutated by every move of every label its family knows."""
-    generators = {"triton": ExpertGenerator(), "torch": ExpertGenerator(allow_torch=tuple(torch_ops.CLASSES))}
     for key, entry in sorted(table.items()):
         source = entry["source"]
         analysis = ProblemAnalysed(**entry["analysis"], families=[])
+        generators = {"triton": _Matched(), "torch": _Matched(allow_torch=tuple(torch_ops.CLASSES))}
         for gname, gen in generators.items():
-            _match_once(gen)
             where = f"{key}/{gname}"
             try:
                 first = gen.first_round(analysis, problem_source=source)
@@ -112,19 +112,20 @@ def proposals(table: dict[str, dict]) -> Iterator[tuple[str, Proposal | str]]:
                         yield f"{where}/r0.{i}/{label}.{j} {m.strategy}", m
 
 
-def _match_once(gen: ExpertGenerator) -> None:
-    """`gen` matches a problem's family once, not once per label of each candidate's mutation (what
-    `mutate` does on each call, most of this table's time): the same problem, the same answer."""
-    if not hasattr(gen, "_unmatched"):
-        gen._unmatched = gen.match_family  # type: ignore[attr-defined]
-    seen: dict[tuple[str | None, str | None], tuple] = {}
+class _Matched(ExpertGenerator):
+    """A generator for one problem that matches its family once, not once per label of each candidate's
+    mutation (what `mutate` does on each call, most of this table's time): the same answer each time."""
 
-    def match(analysis: ProblemAnalysed, name: str | None = None, problem_source: str | None = None) -> tuple:
-        if (name, problem_source) not in seen:
-            seen[name, problem_source] = gen._unmatched(analysis, name, problem_source)  # type: ignore[attr-defined]
-        return seen[name, problem_source]
+    def __init__(self, allow_torch: tuple[str, ...] = ()) -> None:
+        super().__init__(allow_torch)
+        self.matched: dict[tuple[str | None, str | None], tuple[Family, dict]] = {}
 
-    gen.match_family = match  # type: ignore[method-assign]
+    def match_family(
+        self, analysis: ProblemAnalysed, name: str | None = None, problem_source: str | None = None
+    ) -> tuple[Family, dict]:
+        if (name, problem_source) not in self.matched:
+            self.matched[name, problem_source] = super().match_family(analysis, name, problem_source)
+        return self.matched[name, problem_source]
 
 
 def renders(table: dict[str, dict]) -> Iterator[tuple[str, str]]:

@@ -444,14 +444,14 @@ def progress(db: Path, began: float) -> str:
     from kernelbrain.store import open_store
 
     from kernelbrain.views.batch import alone_spans
+    from tools.timed_spans import waits
 
     kinds = ["GatePassed", "GateFailed", "RungBenchmarked", "RunFinished", "TaskFaulted", "BudgetCharged"]
     with open_store(str(db), create=False, readonly=True) as store:
         events = [e for e in store.read(types=kinds) if e.ts >= began]
     n = {k: sum(e.type == k for e in events) for k in kinds}
     alone = sum(b - a for device in alone_spans(events).values() for a, b, _ in device)
-    charged = [e.payload for e in events if e.type == "BudgetCharged"]
-    room, lock = (sum(c.get(k, 0.0) for c in charged) for k in ("room_wait_s", "lock_wait_s"))
+    room, lock = (sum(w[k] for w in waits(events).values()) for k in ("room_s", "lock_s"))
     return (
         f"[{time.time() - began:.0f} s] gates {n['GatePassed']} passed, {n['GateFailed']} failed; "
         f"rungs {n['RungBenchmarked']}; runs ended {n['RunFinished']}; faults {n['TaskFaulted']}; "

@@ -124,22 +124,20 @@ def counted(proc: P, device: str, gpu: int | None) -> P:
 
 def contexts(device: str) -> float:
     """The bytes the live sandbox children's CUDA contexts hold on `device` (`counted`)."""
-    seen: list[float] = []
-
-    def read(room: dict[str, Any]) -> bool:
-        seen.extend(e["bytes"] for e in room["contexts"].values())
-        return True
-
-    _change(device, read)
-    return sum(seen)
+    return sum(_read(device, ("contexts",))["contexts"])
 
 
 def reservations(device: str) -> dict[str, list[float]]:
     """The bytes held and waiting on `device` now, by live processes."""
+    return _read(device, KINDS)
+
+
+def _read(device: str, kinds: tuple[str, ...]) -> dict[str, list[float]]:
+    """The bytes of each entry of `kinds` on `device` now, by live processes."""
     seen: dict[str, list[float]] = {}
 
     def read(room: dict[str, Any]) -> bool:
-        seen.update({k: [e["bytes"] for e in room[k].values()] for k in KINDS})
+        seen.update({k: [e["bytes"] for e in room[k].values()] for k in kinds})
         return True
 
     _change(device, read)

@@ -77,15 +77,11 @@ def held(device: str, *, alone: bool) -> Iterator[Hold]:
 
         def go_alone() -> None:
             fcntl.flock(f, fcntl.LOCK_UN)
-            t0 = time.monotonic()
-            _take(gate, f, alone=True)
-            hold.lock_s += time.monotonic() - t0
+            hold.lock_s += _take(gate, f, alone=True)
             hold.alone, hold.since = True, time.time()
 
         hold = Hold(device, alone, _alone=go_alone)
-        t0 = time.monotonic()
-        _take(gate, f, alone=alone)
-        hold.lock_s = time.monotonic() - t0
+        hold.lock_s = _take(gate, f, alone=alone)
         hold.since = time.time()
         try:
             yield hold
@@ -94,9 +90,12 @@ def held(device: str, *, alone: bool) -> Iterator[Hold]:
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
-def _take(gate: IO[str], f: IO[str], *, alone: bool) -> None:
+def _take(gate: IO[str], f: IO[str], *, alone: bool) -> float:
+    """Take the lock through the turnstile; the seconds it waited."""
+    t0 = time.monotonic()
     fcntl.flock(gate, fcntl.LOCK_EX)  # a timing request waiting holds this: later ones queue here
     try:
         fcntl.flock(f, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
     finally:
         fcntl.flock(gate, fcntl.LOCK_UN)
+    return time.monotonic() - t0

@@ -57,8 +57,7 @@ class Consulted(Generic[R]):
     fault: SandboxFault | SandboxError | None
     busy_s: float  # the child's own busy time (0 when it faulted)
     started: float  # perf_counter when the role began the task
-    hold: Hold | None = None  # the device lock held alone for it, where it timed or profiled
-    waited: Hold | None = None  # its hold of the device lock, alone or shared: what it waited for it
+    hold: Hold | None = None  # its hold of the device lock, alone where it timed or profiled, or shared
 
     @property
     def line(self) -> str:
@@ -82,12 +81,6 @@ def gate_need(state: RunState) -> Need | None:
 def _last(box: Sandbox | None) -> Hold | None:
     """The hold of the device lock a request just had, alone or shared."""
     return box.last_hold if box is not None else None
-
-
-def _alone(box: Sandbox | None) -> Hold | None:
-    """The hold of the device lock a request just had alone (one it was let go of)."""
-    hold = box.last_hold if box is not None else None
-    return hold if hold is not None and hold.alone and hold.to else None
 
 
 class Role(abc.ABC):
@@ -177,16 +170,14 @@ class Role(abc.ABC):
                 request, timeout_s=timeout_s, task=task, own_code=own_code, need=need, spare=spare
             )
         except (SandboxFault, SandboxError) as e:
-            return Consulted(None, e, 0.0, t0, _alone(box), _last(box))
-        return Consulted(reply, None, busy, t0, _alone(box), _last(box))
+            return Consulted(None, e, 0.0, t0, _last(box))
+        return Consulted(reply, None, busy, t0, _last(box))
 
     def cost(self, state: RunState, task: Task, asked: Consulted[R]) -> NewEvent:
         """What a consultation cost: the child's busy seconds, or the wall time where the child died
         before it could say."""
         wall = time.perf_counter() - asked.started
-        return self.charge(
-            state, task, gpu_s=asked.busy_s or wall, wall_s=wall, hold=asked.hold, waited=asked.waited
-        )
+        return self.charge(state, task, gpu_s=asked.busy_s or wall, wall_s=wall, hold=asked.hold)
 
     def with_charge(self, state: RunState, task: Task, event: Event, asked: Consulted[R]) -> list[NewEvent]:
         """The task's result and its BudgetCharged."""
@@ -210,21 +201,21 @@ class Role(abc.ABC):
         wall_s: float = 0.0,
         tokens: int = 0,
         hold: Hold | None = None,
-        waited: Hold | None = None,
     ) -> NewEvent:
-        """The task's BudgetCharged: `hold` the device held alone for it, `waited` the hold whose waits
-        (for memory, for the lock) it records."""
+        """The task's BudgetCharged: what `hold`, its hold of the device lock, waited for (memory, the
+        lock), and where it held the device alone (and let go), when."""
+        alone = hold if hold is not None and hold.alone and hold.to else None
         cost = BudgetCharged(
             action=task.key,
             role=self.name,
             gpu_s=gpu_s,
             wall_s=wall_s,
             tokens=tokens,
-            device=hold.device if hold else None,
-            alone_from=hold.since if hold else None,
-            alone_to=hold.to if hold else None,
-            room_wait_s=waited.room_s if waited else 0.0,
-            lock_wait_s=waited.lock_s if waited else 0.0,
+            device=alone.device if alone else None,
+            alone_from=alone.since if alone else None,
+            alone_to=alone.to if alone else None,
+            room_wait_s=hold.room_s if hold else 0.0,
+            lock_wait_s=hold.lock_s if hold else 0.0,
         )
         return self.new(
             state,
