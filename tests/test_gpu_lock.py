@@ -218,3 +218,108 @@ def test_a_rung_prepares_sharing_the_device_and_times_alone(
     finally:
         holder.kill()
         box.close()
+
+
+@pytest.mark.parametrize("own_code", [True, False], ids=["kbs-own", "from-outside"])
+def test_a_gate_holds_the_device_for_its_device_work_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, own_code: bool
+) -> None:
+    """A gate of kb's own code lets the device go while its candidate loads (and compiles: its child's
+    marks), so a timing goes between the gate's device work; the trial of a candidate from outside holds
+    the device throughout (its child's marks may not let it go)."""
+    from kernelbrain.runtime.sandbox import Sandbox
+
+    here = Path(__file__).resolve().parent
+    monkeypatch.setenv("KB_LOCKS", str(tmp_path / "locks"))
+    log = tmp_path / "exec.log"
+    monkeypatch.setenv("KB_EXEC_LOG", str(log))
+    slow = "import time\ntime.sleep(4)\n" + (here / "candidates" / "good_softmax.py").read_text()
+    request = GateRequest(
+        problem_source=(here / "problems" / "softmax_small.py").read_text(),
+        cand_source=slow,
+        device="cpu",
+        seeds=2,
+    )
+    box = Sandbox("cpu", fresh_untrusted=False, writable=(str(tmp_path),))
+    replies: list = []
+    gating = threading.Thread(
+        target=lambda: replies.append(box.call(request, timeout_s=300, own_code=own_code)[0])
+    )
+    try:
+        gating.start()
+        deadline = time.monotonic() + 240
+        while " trial" not in (log.read_text() if log.exists() else ""):  # the candidate loads now
+            assert gating.is_alive() and time.monotonic() < deadline
+            time.sleep(0.05)
+        time.sleep(0.5)
+        start = time.monotonic()
+        with gpu_lock.held("cpu", alone=True):
+            waited, trial_running = time.monotonic() - start, gating.is_alive()
+        gating.join(timeout=240)
+        assert replies and replies[0].passed, replies
+        if own_code:
+            assert waited < 2.0 and trial_running  # in the gate's load, not after it
+        else:
+            assert waited > 2.5  # the rest of the load, and the trial's device work
+        assert box.last_hold is not None and box.last_hold.to > box.last_hold.since > 0
+    finally:
+        box.close()
+
+
+def test_a_childs_device_sections_let_the_device_go_while_triton_compiles(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The marks a gate's child writes (child/marks.py): `device` (answered) as its section starts,
+    `/device` before a Triton compile and `device` (answered) after it, `/device` as the section ends;
+    nested sections and compiles mark once."""
+    import orjson
+
+    from kernelbrain.child import marks
+    from kernelbrain.core.protocol import GO, HEADER
+
+    written: list[str] = []
+    answers = bytearray()
+
+    def write(frame: bytes) -> None:
+        label = orjson.loads(frame[HEADER.size :])["mark"]
+        written.append(label)
+        if label == "device":  # the worker answers it
+            answers.extend(HEADER.pack(len(GO)) + GO)
+
+    def read(n: int) -> bytes:
+        out = bytes(answers[:n])
+        del answers[:n]
+        return out
+
+    monkeypatch.setattr(marks, "_write", write)  # the child's protocol pipe, as its entry point gives it
+    monkeypatch.setattr(marks, "_read", read)
+    with marks.on_device(), marks.on_device():
+        assert marks._compile_starts(key="k") is False  # Triton compiles it
+        marks._compile_starts(key="inner")
+        marks._compile_ends(key="inner")
+        marks._compile_ends(key="k")
+    marks._compile_starts(key="outside")  # outside a section: nothing to let go
+    marks._compile_ends(key="outside")
+    assert written == ["device", "/device", "device", "/device"]
+    assert not answers
+
+
+def test_only_a_lazy_hold_is_let_go_before_its_end(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A rung's shared hold while it prepares is held to its end whatever its child marks (a spare's
+    warm-up marks `/device`); a gate's lazy hold is let go, and taken again."""
+    monkeypatch.setenv("KB_LOCKS", str(tmp_path))
+    lock = tmp_path / "gpu-0.lock"
+    with gpu_lock.held("0", alone=False) as eager:
+        eager.let_go()
+        assert eager.held and _held(lock)
+    with gpu_lock.held("0", alone=False, lazy=True) as lazy:
+        assert not lazy.held and not _held(lock)
+        lazy.take()
+        with lazy.pinned():
+            lazy.let_go()
+            assert lazy.held and _held(lock)
+        lazy.let_go()
+        assert not lazy.held and not _held(lock) and lazy.held_s > 0
+        with lazy.pinned():
+            assert _held(lock)
+        assert not _held(lock)

@@ -109,6 +109,8 @@ def main() -> None:
     marks.channel(out.write, lambda n: _read_exact(inp, n))
     import kernelbrain.child.ops  # imports torch and Triton: after the protocol is safe
 
+    marks.compiles_off_device()  # before any candidate's code: kb's hooks
+
     warm = os.environ.get("KB_WARM_CUDA")  # "first": a spare's, at its first request (under the GPU lock)
     if warm == "1":
         _warm()
@@ -122,7 +124,8 @@ def main() -> None:
             return
         if warm == "first":
             warm = None
-            _warm()
+            with marks.on_device():  # where the worker's hold of the device is a gate's, it takes it
+                _warm()
             gc.freeze()
         frame = orjson.dumps(_reply(_read_exact(inp, HEADER.unpack(header)[0])).model_dump(mode="json"))
         out.write(HEADER.pack(len(frame)) + frame)

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from kernelbrain.child import guard, launchers, memory, tensorfile
+from kernelbrain.child import guard, launchers, marks, memory, tensorfile
 from kernelbrain.child.loading import (
     CandidateFault,
     construct,
@@ -186,13 +186,24 @@ def trial(request: TrialRequest) -> TrialReply:
 
 def _trial(request: TrialRequest, draws: _Draws, steps: Steps) -> str:
     """The checks, one draw at a time; the folder of the outputs written."""
-    device, shapes, seeds, out = request.device, request.shapes, request.seeds, Path(request.outbox)
     timers = guard.timer_identities()
     cand = _load_candidate(request.cand_source)
     _policy(guard.check_untouched, None, {}, prefix="importing it: ")
     _check_signature(request.signature, cand)
     _policy(guard.check_timers, timers)
     steps.done("load")
+    with marks.on_device():  # the worker holds the device from here (its compiles let go of it)
+        _shapes(request, draws, steps, cand, timers)
+    # after the last write too: what could still rewrite the outputs is a fault before the judge reads them
+    _policy(guard.check_leftovers, prefix="after its last call: ")
+    return str(Path(request.outbox))
+
+
+def _shapes(
+    request: TrialRequest, draws: _Draws, steps: Steps, cand: ModuleType, timers: dict[str, Any]
+) -> None:
+    """Each gate shape's draws through the candidate, checked, and its outputs written."""
+    device, shapes, seeds, out = request.device, request.shapes, request.seeds, Path(request.outbox)
     # one draw in memory at a time: a gate shape at a problem's full size holds gigabytes a seed
     for i, (label, names) in enumerate(zip(shapes, request.forbidden, strict=True)):
         where = f"shape {label}, " if len(shapes) > 1 else ""
@@ -246,6 +257,3 @@ def _trial(request: TrialRequest, draws: _Draws, steps: Steps) -> str:
                 raise CandidateFault("mismatch", f"{where}seed {seed}: {e}") from None
             del before, inputs, got
             steps.done("write")
-    # after the last write too: what could still rewrite the outputs is a fault before the judge reads them
-    _policy(guard.check_leftovers, prefix="after its last call: ")
-    return str(out)

@@ -4,13 +4,18 @@ them with its own clock, outside this process, and holds the times the child rep
 (runtime/wall_clock.py): code in this process can fake its clocks or edit the samples, not the worker's
 clock.
 
-`ready` is the one mark the worker answers: what is timed next is built, loaded and warmed, and the
-child waits for the worker to hold the device alone before its first timed batch (a rung, a duel or a
-roofline prepares while another task times)."""
+`ready` and `device` are the marks the worker answers. `ready`: what is timed next is built, loaded and
+warmed, and the child waits for the worker to hold the device alone before its first timed batch (a rung,
+a duel or a roofline prepares while another task times). `device` / `/device` (`on_device`): a gate's
+work reaches the device and leaves it; the worker holds the device's lock shared in between
+(runtime/gpu_lock.py) and the child waits for it at `device`. A Triton compile inside such a section
+leaves the device while it compiles (`compiles_off_device`): a timing need not wait for it."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
 
 import orjson
 
@@ -34,13 +39,67 @@ def mark(label: str) -> None:
         _write(HEADER.pack(len(frame)) + frame)
 
 
+def _answered(label: str) -> None:
+    """Mark `label` and wait for the worker's answer (a no-op outside a worker's child)."""
+    if _write is None or _read is None:
+        return
+    mark(label)
+    header = _read(HEADER.size)
+    if not header or _read(HEADER.unpack(header)[0]) != GO:
+        raise RuntimeError(f"the worker did not answer `{label}`: the protocol pipe is out of step")
+
+
+_depth = 0  # the `on_device` sections open now
+_compiling = 0  # the Triton compiles under way inside them (a compile can start another's)
+
+
+@contextmanager
+def on_device() -> Iterator[None]:
+    """The body works on the device: the worker holds the device's lock (shared) from the `device` mark,
+    answered once it does, to the `/device` mark after. Nested sections mark once."""
+    global _depth, _compiling
+    if _depth == 0:
+        _compiling = 0
+        _answered("device")
+    _depth += 1
+    try:
+        yield
+    finally:
+        _depth -= 1
+        if _depth == 0:
+            mark("/device")
+
+
+def _compile_starts(**_: Any) -> bool:
+    """Triton's jit_cache_hook: a kernel is compiled next; inside an `on_device` section the device is
+    let go while it compiles. False: Triton compiles it."""
+    global _compiling
+    if _depth and not _compiling:
+        mark("/device")
+    _compiling += 1
+    return False
+
+
+def _compile_ends(**_: Any) -> None:
+    """Triton's jit_post_compile_hook: the compile is done; the section takes the device back."""
+    global _compiling
+    _compiling = max(0, _compiling - 1)
+    if _depth and not _compiling:
+        _answered("device")
+
+
+def compiles_off_device() -> None:
+    """Triton's compiles leave the device from now on (kb's own hooks; where this Triton has them)."""
+    import triton
+
+    runtime: Any = getattr(getattr(triton, "knobs", None), "runtime", None)
+    if all(hasattr(runtime, hook) for hook in ("jit_cache_hook", "jit_post_compile_hook")):
+        runtime.jit_cache_hook = _compile_starts
+        runtime.jit_post_compile_hook = _compile_ends
+
+
 def ready() -> None:
     """What is timed next is built, loaded and warmed: the worker takes the device alone (it prepared
     sharing it, runtime/gpu_lock.py) and answers; returns once it has. A no-op outside a worker's child
     (no channel); once the device is held alone the worker answers at once."""
-    if _write is None or _read is None:
-        return
-    mark("ready")
-    header = _read(HEADER.size)
-    if not header or _read(HEADER.unpack(header)[0]) != GO:
-        raise RuntimeError("the worker did not answer `ready`: the protocol pipe is out of step")
+    _answered("ready")

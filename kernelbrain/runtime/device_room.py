@@ -192,9 +192,10 @@ def reserved(device: str, want: Need | None, poll_s: float = 0.05) -> Iterator[f
 
 
 @contextmanager
-def on_device(device: str, want: Need | None, *, alone: bool) -> Iterator[Hold]:
+def on_device(device: str, want: Need | None, *, alone: bool, lazy: bool = False) -> Iterator[Hold]:
     """The body runs with `want` reserved on `device` (`reserved`) and then its lock held, alone or shared
-    (`gpu_lock.held`); yields the hold. The one order every user of both takes (module docstring)."""
-    with reserved(device, want) as waited, gpu_lock.held(device, alone=alone) as hold:
+    (`gpu_lock.held`; where `lazy`, from the hold's `take`); yields the hold. The one order every user of
+    both takes (module docstring)."""
+    with reserved(device, want) as waited, gpu_lock.held(device, alone=alone, lazy=lazy) as hold:
         hold.room_s = waited
         yield hold

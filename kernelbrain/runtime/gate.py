@@ -8,6 +8,7 @@ output. kernelbrain/child/judge.py and child/gate.py are the two children's side
 
 from __future__ import annotations
 
+import contextlib
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -47,19 +48,26 @@ def gate(
     judge = box.start_judge()
     draws, outbox = box.gate_folders()
     keep = JUDGE_KEEP_BYTES.get(request.device, 0)
+    # the device's lock: held through the judge's requests (the problem's code on the device) and a trial
+    # of code from outside; a trial of kb's own code takes and lets it go as its child marks
+    # (runtime/gpu_lock.py), so its load and compiles leave the device to the others
+    hold = box.hold
+    pinned = hold.pinned if hold is not None else contextlib.nullcontext
+    marked = own_code and box.own_code_only
     try:
-        drawn, busy = judge.ask(
-            DrawsRequest(
-                problem_source=request.problem_source,
-                device=request.device,
-                fits=request.fits,
-                seeds=request.seeds,
-                folder=str(draws),
-                keep_bytes=keep,
-            ),
-            timeout_s=timeout_s,
-            task=task,
-        )
+        with pinned():
+            drawn, busy = judge.ask(
+                DrawsRequest(
+                    problem_source=request.problem_source,
+                    device=request.device,
+                    fits=request.fits,
+                    seeds=request.seeds,
+                    folder=str(draws),
+                    keep_bytes=keep,
+                ),
+                timeout_s=timeout_s,
+                task=task,
+            )
     except (SandboxFault, SandboxError) as e:  # the draws run the problem's code, no candidate's
         raise ProblemFault(f"the gate's judge failed drawing the problem's inputs: {e}") from None
     box.gate_phases = {"draws": busy}
@@ -67,25 +75,26 @@ def gate(
         box.stop()  # started before the judge: it cannot see the draws
     box.bring_compiled([])  # what this child's cache holds after the trial is this candidate's
     scratch.empty(outbox)  # an earlier candidate's outputs
-    trial, busy_trial = box.ask(
-        TrialRequest(
-            cand_source=request.cand_source,
-            device=request.device,
-            folder=str(draws),
-            outbox=str(outbox),
-            prints=drawn.prints,
-            keep_bytes=keep,
-            shapes=drawn.shapes,
-            signature=drawn.signature,
-            forbidden=drawn.forbidden,
-            seeds=request.seeds,
-            torch_ops=request.torch_ops,
-        ),
-        timeout_s=timeout_s,
-        task=task,
-        hold=True,
-        own_code=own_code,
-    )
+    with contextlib.nullcontext() if marked else pinned():
+        trial, busy_trial = box.ask(
+            TrialRequest(
+                cand_source=request.cand_source,
+                device=request.device,
+                folder=str(draws),
+                outbox=str(outbox),
+                prints=drawn.prints,
+                keep_bytes=keep,
+                shapes=drawn.shapes,
+                signature=drawn.signature,
+                forbidden=drawn.forbidden,
+                seeds=request.seeds,
+                torch_ops=request.torch_ops,
+            ),
+            timeout_s=timeout_s,
+            task=task,
+            hold=True,
+            own_code=own_code,
+        )
     box.gate_phases["trial"] = busy_trial
     box.gate_phases.update({f"trial.{k}": v for k, v in trial.steps.items()})
     if not (own_code and box.own_code_only):  # else the trial's own launchers are shared (below)
@@ -101,18 +110,19 @@ def gate(
             box.recycle(keep_cache=None if kept is None else kept / "triton")
         if handed is None:
             return GateReply(passed=False, category=trial.category, detail=trial.detail), busy + busy_trial
-        verdict, busy_judge = judge.ask(
-            JudgeRequest(
-                problem_source=request.problem_source,
-                device=request.device,
-                fits=request.fits,
-                seeds=request.seeds,
-                folder=str(draws),
-                outputs_dir=str(handed),
-            ),
-            timeout_s=timeout_s,
-            task=task,
-        )
+        with pinned():
+            verdict, busy_judge = judge.ask(
+                JudgeRequest(
+                    problem_source=request.problem_source,
+                    device=request.device,
+                    fits=request.fits,
+                    seeds=request.seeds,
+                    folder=str(draws),
+                    outputs_dir=str(handed),
+                ),
+                timeout_s=timeout_s,
+                task=task,
+            )
         box.gate_phases.update(judge=busy_judge)
         if verdict.passed:
             if kept is not None:

@@ -14,7 +14,13 @@ passes a turnstile first, which a timing request holds while it waits.
 so the log shows when each device was held alone, and that no two timings ever overlapped. A rung, a
 duel, a roofline or an ncu profile prepares shared (its child builds the modules, draws the inputs,
 loads the kernels) and goes alone when its child is ready to time (`Hold.go_alone`): another task's
-timing runs while it prepares."""
+timing runs while it prepares.
+
+A gate holds the lock only while it works on the device (`held(..., lazy=True)`): its children say when
+with marks (child/marks.py `on_device`), and the compiles, imports, loads and launcher builds between
+them run with the lock let go, so a timing waits for a gate's device work of the moment, not for its
+whole request. What the worker pins (`Hold.pinned`: a request of a child that ran code from outside)
+stays held whatever the child marks."""
 
 from __future__ import annotations
 
@@ -51,7 +57,9 @@ def device_name(device: str, gpu: int | None) -> str:
 class Hold:
     """When the lock was taken and let go (time.time(); `to` is 0 while it is held); where a shared hold
     went alone, `since` is when it did. `lock_s`: the seconds spent waiting for the lock (taking it, and
-    going alone); `room_s`: for the device's memory before it (runtime/device_room.on_device)."""
+    going alone); `room_s`: for the device's memory before it (runtime/device_room.on_device). A lazy
+    hold (a gate's) is taken and let go as its work reaches the device and leaves it (`take`,
+    `let_go`); any other is pinned from the start. `held_s` sums the seconds it held the lock."""
 
     device: str
     alone: bool
@@ -59,7 +67,12 @@ class Hold:
     to: float = 0.0
     lock_s: float = 0.0
     room_s: float = 0.0
+    held: bool = False
+    held_s: float = 0.0
+    pins: int = 0
     _alone: Callable[[], None] | None = field(default=None, repr=False, compare=False)
+    _take: Callable[[], None] | None = field(default=None, repr=False, compare=False)
+    _let_go: Callable[[], None] | None = field(default=None, repr=False, compare=False)
 
     def go_alone(self) -> None:
         """Hold the device alone from now until the hold ends: the shared lock is let go, then the
@@ -67,27 +80,66 @@ class Hold:
         if not self.alone and self._alone is not None:
             self._alone()
 
+    def take(self) -> None:
+        """Hold the lock (shared) from now: a no-op where it is held."""
+        if not self.held and self._take is not None:
+            self._take()
+
+    def let_go(self) -> None:
+        """Let the lock go until the next `take`, unless it is pinned or alone (those hold to the end)."""
+        if self.held and not self.pins and not self.alone and self._let_go is not None:
+            self._let_go()
+
+    @contextmanager
+    def pinned(self) -> Iterator[None]:
+        """The lock held for the body, whatever `let_go` is asked meanwhile; let go after where it was
+        not held before."""
+        before = self.held
+        self.take()
+        self.pins += 1
+        try:
+            yield
+        finally:
+            self.pins -= 1
+            if not before:
+                self.let_go()
+
 
 @contextmanager
-def held(device: str, *, alone: bool) -> Iterator[Hold]:
-    """The lock of `device`, exclusive where `alone`, shared otherwise, for the body's duration."""
+def held(device: str, *, alone: bool, lazy: bool = False) -> Iterator[Hold]:
+    """The lock of `device`, exclusive where `alone`, shared otherwise, for the body's duration; where
+    `lazy` (shared only), not taken until the hold's `take`."""
     locks = folder()
     locks.mkdir(parents=True, exist_ok=True)
     with open(locks / f"gpu-{device}.turnstile", "a+") as gate, open(locks / f"gpu-{device}.lock", "a+") as f:
+        taken = 0.0  # when the hold was last taken (monotonic)
 
         def go_alone() -> None:
             fcntl.flock(f, fcntl.LOCK_UN)
             hold.lock_s += _take(gate, f, alone=True)
             hold.alone, hold.since = True, time.time()
 
-        hold = Hold(device, alone, _alone=go_alone)
-        hold.lock_s = _take(gate, f, alone=alone)
-        hold.since = time.time()
+        def take() -> None:
+            nonlocal taken
+            hold.lock_s += _take(gate, f, alone=hold.alone)
+            taken, hold.held = time.monotonic(), True
+            hold.since = hold.since or time.time()
+
+        def let_go() -> None:
+            fcntl.flock(f, fcntl.LOCK_UN)
+            hold.held_s += time.monotonic() - taken
+            hold.held = False
+
+        hold = Hold(device, alone, _alone=go_alone, _take=take, _let_go=let_go)
+        if alone or not lazy:  # held to the end, whatever its child marks
+            take()
+            hold.pins = 1
         try:
             yield hold
         finally:
             hold.to = time.time()
-            fcntl.flock(f, fcntl.LOCK_UN)
+            if hold.held:
+                let_go()
 
 
 def _take(gate: IO[str], f: IO[str], *, alone: bool) -> float:

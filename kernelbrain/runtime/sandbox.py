@@ -24,6 +24,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any, TypeVar
 
@@ -265,7 +266,8 @@ class Sandbox:
         try:
             alone = isinstance(request, TIMED) and not isinstance(request, PREPARED)
             room = need if isinstance(request, (*PREPARED, GateRequest)) else None
-            with device_room.on_device(device, room, alone=alone) as hold:
+            lazy = isinstance(request, GateRequest)  # held for its device work (runtime/gate.py)
+            with device_room.on_device(device, room, alone=alone, lazy=lazy) as hold:
                 self.last_hold = self.hold = hold
                 try:
                     reply, busy = self._dispatch(request, timeout_s=timeout_s, task=task, own_code=own_code)
@@ -426,6 +428,9 @@ class Sandbox:
                 if document["mark"] == "ready":
                     deadline += self._ready()
                     continue
+                if document["mark"] in ("device", "/device"):
+                    deadline += self._device(document["mark"] == "device")
+                    continue
                 if self.hold is not None and not self.hold.alone:
                     raise self._fault("policy", "the child timed a batch before it was ready (not kb's code)")
                 if len(self.marks) >= MAX_MARKS:
@@ -480,9 +485,23 @@ class Sandbox:
     def _ready(self) -> float:
         """The child is ready to time: the call's hold goes alone (it prepared sharing the device) and the
         child is told to go on. The seconds it waited for the device, which its deadline does not count."""
-        t0 = time.monotonic()
+        return self._answer(self.hold.go_alone if self.hold is not None else None)
+
+    def _device(self, take: bool) -> float:
+        """A gate's child reached the device (`take`) or left it (child/marks.py `on_device`): the call's
+        lazy hold is taken, and the child told to go on, or let go (a no-op where the worker pinned it:
+        the child ran code from outside). The seconds it waited for the lock."""
+        if take:
+            return self._answer(self.hold.take if self.hold is not None else None)
         if self.hold is not None:
-            self.hold.go_alone()
+            self.hold.let_go()
+        return 0.0
+
+    def _answer(self, first: Callable[[], None] | None) -> float:
+        """`first` (what the child waits for), then GO to the child; the seconds it took."""
+        t0 = time.monotonic()
+        if first is not None:
+            first()
         assert self.proc and self.proc.stdin
         try:
             self.proc.stdin.write(HEADER.pack(len(GO)) + GO)
