@@ -154,3 +154,23 @@ def test_a_gate_reserves_what_its_fitted_shapes_hold_not_a_benchs() -> None:
     (shape,) = problem.gate_shapes("cuda")
     rows, cols = shape.get("batch_size", 4096), shape.get("dim", 393216)
     assert gate == 7 * rows * cols * 4
+
+
+NO_DYNAMO = """
+import json, sys
+from kernelbrain.child.analysis import analyse
+analyse(open(sys.argv[1]).read(), "cpu")
+print(json.dumps({"dynamo": "torch._dynamo" in sys.modules}))
+"""
+
+
+@pytest.mark.parametrize("name", ["softmax_small", "bmv_small"])
+def test_kbs_own_dispatch_modes_import_no_dynamo(name: str) -> None:
+    """kb's dispatch modes run their hooks as written (guard.dynamo_free): TorchDispatchMode's own wrapper
+    imports torch._dynamo at a hook's first call, 1.5-2 s of every run's analysis child, and the import
+    replaces torch.manual_seed and others as it loads. (torch's own Python meta kernels, a product by a
+    scalar's among them, still import it: these problems' ops have none.)"""
+    from tests.runs import run_interpreted
+
+    path = Path(__file__).parent / "problems" / f"{name}.py"
+    assert run_interpreted(NO_DYNAMO, str(path)) == {"dynamo": False}

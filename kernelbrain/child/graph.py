@@ -11,6 +11,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
+from kernelbrain.child.guard import dynamo_free
 from kernelbrain.core.graph import INPUT, PARAM, Graph, Meta, Node, Sized
 
 
@@ -18,6 +19,7 @@ def _meta(t: torch.Tensor) -> Meta:
     return Meta(shape=list(t.shape), strides=list(t.stride()), dtype=str(t.dtype).removeprefix("torch."))
 
 
+@dynamo_free
 class _Capture(TorchDispatchMode):
     def __init__(self) -> None:
         super().__init__()

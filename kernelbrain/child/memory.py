@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from kernelbrain.child.guard import dynamo_free
 from kernelbrain.child.loading import CandidateFault
 
 # an out-of-memory error with at least this share of the device free for the request is its own
@@ -65,6 +66,7 @@ def injected(variable: str = "KB_INJECT_OOM") -> None:
     raise torch.OutOfMemoryError(f"out of memory (injected by {variable})")
 
 
+@dynamo_free
 class Peak(TorchDispatchMode):  # type: ignore[no-untyped-call]
     """The most bytes the tensors made under it held at once (each storage once, until its tensor is
     collected): the reference's working memory at a shape, its outputs included. On the meta device
