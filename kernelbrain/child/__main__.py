@@ -122,12 +122,13 @@ def main() -> None:
         header = _read_exact(inp, HEADER.size)
         if not header:
             return
-        if warm == "first":
+        request = _read_exact(inp, HEADER.unpack(header)[0])
+        if warm == "first":  # after the request is read whole: the mark's answer follows it on the pipe
             warm = None
             with marks.on_device():  # where the worker's hold of the device is a gate's, it takes it
                 _warm()
             gc.freeze()
-        frame = orjson.dumps(_reply(_read_exact(inp, HEADER.unpack(header)[0])).model_dump(mode="json"))
+        frame = orjson.dumps(_reply(request).model_dump(mode="json"))
         out.write(HEADER.pack(len(frame)) + frame)
         kernelbrain.child.ops.release_memory()
 
