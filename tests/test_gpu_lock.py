@@ -294,12 +294,12 @@ def test_a_childs_device_sections_let_the_device_go_while_triton_compiles(
     monkeypatch.setattr(marks, "_write", write)  # the child's protocol pipe, as its entry point gives it
     monkeypatch.setattr(marks, "_read", read)
     with marks.on_device(), marks.on_device():
-        assert marks._compile_starts(key="k") is False  # Triton compiles it
-        marks._compile_starts(key="inner")
-        marks._compile_ends(key="inner")
-        marks._compile_ends(key="k")
-    marks._compile_starts(key="outside")  # outside a section: nothing to let go
-    marks._compile_ends(key="outside")
+        assert marks.compile_starts(key="k") is False  # Triton compiles it
+        marks.compile_starts(key="inner")
+        marks.compile_ends(key="inner")
+        marks.compile_ends(key="k")
+    marks.compile_starts(key="outside")  # outside a section: nothing to let go
+    marks.compile_ends(key="outside")
     assert written == ["device", "/device", "device", "/device"]
     assert not answers
 

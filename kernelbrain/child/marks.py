@@ -70,7 +70,7 @@ def on_device() -> Iterator[None]:
             mark("/device")
 
 
-def _compile_starts(**_: Any) -> bool:
+def compile_starts(**_: Any) -> bool:
     """Triton's jit_cache_hook: a kernel is compiled next; inside an `on_device` section the device is
     let go while it compiles. False: Triton compiles it."""
     global _compiling
@@ -80,7 +80,7 @@ def _compile_starts(**_: Any) -> bool:
     return False
 
 
-def _compile_ends(**_: Any) -> None:
+def compile_ends(**_: Any) -> None:
     """Triton's jit_post_compile_hook: the compile is done; the section takes the device back."""
     global _compiling
     _compiling = max(0, _compiling - 1)
@@ -94,8 +94,8 @@ def compiles_off_device() -> None:
 
     runtime: Any = getattr(getattr(triton, "knobs", None), "runtime", None)
     if all(hasattr(runtime, hook) for hook in ("jit_cache_hook", "jit_post_compile_hook")):
-        runtime.jit_cache_hook = _compile_starts
-        runtime.jit_post_compile_hook = _compile_ends
+        runtime.jit_cache_hook = compile_starts
+        runtime.jit_post_compile_hook = compile_ends
 
 
 def ready() -> None:

@@ -66,3 +66,31 @@ def signal_name(code: int) -> str:
         return signal.Signals(-code).name
     except ValueError:
         return f"signal {-code}"
+
+
+def died(
+    proc: subprocess.Popen[bytes], chosen: isolation.Isolation, stderr: IO[bytes] | None, mark: int
+) -> str:
+    """How a child that closed its pipe ended (waiting for its exit), with the last line it wrote to its
+    log since `mark` (its current request's)."""
+    try:
+        code = proc.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        return "the child closed its pipe but did not exit"
+    sig = isolation.exit_signal(chosen, code)
+    how = f"was killed by {signal_name(-sig)}" if sig is not None else f"exited with status {code}"
+    return f"the child {how}{_stderr_tail(stderr, mark)}"
+
+
+def _stderr_tail(stderr: IO[bytes] | None, mark: int) -> str:
+    """The last line the child wrote to its log since `mark`, read through this worker's own descriptor:
+    by its name the log may now be the child's link to any file here, or a FIFO."""
+    if stderr is None or stderr.closed:
+        return ""
+    try:
+        with open(f"/proc/self/fd/{stderr.fileno()}", "rb") as f:
+            f.seek(mark)
+            lines = f.read().decode(errors="replace").strip().splitlines()
+    except OSError:
+        return ""
+    return f": {lines[-1][:300]}" if lines else ""

@@ -24,7 +24,6 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any, TypeVar
 
@@ -62,7 +61,7 @@ from kernelbrain.runtime import (
     scratch,
     triton_cache,
 )
-from kernelbrain.runtime.child_process import Started, child_limits, end_process, signal_name
+from kernelbrain.runtime.child_process import Started, child_limits, died, end_process
 from kernelbrain.runtime.environment import child_env_allowed
 from kernelbrain.runtime.faults import DeviceBusy, ProblemFault, SandboxError, SandboxFault
 
@@ -425,11 +424,8 @@ class Sandbox:
                 document, when = self._read(deadline, timeout_s)
                 if not (isinstance(document, dict) and document.keys() == {"mark"}):
                     break
-                if document["mark"] == "ready":
-                    deadline += self._ready()
-                    continue
-                if document["mark"] in ("device", "/device"):
-                    deadline += self._device(document["mark"] == "device")
+                if document["mark"] in ("ready", "device", "/device"):
+                    deadline += self._answer(document["mark"])
                     continue
                 if self.hold is not None and not self.hold.alone:
                     raise self._fault("policy", "the child timed a batch before it was ready (not kb's code)")
@@ -482,26 +478,19 @@ class Sandbox:
         else:
             descriptors.close_all(given)
 
-    def _ready(self) -> float:
-        """The child is ready to time: the call's hold goes alone (it prepared sharing the device) and the
-        child is told to go on. The seconds it waited for the device, which its deadline does not count."""
-        return self._answer(self.hold.go_alone if self.hold is not None else None)
-
-    def _device(self, take: bool) -> float:
-        """A gate's child reached the device (`take`) or left it (child/marks.py `on_device`): the call's
-        lazy hold is taken, and the child told to go on, or let go (a no-op where the worker pinned it:
-        the child ran code from outside). The seconds it waited for the lock."""
-        if take:
-            return self._answer(self.hold.take if self.hold is not None else None)
-        if self.hold is not None:
-            self.hold.let_go()
-        return 0.0
-
-    def _answer(self, first: Callable[[], None] | None) -> float:
-        """`first` (what the child waits for), then GO to the child; the seconds it took."""
+    def _answer(self, label: str) -> float:
+        """A mark the worker answers (child/marks.py): `ready`, the child is ready to time (the call's hold
+        goes alone: it prepared sharing the device); `device`, a gate's child reached the device (the
+        call's lazy hold is taken); then the child is told to go on. `/device`: it left the device (the
+        lazy hold is let go; a no-op where the worker pinned it: the child ran code from outside). The
+        seconds the child waited, which its deadline does not count."""
+        if label == "/device":
+            if self.hold is not None:
+                self.hold.let_go()
+            return 0.0
         t0 = time.monotonic()
-        if first is not None:
-            first()
+        if self.hold is not None:
+            (self.hold.go_alone if label == "ready" else self.hold.take)()
         assert self.proc and self.proc.stdin
         try:
             self.proc.stdin.write(HEADER.pack(len(GO)) + GO)
@@ -550,39 +539,17 @@ class Sandbox:
                 raise self._death()
             self.pending += chunk
 
-    def _died(self) -> str:
-        assert self.proc
-        try:
-            code = self.proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            return "the child closed its pipe but did not exit"
-        sig = isolation.exit_signal(self.isolation or "none", code)
-        how = f"was killed by {signal_name(-sig)}" if sig is not None else f"exited with status {code}"
-        return f"the child {how}{self._stderr_tail()}"
-
     def _death(self) -> SandboxFault:
         """The fault of a child that died mid-request: past its memory cap (the candidate's `runtime`
         fault, as a MemoryError under the rlimit is), else a crash."""
-        detail = self._died()  # waits for its exit first
+        assert self.proc
+        detail = died(self.proc, self.isolation or "none", self.stderr, self.stderr_mark)  # waits for it
         if not limits.oom_killed(self.cgroup):
             return self._fault("crash", detail)
         limit = limits.of(self.tmp) if self.tmp is not None else None
         cap = f" of {limit.memory_bytes / limits.GIB:g} GiB" if limit and limit.memory_bytes else ""
         why = f"the child used more memory than its sandbox's cap{cap} (cgroup memory.max) and was killed"
         return self._fault("runtime", why)
-
-    def _stderr_tail(self) -> str:
-        """The last line the child wrote to its log in this request, read through this worker's own
-        descriptor: by its name the log may now be the child's link to any file here, or a FIFO."""
-        if self.stderr is None or self.stderr.closed:
-            return ""
-        try:
-            with open(f"/proc/self/fd/{self.stderr.fileno()}", "rb") as f:
-                f.seek(self.stderr_mark)  # only what this request wrote
-                lines = f.read().decode(errors="replace").strip().splitlines()
-        except OSError:
-            return ""
-        return f": {lines[-1][:300]}" if lines else ""
 
     def _fault(self, category: GateCategory, detail: str) -> SandboxFault:
         self.stop()
