@@ -271,7 +271,8 @@ def test_a_childs_device_sections_let_the_device_go_while_triton_compiles(
 ) -> None:
     """The marks a gate's child writes (child/marks.py): `device` (answered) as its section starts,
     `/device` before a Triton compile and `device` (answered) after it, `/device` as the section ends;
-    nested sections and compiles mark once."""
+    nested sections and compiles mark once; a compile that raised (no end) is taken back by `retake`
+    before the next step on the device; the waits for answers are not the child's busy time."""
     import orjson
 
     from kernelbrain.child import marks
@@ -283,7 +284,8 @@ def test_a_childs_device_sections_let_the_device_go_while_triton_compiles(
     def write(frame: bytes) -> None:
         label = orjson.loads(frame[HEADER.size :])["mark"]
         written.append(label)
-        if label == "device":  # the worker answers it
+        if label == "device":  # the worker answers it, after a while
+            time.sleep(0.05)
             answers.extend(HEADER.pack(len(GO)) + GO)
 
     def read(n: int) -> bytes:
@@ -293,15 +295,23 @@ def test_a_childs_device_sections_let_the_device_go_while_triton_compiles(
 
     monkeypatch.setattr(marks, "_write", write)  # the child's protocol pipe, as its entry point gives it
     monkeypatch.setattr(marks, "_read", read)
+    marks.waited()
     with marks.on_device(), marks.on_device():
         assert marks.compile_starts(key="k") is False  # Triton compiles it
         marks.compile_starts(key="inner")
         marks.compile_ends(key="inner")
         marks.compile_ends(key="k")
+    assert written == ["device", "/device", "device", "/device"]
+    written.clear()
+    with marks.on_device():
+        marks.compile_starts(key="raises")  # and never ends
+        marks.retake()
+        marks.retake()
     marks.compile_starts(key="outside")  # outside a section: nothing to let go
     marks.compile_ends(key="outside")
     assert written == ["device", "/device", "device", "/device"]
     assert not answers
+    assert 0.2 <= marks.waited() < 1.0 and marks.waited() == 0.0  # four answers of 0.05 s, read once
 
 
 def test_only_a_lazy_hold_is_let_go_before_its_end(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -323,3 +333,71 @@ def test_only_a_lazy_hold_is_let_go_before_its_end(tmp_path: Path, monkeypatch: 
         with lazy.pinned():
             assert _held(lock)
         assert not _held(lock)
+
+
+def test_a_gate_whose_candidate_marks_itself_ready_is_a_policy_fault(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`ready` makes a rung's hold go alone (its shared lock let go first): in a gate, where nothing is
+    timed, a candidate writing it on the protocol pipe would let the device go in the middle of its
+    pinned trial. The worker refuses it as the candidate's policy fault."""
+    from kernelbrain.runtime.sandbox import Sandbox, SandboxFault
+
+    here = Path(__file__).resolve().parent
+    monkeypatch.setenv("KB_LOCKS", str(tmp_path))
+    forged = (
+        (here / "candidates" / "good_softmax.py")
+        .read_text()
+        .replace(
+            "        x = x.contiguous()\n",
+            "        from kernelbrain.child import marks\n"
+            "        marks.mark('ready')\n"
+            "        x = x.contiguous()\n",
+        )
+    )
+    assert "marks.mark('ready')" in forged
+    request = GateRequest(
+        problem_source=(here / "problems" / "softmax_small.py").read_text(),
+        cand_source=forged,
+        device="cpu",
+        seeds=1,
+    )
+    box = Sandbox("cpu", fresh_untrusted=False)
+    try:
+        with pytest.raises(SandboxFault) as fault:
+            box.call(request, timeout_s=300)
+        assert fault.value.category == "policy" and "ready" in fault.value.detail
+    finally:
+        box.close()
+
+
+def test_a_child_started_within_a_gates_lazy_hold_warms_under_the_lock(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A child (the judge's or the candidate's) started while a gate holds the device lazily makes its
+    CUDA context at its first request, inside a section the worker answers under the lock, as a spare
+    does: started warm, it would run its first kernel while a timing holds the device alone."""
+    from kernelbrain.runtime.sandbox import Sandbox
+
+    monkeypatch.setenv("KB_LOCKS", str(tmp_path))
+    box = Sandbox("cuda", warm_cuda=True)
+    spares: list[bool] = []
+
+    class Spawned(Exception):
+        """Where the child would start (no CUDA here): what it would warm with is recorded."""
+
+    def spawn(self: Sandbox, spare: bool = False) -> None:
+        spares.append(spare)
+        raise Spawned
+
+    monkeypatch.setattr(Sandbox, "_spawn", spawn)
+    for lazy in (False, True):
+        with gpu_lock.held("0", alone=False, lazy=lazy) as hold:
+            box.hold = hold
+            for start in (box.start, box.start_judge):
+                with pytest.raises(Spawned):
+                    start()
+    box.hold = None
+    assert spares == [False, False, True, True]
+    env = box._env(tmp_path, "none", spare=True)
+    assert env["KB_WARM_CUDA"] == "first"

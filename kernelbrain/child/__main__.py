@@ -46,7 +46,7 @@ def _log_execution(envelope: Envelope) -> None:
 
 def _reply(frame: bytes) -> Reply:
     """The reply to one frame: the op's result, the candidate's failed check, or kb's own failure."""
-    from kernelbrain.child import tensorfile
+    from kernelbrain.child import marks, tensorfile
     from kernelbrain.child.loading import CandidateFault
     from kernelbrain.child.ops import serve, tainted
     from kernelbrain.core import descriptors
@@ -54,6 +54,7 @@ def _reply(frame: bytes) -> Reply:
     started = _clock()
     result, failure = None, None
     tensorfile.new_request()
+    marks.waited()  # what an earlier request waited is not this one's
     try:
         envelope = Envelope.model_validate(orjson.loads(frame))
         _log_execution(envelope)
@@ -66,7 +67,8 @@ def _reply(frame: bytes) -> Reply:
     # recycle: a candidate changed process-wide state, so this child is not reused (nor one that ran
     # out of memory)
     recycle = tainted() or (failure is not None and failure.fault == "memory")
-    return Reply(result=result, failure=failure, busy_s=_clock() - started, recycle=recycle)
+    # its busy seconds leave out its waits for the device's lock (a gate's `device` marks)
+    return Reply(result=result, failure=failure, busy_s=_clock() - started - marks.waited(), recycle=recycle)
 
 
 def _failure(e: Exception) -> Failure:

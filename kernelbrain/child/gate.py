@@ -207,6 +207,7 @@ def _shapes(
     # one draw in memory at a time: a gate shape at a problem's full size holds gigabytes a seed
     for i, (label, names) in enumerate(zip(shapes, request.forbidden, strict=True)):
         where = f"shape {label}, " if len(shapes) > 1 else ""
+        marks.retake()
         entry = _drawn(handoff.init_file(draws.folder, i), device)
         try:
             new = _build(cand, entry, device)
@@ -220,6 +221,7 @@ def _shapes(
         del entry
         steps.done("build")
         for seed in range(seeds):
+            marks.retake()  # where a compile that raised let the device go
             _restart(new, running, f"{where}seed {seed}")  # each call from the state as built, as the judge's
             before = draws.inputs(i, seed)
             inputs = [layout_copy(x) for x in before]
@@ -239,6 +241,7 @@ def _shapes(
                     raise CandidateFault(
                         "runtime", f"{where}seed {seed}: forward raised {type(e).__name__}: {e}"
                     ) from e
+                marks.retake()
                 steps.done("first_forward" if i == seed == 0 else "forward")  # the first compiles
                 _policy(watch.check, prefix=f"{where}seed {seed}: ")
                 _policy(guard.check_untouched, None, {}, prefix=f"{where}seed {seed}: ")

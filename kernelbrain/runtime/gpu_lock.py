@@ -70,6 +70,7 @@ class Hold:
     held: bool = False
     held_s: float = 0.0
     pins: int = 0
+    lazy: bool = False
     _alone: Callable[[], None] | None = field(default=None, repr=False, compare=False)
     _take: Callable[[], None] | None = field(default=None, repr=False, compare=False)
     _let_go: Callable[[], None] | None = field(default=None, repr=False, compare=False)
@@ -130,7 +131,7 @@ def held(device: str, *, alone: bool, lazy: bool = False) -> Iterator[Hold]:
             hold.held_s += time.monotonic() - taken
             hold.held = False
 
-        hold = Hold(device, alone, _alone=go_alone, _take=take, _let_go=let_go)
+        hold = Hold(device, alone, lazy=lazy and not alone, _alone=go_alone, _take=take, _let_go=let_go)
         if alone or not lazy:  # held to the end, whatever its child marks
             take()
             hold.pins = 1

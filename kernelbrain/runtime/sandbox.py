@@ -169,15 +169,17 @@ class Sandbox:
         env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
         return env
 
-    def start(self) -> None:
-        """Start the child, or take the spare where it was started with the same folders."""
+    def start(self, lazy: bool = False) -> None:
+        """Start the child, or take the spare where it was started with the same folders. Within a lazy
+        hold (a gate's, `lazy`, or this Sandbox's own), it makes its CUDA context at its first request,
+        under the lock (child/marks.py), as a spare does: the hold is let go while it starts."""
         if self.proc is not None:
             return
         spare, self.spare = self.spare, None
         if spare is not None and (spare.bound != self._bound() or spare.proc.poll() is not None):
             spare.end()
             spare = None
-        child = spare or self._spawn()
+        child = spare or self._spawn(spare=lazy or (self.hold is not None and self.hold.lazy))
         self.proc, self.stderr, self.tmp = child.proc, child.stderr, child.tmp
         self.isolation, self.bound, self.channel = child.level, child.bound, child.channel
         self.cgroup = child.cgroup
@@ -353,7 +355,7 @@ class Sandbox:
                 writable=(*self.writable, str(self.draws)),
                 readable=(str(self.outbox),),
             )
-        self.judge.start()
+        self.judge.start(lazy=self.hold is not None and self.hold.lazy)
         return self.judge
 
     def gate_folders(self) -> tuple[Path, Path]:
@@ -418,19 +420,21 @@ class Sandbox:
             raise self._death() from None
         self.executions += 1
         self.marks, self.pending = [], b""
+        marked = 0
         deadline = time.monotonic() + timeout_s
         try:
             while True:
                 document, when = self._read(deadline, timeout_s)
                 if not (isinstance(document, dict) and document.keys() == {"mark"}):
                     break
+                marked += 1  # answered ones too: the answers fill its stdin
+                if marked > MAX_MARKS:
+                    raise self._fault("crash", f"the child sent over {MAX_MARKS} marks")
                 if document["mark"] in ("ready", "device", "/device"):
                     deadline += self._answer(document["mark"])
                     continue
                 if self.hold is not None and not self.hold.alone:
                     raise self._fault("policy", "the child timed a batch before it was ready (not kb's code)")
-                if len(self.marks) >= MAX_MARKS:
-                    raise self._fault("crash", f"the child sent over {MAX_MARKS} batch marks")
                 self.marks.append((str(document["mark"]), when))
             reply = Reply.model_validate(document)
             result = None if reply.result is None else request.parse_reply(reply.result)
@@ -488,6 +492,8 @@ class Sandbox:
             if self.hold is not None:
                 self.hold.let_go()
             return 0.0
+        if label == "ready" and self.hold is not None and self.hold.lazy:  # a gate times nothing
+            raise self._fault("policy", "the child marked itself ready to time in a gate (not kb's code)")
         t0 = time.monotonic()
         if self.hold is not None:
             (self.hold.go_alone if label == "ready" else self.hold.take)()
