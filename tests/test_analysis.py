@@ -156,6 +156,18 @@ def test_a_gate_reserves_what_its_fitted_shapes_hold_not_a_benchs() -> None:
     assert gate == 7 * rows * cols * 4
 
 
+def test_a_profile_reserves_one_run_at_the_primary_shape_not_a_benchs() -> None:
+    """A profile (the roofline, an ncu target) runs the candidate once at the file's size: its input
+    once, and what the run writes (the reference's peak, its output, and the candidate's output) twice
+    for ncu's replay: 5 x 6 GiB of the bench's 7 (an H100's ncu target of it held 24.7 GiB)."""
+    from kernelbrain.child import analysis, loading
+
+    problem = loading.Problem(BIG_SOFTMAX)
+    one = 4096 * 393216 * 4
+    assert analysis.profile_footprint(problem, "cuda") == 5 * one
+    assert analysis.footprint(problem, "cuda") == 7 * one
+
+
 NO_DYNAMO = """
 import json, sys
 from kernelbrain.child.analysis import analyse

@@ -249,3 +249,35 @@ def test_the_childrens_cuda_contexts_count_against_what_problems_reserve_side_by
     finally:
         for c in children:
             c.proc.kill()
+
+
+@pytest.mark.parametrize("recorded", [True, False])
+def test_each_role_reserves_its_own_count_of_the_problems_memory(recorded: bool) -> None:
+    """A bench reserves the footprint (five input copies), a gate its fitted shapes' count, a profile one
+    run at the primary shape; a run analysed before profiles were counted reserves the bench's for them."""
+    from kernelbrain.store import StoredEvent
+
+    from kernelbrain.core.events import ProblemAnalysed
+    from kernelbrain.core.state import RunState
+    from kernelbrain.runtime.role import gate_need, problem_need, profile_need
+    from kernelbrain.runtime.roles.profiler import ProfilerRole
+
+    analysis = ProblemAnalysed(
+        ops=[],
+        families=[],
+        flops=0.0,
+        bytes=0.0,
+        shapes=[],
+        footprint=42 * GIB,
+        gate_footprint=0.2 * GIB,
+        profile_footprint=18 * GIB if recorded else 0.0,
+        device_memory=80 * GIB,
+    )
+    state = RunState("r")
+    state.apply(StoredEvent(1, "r", "ProblemAnalysed", 4, "k1", analysis.model_dump(), "t", None, None, 1.0))
+    capacity = device_room.ADMIT_SHARE * 80 * GIB
+    assert problem_need(state) == Need(bytes=42 * GIB, capacity=capacity)
+    assert gate_need(state) == Need(bytes=0.2 * GIB, capacity=capacity)
+    profile = Need(bytes=(18 if recorded else 42) * GIB, capacity=capacity)
+    assert profile_need(state) == profile
+    assert ProfilerRole.need(ProfilerRole.__new__(ProfilerRole), state) == profile  # the roofline's too

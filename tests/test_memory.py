@@ -46,6 +46,7 @@ def test_admission_refuses_what_the_card_cannot_hold_and_runs_the_rest(tmp_path:
     analysed = next(e for e in _events(db, refused) if e["type"] == "ProblemAnalysed")["payload"]
     assert analysed["footprint"] == 5 * 6400 + 6400 + 6400 and analysed["device_memory"] == 32 * 2**10
     assert analysed["gate_footprint"] == analysed["footprint"]  # on a CPU the gate runs the rung's shape
+    assert analysed["profile_footprint"] == 6400 + 2 * (6400 + 6400)  # its input once, its writes twice
     assert not [e for e in _events(db, refused) if e["type"] == "CandidateProposed"]  # nothing charged
 
 

@@ -162,6 +162,7 @@ def analyse(problem_source: str, device: str) -> dict:
         "graph": graph,
         "footprint": footprint(problem, device),
         "gate_footprint": gate_footprint(problem, device),
+        "profile_footprint": profile_footprint(problem, device),
         "device_memory": device_memory(device),
         "mode": modes[-1],  # the mode the reference ran in (ProblemAnalysed.mode)
     }
@@ -191,7 +192,18 @@ def gate_footprint(problem: Problem, device: str) -> float:
     return _most(problem, _gate_shapes(problem, device))
 
 
-def _most(problem: Problem, shapes: list[dict[str, Any]]) -> float:
+def profile_footprint(problem: Problem, device: str) -> float:
+    """The same count at the primary shape for one run (0: unknown), what a profile (the roofline's timing,
+    an ncu target) reserves: the inputs once, with none of the bench's copies, and what the run writes (the
+    reference's peak and the candidate's outputs) twice, since ncu's kernel replay saves and restores what a
+    kernel writes. (In the H100 sweep an ncu profile reserved a 42 GiB bench's footprint for its 30-50 s and
+    used 13-25 GiB, while four benches of the same size waited for the room.)"""
+    return _most(problem, problem.ladder_shapes(device, "primary"), copies=1, writes=2)
+
+
+def _most(
+    problem: Problem, shapes: list[dict[str, Any]], copies: int = BENCH_INPUT_COPIES, writes: int = 1
+) -> float:
     most = 0.0
     for shape in shapes:
         try:
@@ -205,7 +217,7 @@ def _most(problem: Problem, shapes: list[dict[str, Any]]) -> float:
         held = sum(x.numel() * x.element_size() for x in inputs if isinstance(x, torch.Tensor))
         weights = sum(t.numel() * t.element_size() for t in (*ref.parameters(), *ref.buffers()))
         candidate = sum(o.numel() * o.element_size() for o in returned)
-        most = max(most, BENCH_INPUT_COPIES * held + weights + peak.peak + candidate)
+        most = max(most, copies * held + weights + writes * (peak.peak + candidate))
     return most
 
 

@@ -127,7 +127,7 @@ class RunFinished(Event):
 
 class ProblemAnalysed(Event):
     TYPE = "ProblemAnalysed"
-    VERSION = 3  # 2: footprint, device_memory; 3: gate_footprint
+    VERSION = 4  # 2: footprint, device_memory; 3: gate_footprint; 4: profile_footprint
     ops: list[dict[str, Any]]  # torch calls seen running the reference: {"op": name, ...details}
     families: list[str]  # template families that match
     flops: float  # of the reference at the primary shape
@@ -142,6 +142,7 @@ class ProblemAnalysed(Event):
     graph: Graph | None = None  # the ATen graph at the traced shape, sizes marked (newer; None: not captured)
     footprint: float = 0.0  # bytes a timed task needs at its largest rung shape, estimated (0: unknown)
     gate_footprint: float = 0.0  # bytes a gate needs at the gate's shapes, estimated (0: unknown)
+    profile_footprint: float = 0.0  # bytes a profile needs at the primary shape, estimated (0: unknown)
     device_memory: float = 0.0  # the device memory admission held it up against (bytes; 0: none)
     mode: Literal["training", "eval"] | None = None  # the reference's: as constructed or --eval; None: eval
 

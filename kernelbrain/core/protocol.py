@@ -117,6 +117,7 @@ class AnalyseReply(Message):
     graph: Graph | None = None  # the reference's ATen graph at the traced shape, where it could be captured
     footprint: float = 0.0  # bytes a timed task needs at its largest rung shape (0: unknown)
     gate_footprint: float = 0.0  # bytes a gate needs at its shapes (0: unknown)
+    profile_footprint: float = 0.0  # bytes a profile needs at the primary shape (0: unknown)
     device_memory: float = 0.0  # bytes one child may hold: the GPU's, or a CPU child's cap
     mode: Literal["training", "eval"] = "eval"  # the mode the reference ran in
 

@@ -1,13 +1,13 @@
-"""Admission by memory on one device, among the processes of one host. What prepares and times a
-problem on the device (a rung, a duel, an ncu profile) reserves the problem's estimated footprint
-(`ProblemAnalysed.footprint`) for as long as it runs, a gate the footprint at the gate's shapes
-(`gate_footprint`), and waits while the reservations held beside its own would pass the share of the
-device's memory kb fills (`ADMIT_SHARE`), the CUDA contexts of the host's sandbox children counted
-among them (`counted`). A request alone on the device is always admitted: a problem too big even
-alone was refused at its analysis. Among those waiting the largest goes first (then the earliest), so
-that a stream of small problems never starves a large one; one that fits goes before it only while the
-largest does not fit, and has waited less than OVERTAKE_S unless the one is small (SMALL_SHARE: a
-fitted gate), and the largest goes beside small ones as if alone.
+"""Admission by memory on one device, among the processes of one host. What prepares and times a problem on
+the device (a rung, a duel) reserves the problem's estimated footprint (`ProblemAnalysed.footprint`) for as
+long as it runs, a gate the footprint at the gate's shapes (`gate_footprint`), a profile one run at the
+primary shape (`profile_footprint`), and waits while the reservations held beside its own would pass the
+share of the device's memory kb fills (`ADMIT_SHARE`), the CUDA contexts of the host's sandbox children
+counted among them (`counted`). A request alone on the device is always admitted: a problem too big even
+alone was refused at its analysis. Among those waiting the largest goes first (then the earliest), so that
+a stream of small problems never starves a large one; one that fits goes before it only while the largest
+does not fit, and has waited less than OVERTAKE_S unless the one is small (SMALL_SHARE: a fitted gate), and
+the largest goes beside small ones as if alone.
 
 Without it two of the pool's benchmarkers could each prepare a problem of 40 GB on an 80 GB card, and one
 would run out of memory (kb's fault, retried, but a wasted preparation).

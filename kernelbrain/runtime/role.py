@@ -71,6 +71,13 @@ def problem_need(state: RunState) -> Need | None:
     return device_room.need(a.footprint, a.device_memory) if a is not None else None
 
 
+def profile_need(state: RunState) -> Need | None:
+    """What a profile of the run's candidate holds on its device (the primary shape, its inputs once):
+    the problem's footprint where the analysis did not count it (None: neither known)."""
+    a = state.analysis
+    return device_room.need(a.profile_footprint or a.footprint, a.device_memory) if a is not None else None
+
+
 def gate_need(state: RunState) -> Need | None:
     """What a gate of the run's problem holds on its device, as its analysis estimated it (None: not
     known, as in a run analysed before it was recorded)."""

@@ -87,6 +87,7 @@ class GeneratorRole(Role):
             graph=reply.graph,
             footprint=reply.footprint,
             gate_footprint=reply.gate_footprint,
+            profile_footprint=reply.profile_footprint,
             device_memory=admitted_memory(reply.device_memory),
             mode=reply.mode,
         )

@@ -8,7 +8,8 @@ from kernelbrain.core.diagnosis import ncu_labels, roofline_labels
 from kernelbrain.core.events import Event, GateCategory, ProfileCaptured
 from kernelbrain.core.protocol import NcuRequest, RooflineReply, RooflineRequest
 from kernelbrain.core.state import RunState
-from kernelbrain.runtime.role import CandidateRole, Task, problem_need
+from kernelbrain.runtime.device_room import Need
+from kernelbrain.runtime.role import CandidateRole, Task, profile_need
 from kernelbrain.store import NewEvent
 
 # timed calls of the roofline: under the interpreter one call is seconds and its time only a smoke figure
@@ -27,6 +28,10 @@ class ProfilerRole(CandidateRole[RooflineReply]):
 
     def tasks(self, state: RunState) -> list[Task]:
         return [Task(f"{state.run_id}/profile/{c.id}", c.id, state.top_rung) for c in state.profile_tasks()]
+
+    def need(self, state: RunState) -> Need | None:
+        """The roofline's reservation: a profile's, not a bench's (`profile_need`)."""
+        return profile_need(state)
 
     @staticmethod
     def counts(state: RunState) -> tuple[float, float] | None:
@@ -79,7 +84,7 @@ class ProfilerRole(CandidateRole[RooflineReply]):
             cand_source=self.candidate_source(state, task.candidate),
         )
         timeout_s = self.timeout_s(state)
-        need = problem_need(state)
+        need = profile_need(state)
         asked = self.consult("cuda", request, timeout_s=timeout_s, task=ncu_task.key, started=t0, need=need)
         ncu = asked.reply
         error = asked.line if ncu is None else ncu.error
