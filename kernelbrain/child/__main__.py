@@ -48,7 +48,7 @@ def _reply(frame: bytes) -> Reply:
     """The reply to one frame: the op's result, the candidate's failed check, or kb's own failure."""
     from kernelbrain.child import marks, tensorfile
     from kernelbrain.child.loading import CandidateFault
-    from kernelbrain.child.ops import serve, tainted
+    from kernelbrain.child.ops import release_memory, serve, tainted
     from kernelbrain.core import descriptors
 
     started = _clock()
@@ -64,6 +64,10 @@ def _reply(frame: bytes) -> Reply:
     except Exception as e:
         failure = _failure(e)
     descriptors.discard()  # what the judge received and did not read: its GPU memory goes now
+    # before the reply: the worker lets the request's memory reservation go once it has read it, and the
+    # next request admitted in its place must find the memory free (an H100 sweep's bench ran out of
+    # memory a second after a 50 GiB one's reply)
+    release_memory()
     # recycle: a candidate changed process-wide state, so this child is not reused (nor one that ran
     # out of memory)
     recycle = tainted() or (failure is not None and failure.fault == "memory")
@@ -109,7 +113,7 @@ def main() -> None:
 
     # the timed batches' marks go on the protocol pipe, between replies; `ready` reads the answer
     marks.channel(out.write, lambda n: _read_exact(inp, n))
-    import kernelbrain.child.ops  # imports torch and Triton: after the protocol is safe
+    import kernelbrain.child.ops  # noqa: F401  (imports torch and Triton: after the protocol is safe)
 
     marks.compiles_off_device()  # before any candidate's code: kb's hooks
 
@@ -132,7 +136,6 @@ def main() -> None:
             gc.freeze()
         frame = orjson.dumps(_reply(request).model_dump(mode="json"))
         out.write(HEADER.pack(len(frame)) + frame)
-        kernelbrain.child.ops.release_memory()
 
 
 if __name__ == "__main__":

@@ -274,6 +274,9 @@ class Sandbox:
                     reply, busy = self._dispatch(request, timeout_s=timeout_s, task=task, own_code=own_code)
                 finally:
                     self.hold = None
+                    if self.untrusted(request, own_code):  # its memory goes before the room is let go
+                        self.recycle_due = self.recycle_due or self.proc is not None
+                        self.recycle()
         finally:
             if self.untrusted(request, own_code):  # its child goes (also where kb's side raised)
                 self.recycle_due = self.recycle_due or self.proc is not None
