@@ -117,6 +117,34 @@ def test_the_largest_goes_beside_small_ones_as_if_alone() -> None:
     t.join(5)
 
 
+def test_beside_small_ones_the_largest_waits_while_they_and_the_contexts_would_pass_the_card(
+    locks: Path,
+) -> None:
+    """As if alone means up to the whole card (72 GiB of share, 80 GiB of card), the children's CUDA
+    contexts counted: 8 GiB of them beside a 1 GiB gate leave no room for 72 GiB; once the gate goes, the
+    72 GiB goes alone."""
+    pids = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"]) for _ in range(11)]
+    try:
+        for proc in pids:  # 11 x 0.75 GiB
+            device_room.counted(proc, "cuda", 0)
+        admitted = threading.Event()
+
+        def largest() -> None:
+            with device_room.reserved("0", Need(bytes=72 * GIB, capacity=72 * GIB)):
+                admitted.set()
+
+        t = threading.Thread(target=largest, daemon=True)
+        with device_room.reserved("0", Need(bytes=GIB, capacity=72 * GIB)):  # a gate's
+            t.start()
+            assert not admitted.wait(1.0)  # 72 + 1 + 8.25 > 80
+        assert admitted.wait(5)  # alone
+        t.join(5)
+    finally:
+        for proc in pids:
+            proc.kill()
+            proc.wait(10)
+
+
 def test_problems_that_fit_together_are_admitted_together() -> None:
     capacity = Need(bytes=10 * GIB, capacity=72 * GIB)
     with device_room.reserved("0", capacity) as waited_first:

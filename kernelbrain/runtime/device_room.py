@@ -7,7 +7,7 @@ counted among them (`counted`). A request alone on the device is always admitted
 alone was refused at its analysis. Among those waiting the largest goes first (then the earliest), so that
 a stream of small problems never starves a large one; one that fits goes before it only while the largest
 does not fit, and has waited less than OVERTAKE_S unless the one is small (SMALL_SHARE: a fitted gate), and
-the largest goes beside small ones as if alone.
+the largest goes beside small ones as if alone (up to the card's whole memory, the contexts counted).
 
 Without it two of the pool's benchmarkers could each prepare a problem of 40 GB on an 80 GB card, and one
 would run out of memory (kb's fault, retried, but a wasted preparation).
@@ -163,9 +163,12 @@ def reserved(device: str, want: Need | None, poll_s: float = 0.05) -> Iterator[f
         first, ahead = min(room["waiting"].items(), key=lambda te: (-te[1]["bytes"], te[1]["since"], te[0]))
         small = SMALL_SHARE * want.capacity
         taken = sum(e["bytes"] for e in held.values()) + sum(e["bytes"] for e in room["contexts"].values())
-        # beside small ones only (gates) a request goes as if alone: they never starve a large one
+        # beside small ones only (gates) a request goes as if alone, so they never starve a large one: up
+        # to the card's whole memory, the children's contexts counted (a 56 GiB bench went beside 17 GiB
+        # of them and gates, past the card, on an H100); alone it goes whatever it needs
         beside_small = all(e["bytes"] <= small for e in held.values())
-        fits = beside_small or taken + want.bytes <= want.capacity
+        limit = want.capacity / ADMIT_SHARE if beside_small else want.capacity
+        fits = not held or taken + want.bytes <= limit
         # one behind the first goes where it fits now and the first does not: a small one always (in the
         # H100 sweep gates of a few MiB waited 1610 s of their 2875 s behind a 40 GiB bench waiting for
         # the device to empty), another until the first has waited OVERTAKE_S
