@@ -50,15 +50,14 @@ def _answered(label: str) -> None:
     header = _read(HEADER.size)
     if not header or _read(HEADER.unpack(header)[0]) != GO:
         raise RuntimeError(f"the worker did not answer `{label}`: the protocol pipe is out of step")
-    if label == "device":
-        _waited += _clock() - t0
+    _waited += _clock() - t0  # the device's lock, held by others: no part of this request's busy time
 
 
 _clock = time.perf_counter  # kb's, taken before any candidate's code loads
 _sync: Callable[[], None] | None = None  # torch.cuda.synchronize where the child uses CUDA (below)
 _depth = 0  # the `on_device` sections open now
 _released = False  # a Triton compile in a section let the device go and has not taken it back
-_waited = 0.0  # seconds waited for the worker's `device` answers since `waited()` last read them
+_waited = 0.0  # seconds waited for the worker's answers (`device`, `ready`) since `waited()` last read them
 
 
 def _let_go(quiet: bool = False) -> None:
