@@ -147,6 +147,9 @@ def test_the_sweep_resumes_times_winners_and_names_every_miss(tmp_path):
     assert "no offline template (1)" in table and "kb refused the file (1)" in table
     assert "| level1/2_Sort.py | - [eval] | 0 / 0 |" in table
     assert "Run with `--eval`, marked [eval] below: 1," in table
+    # kb's GPU seconds: what the budget counted (the device held alone) beside its children's busy time
+    assert 0 < soft["device_s"] < soft["gpu_s"], soft
+    assert f"| {soft['device_s']:.1f} / {soft['gpu_s']:.1f} |" in table, table
 
     again = _sweep(kernelbench, tmp_path)
     assert "3 done earlier, 0 to go" in again.stdout, again.stdout

@@ -121,7 +121,8 @@ def outcome(db: Path, run_id: str) -> dict[str, Any]:
         "winner": winner,
         "winner_family": state.candidates[winner].proposal.family if winner else None,
         "winner_torch_ops": state.candidates[winner].proposal.torch_ops if winner else [],
-        "gpu_s": state.gpu_s,
+        "gpu_s": state.gpu_s,  # its children's busy seconds (gates and analyses too)
+        "device_s": state.device_s,  # what its GPU budget counted: the device held alone
         "wall_s": state.wall_s,
     }
     if state.problem_fault:

@@ -63,7 +63,9 @@ def table(args: argparse.Namespace, total: dict[int, int]) -> None:
         "over as many device calls as it took (each resumes the last). Speedups: the winner against eager "
         'PyTorch, torch.compile (default) and torch.compile(mode="max-autotune-no-cudagraphs") (on a GPU) '
         "in one process, same fresh inputs, the file's own shape, timed interleaved, medians of "
-        f"{args.repeats} samples (IQR in the JSON); `vs best` is against the fastest of them, named.",
+        f"{args.repeats} samples (IQR in the JSON); `vs best` is against the fastest of them, named. "
+        "`kb GPU s`: what the run's GPU budget counted (its timings and profiles, the device held alone) / "
+        "its children's busy seconds (gates and analyses too, sharing the device).",
         "",
         f"Card: {args.gpu['name']}{driver}. " + pieces_line(args.out),
         "",
@@ -103,7 +105,7 @@ def table(args: argparse.Namespace, total: dict[int, int]) -> None:
     lines += [
         "",
         "| file | family | gate passed / failed | vs eager | vs compile | vs max-autotune | vs best "
-        "| kb GPU s | miss |",
+        "| kb GPU s (budget / busy) | miss |",
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in results:
@@ -119,13 +121,18 @@ def table(args: argparse.Namespace, total: dict[int, int]) -> None:
             f"| {r['file']} | {family} | "
             f"{r['gate_passed']} / {failed} | {_x(s.get('vs_eager'))} | {_x(s.get('vs_compile'))} | "
             f"{_x(s.get('vs_compile_max'))} | {_x(s.get('vs_best'))}{best} | "
-            f"{r['gpu_s']:.1f} | {(r.get('miss') or '').replace('|', '/')[:140]} |"
+            f"{_s(r.get('device_s'))} / {r['gpu_s']:.1f} | {(r.get('miss') or '').replace('|', '/')[:140]} |"
         )
     (args.out / "README.md").write_text("\n".join(lines) + "\n")
 
 
 def _x(v: float | None) -> str:
     return f"{v:.2f}x" if v is not None else "-"
+
+
+def _s(v: float | None) -> str:
+    """Seconds, or '-' in a row recorded before they were."""
+    return f"{v:.1f}" if v is not None else "-"
 
 
 def _reason_class(miss: str) -> str:
