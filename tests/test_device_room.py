@@ -309,3 +309,47 @@ def test_each_role_reserves_its_own_count_of_the_problems_memory(recorded: bool)
     profile = Need(bytes=(18 if recorded else 42) * GIB, capacity=capacity)
     assert profile_need(state) == profile
     assert ProfilerRole.need(ProfilerRole.__new__(ProfilerRole), state) == profile  # the roofline's too
+
+
+def test_a_probe_says_whether_a_request_would_go_now_and_reserves_nothing(locks: Path) -> None:
+    """`fits_now` answers as `reserved` would admit a request made now: beside 40 GiB held on a 72 GiB
+    share, 20 GiB yes and 40 no; behind a largest that has waited past OVERTAKE_S, one that is not small
+    no, a fitted gate's yes. It leaves no entry."""
+    share = 72 * GIB
+    assert device_room.fits_now("0", Need(bytes=500 * GIB, capacity=share))  # alone: whatever its size
+    assert device_room.fits_now("0", None)
+    release = threading.Event()
+    held = threading.Event()
+
+    def hold(gib: float, since: threading.Event, until: threading.Event) -> None:
+        with device_room.reserved("0", Need(bytes=gib * GIB, capacity=share)):
+            since.set()
+            until.wait(30)
+
+    first = threading.Thread(target=hold, args=(40, held, release), daemon=True)
+    first.start()
+    assert held.wait(5)
+    assert device_room.fits_now("0", Need(bytes=20 * GIB, capacity=share))
+    assert not device_room.fits_now("0", Need(bytes=40 * GIB, capacity=share))
+    largest_in = threading.Event()
+    largest = threading.Thread(target=hold, args=(50, largest_in, release), daemon=True)
+    largest.start()  # waits: 40 + 50 > 72
+    deadline = time.monotonic() + 5
+    while not device_room.reservations("0")["waiting"]:
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    assert device_room.fits_now("0", Need(bytes=20 * GIB, capacity=share))  # it has waited less than 10 s
+
+    def age(room: dict) -> bool:  # as if it had waited past OVERTAKE_S (under the room's lock)
+        (entry,) = room["waiting"].values()
+        entry["since"] -= device_room.OVERTAKE_S + 1
+        return True
+
+    device_room._change("0", age)
+    assert not device_room.fits_now("0", Need(bytes=20 * GIB, capacity=share))
+    assert device_room.fits_now("0", Need(bytes=GIB, capacity=share))  # small: 2% of 72 GiB or less
+    assert device_room.reservations("0") == {"held": [40 * GIB], "waiting": [50 * GIB]}
+    release.set()
+    first.join(5)
+    largest.join(5)
+    assert largest_in.is_set()

@@ -5,6 +5,7 @@ neither the candidate nor the problem; the estimate itself (the reference's peak
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -91,3 +92,73 @@ def test_no_injection_without_a_count(tmp_path: Path, monkeypatch: pytest.Monkey
     with pytest.raises(torch.OutOfMemoryError):
         memory.injected()
     assert path.read_text() == "0"
+
+
+HOLDER = """
+import sys
+from kernelbrain.runtime import device_room
+with device_room.reserved("cpu", device_room.Need(bytes=float(sys.argv[1]), capacity=float(sys.argv[2]))):
+    print("held", flush=True)
+    sys.stdin.readline()
+"""
+
+
+def test_a_worker_runs_what_fits_while_another_problem_waits_for_room(tmp_path: Path) -> None:
+    """One worker process (one core) and a 64 KiB card of which another process holds 20 KiB: softmax_small
+    (about 44 KiB) comes first in the batch but cannot have its memory now; layernorm_small (22 KiB) can,
+    and runs to its end meanwhile, rather than its worker waiting on the first for room. Once the holder
+    goes, softmax_small runs too."""
+    import subprocess
+    import sys
+    import time
+
+    folder, db = tmp_path / "p", tmp_path / "kb.db"
+    folder.mkdir()
+    shutil.copy(PROBLEMS / "softmax_small.py", folder / "1_softmax.py")
+    shutil.copy(PROBLEMS / "layernorm_small.py", folder / "2_layernorm.py")
+    card = 64 * 2**10
+    locks = str(tmp_path / "locks")
+    env = kb_env(TRITON_INTERPRET="1", KB_DEVICE_MEMORY_GIB=str(card / 2**30), KB_LOCKS=locks)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, str(20 * 2**10), str(0.9 * card)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    run = None
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        run = subprocess.Popen(
+            [sys.executable, "-m", "kernelbrain", "run", str(folder), "--db", str(db), *RUN, "--quiet"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+            preexec_fn=lambda: os.sched_setaffinity(0, {min(os.sched_getaffinity(0))}),  # one crew
+        )
+        deadline = time.monotonic() + 150
+        ended: dict[str, str] = {}
+        while "2_layernorm" not in ended:
+            assert run.poll() is None and time.monotonic() < deadline, "layernorm waited for the holder"
+            time.sleep(0.5)
+            if db.exists():
+                ended = _ended(db)
+        assert "1_softmax" not in ended  # it waits for the room the holder has
+        assert holder.stdin is not None
+        holder.stdin.write("\n")
+        holder.stdin.flush()
+        out, err = run.communicate(timeout=240)
+        assert run.returncode == 0, out + err
+        assert set(_ended(db)) == {"1_softmax", "2_layernorm"}
+    finally:
+        holder.kill()
+        if run is not None and run.poll() is None:
+            run.kill()
+
+
+def _ended(db: Path) -> dict[str, str]:
+    """The problems of the runs that ended in `db`, with their ends' reasons."""
+    with open_store(str(db), readonly=True) as store:
+        started = {e.run_id: e.payload["problem_name"] for e in store.read(types=["RunStarted"])}
+        return {started[e.run_id]: e.payload["reason"] for e in store.read(types=["RunFinished"])}

@@ -144,6 +144,40 @@ def _read(device: str, kinds: tuple[str, ...]) -> dict[str, list[float]]:
     return seen
 
 
+def _admits(room: dict[str, Any], token: str, want: Need) -> bool:
+    """Whether the waiting request `token`, of `want`, goes now (module docstring)."""
+    held = room["held"]
+    first, ahead = min(room["waiting"].items(), key=lambda te: (-te[1]["bytes"], te[1]["since"], te[0]))
+    small = SMALL_SHARE * want.capacity
+    taken = sum(e["bytes"] for e in held.values()) + sum(e["bytes"] for e in room["contexts"].values())
+    # beside small ones only (gates) a request goes as if alone, so they never starve a large one: up to
+    # the card's whole memory, the children's contexts counted (a 56 GiB bench went beside 17 GiB of them
+    # and gates, past the card, on an H100); alone it goes whatever it needs
+    beside_small = all(e["bytes"] <= small for e in held.values())
+    limit = want.capacity / ADMIT_SHARE if beside_small else want.capacity
+    fits = not held or taken + want.bytes <= limit
+    # one behind the first goes where it fits now and the first does not: a small one always (in the H100
+    # sweep gates of a few MiB waited 1610 s of their 2875 s behind a 40 GiB bench waiting for the device
+    # to empty), another until the first has waited OVERTAKE_S
+    stuck = not beside_small and taken + ahead["bytes"] > want.capacity
+    overtakes = stuck and (want.bytes <= small or time.time() - ahead["since"] < OVERTAKE_S)
+    return fits and (first == token or overtakes)
+
+
+def fits_now(device: str, want: Need | None) -> bool:
+    """Whether a request of `want` asked for now would be admitted at once (`reserved`): a worker takes
+    the tasks that would first, rather than wait for room while others could run (in the H100 sweep four
+    benchmarkers waited on 42 GiB benches while 80 problems' first rungs waited for a benchmarker)."""
+    if want is None:
+        return True
+
+    def probe(room: dict[str, Any]) -> bool:
+        entry = {"pid": os.getpid(), "bytes": want.bytes, "since": time.time()}
+        return _admits({**room, "waiting": {**room["waiting"], "probe": entry}}, "probe", want)
+
+    return _change(device, probe)
+
+
 @contextmanager
 def reserved(device: str, want: Need | None, poll_s: float = 0.05) -> Iterator[float]:
     """The body runs with `want` reserved on `device`, once admitted (module docstring); yields the
@@ -159,24 +193,9 @@ def reserved(device: str, want: Need | None, poll_s: float = 0.05) -> Iterator[f
         return False
 
     def admit(room: dict[str, Any]) -> bool:
-        held = room["held"]
-        first, ahead = min(room["waiting"].items(), key=lambda te: (-te[1]["bytes"], te[1]["since"], te[0]))
-        small = SMALL_SHARE * want.capacity
-        taken = sum(e["bytes"] for e in held.values()) + sum(e["bytes"] for e in room["contexts"].values())
-        # beside small ones only (gates) a request goes as if alone, so they never starve a large one: up
-        # to the card's whole memory, the children's contexts counted (a 56 GiB bench went beside 17 GiB
-        # of them and gates, past the card, on an H100); alone it goes whatever it needs
-        beside_small = all(e["bytes"] <= small for e in held.values())
-        limit = want.capacity / ADMIT_SHARE if beside_small else want.capacity
-        fits = not held or taken + want.bytes <= limit
-        # one behind the first goes where it fits now and the first does not: a small one always (in the
-        # H100 sweep gates of a few MiB waited 1610 s of their 2875 s behind a 40 GiB bench waiting for
-        # the device to empty), another until the first has waited OVERTAKE_S
-        stuck = not beside_small and taken + ahead["bytes"] > want.capacity
-        overtakes = stuck and (want.bytes <= small or time.time() - ahead["since"] < OVERTAKE_S)
-        if not fits or (first != token and not overtakes):
+        if not _admits(room, token, want):
             return False
-        held[token] = room["waiting"].pop(token)
+        room["held"][token] = room["waiting"].pop(token)
         return True
 
     def leave(room: dict[str, Any]) -> bool:

@@ -13,7 +13,7 @@ from kernelbrain.core.events import BudgetCharged, Event, GateCategory, ProblemF
 from kernelbrain.core.problem import in_eval_mode
 from kernelbrain.core.protocol import Fit, Message, Request
 from kernelbrain.core.state import RunState
-from kernelbrain.runtime import device_room, processes
+from kernelbrain.runtime import device_room, gpu_lock, processes
 from kernelbrain.runtime.device_room import Need
 from kernelbrain.runtime.gpu_lock import Hold
 from kernelbrain.runtime.sandbox import ProblemFault, Sandbox, SandboxError, SandboxFault
@@ -148,6 +148,11 @@ class Role(abc.ABC):
     @abc.abstractmethod
     def tasks(self, state: RunState) -> list[Task]: ...
 
+    def fits_now(self, state: RunState) -> bool:
+        """Whether the run's tasks for this role would have their device memory at once (a role that
+        reserves none: always)."""
+        return True
+
     @abc.abstractmethod
     def execute(self, task: Task, state: RunState) -> list[NewEvent]: ...
 
@@ -280,6 +285,10 @@ class CandidateRole(Role, Generic[R]):
         """The device memory this role's request reserves (runtime/device_room.py): the problem's
         footprint, where it prepares and times."""
         return problem_need(state)
+
+    def fits_now(self, state: RunState) -> bool:
+        device = gpu_lock.device_name(state.config.device, self.gpu)
+        return device_room.fits_now(device, self.need(state))
 
     def spare_wanted(self, task: Task, state: RunState) -> bool:
         """Whether a request of this role after `task` may run a candidate kb did not write (so a child

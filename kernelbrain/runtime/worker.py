@@ -226,9 +226,13 @@ class Worker(Loop):
         live = [self.states.get(rid) for rid in ids]
         return [s for s in live if s is not None and s.finished is None]
 
-    def step(self) -> bool:
-        """Do at most one unit of work on each live run; True when something was done."""
+    def step(self, wait: bool = True) -> bool:
+        """Do at most one unit of work on each live run; True when something was done. A run whose tasks
+        the device's memory cannot take now waits its turn: the others' go first, and only where none
+        went (and `wait`: no other role of the process had work either) does the worker wait for room
+        on one (device_room.fits_now)."""
         did = False
+        later: list[tuple[list[Task], RunState]] = []
         for state in self.refresh():
             if state.started is None or self.stopping:
                 continue
@@ -236,10 +240,15 @@ class Worker(Loop):
             if isinstance(self.role, SchedulerRole):
                 did |= self.role.decide(state)
                 continue
-            for task in self.role.tasks(state):
-                if self._attempt(task, state):
-                    did = True
-                    break
+            tasks = self.role.tasks(state)
+            if tasks and not self.role.fits_now(state):
+                later.append((tasks, state))
+                continue
+            did |= any(self._attempt(task, state) for task in tasks)
+        for tasks, state in later:
+            if did or not wait or self.stopping:
+                break
+            did = any(self._attempt(task, state) for task in tasks)
         return did
 
     def _attempt(self, task: Task, state: RunState) -> bool:
@@ -414,12 +423,18 @@ class Crew(Loop):
         return "/".join(w.role.name for w in self.members) + " worker"
 
     def step(self, halted: Callable[[], bool] = lambda: False) -> bool:
-        """Each role's step in turn; none after a stop (`halted`: a stop this crew's owner was told of)."""
+        """Each role's step in turn; none after a stop (`halted`: a stop this crew's owner was told of).
+        A role waits for the device's memory only where no role had anything else to do."""
         did = False
-        for w in self.members:
-            if w.stopping or halted():  # the step in flight has finished; start no other
-                break
-            did |= w.step()
+        for wait in (False, True):
+            for w in self.members:
+                if w.stopping or halted():  # the step in flight has finished; start no other
+                    return did
+                did |= w.step(wait)
+                if did and wait:
+                    return did
+            if did:
+                return did
         return did
 
     def finished(self) -> bool:
