@@ -345,7 +345,7 @@ def test_a_probe_says_whether_a_request_would_go_now_and_reserves_nothing(locks:
         entry["since"] -= device_room.OVERTAKE_S + 1
         return True
 
-    device_room._change("0", age)
+    device_room.change("0", age)
     assert not device_room.fits_now("0", Need(bytes=20 * GIB, capacity=share))
     assert device_room.fits_now("0", Need(bytes=GIB, capacity=share))  # small: 2% of 72 GiB or less
     assert device_room.reservations("0") == {"held": [40 * GIB], "waiting": [50 * GIB]}

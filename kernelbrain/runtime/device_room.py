@@ -89,8 +89,9 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def _change(device: str, change: Callable[[dict[str, Any]], bool]) -> bool:
-    """`change` applied to the device's reservations (held, waiting) under the file's lock; its answer."""
+def change(device: str, edit: Callable[[dict[str, Any]], bool]) -> bool:
+    """`edit` applied to the device's reservations (held, waiting, contexts) under the file's lock, the
+    entries of dead processes dropped first; its answer."""
     folder = gpu_lock.folder()
     folder.mkdir(parents=True, exist_ok=True)
     with open(folder / f"gpu-{device}.room", "a+") as f:
@@ -101,7 +102,7 @@ def _change(device: str, change: Callable[[dict[str, Any]], bool]) -> bool:
         room = {
             k: {t: e for t, e in room.get(k, {}).items() if _alive(e["pid"])} for k in (*KINDS, "contexts")
         }
-        answer = change(room)
+        answer = edit(room)
         if (after := json.dumps(room)) != text:  # a waiter's poll that changed nothing writes nothing
             f.seek(0)
             f.truncate()
@@ -118,7 +119,7 @@ def counted(proc: P, device: str, gpu: int | None) -> P:
             room["contexts"][str(proc.pid)] = {"pid": proc.pid, "bytes": CONTEXT_BYTES}
             return True
 
-        _change(gpu_lock.device_name(device, gpu), add)
+        change(gpu_lock.device_name(device, gpu), add)
     return proc
 
 
@@ -140,7 +141,7 @@ def _read(device: str, kinds: tuple[str, ...]) -> dict[str, list[float]]:
         seen.update({k: [e["bytes"] for e in room[k].values()] for k in kinds})
         return True
 
-    _change(device, read)
+    change(device, read)
     return seen
 
 
@@ -175,7 +176,7 @@ def fits_now(device: str, want: Need | None) -> bool:
         entry = {"pid": os.getpid(), "bytes": want.bytes, "since": time.time()}
         return _admits({**room, "waiting": {**room["waiting"], "probe": entry}}, "probe", want)
 
-    return _change(device, probe)
+    return change(device, probe)
 
 
 @contextmanager
@@ -205,12 +206,12 @@ def reserved(device: str, want: Need | None, poll_s: float = 0.05) -> Iterator[f
 
     t0 = time.monotonic()
     try:
-        _change(device, wait)
-        while not _change(device, admit):
+        change(device, wait)
+        while not change(device, admit):
             time.sleep(poll_s)
         yield time.monotonic() - t0
     finally:
-        _change(device, leave)
+        change(device, leave)
 
 
 @contextmanager
