@@ -151,6 +151,13 @@ def test_a_worker_runs_what_fits_while_another_problem_waits_for_room(tmp_path: 
         out, err = run.communicate(timeout=240)
         assert run.returncode == 0, out + err
         assert set(_ended(db)) == {"1_softmax", "2_layernorm"}
+        # each task's charge says how long it held the device's lock: a gate only while its work was on
+        # the device (not while its children started and its candidate imported), a bench throughout
+        with open_store(str(db), readonly=True) as store:
+            charges = [e.payload for e in store.read(types=["BudgetCharged"])]
+        for stage in ("gate", "bench"):
+            held = [(c["lock_held_s"], c["wall_s"]) for c in charges if c["action"].split("/")[1] == stage]
+            assert held and all(0 < h <= w for h, w in held), (stage, held)
     finally:
         holder.kill()
         if run is not None and run.poll() is None:

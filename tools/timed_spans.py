@@ -52,19 +52,20 @@ def spans(db: Path) -> dict:
 
 
 def waits(events: list) -> dict[str, dict[str, float]]:
-    """Per kind of task: how many were charged, their wall seconds, and the seconds they waited for the
+    """Per kind of task: how many were charged, their wall seconds, the seconds they held the device's
+    lock (a gate's only while its work was on the device), and the seconds they waited for the
     device's memory and for its lock (summed)."""
     out: dict[str, dict[str, float]] = {}
     for e in events:
         if e.type != "BudgetCharged":
             continue
-        row = out.setdefault(
-            kind(e.payload["action"]), {"tasks": 0, "wall_s": 0.0, "room_s": 0.0, "lock_s": 0.0}
-        )
+        zero = {"tasks": 0, "wall_s": 0.0, "room_s": 0.0, "lock_s": 0.0, "held_s": 0.0}
+        row = out.setdefault(kind(e.payload["action"]), zero)
         row["tasks"] += 1
         row["wall_s"] += e.payload.get("wall_s", 0.0)
         row["room_s"] += e.payload.get("room_wait_s", 0.0)
         row["lock_s"] += e.payload.get("lock_wait_s", 0.0)
+        row["held_s"] += e.payload.get("lock_held_s", 0.0)  # 0 in a log before BudgetCharged v4
     return out
 
 
@@ -105,7 +106,7 @@ def main() -> None:
     for k, w in sorted(out["waits"].items()):
         print(
             f"  {k}: {w['tasks']:.0f} tasks, {w['wall_s']:.0f} s of wall, waited {w['room_s']:.0f} s for "
-            f"memory and {w['lock_s']:.0f} s for the lock"
+            f"memory and {w['lock_s']:.0f} s for the lock, held it {w['held_s']:.0f} s"
         )
     for run, end in out["runs"].items():
         print(f"  {run}: {end['winner'] or 'no winner'} ({(end['reason'] or '')[:80]})")

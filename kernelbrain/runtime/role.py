@@ -215,7 +215,7 @@ class Role(abc.ABC):
         hold: Hold | None = None,
     ) -> NewEvent:
         """The task's BudgetCharged: what `hold`, its hold of the device lock, waited for (memory, the
-        lock), and where it held the device alone (and let go), when."""
+        lock), how long it held the lock, and where it held the device alone (and let go), when."""
         alone = hold if hold is not None and hold.alone and hold.to else None
         cost = BudgetCharged(
             action=task.key,
@@ -228,6 +228,7 @@ class Role(abc.ABC):
             alone_to=alone.to if alone else None,
             room_wait_s=hold.room_s if hold else 0.0,
             lock_wait_s=hold.lock_s if hold else 0.0,
+            lock_held_s=hold.held_s if hold else 0.0,
         )
         return self.new(
             state,
