@@ -337,9 +337,7 @@ class BudgetCharged(Event):
     alone_to: float | None = None  # wall clock when it let go
     room_wait_s: float = 0.0  # seconds it waited for its device's memory (runtime/device_room.py)
     lock_wait_s: float = 0.0  # seconds it waited for the device's lock: to take it, and to go alone
-    # seconds it held the device's lock, shared or alone: a gate's only while its work was on the device
-    # (gpu_lock.held's lazy hold), any other's from the lock's taking to its end
-    lock_held_s: float = 0.0
+    lock_held_s: float = 0.0  # seconds it held the device's lock (a gate: while its work was on the device)
 
 
 # --- the log itself ------------------------------------------------------------------------------
