@@ -274,15 +274,18 @@ class Sandbox:
                     reply, busy = self._dispatch(request, timeout_s=timeout_s, task=task, own_code=own_code)
                 finally:
                     self.hold = None
-                    if self.untrusted(request, own_code):  # its memory goes before the room is let go
-                        self.recycle_due = self.recycle_due or self.proc is not None
-                        self.recycle()
+                    self._stop_untrusted(request, own_code)  # its memory goes before the room is let go
         finally:
-            if self.untrusted(request, own_code):  # its child goes (also where kb's side raised)
-                self.recycle_due = self.recycle_due or self.proc is not None
-                self.recycle()
+            if self.untrusted(request, own_code):
+                self._stop_untrusted(request, own_code)  # where the room or the lock raised
                 self.start_spare()  # where the request failed before its child was taken
         return request.parse_reply(reply), busy
+
+    def _stop_untrusted(self, request: Request[Any], own_code: bool) -> None:
+        """Stop the child a request ran a candidate from outside in (also where kb's side raised)."""
+        if self.untrusted(request, own_code):
+            self.recycle_due = self.recycle_due or self.proc is not None
+            self.recycle()
 
     def _dispatch(
         self, request: Request[Any], *, timeout_s: float, task: str, own_code: bool

@@ -84,7 +84,7 @@ class ProfilerRole(CandidateRole[RooflineReply]):
             cand_source=self.candidate_source(state, task.candidate),
         )
         timeout_s = self.timeout_s(state)
-        need = profile_need(state)
+        need = self.need(state)  # the roofline's reservation too
         asked = self.consult("cuda", request, timeout_s=timeout_s, task=ncu_task.key, started=t0, need=need)
         ncu = asked.reply
         error = asked.line if ncu is None else ncu.error
