@@ -115,6 +115,9 @@ def main() -> None:
     # the timed batches' marks go on the protocol pipe, between replies; `ready` reads the answer
     marks.channel(out.write, lambda n: _read_exact(inp, n))
     import kernelbrain.child.ops  # noqa: F401  (imports torch and Triton: after the protocol is safe)
+    from kernelbrain.child import lazy_dynamo
+
+    lazy_dynamo.install()  # meta arithmetic (sizing, the analysis) leaves torch._dynamo unloaded: 1.5 s
 
     marks.compiles_off_device()  # before any candidate's code: kb's hooks
 
