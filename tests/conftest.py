@@ -1,7 +1,7 @@
 """Make the in-tree packages importable when the distribution is not pip-installed; one PostgreSQL server
-per session and a fresh database per test that asks for one; one warm sandbox per module; a template test
-module's problem variants and their traces; and, under pytest-xdist, tests marked `exclusive` run with no
-other test beside them, and tests marked `long` are started first.
+per session and a fresh database per test that asks for one; a warm sandbox child per module beside the
+session's judge; a template test module's problem variants and their traces; and, under pytest-xdist,
+tests marked `exclusive` run with no other test beside them, and tests marked `long` are started first.
 
 A test that needs what the machine may lack (tests/needs.py: PostgreSQL, Chromium, bubblewrap; the
 `pg_server` fixture, or the mark `needs("chromium")`) is skipped where it is missing, and the session
@@ -104,10 +104,10 @@ def pg_url(pg_server) -> str:
     return pg_server.new_database()
 
 
-@pytest.fixture(scope="module")
-def box():
-    """One warm CPU sandbox child per test module (torch and Triton import once), shared by the module's
-    candidates: a test about the fresh child each candidate from outside gets makes its own Sandbox."""
+@pytest.fixture(scope="session")
+def shared_box():
+    """The session's warm CPU sandbox (`box`): its judge, where no candidate code runs, serves every
+    module, as a pool worker's serves every problem of a batch."""
     from kernelbrain.runtime.sandbox import Sandbox
 
     sb = Sandbox("cpu", fresh_untrusted=False)
@@ -115,6 +115,20 @@ def box():
         yield sb
     finally:
         sb.close()
+
+
+@pytest.fixture(scope="module")
+def box(shared_box):
+    """One warm CPU sandbox child per test module (torch and Triton import once), shared by the module's
+    candidates and stopped after them; its judge lives on for the next module (a torch import each). A
+    test about the fresh child each candidate from outside gets makes its own Sandbox."""
+    try:
+        yield shared_box
+    finally:
+        shared_box.stop()  # what the module's candidates ran in goes: the next module's start clean
+        if shared_box.spare is not None:
+            shared_box.spare.end()
+            shared_box.spare = None
 
 
 @pytest.fixture(scope="module")
