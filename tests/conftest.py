@@ -126,7 +126,9 @@ def box(shared_box):
         yield shared_box
     finally:
         shared_box.stop()  # what the module's candidates ran in goes: the next module's start clean
-        shared_box.end_spare()
+        if shared_box.spare is not None:
+            shared_box.spare.end()
+            shared_box.spare = None
 
 
 @pytest.fixture(scope="module")

@@ -570,7 +570,9 @@ class Sandbox:
     def close(self) -> None:
         """Stop the child, its spare and its judge, and remove the judge's draws."""
         self.stop()
-        self.end_spare()
+        if self.spare is not None:
+            self.spare.end()
+            self.spare = None
         if self.judge is not None:
             self.judge.close()
             self.judge = None
@@ -578,12 +580,6 @@ class Sandbox:
             if folder is not None:
                 scratch.remove(folder)
         self.draws = self.outbox = None
-
-    def end_spare(self) -> None:
-        """Stop the spare child, where one was started ahead of a candidate from outside."""
-        if self.spare is not None:
-            self.spare.end()
-            self.spare = None
 
     def stop(self) -> None:
         """Stop the child (after a fault, or to recycle it); a judge lives on: no candidate ran there."""
