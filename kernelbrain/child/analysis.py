@@ -11,7 +11,7 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from kernelbrain.child import guard, memory
+from kernelbrain.child import guard, memory, regime
 from kernelbrain.child.graph import capture, mark_sized
 from kernelbrain.child.loading import (
     Problem,
@@ -21,6 +21,7 @@ from kernelbrain.child.loading import (
     outputs,
     signature,
 )
+from kernelbrain.core.accuracy import Accuracy
 from kernelbrain.core.graph import Graph
 from kernelbrain.core.problem import shape_label
 
@@ -165,7 +166,21 @@ def analyse(problem_source: str, device: str) -> dict:
         "profile_footprint": profile_footprint(problem, device),
         "device_memory": device_memory(device),
         "mode": modes[-1],  # the mode the reference ran in (ProblemAnalysed.mode)
+        "accuracy": accuracy(problem, shape, device).model_dump(),
     }
+
+
+def accuracy(problem: Problem, shape: dict, device: str) -> Accuracy:
+    """The regime of the reference's contractions at the primary shape on the run's device (child/regime.py);
+    where measuring fails, IEEE (the stricter bar), the note saying why."""
+    try:
+        return regime.measure(problem, shape, device)
+    except torch.OutOfMemoryError:
+        raise  # others hold the device: the analysis is tried again (runtime/faults.py, DeviceBusy)
+    except Exception as e:
+        return Accuracy(
+            device=device, strict=problem.strict_fp32, note=f"not measured ({type(e).__name__}: {e})"[:200]
+        )
 
 
 # a bench holds this many copies of a shape's inputs: three drawn sets, the slot it loads, and the fresh

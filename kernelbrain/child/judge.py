@@ -30,8 +30,10 @@ from kernelbrain.child.loading import (
     signature,
     to_device,
 )
+from kernelbrain.child.regime import in_regime
 from kernelbrain.child.tolerance import REFERENCE_MULTIPLE, compare, same_as_reference
 from kernelbrain.core import handoff
+from kernelbrain.core.accuracy import Accuracy
 from kernelbrain.core.problem import shape_label
 from kernelbrain.core.protocol import DrawsReply, DrawsRequest, GateReply, JudgeRequest, Signature
 
@@ -59,10 +61,16 @@ class Drawn(NamedTuple):
     prints: dict[tuple[int, int], str]
     stats: dict[str, tuple[int, int]]  # each file's size and time written: one written since is drawn anew
     reply: DrawsReply
+    accuracy: Accuracy | None  # the regime the reference's own outputs were computed in
 
 
 # the latest problem's draws, for all of its candidates
-_KEPT: dict[tuple[str, str, int, str, int], Drawn] = {}
+_KEPT: dict[tuple[str, str, int, str, int, str], Drawn] = {}
+
+
+def _regime_key(accuracy: Accuracy | None) -> str:
+    """What of the regime the draws' truth depends on: the formats the reference's own run used."""
+    return "" if accuracy is None else repr(sorted(accuracy.regimes.items())) + repr(accuracy.strict)
 
 
 def _finite_where_truth_is(t: Truth) -> bool:
@@ -87,13 +95,15 @@ def _error(t: Truth) -> float:
     return math.sqrt(num / den) if den > 0 else 0.0
 
 
-def _truth(ref: torch.nn.Module, inputs: list[Any], device: str) -> Truth:
-    """The call's truth; the reference's running state is put back after it, so every call starts from
-    the state it was built with."""
+def _truth(ref: torch.nn.Module, inputs: list[Any], device: str, accuracy: Accuracy | None) -> Truth:
+    """The call's truth, and the reference's own outputs in the accuracy regime measured at the primary
+    shape (child/regime.py; as it runs here where none was given); the reference's running state is put
+    back after it, so every call starts from the state it was built with."""
     ref64 = copy.deepcopy(ref).to(torch.float64)
     with torch.no_grad(), running_state_kept(ref) as running:
         truth = outputs(ref64(*[to_device(x, device, torch.float64) for x in inputs]))
-        native = [n.detach() for n in outputs(ref(*[layout_copy(x) for x in inputs]))]
+        with in_regime(accuracy):
+            native = [n.detach() for n in outputs(ref(*[layout_copy(x) for x in inputs]))]
         state, state64 = ref.state_dict(), ref64.state_dict()
         truth += [state64[k] for k in running]
         native += [state[k].clone() for k in running]
@@ -105,9 +115,16 @@ PROBE = 2  # the wide seed the spans are searched on
 SANE = 4  # how much worse than at SPANS[0] the reference may err at a wider span
 
 
-def _try(ref: torch.nn.Module, own: list[Any], device: str, seed: int, spans: list[float]) -> Draw:
+def _try(
+    ref: torch.nn.Module,
+    own: list[Any],
+    device: str,
+    seed: int,
+    spans: list[float],
+    accuracy: Accuracy | None,
+) -> Draw:
     inputs = [to_device(x, device) for x in variant(own, seed, spans)]
-    return inputs, _truth(ref, inputs, device)
+    return inputs, _truth(ref, inputs, device, accuracy)
 
 
 def _spans(problem: Problem, ref: torch.nn.Module, shape: dict[str, Any], device: str) -> list[float]:
@@ -120,7 +137,7 @@ def _spans(problem: Problem, ref: torch.nn.Module, shape: dict[str, Any], device
     shape, once a problem. What is found is divided by HEADROOM."""
     own = problem.inputs(shape, PROBE, device)
     spans = [SPANS[0]] * len(own)
-    base = _try(ref, own, device, PROBE, spans)[1]
+    base = _try(ref, own, device, PROBE, spans, problem.accuracy)[1]
     if not _finite_where_truth_is(base):
         return spans
     dtypes = [n.dtype for n in base.native] or [torch.float32]
@@ -133,7 +150,7 @@ def _spans(problem: Problem, ref: torch.nn.Module, shape: dict[str, Any], device
             if up > span_limit(x.dtype):
                 break
             wider = [*spans[:i], up, *spans[i + 1 :]]
-            tried = _try(ref, own, device, PROBE, wider)[1]
+            tried = _try(ref, own, device, PROBE, wider, problem.accuracy)[1]
             if not _finite_where_truth_is(tried) or _error(tried) > bound:
                 break
             spans = wider
@@ -148,9 +165,9 @@ def _draw(
     own = problem.inputs(shape, seed, device)
     if seed == 0:
         inputs = [to_device(x, device) for x in own]
-        return inputs, _truth(ref, inputs, device)
+        return inputs, _truth(ref, inputs, device, problem.accuracy)
     for cap in (math.inf, *SPANS):
-        drawn = _try(ref, own, device, seed, [min(s, cap) for s in spans])
+        drawn = _try(ref, own, device, seed, [min(s, cap) for s in spans], problem.accuracy)
         if _finite_where_truth_is(drawn[1]):
             break
     return drawn
@@ -172,7 +189,7 @@ def draws(request: DrawsRequest) -> DrawsReply:
     them."""
     device, seeds, folder = request.device, request.seeds, request.folder
     problem = Problem(request.problem_source)
-    key = (problem.hash, device, seeds, folder, request.keep_bytes)
+    key = (problem.hash, device, seeds, folder, request.keep_bytes, _regime_key(problem.accuracy))
     if key in _KEPT and _KEPT[key].stats == _stats(folder):
         return _KEPT[key].reply
     _KEPT.clear()
@@ -215,7 +232,7 @@ def draws(request: DrawsRequest) -> DrawsReply:
         forbidden=forbidden,
         prints=[[prints[(i, seed)] for seed in range(seeds)] for i in range(len(shapes))],
     )
-    _KEPT[key] = Drawn(folder, shapes, refs, kept, prints, _stats(folder), reply)
+    _KEPT[key] = Drawn(folder, shapes, refs, kept, prints, _stats(folder), reply, problem.accuracy)
     return reply
 
 
@@ -268,7 +285,7 @@ def _truth_of(drawn: Drawn, shape: int, seed: int, device: str) -> Truth:
             "policy",
             f"the gate's inputs file {path.name} changed after the judge wrote it: the candidate did it",
         )
-    return _truth(drawn.refs[shape], inputs, device)
+    return _truth(drawn.refs[shape], inputs, device, drawn.accuracy)
 
 
 def _named(k: int, draw: Truth) -> str:

@@ -9,8 +9,8 @@ from __future__ import annotations
 import torch
 
 from kernelbrain.child import tensorfile
-from kernelbrain.child.loading import CandidateFault, Problem, build, outputs
-from kernelbrain.child.screen import CHANGED, screen
+from kernelbrain.child.loading import CandidateFault, Problem, build
+from kernelbrain.child.screen import CHANGED, expected_outputs, screen
 from kernelbrain.child.timing import Rotation
 from kernelbrain.core import handoff
 from kernelbrain.core.protocol import KeptReply, KeptRequest
@@ -38,7 +38,7 @@ def check(request: KeptRequest) -> KeptReply:
                     raise CandidateFault(
                         "runtime", f"its timed call {k.call}'s outputs do not read: {e}"
                     ) from None
-                expected = outputs(ref(*inputs.inputs(k.draw, (k.offset, k.stride))))
+                expected = expected_outputs(problem, ref, inputs.inputs(k.draw, (k.offset, k.stride)))
                 screen(problem, shape, got, expected, when=when, hint=CHANGED)
                 checked += 1
     return KeptReply(checked=checked)

@@ -20,6 +20,7 @@ from typing import Any, NamedTuple
 import torch
 
 from kernelbrain.child import guard, shapes
+from kernelbrain.core.accuracy import Accuracy
 from kernelbrain.core.events import GateCategory
 from kernelbrain.core.problem import DEFAULT_TOLERANCE, shape_label
 from kernelbrain.core.protocol import Fit
@@ -30,6 +31,7 @@ _BASE: dict[str, dict[str, Any]] = {}
 _DERIVED: dict[str, list[Derived]] = {}
 FitKey = tuple[str, int, int]  # a base shape's label, the byte budget, the row floor
 _GIVEN: dict[str, dict[FitKey, Fit]] = {}  # per problem (its source's hash): the analysis's fits
+_ACCURACY: dict[str, Accuracy] = {}  # per problem (its source's hash): the regime the analysis measured
 
 
 def give_fits(problem_source: str, fits: list[Fit]) -> None:
@@ -37,6 +39,16 @@ def give_fits(problem_source: str, fits: list[Fit]) -> None:
     Problem of this source in this child instead of fitting again without the reference."""
     digest = hashlib.sha256(problem_source.encode()).hexdigest()
     _GIVEN[digest] = {(f.shape, f.budget, f.rows): f for f in fits}
+
+
+def give_accuracy(problem_source: str, accuracy: Accuracy | None) -> None:
+    """The accuracy regime the run's analysis measured at the primary shape (core/accuracy.py), for every
+    Problem of this source in this child: the judge runs the reference in it at the gate's shapes."""
+    digest = hashlib.sha256(problem_source.encode()).hexdigest()
+    if accuracy is None:
+        _ACCURACY.pop(digest, None)
+    else:
+        _ACCURACY[digest] = accuracy
 
 
 class Derived(NamedTuple):
@@ -140,10 +152,17 @@ class Problem:
         # KernelBench file, as its harness runs it), or eval where the problem says KB_EVAL = True
         # (`kb run --eval` adds that line to the problem it records)
         self.eval_mode = bool(getattr(m, "KB_EVAL", False))
+        # IEEE float32 contractions whatever the reference does (`kb run --strict-fp32` adds the line)
+        self.strict_fp32 = bool(getattr(m, "KB_STRICT_FP32", False))
         self._fits: dict[FitKey, shapes.Fitted] = {}
         # where the reference may run (a child no guard watches: the analysis), each fit step is checked
         # against the reference's outputs on the meta device
         self.fit_outputs: shapes.Outputs | None = None
+
+    @property
+    def accuracy(self) -> Accuracy | None:
+        """The regime the run's analysis measured (None: none given; the reference runs as it does)."""
+        return _ACCURACY.get(self.hash)
 
     def tolerance_of(self, dtype: torch.dtype) -> float:
         return self.tolerance.get(str(dtype).removeprefix("torch."), 1e-4)

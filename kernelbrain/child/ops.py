@@ -13,7 +13,7 @@ from kernelbrain.child.analysis import analyse
 from kernelbrain.child.gate import trial
 from kernelbrain.child.judge import draws, judge
 from kernelbrain.child.launchers import build
-from kernelbrain.child.loading import give_fits, problems_tampered
+from kernelbrain.child.loading import give_accuracy, give_fits, problems_tampered
 from kernelbrain.child.profile import ncu, roofline
 from kernelbrain.child.timing import bench, duel, reference_time
 from kernelbrain.core.protocol import (
@@ -48,6 +48,7 @@ def serve(request: AnyRequest) -> Message:
     them by, and their documents are validated here."""
     if isinstance(request, ProblemRequest):
         give_fits(request.problem_source, request.fits)
+        give_accuracy(request.problem_source, request.accuracy)
     r = request
     match r:
         case DrawsRequest():

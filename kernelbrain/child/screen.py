@@ -3,12 +3,16 @@ only at scale."""
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from kernelbrain.child.loading import (
     CandidateFault,
     Problem,
+    outputs,
 )
+from kernelbrain.child.regime import in_regime
 from kernelbrain.child.tolerance import same_as_reference
 from kernelbrain.core.problem import shape_label
 
@@ -24,6 +28,22 @@ AT_SCALE = (
 )
 # what a timed call's wrong outputs point at: its inputs' contents changed in place since the last call
 CHANGED = "a result kept from an earlier call, or a path taken only when unwatched?"
+
+
+def _rms(e: torch.Tensor, rows: int) -> float:
+    """The RMS of an output's finite elements, a slice at a time."""
+    total, count = 0.0, 0
+    for es in e.split(rows):
+        es = es[torch.isfinite(es)].to(torch.float64)
+        total, count = total + float(es.square().sum()), count + es.numel()
+    return math.sqrt(total / count) if count else 0.0
+
+
+def expected_outputs(problem: Problem, ref: torch.nn.Module, inputs: list) -> list[torch.Tensor]:
+    """The reference's outputs a screen compares with, its contractions in the accuracy regime measured at
+    the primary shape (IEEE float32 where that is IEEE, whatever the library picks at this shape)."""
+    with in_regime(problem.accuracy):
+        return outputs(ref(*inputs))
 
 
 def screen(
@@ -48,6 +68,9 @@ def screen(
         raise CandidateFault(
             "mismatch", f"{where}: {len(got)} outputs, the reference returns {len(expected)}"
         )
+    # a regime that rounds the reference's contractions (core/accuracy.py): the candidate and the reference
+    # each err by about its measured error, relative to the output's scale
+    regime = SCREEN * 2 * problem.accuracy.error if problem.accuracy is not None else 0.0
     for i, (g, e) in enumerate(zip(got, expected, strict=True)):
         same_as_reference(i, g, e, f"{where}: ")
         if e.numel() == 0:
@@ -58,18 +81,22 @@ def screen(
         if g.dim() < 2:  # one line
             g, e = g.reshape(1, -1), e.reshape(1, -1)
         rows = max(1, _SLICE // max(1, e[0].numel()))
+        scale = regime * _rms(e, rows) if regime else 0.0
         bad, err_rms, ref_rms = 0, [], []
         for gs, es in zip(g.split(rows), e.split(rows), strict=True):
             gs, es = gs.reshape(-1, gs.shape[-1]).to(wide), es.reshape(-1, es.shape[-1]).to(wide)
             # where the reference is not finite, any value goes (the gate judged those)
             finite = torch.isfinite(es)
-            bad += int((finite & ~torch.isclose(gs, es, rtol=tol, atol=tol)).sum())
+            near = torch.isclose(gs, es, rtol=tol, atol=tol)
+            if regime:
+                near |= (gs - es).abs() <= scale + regime * es.abs()
+            bad += int((finite & ~near).sum())
             es = torch.where(finite, es, 0)
             err_rms.append(torch.where(finite, gs - es, 0).square().mean(-1).sqrt())  # NaN in gs stays NaN
             ref_rms.append(es.square().mean(-1).sqrt())
         err, ref = torch.cat(err_rms), torch.cat(ref_rms)
         floor = 1e-3 * float(ref.square().mean().sqrt())  # the whole output's RMS: lines are equally long
-        lines = int((~(err <= tol * ref.clamp_min(floor))).sum())
+        lines = int((~(err <= max(tol, regime) * ref.clamp_min(floor))).sum())
         if bad or lines:
             raise CandidateFault(
                 "mismatch",

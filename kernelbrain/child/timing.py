@@ -26,7 +26,7 @@ from kernelbrain.child.loading import (
     outputs,
 )
 from kernelbrain.child.marks import mark, ready
-from kernelbrain.child.screen import CHANGED, screen
+from kernelbrain.child.screen import CHANGED, expected_outputs, screen
 from kernelbrain.child.steps import Steps
 from kernelbrain.core import handoff
 from kernelbrain.core import torch_ops as classes
@@ -213,7 +213,7 @@ def _check_kept(
 ) -> None:
     """The kept timed calls' outputs against the reference's on the same contents, rebuilt now."""
     for i, k, mix, got in kept:
-        expected = outputs(ref(*inputs.inputs(k, mix)))
+        expected = expected_outputs(problem, ref, inputs.inputs(k, mix))
         got = [g.to(inputs.device) for g in got]
         screen(problem, shape, got, expected, when=f"{side}, timed call {i}", hint=CHANGED)
         del got, expected
@@ -292,7 +292,7 @@ def bench(
                 _sync()
             compile_s = _clock() - t0
             untouched(problem, ref, weights, label)
-            screen(problem, shape, got, outputs(ref(*inputs.inputs(0, inputs.mixes[0]))))
+            screen(problem, shape, got, expected_outputs(problem, ref, inputs.inputs(0, inputs.mixes[0])))
             del got
             steps.done("first_call")
             for i in range(warmup):
@@ -445,7 +445,7 @@ def duel(
             live = inputs.live
             for name, f in sides.items():  # the first call compiles
                 got = outputs(f(*inputs.load(0)))
-                expected = outputs(ref(*inputs.inputs(0, inputs.mixes[0])))
+                expected = expected_outputs(problem, ref, inputs.inputs(0, inputs.mixes[0]))
                 screen(problem, shape, got, expected, when=f", candidate {name}")
                 del got, expected
             untouched(problem, ref, weights, label)

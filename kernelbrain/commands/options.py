@@ -77,6 +77,16 @@ def eval_option(f: F) -> F:
     )(f)
 
 
+def strict_option(f: F) -> F:
+    return click.option(
+        "--strict-fp32",
+        "strict_fp32",
+        is_flag=True,
+        help="Hold float32 convolutions and matmuls to IEEE float32 accuracy even where the reference runs "
+        "them in TF32 (by default candidates are as accurate as the reference as it runs here).",
+    )(f)
+
+
 def user_errors(f: Callable[P, T]) -> Callable[P, T]:
     """Known failures become one clear line (click prints 'Error: ...') and exit 1, or EXIT_PROBLEM where
     the problem file is at fault, EXIT_BUSY where another process drives the run. First, the scratch

@@ -18,6 +18,7 @@ from kernelbrain.commands.options import (
     json_option,
     open_store,
     resolve_device,
+    strict_option,
     user_errors,
 )
 from kernelbrain.core import torch_ops
@@ -260,6 +261,7 @@ def drive_batch(
     f"{torch_ops.help_text()}. Default: none, all Triton.",
 )
 @eval_option
+@strict_option
 @click.option("--gpu", type=click.IntRange(min=0), default=None, help="GPU index for the workers.")
 @click.option("--inprocess", is_flag=True, help="Step the workers in this process (tests, debugging).")
 @click.option(
@@ -291,6 +293,7 @@ def run(
     ladder: str | None,
     allow_torch: tuple[str, ...],
     eval_mode: bool,
+    strict_fp32: bool,
     gpu: int | None,
     inprocess: bool,
     external_workers: bool,
@@ -335,6 +338,7 @@ def run(
         analysis_timeout_s=env_seconds("KB_ANALYSIS_TIMEOUT_S", 60.0),
         allow_torch=allow_torch,
         eval_mode=eval_mode,
+        strict_fp32=strict_fp32,
     )
     if generator == "llm" and not (llm_model or os.environ.get("KB_LLM_MODEL")):
         raise click.UsageError("--generator llm needs a model: pass --llm-model or set KB_LLM_MODEL")
@@ -364,6 +368,7 @@ def run(
     help="Let it keep these classes of torch ops (comma list; as kb run's). Default: none, all Triton.",
 )
 @eval_option
+@strict_option
 @json_option
 @user_errors
 def check(
@@ -373,6 +378,7 @@ def check(
     bench: bool,
     allow_torch: tuple[str, ...],
     eval_mode: bool,
+    strict_fp32: bool,
     as_json: bool,
 ) -> None:
     """Gate one candidate file (ModelNew) against PROBLEM, outside any run; exit 1 when it fails.
@@ -391,7 +397,9 @@ def check(
 
     dev = resolve_device(device)
     rungs = DEFAULT_RUNGS[dev] if bench else None
-    result = do_check(problem, candidate, dev, rungs, torch_ops=allow_torch, eval_mode=eval_mode)
+    result = do_check(
+        problem, candidate, dev, rungs, torch_ops=allow_torch, eval_mode=eval_mode, strict_fp32=strict_fp32
+    )
     if as_json:
         echo_json(result.model_dump())
     elif result.passed:

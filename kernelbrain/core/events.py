@@ -13,6 +13,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from kernelbrain.core import torch_ops
+from kernelbrain.core.accuracy import Accuracy
 from kernelbrain.core.graph import Graph
 from kernelbrain.store import NewEvent, StoredEvent
 
@@ -79,6 +80,7 @@ class RunConfig(BaseModel):
     batch: str | None = None  # the batch of `kb run A.py B.py ...` the run is one of, served by one pool
     max_profiles: int | None = Field(default=None, ge=1)  # finalists profiled at most (best first); None: all
     eval_mode: bool = False  # --eval: reference and candidates in eval mode, else as constructed
+    strict_fp32: bool = False  # --strict-fp32: contractions held to IEEE float32 (core/accuracy.py)
 
     @field_validator("allow_torch")
     @classmethod
@@ -97,7 +99,7 @@ class RunConfig(BaseModel):
 
 class RunStarted(Event):
     TYPE = "RunStarted"
-    VERSION = 2  # 2: config.batch
+    VERSION = 3  # 2: config.batch; 3: config.strict_fp32
     problem_path: str
     problem_name: str
     problem_hash: str  # blob hash of the problem source
@@ -127,7 +129,7 @@ class RunFinished(Event):
 
 class ProblemAnalysed(Event):
     TYPE = "ProblemAnalysed"
-    VERSION = 4  # 2: footprint, device_memory; 3: gate_footprint; 4: profile_footprint
+    VERSION = 5  # 2: footprint, device_memory; 3: gate_footprint; 4: profile_footprint; 5: accuracy
     ops: list[dict[str, Any]]  # torch calls seen running the reference: {"op": name, ...details}
     families: list[str]  # template families that match
     flops: float  # of the reference at the primary shape
@@ -145,6 +147,7 @@ class ProblemAnalysed(Event):
     profile_footprint: float = 0.0  # bytes a profile needs at the primary shape, estimated (0: unknown)
     device_memory: float = 0.0  # the device memory admission held it up against (bytes; 0: none)
     mode: Literal["training", "eval"] | None = None  # the reference's: as constructed or --eval; None: eval
+    accuracy: Accuracy | None = None  # the accuracy regime measured at the primary shape (None: older run)
 
 
 class GenerationFailed(Event):

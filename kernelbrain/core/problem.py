@@ -41,9 +41,19 @@ RANDOM_IN_EVAL = "draws random numbers even in eval mode"
 EVAL_LINE = "\n\nKB_EVAL = True  # kb run --eval: the reference and the candidates run in eval mode\n"
 
 
+# what `kb run --strict-fp32` adds: every float32 contraction held to IEEE float32, whatever the reference
+# does (core/accuracy.py)
+STRICT_LINE = "\n\nKB_STRICT_FP32 = True  # kb run --strict-fp32: contractions held to IEEE float32\n"
+
+
+def in_strict_fp32(source: str) -> str:
+    """The problem's source as a run with --strict-fp32 records it."""
+    return source if STRICT_LINE in source else source.rstrip("\n") + STRICT_LINE
+
+
 def in_eval_mode(source: str) -> str:
     """The problem's source as a run with --eval records it."""
-    return source if source.endswith(EVAL_LINE) else source.rstrip("\n") + EVAL_LINE
+    return source if EVAL_LINE in source else source.rstrip("\n") + EVAL_LINE
 
 
 REQUIRED = {"Model": ast.ClassDef, "get_inputs": ast.FunctionDef, "get_init_inputs": ast.FunctionDef}

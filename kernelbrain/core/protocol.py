@@ -15,6 +15,7 @@ from typing import Annotated, Any, ClassVar, Generic, Literal, TypeVar, cast
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from kernelbrain.core.accuracy import Accuracy
 from kernelbrain.core.events import GateCategory, ShapeTiming
 from kernelbrain.core.graph import Graph
 
@@ -117,6 +118,7 @@ class AnalyseReply(Message):
     graph: Graph | None = None  # the reference's ATen graph at the traced shape, where it could be captured
     footprint: float = 0.0  # bytes a timed task needs at its largest rung shape (0: unknown)
     gate_footprint: float = 0.0  # bytes a gate needs at its shapes (0: unknown)
+    accuracy: Accuracy | None = None  # the regime of the reference's contractions at the primary shape
     profile_footprint: float = 0.0  # bytes a profile needs at the primary shape (0: unknown)
     device_memory: float = 0.0  # bytes one child may hold: the GPU's, or a CPU child's cap
     mode: Literal["training", "eval"] = "eval"  # the mode the reference ran in
@@ -173,6 +175,7 @@ class ProblemRequest(Message):
     problem_source: str
     device: Device
     fits: list[Fit] = []  # the run's analysis's (none for the analysis itself, nor for `kb check`)
+    accuracy: Accuracy | None = None  # the regime the run's analysis measured (core/accuracy.py)
 
 
 class CandidateRequest(ProblemRequest):

@@ -7,8 +7,9 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict
 
 from kernelbrain.core import subset
+from kernelbrain.core.accuracy import Accuracy
 from kernelbrain.core.events import RungSpec, ShapeTiming
-from kernelbrain.core.problem import ProblemError, in_eval_mode, read_problem
+from kernelbrain.core.problem import ProblemError, in_eval_mode, in_strict_fp32, read_problem
 from kernelbrain.core.protocol import AnalyseRequest, BenchRequest, Device, Fit, GateReply, GateRequest
 from kernelbrain.core.scoring import score
 from kernelbrain.runtime.sandbox import ProblemFault, Sandbox, SandboxError, SandboxFault
@@ -54,25 +55,28 @@ def check(
     torch_ops: tuple[str, ...] = (),
     trusted: bool = False,
     eval_mode: bool = False,
+    strict_fp32: bool = False,
 ) -> CheckResult:
     """The gate, then each rung while it passes; `torch_ops`: the classes of torch ops the candidate may
     keep in PyTorch (core/torch_ops.py), none by default. The file is first held to kb's candidate
     subset (core/subset.py), before any child starts; `trusted` skips that, for code kb wrote itself and
     for the sandbox's own tests, which reach the layers beneath it (`kb check` never passes it);
-    `eval_mode`: the problem as `kb run --eval` records it."""
+    `eval_mode`, `strict_fp32`: the problem as `kb run --eval`, `--strict-fp32` record it."""
     problem_source, cand_source = read_problem(problem), read_candidate(candidate)
     problem_source = in_eval_mode(problem_source) if eval_mode else problem_source
+    problem_source = in_strict_fp32(problem_source) if strict_fp32 else problem_source
     refused = None if trusted else subset.check(cand_source, torch_ops)
     if refused is not None:
         return CheckResult(passed=False, category="policy", detail=refused)
     sandbox = Sandbox(device)
     try:
-        fits = _fits(sandbox, problem_source, device)
+        fits, accuracy = _fits(sandbox, problem_source, device)
         try:
             gate = GateRequest(
                 problem_source=problem_source,
                 device=device,
                 fits=fits,
+                accuracy=accuracy,
                 cand_source=cand_source,
                 seeds=seeds,
                 torch_ops=list(torch_ops),
@@ -93,6 +97,7 @@ def check(
                         problem_source=problem_source,
                         device=device,
                         fits=fits,
+                        accuracy=accuracy,
                         cand_source=cand_source,
                         which=rung.shapes,
                         repeats=rung.repeats,
@@ -117,10 +122,11 @@ def check(
         sandbox.close()
 
 
-def _fits(sandbox: Sandbox, problem_source: str, device: Device) -> list[Fit]:
-    """The shapes a run's analysis would fit (checked on the reference), made in the gate's judge, where
-    no candidate code ever runs, while the candidate's child starts beside it (after the judge: it sees
-    the judge's draws); none where the analysis fails (the judge's draws then say what)."""
+def _fits(sandbox: Sandbox, problem_source: str, device: Device) -> tuple[list[Fit], Accuracy | None]:
+    """The shapes a run's analysis would fit (checked on the reference) and the accuracy regime it would
+    measure, made in the gate's judge, where no candidate code ever runs, while the candidate's child
+    starts beside it (after the judge: it sees the judge's draws); none where the analysis fails (the
+    judge's draws then say what)."""
     judge = sandbox.start_judge()
     sandbox.start()
     try:
@@ -130,5 +136,5 @@ def _fits(sandbox: Sandbox, problem_source: str, device: Device) -> list[Fit]:
             task="check/fit",
         )
     except (SandboxFault, SandboxError, ProblemFault):
-        return []
-    return list(analysed.fits)
+        return [], None
+    return list(analysed.fits), analysed.accuracy

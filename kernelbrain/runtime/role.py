@@ -9,6 +9,7 @@ import time
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
+from kernelbrain.core.accuracy import Accuracy
 from kernelbrain.core.events import BudgetCharged, Event, GateCategory, ProblemFailed
 from kernelbrain.core.problem import in_eval_mode
 from kernelbrain.core.protocol import Fit, Message, Request
@@ -247,6 +248,11 @@ class Role(abc.ABC):
     def fits(state: RunState) -> list[Fit]:
         """The shapes the run's analysis fitted, handed to every later request on the problem."""
         return [Fit.model_validate(f) for f in state.analysis.fits] if state.analysis is not None else []
+
+    @staticmethod
+    def accuracy(state: RunState) -> Accuracy | None:
+        """The accuracy regime the run's analysis measured, handed to every later request on the problem."""
+        return state.analysis.accuracy if state.analysis is not None else None
 
     def candidate_source(self, state: RunState, cid: str) -> str:
         return self.store.get_blob(state.candidates[cid].proposal.source).decode()

@@ -27,7 +27,7 @@ from pydantic import ValidationError
 from kernelbrain.core.errors import RunError
 from kernelbrain.core.events import RunConfig, RunFinished, RungSpec, RunResumed, RunStarted
 from kernelbrain.core.policy import stalled
-from kernelbrain.core.problem import in_eval_mode, read_problem, source_hash
+from kernelbrain.core.problem import in_eval_mode, in_strict_fp32, read_problem, source_hash
 from kernelbrain.core.state import RunState
 from kernelbrain.runtime import isolation, limits
 from kernelbrain.runtime.environment import without_secrets
@@ -130,6 +130,8 @@ def start_run(store: Store, problem_path: str, config: RunConfig) -> str:
     source = read_problem(problem_path)
     if config.eval_mode:
         source = in_eval_mode(source)
+    if config.strict_fp32:
+        source = in_strict_fp32(source)
     run_id = new_run_id()
     blob = store.put_blob(source)
     assert blob == source_hash(source)

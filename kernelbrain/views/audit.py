@@ -53,6 +53,8 @@ def audit(state: RunState, candidate: str | None = None) -> str:
         )
 
     lines.append("\nGate:")
+    if state.analysis is not None and state.analysis.accuracy is not None:
+        lines.append(f"  accuracy contract: {state.analysis.accuracy.summary()}")
     if isinstance(c.gate, GatePassed):
         lines.append(
             f"  passed on {c.gate.seeds} seeds; max abs err {c.gate.max_abs_err:.3g}, max rel err "

@@ -159,6 +159,7 @@ def _header(state: RunState, c: Candidate, fmt: Format) -> str:
         f"# Candidate {c.id} ({c.proposal.family}/{c.proposal.strategy}); best rung "
         f"{max(c.results) if c.results else '-'}: {numbers} [{top.timer if top else '-'}]\n"
         + _mode(state)
+        + _accuracy(state)
         + _partial(c)
         + _checked_at(state, c, fmt)
     )
@@ -180,6 +181,14 @@ def _mode(state: RunState) -> str:
         else ""
     )
     return f"# Mode: eval{why}; checked against the reference in eval mode.\n"
+
+
+def _accuracy(state: RunState) -> str:
+    """The accuracy contract the kernel was held to (core/accuracy.py): the reference's regime, measured."""
+    a = state.analysis
+    if a is None or a.accuracy is None:
+        return ""
+    return f"# Accuracy: {a.accuracy.summary()}.\n"
 
 
 def _partial(c: Candidate) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 
+from kernelbrain.core.accuracy import Accuracy
 from kernelbrain.core.events import (
     Adjudicated,
     BenchmarkFailed,
@@ -27,6 +28,7 @@ def duel_request(
     rung: RungSpec,
     a: tuple[str, list[str]],
     b: tuple[str, list[str]],
+    accuracy: Accuracy | None = None,
 ) -> DuelRequest:
     """Two candidates (each its source and the classes of torch ops it may run) dueled at `rung`: twice
     its repeats in pairs, and at least DUEL_PAIRS (the fewest that can clear the verdict's sign test)."""
@@ -34,6 +36,7 @@ def duel_request(
         problem_source=problem_source,
         device=device,
         fits=fits,
+        accuracy=accuracy,
         a_source=a[0],
         b_source=b[0],
         which=rung.shapes,
@@ -70,6 +73,7 @@ class BenchmarkerRole(CandidateRole[BenchReply]):
             problem_source=self.problem_source(state),
             device=state.config.device,
             fits=self.fits(state),
+            accuracy=self.accuracy(state),
             cand_source=self.candidate_source(state, task.candidate),
             which=rung.shapes,
             repeats=rung.repeats,
@@ -90,6 +94,7 @@ class BenchmarkerRole(CandidateRole[BenchReply]):
             state.config.rungs[task.rung],
             (self.candidate_source(state, task.candidate), self.torch_classes(state, task.candidate)),
             (self.candidate_source(state, task.rival), self.torch_classes(state, task.rival)),
+            self.accuracy(state),
         )
         own_code = all(state.candidates[c].proposal.own_code for c in (task.candidate, task.rival))
         asked = self.consult(

@@ -42,6 +42,7 @@ class GatekeeperRole(CandidateRole[GateReply]):
             problem_source=self.problem_source(state),
             device=state.config.device,
             fits=self.fits(state),
+            accuracy=self.accuracy(state),
             cand_source=self.candidate_source(state, task.candidate),
             seeds=state.config.gate_seeds,
             torch_ops=self.torch_classes(state, task.candidate),

@@ -90,6 +90,7 @@ class GeneratorRole(Role):
             profile_footprint=reply.profile_footprint,
             device_memory=admitted_memory(reply.device_memory),
             mode=reply.mode,
+            accuracy=reply.accuracy,
         )
 
     def analyse(self, task: Task, state: RunState) -> tuple[ProblemAnalysed, float]:

@@ -47,6 +47,7 @@ class ProfilerRole(CandidateRole[RooflineReply]):
             problem_source=self.problem_source(state),
             device=state.config.device,
             fits=self.fits(state),
+            accuracy=self.accuracy(state),
             cand_source=self.candidate_source(state, task.candidate),
             repeats=ROOFLINE_REPEATS[state.config.device],
             flops=counts[0] if counts else None,
@@ -81,6 +82,7 @@ class ProfilerRole(CandidateRole[RooflineReply]):
             problem_source=self.problem_source(state),
             device=state.config.device,
             fits=self.fits(state),
+            accuracy=self.accuracy(state),
             cand_source=self.candidate_source(state, task.candidate),
         )
         timeout_s = self.timeout_s(state)
