@@ -44,26 +44,26 @@ FACTORS: dict[Any, tuple[int, int]] = {
 }
 # mantissa bits a format drops from float32's 23: TF32 keeps 10, bfloat16 7
 DROPPED: dict[Format, int] = {"tf32": 13, "bf16": 16}
-# a contraction's error is a format's where it reaches this share of the error rounding to it makes
-# (IEEE float32 errs thousands of times less than TF32, TF32 eight times less than bfloat16)
+# a contraction's error is IEEE float32's below this share of the error rounding to TF32 makes (IEEE errs
+# thousands of times less); above, the format whose conversion (to nearest or truncated) errs nearest it
 EXPLAINS = 0.25
 SAMPLED = 1 << 16  # output elements computed in float64, about, per contraction measured
 MEASURED = 8  # distinct contractions measured at most (a model's repeated layers are one)
 
 
-def rounded(x: torch.Tensor, fmt: Format) -> torch.Tensor:
-    """A float32 tensor rounded to the format's mantissa (to nearest, ties away from zero, as the tensor
-    cores' conversion does); unchanged for IEEE, for other dtypes and where not finite."""
+def rounded(x: torch.Tensor, fmt: Format, nearest: bool = True) -> torch.Tensor:
+    """A float32 tensor converted to the format's mantissa: to nearest (ties away from zero, PTX's
+    cvt.rna), or by truncation (`nearest` False: what a tensor core fed float32 does); unchanged for
+    IEEE, for other dtypes and where not finite."""
     if fmt == "ieee" or x.dtype != torch.float32:
         return x
     drop = DROPPED[fmt]
     bits = x.contiguous().view(torch.int32).clone()  # one copy: the operands may be most of the device
-    bits.add_(1 << (drop - 1)).bitwise_and_(~((1 << drop) - 1))
+    if nearest:
+        bits.add_(1 << (drop - 1))
+    bits.bitwise_and_(~((1 << drop) - 1))
     near = bits.view(torch.float32).view(x.shape)
-    odd = ~torch.isfinite(x)
-    if bool(odd.any()):
-        near[odd] = x[odd]
-    return near
+    return torch.where(torch.isfinite(x), near, x, out=near)  # in place: no second copy
 
 
 def _precision_flags() -> list[tuple[Any, str, Any]]:
@@ -92,8 +92,9 @@ def ieee_contractions() -> Iterator[None]:
 
 @guard.dynamo_free
 class InRegime(TorchDispatchMode):
-    """Float32 contractions as the regime computes them: the factors rounded to its format, the products
-    summed in IEEE float32 (a TF32 tensor core's arithmetic); everything else as it runs."""
+    """Float32 contractions as the regime computes them: the factors truncated to its format (the coarser
+    of hardware's two conversions, core/accuracy.py), the products summed in IEEE float32 (a TF32 tensor
+    core's arithmetic); everything else as it runs."""
 
     def __init__(self, accuracy: Accuracy) -> None:
         super().__init__()
@@ -105,7 +106,7 @@ class InRegime(TorchDispatchMode):
             fmt, listed = self.formats[kind], list(args)
             for i in FACTORS[func]:
                 if isinstance(listed[i], torch.Tensor):
-                    listed[i] = rounded(listed[i], fmt)
+                    listed[i] = rounded(listed[i], fmt, nearest=False)
             args = tuple(listed)
         return func(*args, **(kwargs or {}))
 
@@ -194,13 +195,24 @@ def _error(got: torch.Tensor, truth: torch.Tensor) -> float:
     return float((got.to(torch.float64) - truth).norm()) / den if den > 0 else 0.0
 
 
-def _wide(args: list[Any], func: Any, fmt: Format) -> list[Any]:
-    """The arguments in float64, the product's factors first rounded to the format."""
+def _wide(args: list[Any], func: Any, fmt: Format, nearest: bool = True) -> list[Any]:
+    """The arguments in float64, the product's factors first converted to the format."""
     factors = FACTORS[func]
     return [
-        (rounded(t, fmt) if i in factors else t).to(torch.float64) if isinstance(t, torch.Tensor) else t
+        (rounded(t, fmt, nearest) if i in factors else t).to(torch.float64)
+        if isinstance(t, torch.Tensor)
+        else t
         for i, t in enumerate(args)
     ]
+
+
+# the conversions a measured error is set beside: (format, to nearest)
+CONVERSIONS: dict[str, tuple[Format, bool]] = {
+    "tf32": ("tf32", True),
+    "tf32 truncated": ("tf32", False),
+    "bf16": ("bf16", True),
+    "bf16 truncated": ("bf16", False),
+}
 
 
 def measure_one(func: Any, args: tuple, kwargs: dict, device: str, seed: int = 0) -> Measured | None:
@@ -218,23 +230,24 @@ def measure_one(func: Any, args: tuple, kwargs: dict, device: str, seed: int = 0
         got = out[index].clone()
         del out
         truth = func(*_wide(sliced, func, "ieee"), **kwargs)
-        errors = {f: _error(func(*_wide(sliced, func, f), **kwargs), truth) for f in ("tf32", "bf16")}
-    if truth.numel() == 0 or not errors["tf32"]:
+        errors = {
+            name: _error(func(*_wide(sliced, func, f, near), **kwargs), truth)
+            for name, (f, near) in CONVERSIONS.items()
+        }
+    if truth.numel() == 0 or not all(errors.values()):
         return None
     error = _error(got, truth)
     fmt: Format = "ieee"
-    if error >= EXPLAINS * errors["bf16"]:
-        fmt = "bf16"
-    elif error >= EXPLAINS * errors["tf32"]:
-        fmt = "tf32"
+    if error >= EXPLAINS * errors["tf32"]:  # the conversion whose error is nearest the one measured
+        closest = min(errors, key=lambda name: abs(math.log(error / errors[name])))
+        fmt = CONVERSIONS[closest][0]
     return Measured(
         op=str(func.__name__).split(".")[0],
         kind=KIND[func],
         shape=list(args[FACTORS[func][0]].shape),
         sampled=truth.numel(),
         error=error,
-        tf32_error=errors["tf32"],
-        bf16_error=errors["bf16"],
+        converted=errors,
         format=fmt,
     )
 

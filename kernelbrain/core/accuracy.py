@@ -7,14 +7,17 @@ cuBLAS matmuls in TF32 or bfloat16 where the user asks (`torch.backends.cuda.mat
 `torch.set_float32_matmul_precision`); and whether a TF32 algorithm runs at all is the library's choice,
 shape by shape. So the analysis measures it (kernelbrain/child/regime.py): each float32 contraction the
 reference makes at the primary shape runs once on the device as the user's flags have it, and its error
-on sampled outputs (a batch slice, computed in float64) is set beside the error rounding its operands to
-TF32 or bfloat16 makes. The regime of each kind of contraction is the coarsest format whose rounding
-explains the error measured, IEEE where none does.
+on sampled outputs (a batch slice, computed in float64) is set beside the error converting its factors to
+TF32 or bfloat16 makes. The regime of each kind of contraction is IEEE where its error is far below
+TF32's, else the format whose conversion errs nearest the error measured; the coarsest over a kind.
 
 At every shape the gate checks, the reference's own error is then that of the regime: its contractions
-run with their operands rounded to the regime's format and summed in IEEE float32 (what a TF32 tensor
-core does), the rest as the user's PyTorch runs it; and an output element passes within the tolerance
-of its dtype or within REFERENCE_MULTIPLE times that error (child/tolerance.py). A TF32 candidate so
+run with their factors converted to the regime's format and summed in IEEE float32 (what a TF32 tensor
+core does), the rest as the user's PyTorch runs it. The conversion is by truncation, the coarser of the
+two that hardware makes (a tensor core fed float32 drops the low bits; a library may round to nearest
+first): a kernel of either kind is a TF32 kernel, and one that rounds to nearest errs less. An output
+element passes within the tolerance of its dtype or within REFERENCE_MULTIPLE times that error
+(child/tolerance.py). A TF32 candidate so
 passes exactly where the user's reference is TF32 at the primary shape, and is refused where it is IEEE
 float32. `--strict-fp32` (KB_STRICT_FP32 in the problem it records) holds every contraction to IEEE
 float32 whatever the reference does.
@@ -38,8 +41,9 @@ FORMAT_NAME: dict[Format, str] = {"ieee": "IEEE fp32", "tf32": "TF32", "bf16": "
 
 class Measured(BaseModel):
     """One float32 contraction of the reference at the primary shape, run as the user's flags have it: its
-    normwise relative error against float64 truth on sampled outputs, beside the errors rounding its
-    operands to TF32 and to bfloat16 makes there, and the format that explains it."""
+    normwise relative error against float64 truth on sampled outputs, beside the errors converting its
+    factors to TF32 and to bfloat16 makes there (to nearest, and by truncation: hardware does either),
+    and the format that explains it."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -48,8 +52,7 @@ class Measured(BaseModel):
     shape: list[int]  # its first operand's
     sampled: int  # output elements compared
     error: float
-    tf32_error: float
-    bf16_error: float
+    converted: dict[str, float]  # "tf32", "tf32 truncated", "bf16", "bf16 truncated": each one's error
     format: Format
 
 
