@@ -52,6 +52,8 @@ def test_run_prints_id_progress_and_winner(finished_run):
     _, run_id, out, _ = finished_run
     assert out.startswith(f"run {run_id}\n")
     assert "gate passed" in out and "promoted" in out and "profiled" in out
+    # the accuracy contract measured in the analysis (a softmax has no contraction: IEEE, nothing measured)
+    assert "; accuracy: IEEE fp32 reference (cpu): candidates within their dtype's tolerance" in out
     assert f"run {run_id} finished: " in out and "winner " in out
 
 
@@ -125,6 +127,7 @@ def test_audit_explains_the_winner(finished_run):
     status = json.loads(kb("status", run_id, "--db", str(db), "--json").stdout)
     text = kb("audit", run_id, "--db", str(db)).stdout
     assert f"Winner: {status['winner']}" in text
+    assert "  accuracy contract: IEEE fp32 reference (cpu)" in text
     for section in (
         "Lineage (root first):",
         "Gate:",
@@ -155,6 +158,7 @@ def test_export_is_a_standalone_module(finished_run, tmp_path):
     db, run_id, _, _ = finished_run
     out = tmp_path / "kernel.py"
     assert kb("export", run_id, "--db", str(db), "-o", str(out)).returncode == 0
+    assert "\n# Accuracy: IEEE fp32 reference (cpu): " in out.read_text()  # the contract it was held to
     # import it in a clean interpreter without kernelbrain on the path, and check it against the reference
     check = f"""
 import sys, importlib.util, torch

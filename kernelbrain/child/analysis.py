@@ -170,7 +170,7 @@ def analyse(problem_source: str, device: str) -> dict:
     }
 
 
-def accuracy(problem: Problem, shape: dict, device: str) -> Accuracy:
+def accuracy(problem: Problem, shape: dict[str, Any], device: str) -> Accuracy:
     """The regime of the reference's contractions at the primary shape on the run's device (child/regime.py);
     where measuring fails, IEEE (the stricter bar), the note saying why."""
     try:

@@ -25,6 +25,10 @@ from kernelbrain.child import guard
 from kernelbrain.child.loading import Problem, build
 from kernelbrain.core.accuracy import Accuracy, Format, Kind, Measured
 
+Args = tuple[Any, ...]
+Kwargs = dict[str, Any]
+Call = tuple[Any, Args, Kwargs]  # an ATen op and its arguments, tensors as _Spec
+
 aten = torch.ops.aten
 # the float32 contractions whose format the backend flags choose, and which of their operands are the
 # product's factors (a bias added to it is not rounded)
@@ -70,9 +74,9 @@ def _precision_flags() -> list[tuple[Any, str, Any]]:
     """(object, attribute, value) of every flag that lets a float32 contraction round: torch's newer
     fp32_precision settings where it has them, else the allow_tf32 ones."""
     b = torch.backends
-    newer = [getattr(b.cuda.matmul, "fp32_precision", None), getattr(b.cudnn, "conv", None)]
-    if all(x is not None for x in newer):
-        return [(b.cuda.matmul, "fp32_precision", "ieee"), (b.cudnn.conv, "fp32_precision", "ieee")]
+    conv = getattr(b.cudnn, "conv", None)  # torch's newer settings, where it has them
+    if conv is not None and hasattr(b.cuda.matmul, "fp32_precision"):
+        return [(b.cuda.matmul, "fp32_precision", "ieee"), (conv, "fp32_precision", "ieee")]
     return [(b.cuda.matmul, "allow_tf32", False), (b.cudnn, "allow_tf32", False)]
 
 
@@ -91,16 +95,16 @@ def ieee_contractions() -> Iterator[None]:
 
 
 @guard.dynamo_free
-class InRegime(TorchDispatchMode):
+class InRegime(TorchDispatchMode):  # type: ignore[no-untyped-call]
     """Float32 contractions as the regime computes them: the factors truncated to its format (the coarser
     of hardware's two conversions, core/accuracy.py), the products summed in IEEE float32 (a TF32 tensor
     core's arithmetic); everything else as it runs."""
 
     def __init__(self, accuracy: Accuracy) -> None:
-        super().__init__()
+        super().__init__()  # type: ignore[no-untyped-call]
         self.formats = {k: accuracy.format_of(k) for k in ("conv", "matmul")}
 
-    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+    def __torch_dispatch__(self, func: Any, types: Any, args: Args = (), kwargs: Kwargs | None = None) -> Any:
         kind = KIND.get(func)
         if kind is not None and self.formats[kind] != "ieee":
             fmt, listed = self.formats[kind], list(args)
@@ -134,12 +138,12 @@ class _Spec:
 
 
 @guard.dynamo_free
-class _Recorder(TorchDispatchMode):
+class _Recorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
     def __init__(self) -> None:
-        super().__init__()
-        self.calls: dict[str, tuple[Any, tuple, dict]] = {}
+        super().__init__()  # type: ignore[no-untyped-call]
+        self.calls: dict[str, Call] = {}
 
-    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+    def __torch_dispatch__(self, func: Any, types: Any, args: Args = (), kwargs: Kwargs | None = None) -> Any:
         kwargs = kwargs or {}
         if func in KIND and all(
             isinstance(args[i], torch.Tensor) and args[i].dtype == torch.float32 for i in FACTORS[func]
@@ -149,7 +153,7 @@ class _Recorder(TorchDispatchMode):
         return func(*args, **kwargs)
 
 
-def contractions(problem: Problem, shape: dict[str, Any]) -> list[tuple[Any, tuple, dict]]:
+def contractions(problem: Problem, shape: dict[str, Any]) -> list[Call]:
     """The reference's distinct float32 contractions at a shape, traced on the meta device."""
     ref, _ = build(problem, None, shape, "meta")
     inputs = problem.inputs(shape, 0, "meta")
@@ -215,7 +219,9 @@ CONVERSIONS: dict[str, tuple[Format, bool]] = {
 }
 
 
-def measure_one(func: Any, args: tuple, kwargs: dict, device: str, seed: int = 0) -> Measured | None:
+def measure_one(
+    func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], device: str, seed: int = 0
+) -> Measured | None:
     """One contraction at the recorded shapes, run as the user's flags have it, against float64 truth on
     a slice of its output; None where its output is empty or exact zeros."""
     gen = torch.Generator(device=device).manual_seed(seed)

@@ -4,6 +4,7 @@ only at scale."""
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 
@@ -33,13 +34,13 @@ CHANGED = "a result kept from an earlier call, or a path taken only when unwatch
 def _rms(e: torch.Tensor, rows: int) -> float:
     """The RMS of an output's finite elements, a slice at a time."""
     total, count = 0.0, 0
-    for es in e.split(rows):
+    for es in torch.split(e, rows):
         es = es[torch.isfinite(es)].to(torch.float64)
         total, count = total + float(es.square().sum()), count + es.numel()
     return math.sqrt(total / count) if count else 0.0
 
 
-def expected_outputs(problem: Problem, ref: torch.nn.Module, inputs: list) -> list[torch.Tensor]:
+def expected_outputs(problem: Problem, ref: torch.nn.Module, inputs: list[Any]) -> list[torch.Tensor]:
     """The reference's outputs a screen compares with, its contractions in the accuracy regime measured at
     the primary shape (IEEE float32 where that is IEEE, whatever the library picks at this shape)."""
     with in_regime(problem.accuracy):

@@ -79,7 +79,8 @@ class Accuracy(BaseModel):
 
     def summary(self) -> str:
         """One line: the regime and its bound, as `kb run` prints it and the audit and export show it."""
-        loose = [k for k in ("conv", "matmul") if self.format_of(k) != "ieee"]  # type: ignore[arg-type]
+        kinds: tuple[Kind, ...] = ("conv", "matmul")
+        loose = [k for k in kinds if self.format_of(k) != "ieee"]
         if self.strict:
             head = "IEEE fp32 contractions (--strict-fp32)"
         elif not loose:

@@ -15,6 +15,10 @@ declare, at module level (all optional):
         Name other shapes here to check more; cover every input dtype the benchmark shapes use.
     KB_TOLERANCE = {"float32": 1e-4, "float16": 1e-2, "bfloat16": 1e-2}
         atol = rtol per output dtype. Absent: these defaults (KernelBench's).
+    KB_STRICT_FP32 = True
+        Float32 convolutions and matmuls held to IEEE float32 whatever the reference does (`kb run
+        --strict-fp32` appends it). Absent: the reference's own accuracy at the primary shape
+        (kernelbrain/core/accuracy.py).
 
 This module does the static checks that need no torch (the CLI runs them before anything is
 written); `kernelbrain.child` executes the file, in a sandboxed child only.
