@@ -108,7 +108,7 @@ def test_the_sampled_truth_is_the_full_truths_slice(name: str) -> None:
     real part of it where the output is large."""
     func, args = CALLS[name]
     full = func(*args)
-    sliced, index = regime._sample(func, args)
+    sliced, index = regime.sample(func, args)
     part = func(*sliced)
     assert part.shape == full[index].shape
     torch.testing.assert_close(part, full[index], rtol=1e-12, atol=1e-12)
@@ -133,7 +133,7 @@ def test_rounding_keeps_each_formats_mantissa() -> None:
 @pytest.mark.parametrize("backend", [None, TF32, BF16])
 def test_the_measurement_tells_the_format_from_the_error_alone(name: str, backend: Accuracy | None) -> None:
     func, args = CALLS[name]
-    specs = tuple(regime._Spec(a.float()) if isinstance(a, torch.Tensor) else a for a in args)
+    specs = tuple(regime.Spec(a.float()) if isinstance(a, torch.Tensor) else a for a in args)
     with regime.InRegime(backend) if backend is not None else torch.no_grad():
         m = regime.measure_one(func, specs, {}, "cpu")
     assert m is not None
@@ -197,16 +197,14 @@ def _gate(box: Sandbox, source: str, accuracy: Accuracy | None, problem: str = B
 
 
 def test_a_tf32_kernel_passes_exactly_where_the_reference_is_tf32(box: Sandbox) -> None:
+    """The same TF32 GEMV against the reference in each regime; an IEEE one passes a TF32 regime, a
+    bfloat16 one fails it (test_tolerance: the IEEE one passes where no regime is given)."""
     assert TF32_GEMV != BF16_GEMV and "bitcast" in TF32_GEMV
     ieee = _gate(box, TF32_GEMV, Accuracy(device="cuda"))
     assert (ieee["passed"], ieee["category"]) == (False, "mismatch"), ieee
-    assert _gate(box, TF32_GEMV, None)["passed"] is False  # no regime given: the reference as it runs here
     passed = _gate(box, TF32_GEMV, TF32)
     assert passed["passed"] is True, passed
     strict = _gate(box, TF32_GEMV, TF32.model_copy(update={"strict": True}), problem=in_strict_fp32(BMV))
     assert (strict["passed"], strict["category"]) == (False, "mismatch"), strict
-    # an IEEE kernel passes in every regime; a bfloat16 one in none finer than bfloat16
-    for acc in (None, Accuracy(device="cuda"), TF32):
-        assert _gate(box, "LOW = False\n" + GEMV, acc)["passed"] is True, acc
+    assert _gate(box, "LOW = False\n" + GEMV, TF32)["passed"] is True
     assert _gate(box, BF16_GEMV, TF32)["passed"] is False
-    assert _gate(box, BF16_GEMV, BF16)["passed"] is True

@@ -194,3 +194,34 @@ def test_a_gpu_pool_spreads_gates_and_preparations_over_the_cores() -> None:
     assert roles.count("profiler") == roles.count("scheduler") == 1
     assert pool_processes("cuda", "offline", 2).count("benchmarker") == 2
     assert pool_processes("cpu", "offline", 2) == ["all", "all"]
+
+
+def test_a_pool_worker_serves_its_last_run_then_the_runs_furthest_along(tmp_path: Path) -> None:
+    """One task a step, taken from the run this worker served last, then from the runs nearest their end
+    (a rung measured, then candidates gated), then in the batch's order: a pool finishes runs instead of
+    moving a hundred of them a step at a time."""
+    from kernelbrain.runtime.worker import Worker
+
+    states = {}
+    for name, progress in (("fresh", 0), ("gated", 1), ("measured", 2), ("also_fresh", 0)):
+        with EventStore(tmp_path / f"{name}.db", create=True) as store:
+            run = SyntheticRun(store)
+            for cid in ("c1", "c2"):
+                run.propose(cid)
+            if progress:
+                run.gate("c1")
+            if progress > 1:
+                run.bench("c1", 0, 1.0)
+            state = run.state()
+        state.run_id = name
+        states[name] = state
+    EventStore(tmp_path / "kb.db", create=True).close()
+    worker = Worker(str(tmp_path / "kb.db"), "benchmarker", batch="b")
+    try:
+        worker.batch_ids = ["also_fresh", "fresh", "gated", "measured"]
+        order = worker.ordered(list(states.values()))
+        assert [s.run_id for s in order] == ["measured", "gated", "also_fresh", "fresh"]
+        worker.last = "fresh"  # its judge or its child holds that problem's draws
+        assert [s.run_id for s in worker.ordered(list(states.values()))][:2] == ["fresh", "measured"]
+    finally:
+        worker.close()

@@ -27,7 +27,7 @@ from kernelbrain.core.accuracy import Accuracy, Format, Kind, Measured
 
 Args = tuple[Any, ...]
 Kwargs = dict[str, Any]
-Call = tuple[Any, Args, Kwargs]  # an ATen op and its arguments, tensors as _Spec
+Call = tuple[Any, Args, Kwargs]  # an ATen op and its arguments, tensors as Spec
 
 aten = torch.ops.aten
 # the float32 contractions whose format the backend flags choose, and which of their operands are the
@@ -127,7 +127,7 @@ def in_regime(accuracy: Accuracy | None) -> Iterator[None]:
         yield
 
 
-class _Spec:
+class Spec:
     """A tensor argument of a recorded contraction: its shape and dtype only."""
 
     def __init__(self, t: torch.Tensor) -> None:
@@ -148,7 +148,7 @@ class _Recorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
         if func in KIND and all(
             isinstance(args[i], torch.Tensor) and args[i].dtype == torch.float32 for i in FACTORS[func]
         ):
-            spec = tree_map(lambda a: _Spec(a) if isinstance(a, torch.Tensor) else a, (args, kwargs))
+            spec = tree_map(lambda a: Spec(a) if isinstance(a, torch.Tensor) else a, (args, kwargs))
             self.calls.setdefault(f"{func}{spec!r}", (func, *spec))
         return func(*args, **kwargs)
 
@@ -163,7 +163,7 @@ def contractions(problem: Problem, shape: dict[str, Any]) -> list[Call]:
     return list(recorder.calls.values())
 
 
-def _sample(func: Any, args: list[Any]) -> tuple[list[Any], tuple[slice, ...]]:
+def sample(func: Any, args: list[Any]) -> tuple[list[Any], tuple[slice, ...]]:
     """The arguments for a slice of the contraction's output, and that slice's index into it."""
     a = list(args)
     if func is aten.convolution.default:
@@ -227,12 +227,12 @@ def measure_one(
     gen = torch.Generator(device=device).manual_seed(seed)
 
     def real(a: Any) -> Any:
-        return torch.randn(a.shape, generator=gen, device=device) if isinstance(a, _Spec) else a
+        return torch.randn(a.shape, generator=gen, device=device) if isinstance(a, Spec) else a
 
     filled = [real(a) for a in args]
     with torch.no_grad():
         out = func(*filled, **kwargs)
-        sliced, index = _sample(func, filled)
+        sliced, index = sample(func, filled)
         got = out[index].clone()
         del out
         truth = func(*_wide(sliced, func, "ieee"), **kwargs)

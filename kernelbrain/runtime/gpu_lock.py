@@ -116,8 +116,11 @@ def held(device: str, *, alone: bool, lazy: bool = False) -> Iterator[Hold]:
         taken = 0.0  # when the hold was last taken (monotonic)
 
         def go_alone() -> None:
-            fcntl.flock(f, fcntl.LOCK_UN)
+            nonlocal taken
+            fcntl.flock(f, fcntl.LOCK_UN)  # the shared hold ends here: its wait to go alone is no hold
+            hold.held_s += time.monotonic() - taken
             hold.lock_s += _take(gate, f, alone=True)
+            taken = time.monotonic()
             hold.alone, hold.since = True, time.time()
 
         def take() -> None:

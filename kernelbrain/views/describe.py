@@ -47,7 +47,7 @@ def summary(e: Event) -> str:
             timed = f"; timed at {' | '.join(d.rung_shapes)}" if d.rung_shapes else ""
             timed += "".join(f"; {f['note']}" for f in d.fits if f.get("note"))  # a fit over its budget
             held = f"; accuracy: {d.accuracy.summary()}" if d.accuracy is not None else ""
-            return f"problem analysed: ops {ops}; families {', '.join(d.families) or 'none'}{timed}{held}"
+            return f"problem analysed: ops {ops}; families {', '.join(d.families) or 'none'}{held}{timed}"
         case "CandidateProposed":
             knobs = ", ".join(f"{k}={v}" for k, v in d.knobs.items())
             labelled = f" [{torch_ops.label(d.torch_ops)}]" if d.torch_ops else ""
