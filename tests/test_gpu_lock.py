@@ -407,3 +407,75 @@ def test_a_child_started_within_a_gates_lazy_hold_warms_under_the_lock(
     assert spares == [False, False, True, True]
     env = box._env(tmp_path, "none", spare=True)
     assert env["KB_WARM_CUDA"] == "first"
+
+
+def test_a_lazy_hold_goes_alone_untaken_and_holds_to_its_end(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A profile's hold of kb's own code is taken at its child's marks: where its first is `ready`, it goes
+    alone from nothing taken, and its held seconds start there."""
+    monkeypatch.setenv("KB_LOCKS", str(tmp_path))
+    lock = tmp_path / "gpu-0.lock"
+    with gpu_lock.held("0", alone=False, lazy=True) as lazy:
+        assert not lazy.held and not _held(lock)
+        time.sleep(0.3)
+        lazy.go_alone()
+        assert lazy.alone and lazy.held and _held(lock)
+        lazy.let_go()  # alone: held to the end
+        assert _held(lock)
+    assert not _held(lock) and lazy.held_s < 0.3
+
+
+@pytest.mark.parametrize("own_code", [True, False], ids=["kbs-own", "from-outside"])
+def test_a_profile_of_kbs_own_code_takes_the_device_at_its_childs_mark(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, own_code: bool
+) -> None:
+    """While a timing holds the device alone, a roofline of kb's own code starts its child and prepares up
+    to its `device` mark (ncu's start and a target's imports held the lock 20 s a profile on the H100);
+    one of code from outside holds the lock from its start, as before. Both then time alone."""
+    from kernelbrain.core.protocol import RooflineRequest
+    from kernelbrain.runtime.sandbox import Sandbox
+
+    here = Path(__file__).resolve().parent
+    monkeypatch.setenv("KB_LOCKS", str(tmp_path))
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLDER.replace('"0"', '"cpu"'), str(tmp_path), "alone", "stdin"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    box = Sandbox("cpu", fresh_untrusted=False)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        request = RooflineRequest(
+            problem_source=(here / "problems" / "softmax_small.py").read_text(),
+            cand_source=(here / "candidates" / "good_softmax.py").read_text(),
+            device="cpu",
+            repeats=1,
+            flops=1.0,
+            nbytes=1.0,
+        )
+        call = threading.Thread(
+            target=box.call, args=(request,), kwargs={"timeout_s": 300, "own_code": own_code}
+        )
+        call.start()
+        deadline = time.monotonic() + 120
+        if own_code:  # its child runs up to the device while the timing holds it
+            while box.hold is None or box.executions == 0:
+                assert call.is_alive() and time.monotonic() < deadline
+                time.sleep(0.05)
+            assert not box.hold.held
+        else:
+            time.sleep(1.5)
+            assert box.hold is None  # still taking the lock
+        assert holder.stdin is not None
+        holder.stdin.write("\n")
+        holder.stdin.flush()
+        released = float(holder.communicate(timeout=30)[0].split()[-1])
+        call.join(timeout=240)
+        assert not call.is_alive()
+        hold = box.last_hold
+        assert hold is not None and hold.alone and hold.since >= released
+    finally:
+        holder.kill()
+        box.close()

@@ -141,3 +141,45 @@ def test_the_profiled_range_waits_for_go_and_the_rest_does_not(tmp_path: Path, m
     (_, warm), (_, profiled) = (line.split() for line in out.splitlines())
     assert len(asked) == 1 and float(warm) <= asked[0] and float(profiled) >= asked[0] + 3.0
     assert (tmp_path / "ready").exists() and (tmp_path / "go").exists()
+
+
+DEVICE_TARGET = """
+import sys, time
+from pathlib import Path
+from kernelbrain.core.nsight import reaches_device, ready
+print("imported", time.time(), flush=True)
+reaches_device(Path.cwd())
+print("on", time.time(), flush=True)
+ready(Path.cwd())
+print("profiled", time.time())
+"""
+
+
+def test_the_target_reaches_the_device_only_once_its_worker_holds_the_lock(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """ncu and the target's imports start holding nothing; the target says where it reaches the device and
+    waits for its child, who asks the worker for the lock (shared) first, then alone at `ready`."""
+    import sys
+    import time
+
+    from kernelbrain.child import marks, profile
+
+    asked: list[tuple[str, float]] = []
+
+    def answers(label: str, wait: float):  # the worker's side
+        def answer() -> None:
+            asked.append((label, time.time()))
+            time.sleep(wait)
+
+        return answer
+
+    monkeypatch.setattr(marks, "reach_device", answers("device", 1.0))
+    monkeypatch.setattr(marks, "ready", answers("ready", 0.0))
+    code, out, err = profile.run_ready([sys.executable, "-c", DEVICE_TARGET], tmp_path, timeout_s=2.5)
+    assert code == 0, err
+    (_, imported), (_, on), (_, profiled) = (line.split() for line in out.splitlines())
+    assert [label for label, _ in asked] == ["device", "ready"]
+    assert (
+        float(imported) <= asked[0][1] and float(on) >= asked[0][1] + 1.0 and float(profiled) >= asked[1][1]
+    )

@@ -144,6 +144,12 @@ def compiles_off_device() -> None:
         runtime.jit_post_compile_hook = compile_ends
 
 
+def reach_device() -> None:
+    """The request's work reaches the device from now to its end, or to `ready` (a profile's target, in a
+    process of its own, marks no `/device`): the worker holds the device's lock shared from its answer."""
+    _answered("device")
+
+
 def ready() -> None:
     """What is timed next is built, loaded and warmed: the worker takes the device alone (it prepared
     sharing it, runtime/gpu_lock.py) and answers; returns once it has. A no-op outside a worker's child

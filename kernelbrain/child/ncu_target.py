@@ -3,7 +3,9 @@
 Warms the candidate up at the primary shape, then runs one forward between cudaProfilerStart and
 cudaProfilerStop, so `ncu --profile-from-start off` sees exactly the kernels of one call. Between the two
 it says it is ready (a file `ready` in its folder) and waits for `go`: the worker holds the GPU alone
-from then (child/profile.py), and shared it while this imported, built and warmed up.
+from then (child/profile.py). Before it builds anything on the GPU it says so (`device`) and waits for
+`on`: the worker holds the GPU's lock shared from then, and held none while ncu started and this imported
+(tens of seconds a profile in session 32's H100 sweep, every timing waiting behind it).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ def main(problem_path: str, candidate_path: str) -> None:
     problem = Problem(Path(problem_path).read_text())
     cand = load_module(Path(candidate_path).read_text(), "cand")
     shape = problem.ladder_shapes("cuda", "primary")[0]
+    nsight.reaches_device(Path.cwd())
     _, new = build(problem, cand, shape, "cuda")
     inputs = problem.inputs(shape, 11, "cuda")
     with torch.no_grad():

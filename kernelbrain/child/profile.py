@@ -12,13 +12,13 @@ from pathlib import Path
 
 import torch
 
+from kernelbrain.child import marks
 from kernelbrain.child.analysis import flops_and_bytes
 from kernelbrain.child.loading import (
     Problem,
     build,
     load_module,
 )
-from kernelbrain.child.marks import ready
 from kernelbrain.child.timing import Timer
 
 _CEILINGS: dict[str, dict[str, float]] = {}
@@ -56,13 +56,15 @@ def roofline(
     shape = problem.ladder_shapes(device, "primary")[0]
     if flops is None or nbytes is None:
         flops, nbytes = flops_and_bytes(problem, shape, device)
-    _, new = build(problem, cand, shape, device)
-    inputs = problem.inputs(shape, 7, device)
-    timer = Timer(device)
+    with marks.on_device():  # the worker holds the device's lock shared from here (a compile lets it go)
+        _, new = build(problem, cand, shape, device)
+        inputs = problem.inputs(shape, 7, device)
+        timer = Timer(device)
+        with torch.no_grad():
+            if device == "cuda":
+                new(*inputs)  # compiles; under the interpreter nothing does, and a call takes seconds
     with torch.no_grad():
-        if device == "cuda":
-            new(*inputs)  # compiles; under the interpreter nothing does, and a call takes seconds
-        ready()  # built, drawn and compiled sharing the device: the timing and the ceilings alone
+        marks.ready()  # built, drawn and compiled sharing the device: the timing and the ceilings alone
         gc.collect()
         gc.disable()
         try:
@@ -109,23 +111,30 @@ def ncu(problem_source: str, cand_source: str, device: str, timeout_s: float = 4
 
 
 def run_ready(cmd: list[str], workdir: Path, timeout_s: float) -> tuple[int, str, str]:
-    """`cmd` run in `workdir` to its end: its exit code, stdout and stderr. When its target says ready
-    (child/ncu_target.py) the worker is told (child/marks.py) and, holding the GPU alone, answers; the
-    target is then told to go on. `timeout_s` leaves out the wait for the GPU."""
+    """`cmd` run in `workdir` to its end: its exit code, stdout and stderr. When its target says it
+    reaches the device, then ready (child/ncu_target.py), the worker is told (child/marks.py) and,
+    holding the GPU's lock shared, then alone, answers; the target is then told to go on. `timeout_s`
+    leaves out the waits for the GPU."""
     import subprocess
     import time
 
     from kernelbrain.child import marks
-    from kernelbrain.core.nsight import GO, READY
+    from kernelbrain.core.nsight import DEVICE, GO, ON, READY
 
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=workdir)
     deadline = time.monotonic() + timeout_s
-    went = False
+    went = on = False
     while True:
         try:
             out, err = proc.communicate(timeout=0.02)  # retried, it loses no output
             return proc.returncode, out, err
         except subprocess.TimeoutExpired:
+            if not on and (workdir / DEVICE).exists():
+                t0 = time.monotonic()
+                marks.reach_device()
+                deadline += time.monotonic() - t0
+                (workdir / ON).touch()
+                on = True
             if not went and (workdir / READY).exists():
                 t0 = time.monotonic()
                 marks.ready()

@@ -57,6 +57,15 @@ def command(python: str, problem_file: str, candidate_file: str) -> list[str]:
 
 
 READY, GO = "ready", "go"  # the target's handshake with the child that runs ncu: files in ncu's folder
+DEVICE, ON = "device", "on"  # its first: it reaches the device next; on, the worker holds the lock
+
+
+def reaches_device(folder: Path, poll_s: float = 0.005) -> None:
+    """The target's side: imported and loaded, its work reaches the device next; wait for the child's `on`
+    (the worker holds the GPU's lock shared from then, child/profile.py: ncu and the imports held none)."""
+    (folder / DEVICE).touch()
+    while not (folder / ON).exists():
+        time.sleep(poll_s)
 
 
 def ready(folder: Path, poll_s: float = 0.005) -> None:

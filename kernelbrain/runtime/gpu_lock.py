@@ -117,10 +117,11 @@ def held(device: str, *, alone: bool, lazy: bool = False) -> Iterator[Hold]:
 
         def go_alone() -> None:
             nonlocal taken
-            fcntl.flock(f, fcntl.LOCK_UN)  # the shared hold ends here: its wait to go alone is no hold
-            hold.held_s += time.monotonic() - taken
-            hold.lock_s += _take(gate, f, alone=True)
-            taken = time.monotonic()
+            if hold.held:  # the shared hold ends here: its wait to go alone is no hold
+                fcntl.flock(f, fcntl.LOCK_UN)
+                hold.held_s += time.monotonic() - taken
+            hold.lock_s += _take(gate, f, alone=True)  # (a lazy hold may go alone untaken: a profile's)
+            taken, hold.held = time.monotonic(), True
             hold.alone, hold.since = True, time.time()
 
         def take() -> None:

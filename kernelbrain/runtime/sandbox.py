@@ -71,7 +71,8 @@ R = TypeVar("R", bound=Message)
 
 # what times or profiles on the GPU: no other request may run there meanwhile (runtime/gpu_lock.py)
 TIMED = (BenchRequest, DuelRequest, ReferenceTimeRequest, RooflineRequest, NcuRequest)
-# of those, what prepares sharing the device and holds it alone from its child's `ready` (child/marks.py)
+# of those, what prepares sharing the device and holds it alone from its child's `ready` (child/marks.py);
+# the last two profile: for kb's own code their lock is taken at their marks (`call`)
 PREPARED = (BenchRequest, DuelRequest, RooflineRequest, NcuRequest)
 # what reads a candidate child's outputs: the only requests its descriptors are sent with (any other judge
 # request in between, a launcher build, ends by closing what it was sent)
@@ -116,6 +117,7 @@ class Sandbox:
         self.executions = 0
         self.last_hold: gpu_lock.Hold | None = None  # the device lock's last hold (call)
         self.hold: gpu_lock.Hold | None = None  # the one a call holds now: a child's `ready` goes alone
+        self.times = False  # the call in flight times (a gate's child may not mark itself ready)
         self.stderr_mark = 0
         self.isolation: isolation.Isolation | None = None  # chosen when the first child starts
         self.writable = writable  # host paths beside its own folder the child may write (tests' logs)
@@ -258,16 +260,18 @@ class Sandbox:
         """Run one request; returns (its reply, busy seconds). Raises SandboxFault when the child dies or
         the candidate failed a check, SandboxError when kb's own code failed in the child. A gate runs
         across two children (runtime/gate.py), a bench times the reference alone after it
-        (runtime/reference_retiming.py). `own_code`: its candidates are kb's own template code. The
-        request holds its device's lock, alone where it times or profiles; `last_hold` says when. One
-        that prepares on the device, and a gate, first reserves `need` (its memory, runtime/device_room.py).
-        `spare`: another request may run a candidate from outside after it (its child is started now)."""
-        self.spares = spare
+        (runtime/reference_retiming.py). `own_code`: its candidates are kb's own template code. It holds
+        its device's lock, alone where it times (`last_hold` says when), after reserving `need` where it
+        prepares there or gates (runtime/device_room.py). `spare`: a request may run a candidate from
+        outside after it (its child is started now)."""
+        self.spares, self.times = spare, not isinstance(request, GateRequest)
         device = gpu_lock.device_name(self.device, self.gpu)
         try:
             alone = isinstance(request, TIMED) and not isinstance(request, PREPARED)
             room = need if isinstance(request, (*PREPARED, GateRequest)) else None
-            lazy = isinstance(request, GateRequest)  # held for its device work (runtime/gate.py)
+            # held for its marked device work: a gate's (runtime/gate.py), a profile's of kb's own code
+            # (ncu's start held it 20 s a profile); code from outside might not mark its device work
+            lazy = isinstance(request, GateRequest) or (own_code and isinstance(request, PREPARED[2:]))
             with device_room.on_device(device, room, alone=alone, lazy=lazy) as hold:
                 self.last_hold = self.hold = hold
                 try:
@@ -314,8 +318,7 @@ class Sandbox:
         return self.fresh_untrusted and not own_code and _runs_candidate(request)
 
     def make_room(self, request: Request[Any], own_code: bool) -> None:
-        """Stop a child that ran a candidate where `request` runs one from outside: it gets a child that ran
-        none (the spare, where one is up)."""
+        """Stop a child that ran a candidate where `request` runs one from outside: it gets a fresh one."""
         if self.untrusted(request, own_code) and self.ran_candidate:
             self.stop()
 
@@ -489,16 +492,15 @@ class Sandbox:
             descriptors.close_all(given)
 
     def _answer(self, label: str) -> float:
-        """A mark the worker answers (child/marks.py): `ready`, the child is ready to time (the call's hold
-        goes alone: it prepared sharing the device); `device`, a gate's child reached the device (the
-        call's lazy hold is taken); then the child is told to go on. `/device`: it left the device (the
-        lazy hold is let go; a no-op where the worker pinned it: the child ran code from outside). The
-        seconds the child waited, which its deadline does not count."""
+        """A mark the worker answers (child/marks.py), then tells the child to go on: `ready`, it is ready
+        to time (the call's hold goes alone); `device`, its work reaches the device (a lazy hold is taken).
+        `/device`: it left the device (a lazy hold is let go; a pinned one holds). The seconds the child
+        waited, which its deadline does not count."""
         if label == "/device":
             if self.hold is not None:
                 self.hold.let_go()
             return 0.0
-        if label == "ready" and self.hold is not None and self.hold.lazy:  # a gate times nothing
+        if label == "ready" and self.hold is not None and self.hold.lazy and not self.times:  # a gate
             raise self._fault("policy", "the child marked itself ready to time in a gate (not kb's code)")
         t0 = time.monotonic()
         if self.hold is not None:

@@ -87,7 +87,10 @@ class ProfilerRole(CandidateRole[RooflineReply]):
         )
         timeout_s = self.timeout_s(state)
         need = self.need(state)  # the roofline's reservation too
-        asked = self.consult("cuda", request, timeout_s=timeout_s, task=ncu_task.key, started=t0, need=need)
+        own = state.candidates[task.candidate].proposal.own_code  # marks where it reaches the device
+        asked = self.consult(
+            "cuda", request, timeout_s=timeout_s, task=ncu_task.key, started=t0, need=need, own_code=own
+        )
         ncu = asked.reply
         error = asked.line if ncu is None else ncu.error
         if ncu is None or error is not None:
