@@ -12,6 +12,7 @@ import pytest
 from kernelbrain.store import EventStore
 
 from kernelbrain.child.draws import UPWARD
+from kernelbrain.child.judge import NUDGES
 from kernelbrain.core.events import CandidateProposed, GateFailed, GatePassed, RunConfig, decode
 from kernelbrain.core.protocol import GateRequest
 from kernelbrain.runtime import gate as gate_host
@@ -270,10 +271,11 @@ def test_the_reference_runs_once_a_draw_for_all_of_a_problems_candidates(
     assert r["category"] == "policy" and "mutated its inputs" in r["detail"], r
     assert gate_on(problem, candidate("exp_only"))["category"] == "mismatch"
     assert gate_on(problem, GOOD)["passed"] is True
-    assert runs() == 3 + SEARCH
+    # the wrong one's first failing draw got its spread (NUDGES runs), kept with it
+    assert runs() == 3 + SEARCH + NUDGES
     # another problem is drawn and run anew
     assert gate_on(counting_problem(log, dim=136), GOOD)["passed"] is True
-    assert runs() == 2 * (3 + SEARCH)
+    assert runs() == 2 * (3 + SEARCH) + NUDGES
 
 
 def test_truth_past_the_judges_budget_is_recomputed_for_each_candidate(
@@ -295,9 +297,10 @@ def test_truth_past_the_judges_budget_is_recomputed_for_each_candidate(
         assert gate_on(GOOD)["passed"] is True
         assert log.read_text().count("ref64") == SEARCH + 6  # the span searched, 3 seeds drawn, 3 judged
         assert gate_on(candidate("exp_only"))["category"] == "mismatch"
-        assert log.read_text().count("ref64") == SEARCH + 7  # judged up to its first wrong seed
+        # judged up to its first wrong seed, whose spread (NUDGES runs) it then needed
+        assert log.read_text().count("ref64") == SEARCH + 7 + NUDGES
         assert gate_on(GOOD)["passed"] is True
-        assert log.read_text().count("ref64") == SEARCH + 10
+        assert log.read_text().count("ref64") == SEARCH + 10 + NUDGES
     finally:
         box.close()
 
@@ -458,7 +461,7 @@ def test_the_candidates_process_holds_no_reference_output_to_change_or_return(
     r = gate_on(returning)
     assert (r["passed"], r["category"]) == (False, "mismatch"), r  # nothing to return but its zeros
     assert gate_on(GOOD)["passed"] is True
-    assert runs() == 3 + SEARCH  # the judge's draws were never touched
+    assert runs() == 3 + SEARCH + NUDGES  # the judge's draws were never touched (the spread: its own)
 
 
 def test_a_fingerprint_tells_every_bit() -> None:

@@ -47,6 +47,7 @@ class Truth(NamedTuple):
     truth: list[torch.Tensor]
     native: list[torch.Tensor]
     running: list[str] = []
+    spread: list[torch.Tensor] = []  # per element, what one float32 rounding of the inputs moves it (below)
 
 
 class Drawn(NamedTuple):
@@ -108,6 +109,45 @@ def _truth(ref: torch.nn.Module, inputs: list[Any], device: str, accuracy: Accur
         truth += [state64[k] for k in running]
         native += [state[k].clone() for k in running]
     return Truth(truth, native, running)
+
+
+def spread(
+    ref: torch.nn.Module, inputs: list[Any], device: str, truth: list[torch.Tensor]
+) -> list[torch.Tensor]:
+    """Each compared element's spread (child/tolerance.py): the RMS over NUDGES draws of how far the
+    float64 truth moves when the inputs move by about one rounding of their dtype (`nudged`), the error
+    scale any correct computation in that dtype has there. Computed where a candidate first fails without
+    it (NUDGES more float64 runs of the reference), from the state the reference was built with."""
+    gaps: list[list[torch.Tensor]] = []
+    for i in range(NUDGES):
+        other = copy.deepcopy(ref).to(torch.float64)
+        with torch.no_grad(), running_state_kept(ref) as running:
+            moved = outputs(other(*[nudged(x, device, i) for x in inputs]))
+        moved += [other.state_dict()[k] for k in running]
+        gaps.append([apart(m, t) for m, t in zip(moved, truth, strict=False)])
+    # the RMS: one draw alone is near zero where its random terms happen to cancel
+    return [torch.stack(g).square().mean(0).sqrt() for g in zip(*gaps, strict=True)]
+
+
+NUDGES = 3  # draws of the inputs' rounding a spread is the RMS of (two: 1% of elements near zero)
+
+
+def nudged(x: Any, device: str, seed: int = 0) -> Any:
+    """A floating-point input in float64, each element moved by about one rounding of its dtype: times
+    1 + g eps / 2, g standard normal (a fixed draw per seed); others as they are."""
+    if not (isinstance(x, torch.Tensor) and x.is_floating_point()):
+        return to_device(x, device)
+    gen = torch.Generator(device=device).manual_seed(1 + seed)
+    g = torch.randn(x.shape, generator=gen, device=device, dtype=torch.float64)
+    return x.to(device, torch.float64) * (1 + g * (torch.finfo(x.dtype).eps / 2))
+
+
+def apart(moved: torch.Tensor, truth: torch.Tensor) -> torch.Tensor:
+    """|moved - truth| where both are finite floating point of one shape (0 elsewhere: no allowance)."""
+    if not (truth.is_floating_point() and moved.shape == truth.shape):
+        return torch.zeros_like(truth, dtype=torch.float64)
+    gap = (moved.to(torch.float64) - truth).abs()
+    return torch.where(torch.isfinite(gap), gap, 0)
 
 
 Draw = tuple[list[Any], Truth]
@@ -178,7 +218,7 @@ def _stats(folder: str) -> dict[str, tuple[int, int]]:
 
 
 def _size(t: Truth) -> int:
-    return sum(x.numel() * x.element_size() for x in (*t.truth, *t.native))
+    return sum(x.numel() * x.element_size() for x in (*t.truth, *t.native, *t.spread))
 
 
 def draws(request: DrawsRequest) -> DrawsReply:
@@ -276,6 +316,20 @@ def _truth_of(drawn: Drawn, shape: int, seed: int, device: str) -> Truth:
     kept = drawn.kept.get((shape, seed))
     if kept is not None:
         return kept
+    return _truth(drawn.refs[shape], _inputs_of(drawn, shape, seed, device), device, drawn.accuracy)
+
+
+def _spread_of(drawn: Drawn, shape: int, seed: int, device: str, draw: Truth) -> Truth:
+    """The draw with its spread (`spread`), kept with it where its truth is kept."""
+    inputs = _inputs_of(drawn, shape, seed, device)
+    draw = draw._replace(spread=spread(drawn.refs[shape], inputs, device, draw.truth))
+    if (shape, seed) in drawn.kept:
+        drawn.kept[(shape, seed)] = draw
+    return draw
+
+
+def _inputs_of(drawn: Drawn, shape: int, seed: int, device: str) -> list[Any]:
+    """A draw's inputs read back from the file the judge wrote, checked against its fingerprint."""
     path = handoff.inputs_file(drawn.folder, shape, seed)
     inputs = torch.load(path, map_location=device, weights_only=False)
     if draw_digest(inputs) != drawn.prints[(shape, seed)]:
@@ -285,7 +339,7 @@ def _truth_of(drawn: Drawn, shape: int, seed: int, device: str) -> Truth:
             "policy",
             f"the gate's inputs file {path.name} changed after the judge wrote it: the candidate did it",
         )
-    return _truth(drawn.refs[shape], inputs, device, drawn.accuracy)
+    return list(inputs)
 
 
 def _named(k: int, draw: Truth) -> str:
@@ -318,7 +372,10 @@ def _judge(problem: Problem, drawn: Drawn, device: str, seeds: int, handed: Path
                 tol = problem.tolerance_of(
                     draw.native[k].dtype
                 )  # the reference's dtype, never the candidate's
-                c = compare(g, e, draw.native[k], tol)
+                c = compare(g, e, draw.native[k], tol, draw.spread[k] if draw.spread else None)
+                if c.failed and not draw.spread:  # the spread floors the bound: computed where it may matter
+                    draw = _spread_of(drawn, i, seed, device, draw)
+                    c = compare(g, e, draw.native[k], tol, draw.spread[k])
                 if cached and (c.unwritten or c.failed):
                     raise CandidateFault(
                         "policy",

@@ -10,6 +10,11 @@ judge, CUDA events with an L2 flush on a GPU, the wall clock under the Triton in
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # for the annotations' strings alone: the exported file imports inside its functions
+    import torch
+
 # --- HARNESS_START ---
 
 
@@ -128,7 +133,7 @@ class _KbProblem:
         return ref, new
 
 
-def _kb_outputs(out):
+def _kb_outputs(out: "torch.Tensor | tuple[object, ...] | list[object]") -> "list[torch.Tensor]":  # noqa: UP037
     import torch
 
     if isinstance(out, torch.Tensor):
@@ -136,10 +141,11 @@ def _kb_outputs(out):
     return [o for o in out if isinstance(o, torch.Tensor)]
 
 
-def _kb_within(got, truth, native, tol, multiple):
+def _kb_within(got, truth, native, tol, multiple, spread=None):
     """(elements failed, max abs err at the truth's scale): kb's tolerance rule (kernelbrain/child/
     tolerance.py). An element passes within tol + tol |truth| or within `multiple` x the reference's own
-    error there (floored at its median where the truth is not zero), where the reference runs at its own dtype
+    error there (floored at its median where the truth is not zero, and at `spread`: how far the truth
+    moves when the inputs move by one rounding of their dtype), where the reference runs at its own dtype
     and the truth in float64. The error is absolute where |truth| <= 1, relative above."""
     import torch
 
@@ -149,10 +155,35 @@ def _kb_within(got, truth, native, tol, multiple):
     ref_err = torch.where(finite & torch.isfinite(native), (native.to(torch.float64) - t).abs(), 0)
     measured = ref_err[finite & (t != 0)]  # where the truth is not zero: its exact zeros measure nothing
     floor = float(measured.median()) if measured.numel() else 0.0
-    bound = torch.maximum(tol + tol * t.abs(), multiple * ref_err.clamp_min(floor))
+    allowed = ref_err.clamp_min(floor)
+    if spread is not None:
+        allowed = torch.maximum(allowed, spread.to(torch.float64))
+    bound = torch.maximum(tol + tol * t.abs(), multiple * allowed)
     ok = ~finite | (err <= bound)
     err = err.masked_fill(~finite, 0) / t.abs().clamp_min(1.0)  # absolute where |t| <= 1, relative above
     return int((~ok).sum()), float(err.max()) if err.numel() else 0.0
+
+
+def _kb_nudged(x: "object", seed: int) -> "object":  # noqa: UP037 (the export has no __future__)
+    """A floating-point input in float64, each element moved by about one rounding of its dtype (times
+    1 + g eps / 2, g standard normal; kernelbrain/child/judge.py's nudged)."""
+    import torch
+
+    if not (torch.is_tensor(x) and x.is_floating_point()):
+        return x
+    gen = torch.Generator(device=x.device).manual_seed(1 + seed)
+    g = torch.randn(x.shape, generator=gen, device=x.device, dtype=torch.float64)
+    return x.to(torch.float64) * (1 + g * (torch.finfo(x.dtype).eps / 2))
+
+
+def _kb_apart(moved: "torch.Tensor", truth: "torch.Tensor") -> "torch.Tensor":  # noqa: UP037
+    """|moved - truth| where both are finite floating point of one shape; 0 elsewhere."""
+    import torch
+
+    if not (truth.is_floating_point() and moved.shape == truth.shape):
+        return torch.zeros_like(truth, dtype=torch.float64)
+    gap = (moved.to(torch.float64) - truth).abs()
+    return torch.where(torch.isfinite(gap), gap, 0)
 
 
 def _kb_check(problem, ref, new, shape, device, seeds):
@@ -180,7 +211,8 @@ def _kb_check(problem, ref, new, shape, device, seeds):
             0.0,
             f"ModelNew keeps no {', '.join(missing)}: the reference updates it in training mode",
         )
-    models = (ref, ref64, new)
+    others = [copy.deepcopy(ref64) for _ in range(3)]  # truths on inputs moved by a rounding: the spread
+    models = (ref, ref64, new, *others)
     built = [{k: v.clone() for k, v in m.state_dict().items() if k in running} for m in models]
     worst, tol = 0.0, 0.0
     with torch.no_grad():
@@ -194,12 +226,13 @@ def _kb_check(problem, ref, new, shape, device, seeds):
                 x.to(torch.float64) if torch.is_tensor(x) and x.is_floating_point() else x for x in inputs
             ]
             expected = _kb_outputs(ref64(*wide))
+            moved = [_kb_outputs(o(*[_kb_nudged(x, j) for x in inputs])) for j, o in enumerate(others)]
             native = _kb_outputs(ref(*[x.clone() if torch.is_tensor(x) else x for x in inputs]))
             got = _kb_outputs(new(*inputs))
             if len(got) != len(expected):
                 return False, worst, tol, f"{len(got)} outputs, the reference returns {len(expected)}"
             n = len(got)
-            for m, out in ((ref64, expected), (ref, native), (new, got)):
+            for m, out in ((ref64, expected), (ref, native), (new, got), *zip(others, moved, strict=True)):
                 state = m.state_dict()
                 out += [state[k] for k in running]
             for i, (g, e) in enumerate(zip(got, expected, strict=True)):
@@ -211,7 +244,8 @@ def _kb_check(problem, ref, new, shape, device, seeds):
                     have = f"{str(g.dtype).removeprefix('torch.')} {tuple(g.shape)}"
                     return False, worst, tol, f"{what} is {have}; the reference returns {want}"
                 tol = problem.tolerance.get(str(native[i].dtype).removeprefix("torch."), 1e-4)
-                failed, err = _kb_within(g, e, native[i], tol, problem.reference_multiple)
+                spread = torch.stack([_kb_apart(m[i], e) for m in moved]).square().mean(0).sqrt()
+                failed, err = _kb_within(g, e, native[i], tol, problem.reference_multiple, spread)
                 worst = max(worst, err)
                 if failed:
                     return (
