@@ -30,10 +30,19 @@ print("released", hold.to, flush=True)
 """
 
 
-def hold(tmp_path: Path, alone: bool, seconds: float) -> subprocess.Popen:
-    """Another process holding GPU 0's lock for `seconds`, once it says so."""
+def hold(tmp_path: Path, alone: bool, seconds: float | None, device: str = "0") -> subprocess.Popen:
+    """Another process holding `device`'s lock for `seconds` (None: until a line on its stdin), once it
+    says so."""
     proc = subprocess.Popen(
-        [sys.executable, "-c", HOLDER, str(tmp_path), "alone" if alone else "shared", str(seconds)],
+        [
+            sys.executable,
+            "-c",
+            HOLDER.replace('"0"', f'"{device}"'),
+            str(tmp_path),
+            "alone" if alone else "shared",
+            "stdin" if seconds is None else str(seconds),
+        ],
+        stdin=subprocess.PIPE if seconds is None else None,
         stdout=subprocess.PIPE,
         text=True,
     )
@@ -181,15 +190,9 @@ def test_a_rung_prepares_sharing_the_device_and_times_alone(
 
     here = Path(__file__).resolve().parent
     monkeypatch.setenv("KB_LOCKS", str(tmp_path))
-    holder = subprocess.Popen(
-        [sys.executable, "-c", HOLDER.replace('"0"', '"cpu"'), str(tmp_path), "shared", "stdin"],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
+    holder = hold(tmp_path, False, None, device="cpu")
     box = Sandbox("cpu", fresh_untrusted=False)
     try:
-        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
         request = BenchRequest(
             problem_source=(here / "problems" / "softmax_small.py").read_text(),
             cand_source=(here / "candidates" / "good_softmax.py").read_text(),
@@ -214,8 +217,8 @@ def test_a_rung_prepares_sharing_the_device_and_times_alone(
         holder.stdin.flush()
         released = float(holder.communicate(timeout=30)[0].split()[-1])
         bench.join(timeout=240)
-        hold = box.last_hold
-        assert hold.alone and hold.since >= released > started and hold.to >= hold.since
+        last = box.last_hold
+        assert last.alone and last.since >= released > started and last.to >= last.since
         assert box.bench_phases["bench.wait"] >= 2.0  # the child waited, prepared, for the device
         # the wait is the holder's time, not the rung's: its busy seconds (its GPU charge) leave it out
         phases = box.bench_phases
@@ -438,15 +441,9 @@ def test_a_profile_of_kbs_own_code_takes_the_device_at_its_childs_mark(
 
     here = Path(__file__).resolve().parent
     monkeypatch.setenv("KB_LOCKS", str(tmp_path))
-    holder = subprocess.Popen(
-        [sys.executable, "-c", HOLDER.replace('"0"', '"cpu"'), str(tmp_path), "alone", "stdin"],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
+    holder = hold(tmp_path, True, None, device="cpu")
     box = Sandbox("cpu", fresh_untrusted=False)
     try:
-        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
         request = RooflineRequest(
             problem_source=(here / "problems" / "softmax_small.py").read_text(),
             cand_source=(here / "candidates" / "good_softmax.py").read_text(),
@@ -474,8 +471,8 @@ def test_a_profile_of_kbs_own_code_takes_the_device_at_its_childs_mark(
         released = float(holder.communicate(timeout=30)[0].split()[-1])
         call.join(timeout=240)
         assert not call.is_alive()
-        hold = box.last_hold
-        assert hold is not None and hold.alone and hold.since >= released
+        last = box.last_hold
+        assert last is not None and last.alone and last.since >= released
     finally:
         holder.kill()
         box.close()

@@ -111,20 +111,19 @@ def _truth(ref: torch.nn.Module, inputs: list[Any], device: str, accuracy: Accur
     return Truth(truth, native, running)
 
 
-def spread(
-    ref: torch.nn.Module, inputs: list[Any], device: str, truth: list[torch.Tensor]
-) -> list[torch.Tensor]:
+def spread(ref: torch.nn.Module, inputs: list[Any], device: str, draw: Truth) -> list[torch.Tensor]:
     """Each compared element's spread (child/tolerance.py): the RMS over NUDGES draws of how far the
     float64 truth moves when the inputs move by about one rounding of their dtype (`nudged`), the error
     scale any correct computation in that dtype has there. Computed where a candidate first fails without
-    it (NUDGES more float64 runs of the reference), from the state the reference was built with."""
+    it (NUDGES more float64 runs of the reference), from the state the reference was built with (each a
+    copy of it: the reference itself is not called)."""
     gaps: list[list[torch.Tensor]] = []
     for i in range(NUDGES):
         other = copy.deepcopy(ref).to(torch.float64)
-        with torch.no_grad(), running_state_kept(ref) as running:
+        with torch.no_grad():
             moved = outputs(other(*[nudged(x, device, i) for x in inputs]))
-        moved += [other.state_dict()[k] for k in running]
-        gaps.append([apart(m, t) for m, t in zip(moved, truth, strict=False)])
+        moved += [other.state_dict()[k] for k in draw.running]
+        gaps.append([apart(m, t) for m, t in zip(moved, draw.truth, strict=False)])
     # the RMS: one draw alone is near zero where its random terms happen to cancel
     return [torch.stack(g).square().mean(0).sqrt() for g in zip(*gaps, strict=True)]
 
@@ -322,7 +321,7 @@ def _truth_of(drawn: Drawn, shape: int, seed: int, device: str) -> Truth:
 def _spread_of(drawn: Drawn, shape: int, seed: int, device: str, draw: Truth) -> Truth:
     """The draw with its spread (`spread`), kept with it where its truth is kept."""
     inputs = _inputs_of(drawn, shape, seed, device)
-    draw = draw._replace(spread=spread(drawn.refs[shape], inputs, device, draw.truth))
+    draw = draw._replace(spread=spread(drawn.refs[shape], inputs, device, draw))
     if (shape, seed) in drawn.kept:
         drawn.kept[(shape, seed)] = draw
     return draw

@@ -123,24 +123,21 @@ def run_ready(cmd: list[str], workdir: Path, timeout_s: float) -> tuple[int, str
 
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=workdir)
     deadline = time.monotonic() + timeout_s
-    went = on = False
+    # the target's handshakes not yet answered: the file it says one with, the worker's answer, the file
+    # that tells it to go on
+    pending = [(DEVICE, marks.reach_device, ON), (READY, marks.ready, GO)]
     while True:
         try:
             out, err = proc.communicate(timeout=0.02)  # retried, it loses no output
             return proc.returncode, out, err
         except subprocess.TimeoutExpired:
-            if not on and (workdir / DEVICE).exists():
+            for shake in [h for h in pending if (workdir / h[0]).exists()]:
+                pending.remove(shake)
+                _, answer, go = shake
                 t0 = time.monotonic()
-                marks.reach_device()
+                answer()
                 deadline += time.monotonic() - t0
-                (workdir / ON).touch()
-                on = True
-            if not went and (workdir / READY).exists():
-                t0 = time.monotonic()
-                marks.ready()
-                deadline += time.monotonic() - t0
-                (workdir / GO).touch()
-                went = True
+                (workdir / go).touch()
             if time.monotonic() > deadline:
                 proc.kill()
                 proc.communicate()

@@ -23,7 +23,7 @@ from torch.utils._pytree import tree_map
 
 from kernelbrain.child import guard
 from kernelbrain.child.loading import Problem, build
-from kernelbrain.core.accuracy import Accuracy, Format, Kind, Measured
+from kernelbrain.core.accuracy import KINDS, Accuracy, Format, Kind, Measured
 
 Args = tuple[Any, ...]
 Kwargs = dict[str, Any]
@@ -102,7 +102,7 @@ class InRegime(TorchDispatchMode):  # type: ignore[no-untyped-call]
 
     def __init__(self, accuracy: Accuracy) -> None:
         super().__init__()  # type: ignore[no-untyped-call]
-        self.formats = {k: accuracy.format_of(k) for k in ("conv", "matmul")}
+        self.formats = {k: accuracy.format_of(k) for k in KINDS}
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Args = (), kwargs: Kwargs | None = None) -> Any:
         kind = KIND.get(func)
@@ -122,7 +122,7 @@ def in_regime(accuracy: Accuracy | None) -> Iterator[None]:
     if accuracy is None:
         yield
         return
-    loose = any(accuracy.format_of(k) != "ieee" for k in ("conv", "matmul"))
+    loose = any(accuracy.format_of(k) != "ieee" for k in KINDS)
     with ieee_contractions(), InRegime(accuracy) if loose else contextlib.nullcontext():
         yield
 

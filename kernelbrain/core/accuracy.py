@@ -17,10 +17,9 @@ core does), the rest as the user's PyTorch runs it. The conversion is by truncat
 two that hardware makes (a tensor core fed float32 drops the low bits; a library may round to nearest
 first): a kernel of either kind is a TF32 kernel, and one that rounds to nearest errs less. An output
 element passes within the tolerance of its dtype or within REFERENCE_MULTIPLE times that error
-(child/tolerance.py). A TF32 candidate so
-passes exactly where the user's reference is TF32 at the primary shape, and is refused where it is IEEE
-float32. `--strict-fp32` (KB_STRICT_FP32 in the problem it records) holds every contraction to IEEE
-float32 whatever the reference does.
+(child/tolerance.py). A TF32 candidate so passes exactly where the user's reference is TF32 at the
+primary shape, and is refused where it is IEEE float32. `--strict-fp32` (KB_STRICT_FP32 in the problem
+it records) holds every contraction to IEEE float32 whatever the reference does.
 """
 
 from __future__ import annotations
@@ -33,6 +32,7 @@ from kernelbrain.core.problem import REFERENCE_MULTIPLE
 
 Format = Literal["ieee", "tf32", "bf16"]
 Kind = Literal["conv", "matmul"]
+KINDS: tuple[Kind, ...] = ("conv", "matmul")
 
 # the libraries and flags behind each kind, for the line a user reads
 LIBRARY: dict[Kind, str] = {"conv": "cuDNN", "matmul": "cuBLAS"}
@@ -66,7 +66,7 @@ class Accuracy(BaseModel):
     regimes: dict[Kind, Format] = {}
     measured: list[Measured] = []
     strict: bool = False
-    note: str = ""  # why a contraction was not measured ("out of device memory"), if one was not
+    note: str = ""  # why contractions were not measured (not traceable on meta, past the first 8), if so
 
     def format_of(self, kind: Kind) -> Format:
         return "ieee" if self.strict else self.regimes.get(kind, "ieee")
@@ -79,8 +79,7 @@ class Accuracy(BaseModel):
 
     def summary(self) -> str:
         """One line: the regime and its bound, as `kb run` prints it and the audit and export show it."""
-        kinds: tuple[Kind, ...] = ("conv", "matmul")
-        loose = [k for k in kinds if self.format_of(k) != "ieee"]
+        loose = [k for k in KINDS if self.format_of(k) != "ieee"]
         if self.strict:
             head = "IEEE fp32 contractions (--strict-fp32)"
         elif not loose:
